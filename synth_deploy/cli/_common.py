@@ -1,0 +1,106 @@
+"""What every command shares: error mapping, JSON output, consoles, seed ranges, options.
+
+Exit codes (documented in the README):
+    0 success · 1 failure (unhealthy app, failed job...) · 2 usage error (bad flag, file, value)
+    3 unreachable (check: DNS, connect, TLS) · 130 interrupted
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from synth_deploy.errors import SynthDeployError, UsageError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+EnvFilesOption = Annotated[
+    list[Path] | None,
+    typer.Option("--env-file", help="A .env file to load (repeatable; later files win).",
+                 show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document for machines.")]
+
+
+def console(stderr: bool = False):
+    """A rich Console, created on first use so `--help` does not pay for it."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def warn(message: str) -> None:
+    console(stderr=True).print(f"[yellow]warning:[/yellow] {message}", markup=True)
+
+
+@contextmanager
+def handling_errors(json_output: bool = False) -> Iterator[None]:
+    """Turn the kit's errors into a message with the fix and a documented exit code."""
+    try:
+        yield
+    except SynthDeployError as exc:
+        if json_output:
+            print_json({"ok": False, "error": {"type": type(exc).__name__,
+                                               "message": exc.message, "hint": exc.hint}})
+        else:
+            err = console(stderr=True)
+            err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+            if exc.hint:
+                err.print(f"  [dim]hint:[/dim] {exc.hint}", markup=True, highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        console(stderr=True).print("interrupted")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-9', '1,3,5' and mixes like '0-4,10,12-13' → a list of seeds, in order, no repeats."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
+        try:
+            if sep:
+                start, end = int(lo), int(hi)
+                if end < start:
+                    raise UsageError(f"seed range {part!r} runs backwards",
+                                     hint=f"write it as {end}-{start}")
+                if end - start > 100_000:
+                    raise UsageError(f"seed range {part!r} is too large (max 100000 seeds)")
+                seeds.extend(range(start, end + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise UsageError(f"cannot read seeds {text!r}: {part!r} is not a number or range",
+                             hint="use forms like 0-9, 1,3,5 or 0-4,10") from None
+    if not seeds:
+        raise UsageError(f"no seeds in {text!r}", hint="use forms like 0-9, 1,3,5 or 0-4,10")
+    return list(dict.fromkeys(seeds))
+
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "EnvFilesOption",
+    "JsonOption",
+    "console",
+    "handling_errors",
+    "parse_seeds",
+    "print_json",
+    "warn",
+]

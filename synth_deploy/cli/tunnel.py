@@ -1,0 +1,9 @@
+"""CLI: tunnel (being built)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

@@ -1,0 +1,204 @@
+"""Environment variables, .env files and secrets: resolved here and nowhere else.
+
+Precedence, highest first:
+1. files passed explicitly (``--env-file``), later files over earlier ones;
+2. the process environment;
+3. ``./.env`` in the working directory, read only when no file was passed explicitly.
+
+An explicit file wins over the process environment because naming it is the user saying
+"use these"; the implicit ``.env`` is a convenience that must not override what the shell set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from synth_deploy.errors import EnvFileError
+
+ENVIRONMENT_API_KEY = "ENVIRONMENT_API_KEY"
+ENVIRONMENT_API_KEY_ALIASES = "ENVIRONMENT_API_KEY_ALIASES"
+DEFAULT_ENV_FILE = ".env"
+
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|AUTH)", re.IGNORECASE)
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+def is_secret_name(name: str) -> bool:
+    """True for variable names that hold credentials (…_KEY, …_TOKEN, …_SECRET…)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def fingerprint(secret: str) -> str:
+    """A short, one-way fingerprint that tells two keys apart without revealing either."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:8]
+
+
+def mask(secret: str | None) -> str:
+    """How a secret is shown anywhere: no prefix, no length, only a fingerprint."""
+    if not secret:
+        return "(not set)"
+    return f"**** (sha256:{fingerprint(secret)})"
+
+
+def redact(text: str, secret_values: Iterable[str]) -> str:
+    """Replace every occurrence of each secret value in ``text`` by its mask."""
+    for value in sorted({v for v in secret_values if v and len(v) >= 4}, key=len, reverse=True):
+        text = text.replace(value, mask(value))
+    return text
+
+
+def mint_key() -> str:
+    """A new ENVIRONMENT_API_KEY: 256 bits from the OS's CSPRNG."""
+    return "sk_env_" + secrets.token_urlsafe(32)
+
+
+def parse_env_file(path: str | Path) -> dict[str, str]:
+    """Read a .env file strictly: a line that is not an assignment is an error with file:line."""
+    from dotenv.main import DotEnv
+    from dotenv.parser import parse_stream
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EnvFileError(
+            f"env file not found: {path}",
+            hint="check the path, or run `synth-deploy setup` to create .env",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EnvFileError(f"cannot read env file {path}: {exc}") from exc
+    import io
+
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error:
+            line = binding.original.line
+            snippet = binding.original.string.strip().splitlines()[0][:60] if binding.original.string.strip() else ""
+            raise EnvFileError(
+                f"{path}:{line}: cannot parse {snippet.split('=')[0]!r}",
+                hint="each line must be NAME=value (quote values with spaces or #)",
+            )
+        if binding.key is not None and not _NAME.match(binding.key):
+            raise EnvFileError(
+                f"{path}:{binding.original.line}: {binding.key!r} is not a valid variable name",
+                hint="names are letters, digits and underscores, not starting with a digit",
+            )
+    values = DotEnv(path, interpolate=True).dict()
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Env:
+    """Resolved variables, each remembering where it came from (for `traces where`, `check`)."""
+
+    values: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        value = self.values.get(name)
+        return value if value not in (None, "") else default
+
+    def source(self, name: str) -> str | None:
+        """Where ``name`` came from: "environment", or the env file's path."""
+        return self.sources.get(name) if self.get(name) is not None else None
+
+    def __repr__(self) -> str:
+        shown = {k: (mask(v) if is_secret_name(k) else v) for k, v in self.values.items()}
+        return f"Env({shown!r})"
+
+    def api_keys(self) -> list[str]:
+        """ENVIRONMENT_API_KEY followed by the comma-separated aliases, empty ones dropped."""
+        keys = [self.get(ENVIRONMENT_API_KEY) or ""]
+        keys += (self.get(ENVIRONMENT_API_KEY_ALIASES) or "").split(",")
+        return [k.strip() for k in keys if k.strip()]
+
+
+def load_env(
+    env_files: Iterable[str | Path] = (),
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> Env:
+    """Resolve variables from env files and the process (see the module docstring)."""
+    environ = os.environ if environ is None else environ
+    explicit = [Path(p) for p in env_files]
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    if not explicit:
+        implicit = Path(cwd or ".") / DEFAULT_ENV_FILE
+        if implicit.is_file():
+            for k, v in parse_env_file(implicit).items():
+                values[k], sources[k] = v, str(implicit)
+    for k, v in environ.items():
+        values[k], sources[k] = v, "environment"
+    for path in explicit:
+        for k, v in parse_env_file(path).items():
+            values[k], sources[k] = v, str(path)
+    return Env(values, sources)
+
+
+def apply_env(env: Env, names: Iterable[str] | None = None) -> None:
+    """Export resolved variables into ``os.environ`` (for servers that read it)."""
+    for name in names if names is not None else env.values:
+        value = env.get(name)
+        if value is not None:
+            os.environ[name] = value
+
+
+def write_env_var(path: str | Path, name: str, value: str) -> Path:
+    """Set ``name=value`` in a .env file, keeping every other line; create it (0600) if absent."""
+    path = Path(path)
+    new_line = f"{name}={_quote(value)}"
+    if path.exists():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        pattern = re.compile(rf"^\s*(export\s+)?{re.escape(name)}\s*=")
+        for i, line in enumerate(lines):
+            if pattern.match(line):
+                lines[i] = new_line
+                break
+        else:
+            lines.append(new_line)
+        _write_private(path, "\n".join(lines) + "\n")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_private(path, new_line + "\n")
+    return path
+
+
+def _quote(value: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_./:@+=,-]*", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _write_private(path: Path, text: str) -> None:
+    # Write beside, then rename: a crash mid-write never leaves a truncated .env.
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    if path.exists():
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+    os.replace(tmp, path)
+
+
+__all__ = [
+    "DEFAULT_ENV_FILE",
+    "ENVIRONMENT_API_KEY",
+    "ENVIRONMENT_API_KEY_ALIASES",
+    "Env",
+    "apply_env",
+    "fingerprint",
+    "is_secret_name",
+    "load_env",
+    "mask",
+    "mint_key",
+    "parse_env_file",
+    "redact",
+    "write_env_var",
+]

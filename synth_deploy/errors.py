@@ -1,0 +1,108 @@
+"""The one error tree of synth-deploy.
+
+    SynthDeployError                 every error the kit raises on purpose
+     ├── UsageError                  bad flags, files or values given by the user (exit 2)
+     │    ├── EnvFileError           a .env line that cannot be parsed
+     │    └── AppNotFoundError       an app id or path that names no task app
+     ├── TaskAppError                a task app that fails to load or build
+     ├── HealthError                 the health checker could not run
+     ├── TunnelError                 cloudflared missing, failing or dying (carries its logs)
+     ├── DeployError                 Modal deployment failures
+     ├── TraceStoreError             the trace database cannot be opened, read or written
+     └── JobError                    training backend and job failures
+          └── JobHTTPError           a non-2xx answer from the backend (status, body)
+
+Each error carries a ``hint`` (the fix, one sentence) and an ``exit_code`` the CLI uses.
+Messages never contain secret values: callers mask them before raising.
+"""
+
+from __future__ import annotations
+
+
+class SynthDeployError(Exception):
+    """Base of every error synth-deploy raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(SynthDeployError):
+    """The user gave a flag, file or value that cannot work."""
+
+    exit_code = 2
+
+
+class EnvFileError(UsageError):
+    """A .env file has a line that cannot be parsed."""
+
+
+class AppNotFoundError(UsageError):
+    """No task app is registered under the given id, or the path holds none."""
+
+
+class TaskAppError(SynthDeployError):
+    """A task app module failed to import or its config failed to build."""
+
+
+class HealthError(SynthDeployError):
+    """The health checker itself could not run (not: the app is unhealthy)."""
+
+
+class TunnelError(SynthDeployError):
+    """cloudflared is missing, failed to start, or died; ``logs`` holds its recent lines."""
+
+    def __init__(self, message: str, *, hint: str | None = None, logs: list[str] | None = None):
+        super().__init__(message, hint=hint)
+        self.logs = list(logs or [])
+
+
+class DeployError(SynthDeployError):
+    """A Modal build or deployment failed."""
+
+
+class TraceStoreError(SynthDeployError):
+    """The trace database cannot be opened, migrated, read or written."""
+
+
+class JobError(SynthDeployError):
+    """A training job could not be prepared, submitted or followed."""
+
+
+class JobHTTPError(JobError):
+    """The training backend answered with a non-2xx status."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        body: str = "",
+        payload: object | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.body = body
+        self.payload = payload
+
+
+__all__ = [
+    "AppNotFoundError",
+    "DeployError",
+    "EnvFileError",
+    "HealthError",
+    "JobError",
+    "JobHTTPError",
+    "SynthDeployError",
+    "TaskAppError",
+    "TraceStoreError",
+    "TunnelError",
+    "UsageError",
+]

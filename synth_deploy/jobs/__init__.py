@@ -1,0 +1,1 @@
+"""Running work against task apps and the training backend: smoke, eval, train."""

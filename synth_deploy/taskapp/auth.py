@@ -1,0 +1,80 @@
+"""API key checks for task app endpoints (shared/spec/task-app-protocol.md, Authentication).
+
+Unlike synth-ai (400 with the first 15 characters of the valid key in the body), we answer
+401 when no key was sent and 403 when a wrong one was, compare in constant time, and never
+put key material (no prefix, no length) in a response or a log line.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+MISSING_KEY_MESSAGE = (
+    "the server has no ENVIRONMENT_API_KEY configured: run `synth-deploy setup` to mint one "
+    "into .env, or set ENVIRONMENT_API_KEY in the server's environment (a Modal Secret when "
+    "deployed), then restart the server"
+)
+
+
+@dataclass(frozen=True)
+class AuthFailure:
+    status: int
+    code: str
+    message: str
+
+
+def presented_keys(headers: Mapping[str, str]) -> list[str]:
+    """Every key a client sent: `X-API-Key`, `X-API-Keys` (comma list), `Authorization: Bearer`."""
+    keys: list[str] = []
+    if single := headers.get("x-api-key"):
+        keys.append(single.strip())
+    if many := headers.get("x-api-keys"):
+        keys.extend(k.strip() for k in many.split(","))
+    auth = headers.get("authorization") or ""
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        keys.append(token.strip())
+    return [k for k in keys if k]
+
+
+class ApiKeyAuth:
+    """Accepts a request when any presented key equals any configured key."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self._keys = [k.encode() for k in keys if k]
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._keys)
+
+    def __repr__(self) -> str:
+        return f"ApiKeyAuth(keys=<{len(self._keys)} hidden>)"
+
+    def check(self, headers: Mapping[str, str]) -> AuthFailure | None:
+        if not self._keys:
+            return AuthFailure(503, "missing_environment_api_key", MISSING_KEY_MESSAGE)
+        sent = presented_keys(headers)
+        if not sent:
+            return AuthFailure(
+                401, "missing_api_key",
+                "no API key sent: pass the task app's ENVIRONMENT_API_KEY in the X-API-Key "
+                "header (or Authorization: Bearer)",
+            )
+        matched = False
+        for candidate in sent:
+            encoded = candidate.encode()
+            for valid in self._keys:
+                # No early exit: the time taken does not depend on which key matched.
+                matched |= hmac.compare_digest(encoded, valid)
+        if matched:
+            return None
+        return AuthFailure(
+            403, "invalid_api_key",
+            "the API key sent does not match the server's ENVIRONMENT_API_KEY (or an alias in "
+            "ENVIRONMENT_API_KEY_ALIASES); compare fingerprints with `synth-deploy check`",
+        )
+
+
+__all__ = ["ApiKeyAuth", "AuthFailure", "MISSING_KEY_MESSAGE", "presented_keys"]

@@ -1,0 +1,177 @@
+"""How a task app is declared: `TaskAppConfig` and the small value objects around it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from synth_deploy.taskapp.contracts import (
+    DatasetInfo,
+    RolloutRequest,
+    RolloutResponse,
+    RubricInfo,
+    RubricSection,
+    TaskInfo,
+)
+
+if TYPE_CHECKING:
+    import httpx
+
+    from synth_deploy.tracing.session import SessionTracer
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_ROLLOUT_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class TaskDataset:
+    """One dataset a task app advertises: ids and URLs only, assets are fetched on demand."""
+
+    id: str
+    display_name: str | None = None
+    description: str | None = None
+    version: str | None = None
+    splits: Sequence[str] = ("train",)
+    default_split: str | None = None
+    default_seeds: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    storage_uri: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.display_name or self.id,
+            "display_name": self.display_name or self.id,
+            "description": self.description,
+            "version": self.version,
+            "splits": list(self.splits),
+            "default_split": self.default_split or (self.splits[0] if self.splits else None),
+            "default_seeds": {k: list(v) for k, v in self.default_seeds.items()},
+            "storage_uri": self.storage_uri,
+            "metadata": dict(self.metadata),
+        }
+
+    def to_info(self) -> DatasetInfo:
+        d = self.to_dict()
+        return DatasetInfo(
+            id=d["id"], name=d["name"], version=d["version"], splits=d["splits"],
+            default_split=d["default_split"], description=d["description"],
+        )
+
+
+class TaskDatasetRegistry:
+    """The datasets a task app offers, advertised through `/task_info` and `/info`."""
+
+    def __init__(self, datasets: Iterable[TaskDataset] = ()) -> None:
+        self._datasets: dict[str, TaskDataset] = {}
+        for ds in datasets:
+            self.register(ds)
+
+    def register(self, dataset: TaskDataset) -> TaskDataset:
+        if dataset.id in self._datasets:
+            raise ValueError(f"dataset {dataset.id!r} is registered twice")
+        self._datasets[dataset.id] = dataset
+        return dataset
+
+    def get(self, dataset_id: str) -> TaskDataset:
+        return self._datasets[dataset_id]
+
+    def __iter__(self):
+        return iter(self._datasets.values())
+
+    def __len__(self) -> int:
+        return len(self._datasets)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [ds.to_dict() for ds in self]
+
+
+@dataclass(frozen=True)
+class RubricBundle:
+    """The outcome and event rubrics a task app is judged by."""
+
+    outcome: RubricSection | None = None
+    events: RubricSection | None = None
+
+    def to_info(self) -> RubricInfo:
+        return RubricInfo(outcome=self.outcome, events=self.events)
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Vendor proxies: `/proxy/v1/chat/completions` (OpenAI) and `/proxy/groq/...` (Groq).
+
+    The vendor keys are read from the server's environment (`OPENAI_API_KEY`, `GROQ_API_KEY`)
+    at request time and never returned to clients.
+    """
+
+    enable_openai: bool = False
+    enable_groq: bool = False
+    openai_base_url: str = "https://api.openai.com/v1"
+    groq_base_url: str = "https://api.groq.com/openai/v1"
+    timeout_s: float = 120.0
+
+
+@dataclass
+class RolloutContext:
+    """What a rollout executor gets beside its request."""
+
+    request: RolloutRequest
+    config: TaskAppConfig
+    tracer: SessionTracer
+    http: httpx.AsyncClient
+    app_state: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        return self.request.run_id
+
+
+RolloutExecutor = Callable[
+    [RolloutRequest, RolloutContext],
+    "RolloutResponse | Mapping[str, Any] | Awaitable[RolloutResponse | Mapping[str, Any]]",
+]
+Hook = Callable[[dict[str, Any]], "None | Awaitable[None]"]
+
+
+@dataclass
+class TaskAppConfig:
+    """Everything a task app declares; `create_app(config)` turns it into a server.
+
+    ``provide_task_instances(seeds)`` maps dataset seeds to `TaskInfo` (difficulty, tags...);
+    ``rollout(request, ctx)`` runs one episode and may be sync or async.
+    """
+
+    app_id: str
+    name: str
+    description: str
+    base_task_info: TaskInfo
+    provide_task_instances: Callable[[Sequence[int]], Iterable[TaskInfo]]
+    rollout: RolloutExecutor
+    describe_taskset: Callable[[], Mapping[str, Any]] | None = None
+    dataset_registry: TaskDatasetRegistry = field(default_factory=TaskDatasetRegistry)
+    rubrics: RubricBundle = field(default_factory=RubricBundle)
+    proxy: ProxyConfig | None = None
+    routers: Sequence[Any] = ()
+    startup_hooks: Sequence[Hook] = ()
+    shutdown_hooks: Sequence[Hook] = ()
+    app_state: dict[str, Any] = field(default_factory=dict)
+    version: str = "0.1.0"
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_rollout_seconds: float = DEFAULT_MAX_ROLLOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.app_id or not self.app_id.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"app_id must be letters, digits, '-' or '_', got {self.app_id!r}")
+
+
+__all__ = [
+    "ProxyConfig",
+    "RolloutContext",
+    "RolloutExecutor",
+    "RubricBundle",
+    "TaskAppConfig",
+    "TaskDataset",
+    "TaskDatasetRegistry",
+]

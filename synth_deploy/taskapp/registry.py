@@ -1,0 +1,224 @@
+"""Registering task apps and finding them again by id or by file path.
+
+Discovery reads the ``apps/`` folders without importing anything: it parses each file and
+looks for ``register_task_app(app_id="...")`` calls, so `synth-deploy apps` stays fast and a
+broken app cannot break the listing. Loading imports only the one file asked for.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.errors import AppNotFoundError, TaskAppError
+from synth_deploy.taskapp.config import TaskAppConfig
+
+# The kit's own example apps, next to the package in a source checkout.
+BUNDLED_APPS_DIR = Path(__file__).resolve().parents[2] / "apps"
+
+
+@dataclass(frozen=True)
+class TaskAppEntry:
+    """A registered task app: its id, how to build its config, and its deployment settings."""
+
+    app_id: str
+    config_factory: Callable[[], TaskAppConfig]
+    description: str = ""
+    modal: Any = None  # synth_deploy.modal.ModalSettings, kept untyped to avoid importing it
+    source: Path | None = None
+
+    def build_config(self) -> TaskAppConfig:
+        try:
+            config = self.config_factory()
+        except Exception as exc:
+            where = _user_frame(exc, self.source)
+            raise TaskAppError(f"task app {self.app_id!r} failed to build its config{where}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(config, TaskAppConfig):
+            raise TaskAppError(f"task app {self.app_id!r}: config_factory returned "
+                               f"{type(config).__name__}, expected TaskAppConfig")
+        return config
+
+
+@dataclass(frozen=True)
+class AppInfo:
+    """A task app found on disk (not imported)."""
+
+    app_id: str
+    path: Path
+    description: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"app_id": self.app_id, "path": str(self.path), "description": self.description}
+
+
+_REGISTRY: dict[str, TaskAppEntry] = {}
+_LOADED_FILES: dict[Path, Any] = {}
+
+
+def register_task_app(
+    *,
+    app_id: str,
+    config_factory: Callable[[], TaskAppConfig],
+    description: str = "",
+    modal: Any = None,
+) -> TaskAppEntry:
+    """Register a task app under ``app_id``; call it at module level in the app's file."""
+    source = _caller_file()
+    existing = _REGISTRY.get(app_id)
+    if existing is not None and existing.source != source:
+        raise TaskAppError(f"task app id {app_id!r} is registered twice: in {existing.source} "
+                           f"and {source}", hint="give one of them another app_id")
+    entry = TaskAppEntry(app_id, config_factory, description, modal, source)
+    _REGISTRY[app_id] = entry
+    return entry
+
+
+def registered_apps() -> list[TaskAppEntry]:
+    return sorted(_REGISTRY.values(), key=lambda e: e.app_id)
+
+
+def app_search_paths(cwd: Path | None = None) -> list[Path]:
+    """Where apps are looked for: ``./apps`` first, then the kit's bundled examples."""
+    paths = [(cwd or Path.cwd()) / "apps", BUNDLED_APPS_DIR]
+    seen: list[Path] = []
+    for p in paths:
+        if p.is_dir() and p.resolve() not in seen:
+            seen.append(p.resolve())
+    return seen
+
+
+def discover_apps(search_paths: Iterable[Path] | None = None) -> list[AppInfo]:
+    """Apps under the search paths, found by reading (not importing) their files."""
+    found: dict[str, AppInfo] = {}
+    for root in search_paths if search_paths is not None else app_search_paths():
+        for path in sorted(Path(root).glob("*/*.py")) + sorted(Path(root).glob("*.py")):
+            for info in _scan_file(path):
+                found.setdefault(info.app_id, info)  # earlier search paths win
+    return sorted(found.values(), key=lambda i: i.app_id)
+
+
+def load_app(ref: str, search_paths: Iterable[Path] | None = None) -> TaskAppEntry:
+    """The registered entry for an app id, or for the task app file at a path."""
+    candidate = Path(ref)
+    if ref.endswith(".py") or candidate.is_file() or "/" in ref:
+        if not candidate.is_file():
+            raise AppNotFoundError(f"no task app file at {ref}",
+                                   hint="pass an app id (see `synth-deploy apps`) or a .py path")
+        entries = _import_file(candidate.resolve())
+        if len(entries) != 1:
+            ids = ", ".join(e.app_id for e in entries) or "none"
+            raise AppNotFoundError(
+                f"{ref} registers {len(entries)} task apps ({ids})",
+                hint="a task app file calls register_task_app(...) exactly once; "
+                     "or pass the app id instead")
+        return entries[0]
+    if ref in _REGISTRY:
+        return _REGISTRY[ref]
+    apps = discover_apps(search_paths)
+    match = next((a for a in apps if a.app_id == ref), None)
+    if match is None:
+        ids = [a.app_id for a in apps]
+        close = difflib.get_close_matches(ref, ids, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else (
+            f"known apps: {', '.join(ids)}" if ids else "no apps found under ./apps")
+        raise AppNotFoundError(f"no task app with id {ref!r}", hint=hint)
+    _import_file(match.path.resolve())
+    if ref not in _REGISTRY:
+        raise TaskAppError(f"{match.path} mentions app id {ref!r} but did not register it "
+                           "when imported", hint="call register_task_app(...) at module level")
+    return _REGISTRY[ref]
+
+
+def _import_file(path: Path) -> list[TaskAppEntry]:
+    if path not in _LOADED_FILES:
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+        name = f"synth_deploy_apps.{path.stem}_{digest}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise TaskAppError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        # The app's folder goes on sys.path so it can import its sibling modules, as it
+        # would under `modal deploy`.
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise TaskAppError(f"importing {path} failed{_user_frame(exc, path)}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        _LOADED_FILES[path] = module
+    return [e for e in _REGISTRY.values() if e.source == path]
+
+
+def _scan_file(path: Path) -> list[AppInfo]:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return []
+    # Module-level string constants, so `app_id=APP_ID` resolves too.
+    constants = {
+        target.id: node.value.value
+        for node in tree.body if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+
+    def literal(value: ast.expr | None) -> str | None:
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return value.value
+        if isinstance(value, ast.Name):
+            return constants.get(value.id)
+        return None
+
+    apps = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name != "register_task_app":
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        app_id = literal(kw.get("app_id"))
+        if app_id:
+            apps.append(AppInfo(app_id, path, literal(kw.get("description")) or ""))
+    return apps
+
+
+def _caller_file() -> Path | None:
+    frame = sys._getframe(2)
+    filename = frame.f_globals.get("__file__") or frame.f_code.co_filename
+    return Path(filename).resolve() if filename else None
+
+
+def _user_frame(exc: BaseException, source: Path | None) -> str:
+    """' at file:line' for the deepest frame inside the app's folder, if any."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    folder = str(source.parent) if source else None
+    for frame in reversed(frames):
+        if folder is None or frame.filename.startswith(folder):
+            return f" at {frame.filename}:{frame.lineno}"
+    return ""
+
+
+__all__ = [
+    "AppInfo",
+    "BUNDLED_APPS_DIR",
+    "TaskAppEntry",
+    "app_search_paths",
+    "discover_apps",
+    "load_app",
+    "register_task_app",
+    "registered_apps",
+]

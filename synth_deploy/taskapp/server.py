@@ -1,0 +1,315 @@
+"""`create_app(config)`: a task app's HTTP server, every endpoint of the protocol spec.
+
+Handlers take the raw `Request` and answer `Response` objects: the hot path (`/rollout`)
+validates with pydantic-core straight from bytes and skips FastAPI's dependency machinery,
+which is where most of synth-ai's per-request overhead goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import anyio
+import httpx
+from fastapi import FastAPI, HTTPException
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from synth_deploy.env import Env, redact
+from synth_deploy.taskapp.auth import ApiKeyAuth
+from synth_deploy.taskapp.config import RolloutContext, TaskAppConfig
+from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse, TaskInfo
+from synth_deploy.tracing.session import SessionTrace, SessionTracer
+
+logger = logging.getLogger("synth_deploy.taskapp")
+
+
+class TraceSink(Protocol):
+    """Where finished rollout sessions go; `write_session` returns once the data is durable."""
+
+    async def write_session(self, session: SessionTrace) -> None: ...
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    """The error body shape used throughout synth-ai: {"detail": {"error": {...}}}."""
+    return JSONResponse({"detail": {"error": {"code": code, "message": message, **extra}}},
+                        status_code=status)
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
+    """Pydantic errors as field paths ("env.seed") with messages; inputs are not echoed."""
+    return [
+        {"path": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"],
+         "type": err["type"]}
+        for err in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+def create_app(
+    config: TaskAppConfig,
+    *,
+    api_keys: Sequence[str] | None = None,
+    trace_store: TraceSink | None = None,
+) -> FastAPI:
+    """Build the FastAPI app for ``config``.
+
+    ``api_keys``: accepted keys; when None, read from ENVIRONMENT_API_KEY (+ aliases) in the
+    process environment now. ``trace_store``: when given, every rollout is committed to it
+    before its response is sent.
+    """
+    if api_keys is None:
+        api_keys = Env(dict(os.environ)).api_keys()
+    auth = ApiKeyAuth(api_keys)
+    secret_values = list(api_keys)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0),
+                                           follow_redirects=True)
+        try:
+            for hook in config.startup_hooks:
+                await _maybe_await(hook(config.app_state))
+            yield
+        finally:
+            for hook in config.shutdown_hooks:
+                try:
+                    await _maybe_await(hook(config.app_state))
+                except Exception:  # a failing hook must not stop the others or the close
+                    logger.exception("shutdown hook failed")
+            await app.state.http.aclose()
+
+    app = FastAPI(title=config.name, description=config.description, version=config.version,
+                  lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.config = config
+    app.state.auth = auth
+    app.state.trace_store = trace_store
+    app.state.stats = {"requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
+
+    def denied(request: Request) -> JSONResponse | None:
+        failure = auth.check(request.headers)
+        if failure is None:
+            return None
+        return error_response(failure.status, failure.code, failure.message)
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return JSONResponse({"status": "ok", "service": config.app_id})
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        if (resp := denied(request)) is not None:
+            return resp
+        return JSONResponse({
+            "healthy": True, "service": config.app_id, "version": config.version,
+            "auth": {"required": True, "enabled": True},
+            "tracing": {"enabled": trace_store is not None},
+        })
+
+    @app.get("/info")
+    async def info(request: Request) -> Response:
+        if (resp := denied(request)) is not None:
+            return resp
+        base = config.base_task_info
+        return JSONResponse({
+            "service": {"task": base.task.model_dump(exclude_none=True), "version": config.version,
+                        "name": config.name, "description": config.description},
+            "dataset": {**base.dataset.model_dump(exclude_none=True),
+                        "datasets": config.dataset_registry.describe()},
+            "rubrics": config.rubrics.to_info().model_dump(exclude_none=True),
+            "inference": base.inference.model_dump(exclude_none=True),
+            "limits": base.limits.model_dump(exclude_none=True),
+        })
+
+    @app.get("/task_info")
+    async def task_info(request: Request) -> Response:
+        if (resp := denied(request)) is not None:
+            return resp
+        raw = request.query_params.getlist("seed") + request.query_params.getlist("seeds")
+        raw = [part for value in raw for part in value.split(",") if part.strip()]
+        if not raw:
+            taskset = dict(config.describe_taskset()) if config.describe_taskset else {}
+            return JSONResponse({
+                "taskset": taskset or {"id": config.app_id, "name": config.name,
+                                       "description": config.description},
+                "datasets": config.dataset_registry.describe(),
+                "task": config.base_task_info.task.model_dump(exclude_none=True),
+                "rubric": config.rubrics.to_info().model_dump(exclude_none=True),
+            })
+        try:
+            seeds = [int(s) for s in raw]
+        except ValueError:
+            bad = next(s for s in raw if not s.strip().lstrip("-").isdigit())
+            return error_response(422, "invalid_seed", f"seed must be an integer, got {bad!r}",
+                                  errors=[{"path": "query.seed", "message": "not an integer"}])
+        try:
+            instances = [TaskInfo.model_validate(i) for i in config.provide_task_instances(seeds)]
+        except (LookupError, ValueError) as exc:
+            if isinstance(exc, ValidationError):
+                raise
+            return error_response(404, "unknown_seed", f"no task instance for seeds {seeds}: {exc}")
+        payload = [i.model_dump(mode="json") for i in instances]
+        return JSONResponse(payload[0] if len(seeds) == 1 and len(payload) == 1 else payload)
+
+    @app.post("/rollout")
+    async def rollout(request: Request) -> Response:
+        stats = app.state.stats
+        stats["requests"] += 1
+        if (resp := denied(request)) is not None:
+            return resp
+        try:
+            body = await _read_body(request, config.max_body_bytes)
+        except _BodyTooLarge:
+            return error_response(413, "body_too_large",
+                                  f"request body exceeds {config.max_body_bytes} bytes")
+        try:
+            req = RolloutRequest.model_validate_json(body)
+        except ValidationError as exc:
+            errors = validation_errors(exc)
+            if errors and errors[0]["type"] == "json_invalid":
+                return error_response(422, "invalid_json",
+                                      f"request body is not valid JSON: {exc.errors()[0]['msg']}")
+            summary = "; ".join(f"{e['path']}: {e['message']}" for e in errors[:5])
+            return error_response(422, "invalid_request", f"invalid rollout request: {summary}",
+                                  errors=errors)
+        stats["in_flight"] += 1
+        try:
+            return await _run_rollout(app, config, req, trace_store, secret_values)
+        finally:
+            stats["in_flight"] -= 1
+
+    @app.post("/done")
+    async def done(request: Request) -> Response:
+        if (resp := denied(request)) is not None:
+            return resp
+        return JSONResponse({"ok": True, "service": config.app_id})
+
+    if config.proxy is not None:
+        from synth_deploy.taskapp.proxy import add_proxy_routes
+
+        add_proxy_routes(app, config.proxy, denied, read_body=lambda r: _read_body(
+            r, config.max_body_bytes), too_large=_BodyTooLarge)
+
+    for router in config.routers:
+        app.include_router(router)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> Response:
+        if isinstance(exc.detail, dict):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        return error_response(exc.status_code, "http_error", str(exc.detail))
+
+    return app
+
+
+async def _run_rollout(app: FastAPI, config: TaskAppConfig, req: RolloutRequest,
+                       trace_store: TraceSink | None, secret_values: list[str]) -> Response:
+    seed = req.env.seed
+    tracer = SessionTracer(metadata={
+        "app_id": config.app_id, "run_id": req.run_id, "mode": req.mode, "seed": seed,
+        "model": req.policy.config.get("model"), "env_name": req.env.env_name,
+    })
+    ctx = RolloutContext(request=req, config=config, tracer=tracer, http=app.state.http,
+                         app_state=config.app_state)
+    bound = min(req.safety.max_time_s, config.max_rollout_seconds)
+    started = time.perf_counter()
+    error: JSONResponse | None = None
+    result: RolloutResponse | None = None
+    try:
+        raw = await asyncio.wait_for(_call_executor(config, req, ctx), timeout=bound)
+        result = raw if isinstance(raw, RolloutResponse) else RolloutResponse.model_validate(raw)
+    except TimeoutError:
+        error = error_response(
+            504, "rollout_timeout",
+            f"rollout {req.run_id} exceeded safety.max_time_s={bound:g}s and was abandoned",
+            run_id=req.run_id)
+    except ValidationError as exc:
+        error = error_response(500, "invalid_rollout_result",
+                               f"rollout {req.run_id} returned a malformed RolloutResponse",
+                               run_id=req.run_id, errors=validation_errors(exc))
+    except Exception as exc:
+        logger.exception("rollout %s failed", req.run_id)
+        message = redact(f"{type(exc).__name__}: {exc}", secret_values)
+        error = error_response(500, "rollout_failed", f"rollout {req.run_id} failed: {message}",
+                               run_id=req.run_id, exception=type(exc).__name__)
+    elapsed = time.perf_counter() - started
+
+    session = tracer.finish()
+    session.metadata["duration_s"] = round(elapsed, 6)
+    session.metadata["request"] = req.model_dump(mode="json", exclude={"policy": {"config": {
+        "api_key"}}})
+    if result is not None:
+        result.run_id = req.run_id
+        session.metadata["status"] = "ok"
+        session.metadata["metrics"] = result.metrics.model_dump(mode="json")
+        if req.record.return_trace and result.trace is None:
+            result.trace = session.to_dict()
+    else:
+        app.state.stats["errors"] += 1
+        session.metadata["status"] = "error"
+        session.metadata["error"] = json.loads(error.body)["detail"]["error"]
+
+    if trace_store is not None:
+        try:
+            await trace_store.write_session(session)
+        except Exception as exc:
+            # A 200 promises a durable trace: if the write fails, the rollout fails.
+            logger.exception("trace write failed for rollout %s", req.run_id)
+            return error_response(500, "trace_write_failed",
+                                  f"rollout {req.run_id} ran but its trace could not be "
+                                  f"stored: {type(exc).__name__}: {exc}", run_id=req.run_id)
+    if error is not None:
+        return error
+    app.state.stats["rollouts"] += 1
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+async def _call_executor(config: TaskAppConfig, req: RolloutRequest, ctx: RolloutContext) -> Any:
+    executor = config.rollout
+    if inspect.iscoroutinefunction(executor) or inspect.iscoroutinefunction(
+            getattr(executor, "__call__", None)):
+        return await executor(req, ctx)
+    # A sync executor runs in a worker thread; on timeout the thread is abandoned, not joined,
+    # so the client still gets its answer within the bound.
+    result = await anyio.to_thread.run_sync(executor, req, ctx, abandon_on_cancel=True)
+    return await _maybe_await(result)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def stats_of(app: Any) -> Mapping[str, int]:
+    """Request counters of a running app (for live status lines)."""
+    return dict(app.state.stats)
+
+
+__all__ = ["TraceSink", "create_app", "error_response", "stats_of", "validation_errors"]

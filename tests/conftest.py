@@ -1,0 +1,48 @@
+"""Shared fixtures: real uvicorn servers on free loopback ports, stopped by the test."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from synth_deploy.jobs.mock_policy import create_mock_policy_app
+from synth_deploy.taskapp import BackgroundServer, TaskAppConfig, create_app, load_app
+
+
+@pytest.fixture
+def api_key() -> str:
+    return "sk_env_test_" + secrets.token_hex(16)
+
+
+@pytest.fixture
+def math_config() -> TaskAppConfig:
+    return load_app("math").build_config()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., BackgroundServer]]:
+    """serve(asgi_app) -> a started BackgroundServer; all are stopped at teardown."""
+    started: list[BackgroundServer] = []
+
+    def _serve(app) -> BackgroundServer:
+        server = BackgroundServer(app).start()
+        started.append(server)
+        return server
+
+    yield _serve
+    for server in reversed(started):
+        server.stop()
+
+
+@pytest.fixture
+def mock_policy(serve) -> BackgroundServer:
+    """The kit's mock policy served on a free port; its URL + "/v1" is an inference_url."""
+    return serve(create_mock_policy_app())
+
+
+@pytest.fixture
+def math_server(serve, math_config, api_key) -> BackgroundServer:
+    """The math task app served with ``api_key``."""
+    return serve(create_app(math_config, api_keys=[api_key]))
