@@ -78,9 +78,10 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
     for binding in parse_stream(io.StringIO(text)):
         if binding.error:
             line = binding.original.line
-            snippet = binding.original.string.strip().splitlines()[0][:60] if binding.original.string.strip() else ""
+            # Name only what precedes "=": the rest of a bad line may be a secret.
+            name = binding.original.string.strip().split("=", 1)[0][:40]
             raise EnvFileError(
-                f"{path}:{line}: cannot parse {snippet.split('=')[0]!r}",
+                f"{path}:{line}: cannot parse the line starting {name!r}",
                 hint="each line must be NAME=value (quote values with spaces or #)",
             )
         if binding.key is not None and not _NAME.match(binding.key):

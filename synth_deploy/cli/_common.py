@@ -23,7 +23,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2,
 EnvFilesOption = Annotated[
     list[Path] | None,
     typer.Option("--env-file", help="A .env file to load (repeatable; later files win).",
-                 show_default=False),
+                 show_default=False, metavar="FILE"),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document for machines.")]
 

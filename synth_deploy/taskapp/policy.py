@@ -40,7 +40,9 @@ class PolicyReply:
     latency_ms: float
 
 
-async def call_policy(ctx: RolloutContext, messages: list[dict[str, Any]], **params: Any) -> PolicyReply:
+async def call_policy(
+    ctx: RolloutContext, messages: list[dict[str, Any]], **params: Any
+) -> PolicyReply:
     """One chat completion from the rollout's policy, recorded in ``ctx.tracer``."""
     config = ctx.request.policy.config
     inference_url = config.get("inference_url")
@@ -69,7 +71,8 @@ async def call_policy(ctx: RolloutContext, messages: list[dict[str, Any]], **par
         data = resp.json()
         message = data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise PolicyError(f"policy answer is not an OpenAI chat completion: {resp.text[:300]}") from exc
+        raise PolicyError("policy answer is not an OpenAI chat completion: "
+                          f"{resp.text[:300]}") from exc
     usage = data.get("usage") or {}
     for m in messages:
         ctx.tracer.record_message(m.get("role", "user"), m.get("content"))

@@ -279,7 +279,7 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, req: RolloutRequest,
 async def _call_executor(config: TaskAppConfig, req: RolloutRequest, ctx: RolloutContext) -> Any:
     executor = config.rollout
     if inspect.iscoroutinefunction(executor) or inspect.iscoroutinefunction(
-            getattr(executor, "__call__", None)):
+            type(executor).__call__):
         return await executor(req, ctx)
     # A sync executor runs in a worker thread; on timeout the thread is abandoned, not joined,
     # so the client still gets its answer within the bound.

@@ -1,4 +1,4 @@
-"""Running an ASGI app with uvicorn: in the foreground (`serve`) or on a thread (`BackgroundServer`).
+"""Running an ASGI app with uvicorn: in the foreground (`serve`) or on a thread.
 
 `BackgroundServer` binds port 0 and reads back the port the OS chose, so nothing races for a
 "free" port between probing and binding.
@@ -89,6 +89,22 @@ def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8001, log_level: str
                                   timeout_graceful_shutdown=graceful_timeout_s)).run()
 
 
+def ensure_port_free(host: str, port: int) -> None:
+    """Fail early, with the fix, when ``host:port`` cannot be bound (uvicorn only logs it)."""
+    import socket
+
+    from synth_deploy.errors import UsageError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                             hint="another server holds the port: stop it or pass --port") from None
+
+
 # --reload needs an import string: the child re-imports the app from these variables.
 _RELOAD_APP = "SYNTH_DEPLOY_RELOAD_APP"
 
@@ -110,4 +126,10 @@ def _reload_factory() -> Any:
     return create_app(load_app(os.environ[_RELOAD_APP]).build_config())
 
 
-__all__ = ["BackgroundServer", "DEFAULT_GRACEFUL_TIMEOUT_S", "serve", "serve_with_reload"]
+__all__ = [
+    "BackgroundServer",
+    "DEFAULT_GRACEFUL_TIMEOUT_S",
+    "ensure_port_free",
+    "serve",
+    "serve_with_reload",
+]

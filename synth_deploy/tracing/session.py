@@ -146,7 +146,7 @@ class SessionTracer:
         tracer.record_message("user", prompt)
         tracer.record_lm_call(model_name=model, input_tokens=12, output_tokens=30, latency_ms=420)
         event = tracer.record_environment_event(reward=1.0, terminated=True)
-        tracer.record_event_reward(1.0, reward_type="answer_correct", event_id=event.id, turn_number=1)
+        tracer.record_event_reward(1.0, reward_type="answer_correct", event_id=event.id)
         tracer.record_outcome_reward(1.0, total_steps=1)
     """
 

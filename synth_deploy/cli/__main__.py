@@ -1,0 +1,3 @@
+from synth_deploy.cli import main
+
+main()

@@ -1,0 +1,204 @@
+"""Driving `/rollout` on a task app: many seeds, bounded concurrency, one report.
+
+Used by `smoke` (mode "rl") and `eval` (mode "eval"). The runner speaks only HTTP, so it
+drives a local app, a tunnel or a Modal deployment the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from synth_deploy.env import redact
+
+
+@dataclass(frozen=True)
+class PolicyTarget:
+    """The OpenAI-compatible endpoint the task app should call for the policy."""
+
+    inference_url: str
+    model: str
+    api_key: str | None = None
+
+    def __repr__(self) -> str:
+        return f"PolicyTarget(inference_url={self.inference_url!r}, model={self.model!r})"
+
+
+@dataclass
+class RolloutOutcome:
+    """One seed's result, success or not."""
+
+    seed: int
+    run_id: str
+    ok: bool
+    status: int | None
+    latency_s: float
+    reward: float | None = None
+    outcome_score: float | None = None
+    events_score: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    trace: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "run_id": self.run_id, "ok": self.ok, "status": self.status,
+                "latency_s": round(self.latency_s, 4), "reward": self.reward,
+                "outcome_score": self.outcome_score, "events_score": self.events_score,
+                "details": self.details, "error": self.error}
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+@dataclass
+class RunReport:
+    """All outcomes of a run plus the figures people look at first."""
+
+    target_url: str
+    mode: str
+    concurrency: int
+    outcomes: list[RolloutOutcome]
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def errors(self) -> int:
+        return sum(not o.ok for o in self.outcomes)
+
+    @property
+    def mean_reward(self) -> float | None:
+        rewards = [o.reward for o in self.outcomes if o.ok and o.reward is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    def _mean(self, name: str) -> float | None:
+        values = [getattr(o, name) for o in self.outcomes if getattr(o, name) is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def latency_p50_s(self) -> float | None:
+        return _percentile(sorted(o.latency_s for o in self.outcomes if o.ok), 50)
+
+    @property
+    def latency_p95_s(self) -> float | None:
+        return _percentile(sorted(o.latency_s for o in self.outcomes if o.ok), 95)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rollouts": len(self.outcomes), "ok": len(self.outcomes) - self.errors,
+            "errors": self.errors, "mean_reward": self.mean_reward,
+            "mean_outcome_score": self._mean("outcome_score"),
+            "mean_events_score": self._mean("events_score"),
+            "latency_p50_s": self.latency_p50_s, "latency_p95_s": self.latency_p95_s,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "rollouts_per_s": round(len(self.outcomes) / self.elapsed_s, 2)
+            if self.elapsed_s > 0 else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target_url, "mode": self.mode, "concurrency": self.concurrency,
+                "summary": self.summary(), "notes": self.notes,
+                "rollouts": [o.to_dict() for o in self.outcomes]}
+
+
+def rollout_request(seed: int, policy: PolicyTarget, *, mode: str, max_time_s: float,
+                    split: str | None = None, return_trace: bool = False) -> dict[str, Any]:
+    """The RolloutRequest body a trainer would send for ``seed``."""
+    config: dict[str, Any] = {"model": policy.model, "inference_url": policy.inference_url}
+    if policy.api_key:
+        config["api_key"] = policy.api_key
+    env_config: dict[str, Any] = {"split": split} if split else {}
+    return {
+        "run_id": f"{mode}-{seed}-{uuid.uuid4().hex[:8]}",
+        "env": {"seed": seed, "config": env_config},
+        "policy": {"policy_name": policy.model, "config": config},
+        "record": {"return_trace": return_trace},
+        "mode": mode,
+        "safety": {"max_time_s": max_time_s},
+    }
+
+
+async def run_rollouts(
+    base_url: str,
+    api_key: str,
+    seeds: Sequence[int],
+    policy: PolicyTarget,
+    *,
+    mode: str = "rl",
+    concurrency: int = 8,
+    max_time_s: float = 300.0,
+    split: str | None = None,
+    return_trace: bool = False,
+    on_outcome: Callable[[RolloutOutcome], None] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[RolloutOutcome]:
+    """Run one rollout per seed, at most ``concurrency`` at a time; outcomes in seed order."""
+    limit = asyncio.Semaphore(max(1, concurrency))
+    secrets = [api_key] + ([policy.api_key] if policy.api_key else [])
+    timeout = httpx.Timeout(max_time_s + 30.0, connect=10.0)
+    limits = httpx.Limits(max_connections=max(1, concurrency),
+                          max_keepalive_connections=max(1, concurrency))
+
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, limits=limits,
+                                 headers={"X-API-Key": api_key}, transport=transport,
+                                 follow_redirects=True) as client:
+
+        async def one(seed: int) -> RolloutOutcome:
+            body = rollout_request(seed, policy, mode=mode, max_time_s=max_time_s, split=split,
+                                   return_trace=return_trace)
+            async with limit:
+                started = time.perf_counter()
+                try:
+                    resp = await client.post("/rollout", json=body)
+                    outcome = _outcome(seed, body["run_id"], resp, time.perf_counter() - started)
+                except httpx.HTTPError as exc:
+                    outcome = RolloutOutcome(seed, body["run_id"], False, None,
+                                             time.perf_counter() - started,
+                                             error=redact(f"{type(exc).__name__}: {exc}", secrets))
+            if on_outcome is not None:
+                on_outcome(outcome)
+            return outcome
+
+        return list(await asyncio.gather(*(one(s) for s in seeds)))
+
+
+def _outcome(seed: int, run_id: str, resp: httpx.Response, latency: float) -> RolloutOutcome:
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    if resp.status_code != 200 or not isinstance(data, dict):
+        return RolloutOutcome(seed, run_id, False, resp.status_code, latency,
+                              error=_error_message(resp, data))
+    metrics = data.get("metrics") or {}
+    reward = metrics.get("outcome_reward")
+    if reward is None:
+        reward = metrics.get("reward_mean", metrics.get("mean_return"))
+    return RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
+                          outcome_score=metrics.get("outcome_score"),
+                          events_score=metrics.get("events_score"),
+                          details=metrics.get("details") or {}, trace=data.get("trace"))
+
+
+def _error_message(resp: httpx.Response, data: Any) -> str:
+    if isinstance(data, dict):
+        detail = data.get("detail")
+        if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
+            return f"HTTP {resp.status_code}: {detail['error'].get('message')}"
+        if detail:
+            return f"HTTP {resp.status_code}: {detail}"
+    return f"HTTP {resp.status_code}: {resp.text[:200]}"
+
+
+__all__ = ["PolicyTarget", "RolloutOutcome", "RunReport", "rollout_request", "run_rollouts"]

@@ -1,0 +1,192 @@
+"""`serve`, `setup`, `apps` and start-up cost, run as real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import httpx
+import pytest
+
+SLOW_APP = textwrap.dedent('''
+    import asyncio
+    from synth_deploy.taskapp import TaskAppConfig, TaskDescriptor, TaskInfo, register_task_app
+
+    async def rollout(request, ctx):
+        await asyncio.sleep(float(request.env.config.get("sleep", 0)))
+        return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
+
+    def build():
+        return TaskAppConfig(app_id="slowpoke", name="Slow", description="sleeps",
+                             base_task_info=TaskInfo(task=TaskDescriptor(id="slowpoke", name="S")),
+                             provide_task_instances=lambda seeds: [], rollout=rollout)
+
+    register_task_app(app_id="slowpoke", config_factory=build)
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli_env(tmp_path, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ENVIRONMENT_API_KEY", "SYNTH_"))}
+    env.update(extra)
+    return env
+
+
+def start_serve(tmp_path, app_ref, port, **env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "synth_deploy.cli", "serve", app_ref, "--port", str(port),
+         "--no-trace"], cwd=tmp_path, env=cli_env(tmp_path, **env),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_up(url: str, proc, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early: {proc.stderr.read()}")
+        try:
+            httpx.get(url + "/", timeout=0.5)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise AssertionError("server did not come up")
+
+
+def stop(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(5)
+
+
+def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
+    app_file = tmp_path / "slow_app.py"
+    app_file.write_text(SLOW_APP)
+    port = free_port()
+    proc = start_serve(tmp_path, str(app_file), port, ENVIRONMENT_API_KEY=api_key)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc)
+        result = {}
+
+        def slow_rollout():
+            result["resp"] = httpx.post(url + "/rollout", headers={"X-API-Key": api_key},
+                                        json={"run_id": "drain", "env": {"config": {"sleep": 1.5}}},
+                                        timeout=20)
+
+        worker = threading.Thread(target=slow_rollout)
+        worker.start()
+        time.sleep(0.4)
+        term_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        worker.join(20)
+        assert result["resp"].status_code == 200 and result["resp"].json()["run_id"] == "drain"
+        # uvicorn re-raises the signal once drained: dying "by SIGTERM" is the clean exit.
+        assert proc.wait(10) in (0, -signal.SIGTERM)
+        assert time.monotonic() - term_at < 5, "shutdown waited far past the drain"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/", timeout=1)
+    finally:
+        stop(proc)
+
+
+def test_serve_without_a_key_starts_warns_once_and_answers_503(tmp_path):
+    port = free_port()
+    proc = start_serve(tmp_path, "math", port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc)
+        resp = httpx.get(url + "/health", headers={"X-API-Key": "x"})
+        assert resp.status_code == 503
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        stderr = proc.stderr.read()
+    assert stderr.count("synth-deploy setup") == 1, stderr
+
+
+def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = start_serve(tmp_path, "math", port, ENVIRONMENT_API_KEY=api_key)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert f"127.0.0.1:{port}" in err and "--port" in err
+
+
+def test_serve_unknown_app_suggests_the_close_match(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "synth_deploy.cli", "serve", "maths"],
+                          cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True,
+                          timeout=20)
+    assert proc.returncode == 2
+    assert "no task app with id 'maths'" in proc.stderr and "did you mean 'math'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def run_cli(tmp_path, *args, **env):
+    return subprocess.run([sys.executable, "-m", "synth_deploy.cli", *args], cwd=tmp_path,
+                          env=cli_env(tmp_path, **env), capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_setup_mints_a_key_keeping_every_other_line(tmp_path):
+    original = "# keep me\nOPENAI_API_KEY=sk-1\n\nexport OTHER='x y'\n"
+    (tmp_path / ".env").write_text(original)
+    first = run_cli(tmp_path, "setup")
+    assert first.returncode == 0, first.stderr
+    text = (tmp_path / ".env").read_text()
+    assert text.startswith(original)
+    key = text.splitlines()[-1].split("=", 1)[1]
+    assert key.startswith("sk_env_") and key not in first.stdout + first.stderr
+    assert "sha256:" in first.stdout
+    again = run_cli(tmp_path, "setup", "--json")
+    assert json.loads(again.stdout)["action"] == "kept"
+    assert (tmp_path / ".env").read_text() == text
+    forced = run_cli(tmp_path, "setup", "--force")
+    assert forced.returncode == 0
+    new_text = (tmp_path / ".env").read_text()
+    assert key not in new_text and new_text.startswith(original)
+
+
+def test_setup_creates_a_missing_env_file(tmp_path):
+    result = run_cli(tmp_path, "setup")
+    assert result.returncode == 0
+    assert (tmp_path / ".env").read_text().startswith("ENVIRONMENT_API_KEY=sk_env_")
+
+
+def test_setup_refuses_a_broken_env_file_and_leaves_it_alone(tmp_path):
+    broken = "GOOD=1\nnot valid at all\n"
+    (tmp_path / ".env").write_text(broken)
+    result = run_cli(tmp_path, "setup")
+    assert result.returncode == 2 and ".env:2" in result.stderr
+    assert (tmp_path / ".env").read_text() == broken
+
+
+def test_apps_lists_math_as_json(tmp_path):
+    result = run_cli(tmp_path, "apps", "--json")
+    apps = {a["app_id"]: a for a in json.loads(result.stdout)}
+    assert apps["math"]["path"].endswith("apps/math/task_app.py")
+
+
+def test_help_imports_no_heavy_modules():
+    code = ("import sys\nfrom synth_deploy.cli import app\n"
+            "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('modal', 'fastapi', 'uvicorn', 'libsql', 'starlette') "
+            "if m in sys.modules]\nprint('HEAVY', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert "HEAVY []" in out, out

@@ -1,0 +1,87 @@
+"""The one place env files and secrets are handled."""
+
+from __future__ import annotations
+
+import pytest
+
+from synth_deploy.env import (
+    fingerprint,
+    load_env,
+    mask,
+    mint_key,
+    parse_env_file,
+    redact,
+    write_env_var,
+)
+from synth_deploy.errors import EnvFileError
+
+EXISTING = """# my project
+export OPENAI_API_KEY=sk-openai-1
+QUOTED="a value # not a comment"
+ENVIRONMENT_API_KEY=old-key
+
+TASK_APP_URL=http://127.0.0.1:8001
+"""
+
+
+def test_write_env_var_replaces_in_place_and_keeps_every_other_line(tmp_path):
+    path = tmp_path / ".env"
+    path.write_text(EXISTING)
+    write_env_var(path, "ENVIRONMENT_API_KEY", "new-key")
+    lines = path.read_text().splitlines()
+    assert lines == EXISTING.replace("old-key", "new-key").splitlines()
+    write_env_var(path, "SYNTH_API_KEY", "sk synth with spaces")
+    values = parse_env_file(path)
+    assert values["SYNTH_API_KEY"] == "sk synth with spaces"
+    assert values["QUOTED"] == "a value # not a comment"
+    assert values["OPENAI_API_KEY"] == "sk-openai-1"
+    assert path.read_text().startswith("# my project\n")
+
+
+def test_write_env_var_creates_a_private_file(tmp_path):
+    path = tmp_path / "sub" / ".env"
+    write_env_var(path, "A", "1")
+    assert parse_env_file(path) == {"A": "1"}
+    assert path.stat().st_mode & 0o077 == 0
+
+
+def test_bad_line_names_file_and_line_without_the_value(tmp_path):
+    path = tmp_path / ".env"
+    path.write_text("GOOD=1\nthis is not an assignment sk-secret-value\nOTHER=2\n")
+    with pytest.raises(EnvFileError) as info:
+        parse_env_file(path)
+    assert f"{path}:2" in str(info.value)
+    assert "sk-secret-value" not in str(info.value)
+
+
+def test_missing_env_file_is_a_usage_error(tmp_path):
+    with pytest.raises(EnvFileError, match="not found"):
+        load_env([tmp_path / "nope.env"])
+
+
+def test_precedence_explicit_file_over_process_over_implicit_dotenv(tmp_path):
+    (tmp_path / ".env").write_text("A=dotenv\nB=dotenv\nC=dotenv\n")
+    explicit = tmp_path / "explicit.env"
+    explicit.write_text("A=explicit\n")
+    implicit = load_env(environ={"B": "process"}, cwd=tmp_path)
+    assert (implicit.get("B"), implicit.get("C")) == ("process", "dotenv")
+    assert implicit.source("C") == str(tmp_path / ".env")
+    assert implicit.source("B") == "environment"
+    both = load_env([explicit], environ={"A": "process", "B": "process"}, cwd=tmp_path)
+    assert both.get("A") == "explicit" and both.get("C") is None  # no implicit .env then
+    assert both.source("A") == str(explicit)
+
+
+def test_api_keys_include_aliases():
+    env = load_env(environ={"ENVIRONMENT_API_KEY": "k1",
+                            "ENVIRONMENT_API_KEY_ALIASES": " k2, ,k3"}, cwd="/nonexistent")
+    assert env.api_keys() == ["k1", "k2", "k3"]
+
+
+def test_mask_shows_no_key_material():
+    key = mint_key()
+    shown = mask(key)
+    assert key[:4] not in shown.replace("****", "") and str(len(key)) not in shown
+    assert fingerprint(key) in shown and fingerprint(key) != fingerprint(mint_key())
+    assert redact(f"token={key}!", [key]) == f"token={shown}!"
+    assert repr(load_env(environ={"X_TOKEN": key}, cwd="/nonexistent")).count(key) == 0

@@ -1,0 +1,86 @@
+"""The auth matrix on every authenticated endpoint, against real uvicorn."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+from toy_apps import proxy_config, toy_config
+
+from synth_deploy.taskapp import create_app
+
+ROLLOUT = {"run_id": "auth-1", "env": {"seed": 3}}
+# (method, path, json body) for every endpoint behind the key.
+PROTECTED = [
+    ("GET", "/health", None),
+    ("GET", "/info", None),
+    ("GET", "/task_info", None),
+    ("GET", "/task_info?seed=1", None),
+    ("POST", "/rollout", ROLLOUT),
+    ("POST", "/done", {}),
+    ("POST", "/proxy/v1/chat/completions", {"model": "m", "messages": []}),
+    ("POST", "/proxy/groq/v1/chat/completions", {"model": "m", "messages": []}),
+]
+
+
+@pytest.fixture
+def server(serve, api_key):
+    # The proxy's upstream is a closed port: only auth is under test here.
+    return serve(create_app(proxy_config("http://127.0.0.1:9"), api_keys=[api_key, "alias-key-2"]))
+
+
+def call(server, method, path, body, headers=None):
+    return httpx.request(method, server.url + path, json=body, headers=headers or {}, timeout=10)
+
+
+@pytest.mark.parametrize(("method", "path", "body"), PROTECTED)
+def test_missing_key_is_401_and_wrong_key_is_403(server, api_key, method, path, body):
+    missing = call(server, method, path, body)
+    assert missing.status_code == 401
+    assert missing.json()["detail"]["error"]["code"] == "missing_api_key"
+    wrong = call(server, method, path, body, {"X-API-Key": "not-the-key"})
+    assert wrong.status_code == 403
+    assert wrong.json()["detail"]["error"]["code"] == "invalid_api_key"
+    for resp in (missing, wrong):
+        assert api_key not in resp.text and api_key[:8] not in resp.text
+        assert str(len(api_key)) not in resp.text
+
+
+@pytest.mark.parametrize(("method", "path", "body"), PROTECTED[:6])
+def test_right_key_passes(server, api_key, method, path, body):
+    assert call(server, method, path, body, {"X-API-Key": api_key}).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [
+    {"X-API-Key": "alias-key-2"},
+    {"Authorization": "Bearer {key}"},
+    {"X-API-Keys": "wrong-one, {key}"},
+    {"X-API-Key": "wrong-one", "Authorization": "Bearer {key}"},
+])
+def test_every_header_form_and_alias_is_accepted(server, api_key, headers):
+    headers = {k: v.format(key=api_key) for k, v in headers.items()}
+    assert call(server, "GET", "/health", None, headers).status_code == 200
+
+
+def test_root_stays_open(server):
+    resp = httpx.get(server.url + "/")
+    assert resp.status_code == 200 and resp.json() == {"status": "ok", "service": "toy"}
+    assert httpx.head(server.url + "/").status_code == 200
+
+
+def test_no_key_configured_is_503_with_the_fix(serve):
+    server = serve(create_app(toy_config(), api_keys=[]))
+    for method, path, body in PROTECTED[:6]:
+        resp = call(server, method, path, body, {"X-API-Key": "anything"})
+        assert resp.status_code == 503
+        error = resp.json()["detail"]["error"]
+        assert error["code"] == "missing_environment_api_key"
+        assert "synth-deploy setup" in error["message"]
+
+
+def test_key_never_reaches_the_logs(server, api_key, caplog):
+    caplog.set_level(logging.DEBUG)
+    for headers in ({}, {"X-API-Key": "wrong"}, {"X-API-Key": api_key}):
+        call(server, "POST", "/rollout", ROLLOUT, headers)
+    assert api_key not in caplog.text and api_key[:8] not in caplog.text

@@ -1,0 +1,196 @@
+"""Rollouts, bad input and faults against a real uvicorn server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from toy_apps import raising_rollout, slow_async_rollout, slow_sync_rollout, toy_config
+
+from synth_deploy.taskapp import create_app
+
+
+@pytest.fixture
+def toy(serve, api_key):
+    return serve(create_app(toy_config(), api_keys=[api_key]))
+
+
+def post(server, api_key, body, **kwargs):
+    kwargs.setdefault("timeout", 10)
+    if isinstance(body, (bytes, str)):
+        return httpx.post(server.url + "/rollout", content=body, headers={
+            "X-API-Key": api_key, "Content-Type": "application/json"}, **kwargs)
+    return httpx.post(server.url + "/rollout", json=body, headers={"X-API-Key": api_key},
+                      **kwargs)
+
+
+def test_rollout_answers_both_reward_spellings(toy, api_key):
+    resp = post(toy, api_key, {"run_id": "r-7", "env": {"seed": 7}})
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["run_id"] == "r-7"
+    m = body["metrics"]
+    assert m["episode_rewards"] == m["episode_returns"] == [0.7]
+    assert m["reward_mean"] == m["mean_return"] == 0.7
+    assert body["aborted"] is False and body["branches"] == {}
+
+
+def test_unknown_fields_from_older_clients_are_accepted(toy, api_key):
+    body = {"run_id": "old", "env": {"seed": 1, "env_name": "x", "extra": 1}, "ops": ["agent"],
+            "safety": {"max_ops": 10}, "policy": {"policy_name": "p", "config": {}, "new": 1}}
+    assert post(toy, api_key, body).status_code == 200
+
+
+def test_return_trace_gives_the_v3_session(toy, api_key):
+    resp = post(toy, api_key, {"run_id": "t", "env": {"seed": 2}, "record": {"return_trace": 1}})
+    trace = resp.json()["trace"]
+    assert trace["metadata"]["run_id"] == "t"
+    assert trace["outcome_rewards"][0]["total_reward"] == 0.2
+    assert {"session_id", "session_time_steps", "event_history",
+            "markov_blanket_message_history"} <= trace.keys()
+
+
+BAD_REQUESTS = [
+    # (body, expected code, a path the error must name)
+    (b"{not json", "invalid_json", None),
+    (b"", "invalid_json", None),
+    (b"[1, 2]", "invalid_request", "(body)"),
+    ({"env": {"seed": 1}}, "invalid_request", "run_id"),
+    ({"run_id": ""}, "invalid_request", "run_id"),
+    ({"run_id": 5}, "invalid_request", "run_id"),
+    ({"run_id": "x", "env": {"seed": "abc"}}, "invalid_request", "env.seed"),
+    ({"run_id": "x", "env": []}, "invalid_request", "env"),
+    ({"run_id": "x", "policy": {"output_mode": "telepathy"}}, "invalid_request",
+     "policy.output_mode"),
+    ({"run_id": "x", "safety": {"max_time_s": -1}}, "invalid_request", "safety.max_time_s"),
+    ({"run_id": "x", "mode": "train"}, "invalid_request", "mode"),
+    ({"run_id": "x", "record": {"trace_format": "xml"}}, "invalid_request",
+     "record.trace_format"),
+]
+
+
+@pytest.mark.parametrize(("body", "code", "path"), BAD_REQUESTS)
+def test_malformed_requests_are_422_with_field_paths(toy, api_key, body, code, path):
+    resp = post(toy, api_key, body)
+    assert resp.status_code == 422
+    error = resp.json()["detail"]["error"]
+    assert error["code"] == code
+    if path is not None:
+        assert path in [e["path"] for e in error["errors"]]
+        assert path in error["message"]
+
+
+def test_body_over_the_limit_is_413_declared_or_streamed(serve, api_key):
+    server = serve(create_app(toy_config(max_body_bytes=1024), api_keys=[api_key]))
+    big = {"run_id": "big", "env": {"config": {"blob": "x" * 5000}}}
+    assert post(server, api_key, big).status_code == 413
+
+    def chunks():  # no Content-Length: the limit must hold while streaming too
+        yield b'{"run_id": "big", "pad": "'
+        for _ in range(10):
+            yield b"x" * 500
+        yield b'"}'
+
+    resp = httpx.post(server.url + "/rollout", content=chunks(), headers={"X-API-Key": api_key})
+    assert resp.status_code == 413
+    assert post(server, api_key, {"run_id": "small"}).status_code == 200
+
+
+def test_a_raising_rollout_is_500_naming_the_run_and_the_server_keeps_serving(serve, api_key):
+    server = serve(create_app(toy_config(raising_rollout), api_keys=[api_key]))
+    resp = post(server, api_key, {"run_id": "boom-1", "env": {"seed": 4}})
+    assert resp.status_code == 500
+    error = resp.json()["detail"]["error"]
+    assert error["code"] == "rollout_failed" and error["run_id"] == "boom-1"
+    assert "boom-1" in error["message"] and "environment crashed on seed 4" in error["message"]
+    assert error["exception"] == "RuntimeError"
+    assert httpx.get(server.url + "/health", headers={"X-API-Key": api_key}).status_code == 200
+
+
+def test_an_exception_message_holding_the_key_is_redacted(serve, api_key):
+    async def leaky(request, ctx):
+        raise ValueError(f"bad auth {api_key}")
+
+    server = serve(create_app(toy_config(leaky), api_keys=[api_key]))
+    resp = post(server, api_key, {"run_id": "leak"})
+    assert resp.status_code == 500 and api_key not in resp.text
+
+
+def test_malformed_rollout_result_is_500_with_field_paths(serve, api_key):
+    async def bad(request, ctx):
+        return {"run_id": request.run_id, "metrics": {"num_steps": "many"}}
+
+    server = serve(create_app(toy_config(bad), api_keys=[api_key]))
+    error = post(server, api_key, {"run_id": "bad"}).json()["detail"]["error"]
+    assert error["code"] == "invalid_rollout_result"
+    assert "metrics.num_steps" in [e["path"] for e in error["errors"]]
+
+
+@pytest.mark.parametrize("rollout", [slow_async_rollout, slow_sync_rollout])
+def test_safety_max_time_is_enforced(serve, api_key, rollout):
+    server = serve(create_app(toy_config(rollout), api_keys=[api_key]))
+    started = time.perf_counter()
+    resp = post(server, api_key, {"run_id": "slow", "env": {"config": {"sleep": 2}},
+                                  "safety": {"max_time_s": 0.3}})
+    elapsed = time.perf_counter() - started
+    assert resp.status_code == 504
+    error = resp.json()["detail"]["error"]
+    assert error["code"] == "rollout_timeout" and error["run_id"] == "slow"
+    assert elapsed < 2.0, f"client waited {elapsed:.2f}s for a 0.3s bound"
+    ok = post(server, api_key, {"run_id": "fast", "env": {"config": {"sleep": 0}}})
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("rollout", [slow_async_rollout, slow_sync_rollout])
+def test_concurrent_rollouts_overlap(serve, api_key, rollout):
+    server = serve(create_app(toy_config(rollout), api_keys=[api_key]))
+    n, sleep = 20, 0.3
+
+    async def main():
+        async with httpx.AsyncClient(timeout=30, headers={"X-API-Key": api_key}) as client:
+            return await asyncio.gather(*(client.post(server.url + "/rollout", json={
+                "run_id": f"c-{i}", "env": {"config": {"sleep": sleep}}}) for i in range(n)))
+
+    started = time.perf_counter()
+    responses = asyncio.run(main())
+    elapsed = time.perf_counter() - started
+    assert [r.status_code for r in responses] == [200] * n
+    assert sorted(r.json()["run_id"] for r in responses) == sorted(f"c-{i}" for i in range(n))
+    assert elapsed < n * sleep / 2, f"{n} rollouts of {sleep}s took {elapsed:.2f}s: serialised?"
+
+
+def test_task_info_one_seed_many_seeds_and_bad_seeds(toy, api_key):
+    def get(query):
+        return httpx.get(toy.url + "/task_info" + query, headers={"X-API-Key": api_key})
+
+    one = get("?seed=3")
+    assert one.status_code == 200 and one.json()["task_metadata"]["seed"] == 3
+    many = get("?seed=1&seed=2&seeds=5")
+    assert [i["task_metadata"]["seed"] for i in many.json()] == [1, 2, 5]
+    assert "taskset" in get("").json()
+    bad = get("?seed=abc")
+    assert bad.status_code == 422 and "abc" in bad.json()["detail"]["error"]["message"]
+    unknown = get("?seed=-4")
+    assert unknown.status_code == 404 and "negative" in unknown.json()["detail"]["error"][
+        "message"]
+
+
+def test_info_advertises_datasets_and_rubrics(math_server, api_key):
+    info = httpx.get(math_server.url + "/info", headers={"X-API-Key": api_key}).json()
+    assert info["service"]["task"]["id"] == "math"
+    assert info["dataset"]["datasets"][0]["splits"] == ["train", "test"]
+    assert info["dataset"]["datasets"][0]["default_seeds"]["test"][0] == 9000
+    assert info["rubrics"]["outcome"]["criteria"][0]["id"] == "correct_answer"
+
+
+def test_startup_and_shutdown_hooks_run_with_app_state(serve, api_key):
+    calls = []
+    config = toy_config(startup_hooks=[lambda state: calls.append(("up", state["n"]))],
+                        shutdown_hooks=[lambda state: calls.append(("down", state["n"]))],
+                        app_state={"n": 1})
+    server = serve(create_app(config, api_keys=[api_key]))
+    assert calls == [("up", 1)]
+    server.stop()
+    assert calls == [("up", 1), ("down", 1)]
