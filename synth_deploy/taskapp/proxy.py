@@ -61,7 +61,7 @@ def add_proxy_routes(
                             headers=headers)
 
         forward.__name__ = f"proxy_{vendor.lower()}"
-        app.add_api_route(path, forward, methods=["POST"], include_in_schema=False)
+        app.add_route(path, forward, methods=["POST"])
 
     if proxy.enable_openai:
         route("/proxy/v1/chat/completions", "OpenAI", proxy.openai_base_url, "OPENAI_API_KEY")
