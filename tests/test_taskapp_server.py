@@ -194,3 +194,27 @@ def test_startup_and_shutdown_hooks_run_with_app_state(serve, api_key):
     assert calls == [("up", 1)]
     server.stop()
     assert calls == [("up", 1), ("down", 1)]
+
+
+def test_user_middleware_and_extra_routers_see_protocol_routes(serve, api_key):
+    from fastapi import APIRouter
+
+    router = APIRouter()
+
+    @router.get("/custom")
+    async def custom() -> dict:
+        return {"custom": True}
+
+    app = create_app(toy_config(routers=[router]), api_keys=[api_key])
+    seen = []
+
+    @app.middleware("http")
+    async def record(request, call_next):
+        seen.append(request.url.path)
+        return await call_next(request)
+
+    server = serve(app)
+    assert httpx.get(server.url + "/health", headers={"X-API-Key": api_key}).status_code == 200
+    assert httpx.get(server.url + "/health").status_code == 401
+    assert httpx.get(server.url + "/custom").json() == {"custom": True}
+    assert seen == ["/health", "/health", "/custom"]

@@ -55,9 +55,12 @@ def handling_errors(json_output: bool = False) -> Iterator[None]:
                                                "message": exc.message, "hint": exc.hint}})
         else:
             err = console(stderr=True)
-            err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+            # soft_wrap: a long file:line message stays on one line, greppable and clickable.
+            err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False,
+                      soft_wrap=True)
             if exc.hint:
-                err.print(f"  [dim]hint:[/dim] {exc.hint}", markup=True, highlight=False)
+                err.print(f"  [dim]hint:[/dim] {exc.hint}", markup=True, highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         console(stderr=True).print("interrupted")

@@ -1,0 +1,171 @@
+"""The RL TOML schema (synth-ai 0.4.4 names: ``judge`` is now ``verifier``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from synth_deploy.jobs.configs._shared import (
+    AlgorithmConfig,
+    ComputeConfig,
+    LoraConfig,
+    PolicyConfig,
+    Section,
+)
+
+
+class ServicesConfig(Section):
+    """``[services]``: the task app the trainer calls, and an optional verifier."""
+
+    task_url: str | None = None  # required once --task-url / TASK_APP_URL are considered
+    verifier_url: str | None = None
+
+
+class RolloutConfig(Section):
+    env_name: str | None = None
+    policy_name: str | None = None
+    env_config: dict[str, Any] | None = None
+    policy_config: dict[str, Any] | None = None
+    max_turns: int | None = None
+    episodes_per_batch: int | None = None
+    max_concurrent_rollouts: int | None = None
+    batches_per_step: int | None = None
+
+
+class WeightSyncConfig(Section):
+    enable: bool | None = None
+    targets: list[str] | None = None
+    mode: str | None = None
+    direct: bool | None = None
+    verify_every_k: int | None = None
+
+
+class RewardsConfig(Section):
+    step_rewards_enabled: bool | None = None
+    step_rewards_mode: Literal["off", "decision_stepwise", "env_sparse"] | None = None
+    step_rewards_indicator_lambda: float | None = None
+    step_rewards_beta: float | None = None
+    step_rewards_strategy: str | None = None
+    event_rewards_kind: Literal["unique", "absolute"] | None = None
+
+
+class RLTrainingConfig(Section):
+    num_epochs: int | None = None
+    iterations_per_epoch: int | None = None
+    gradient_accumulation_steps: int | None = None
+    max_accumulated_minibatch: int | None = None
+    max_turns: int | None = None
+    batch_size: int | None = None
+    group_size: int | None = None
+    learning_rate: float | None = None
+    log_interval: int | None = None
+    weight_sync_interval: int | None = None
+    weight_sync: WeightSyncConfig | None = None
+    lora: LoraConfig | None = None
+    rewards: RewardsConfig | None = None
+
+
+class EvaluationConfig(Section):
+    instances: int | None = None
+    every_n_iters: int | None = None
+    seeds: list[int] | None = None
+
+
+class RewardBlend(Section):
+    env: float | None = None
+    event: float | None = None
+    outcome: float | None = None
+
+
+class VerifierOptionsConfig(Section):
+    event: bool | None = None
+    outcome: bool | None = None
+    provider: str | None = None
+    model: str | None = None
+    rubric_id: str | None = None
+    rubric_overrides: dict[str, Any] | None = None
+    tracks: list[str] | None = None
+    weights: dict[str, float] | None = None
+    max_concurrency: int | None = None
+
+
+class VerifierConfig(Section):
+    type: str | None = None
+    timeout_s: int | None = None
+    enabled: bool | None = None
+    reward_blend: RewardBlend | None = None
+    options: VerifierOptionsConfig | None = None
+
+
+class SmokeConfig(Section):
+    """``[smoke]``: read by the CLI's smoke runner only; never sent to the backend."""
+
+    task_url: str | None = None
+    env_name: str | None = None
+    policy_name: str | None = None
+    max_steps: int | None = None
+    policy: str | None = None
+    model: str | None = None
+    mock_backend: str | None = None
+    mock_port: int | None = None
+    return_trace: bool | None = None
+    use_mock: bool | None = None
+    task_app_name: str | None = None
+    task_app_port: int | None = 8765
+    task_app_env_file: str | None = None
+    task_app_force: bool | None = None
+    sqld_auto_start: bool | None = None
+    sqld_db_path: str | None = None
+    sqld_hrana_port: int | None = None
+    sqld_http_port: int | None = None
+
+
+class RLConfig(Section):
+    """A whole RL config file. Deprecated sections are accepted (the loader warns)."""
+
+    algorithm: AlgorithmConfig
+    services: ServicesConfig | None = None
+    compute: ComputeConfig | None = None
+    model: PolicyConfig | None = None
+    policy: PolicyConfig | None = None
+    rollout: RolloutConfig | None = None
+    training: RLTrainingConfig | None = None
+    evaluation: EvaluationConfig | None = None
+    verifier: VerifierConfig | None = None
+    vllm: dict[str, Any] | None = None
+    tags: dict[str, Any] | None = None
+    smoke: SmokeConfig | None = None
+    # Deprecated spellings, still read by the backend.
+    lora: LoraConfig | None = None
+    topology: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None
+    rubric: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_model(self) -> RLConfig:
+        for where, section in (("model", self.model), ("policy", self.policy)):
+            if section is not None and section.source and section.base:
+                raise ValueError(f"{where}: set either source or base, not both")
+        if self.model is not None and self.policy is not None and self.model != self.policy:
+            raise ValueError("[model] and [policy] are two spellings of one section: keep one")
+        return self
+
+    @property
+    def policy_section(self) -> PolicyConfig | None:
+        return self.policy or self.model
+
+
+__all__ = [
+    "EvaluationConfig",
+    "RLConfig",
+    "RLTrainingConfig",
+    "RewardBlend",
+    "RewardsConfig",
+    "RolloutConfig",
+    "ServicesConfig",
+    "SmokeConfig",
+    "VerifierConfig",
+    "VerifierOptionsConfig",
+    "WeightSyncConfig",
+]

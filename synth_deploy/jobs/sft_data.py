@@ -1,0 +1,217 @@
+"""SFT training data: validate JSONL files of chat examples before anything is uploaded.
+
+One example a line::
+
+    {"messages": [{"role": ..., "content": str | list | object | null,
+                   "tool_calls"?: [...], "tool_call_id"?: str, "name"?: str}, ...],
+     "tools"?: [...], "tool_choice"?: ..., "metadata"?: {...}}
+
+Every line is read; problems are reported by line number (capped), so a user fixes a file in
+one pass instead of one upload per mistake. ``truncated_copy`` backs ``--examples N``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.errors import UsageError
+
+ROLES = ("system", "user", "assistant", "tool", "developer", "function")
+
+
+@dataclass(frozen=True)
+class SFTError:
+    """One problem in an SFT file: 1-based ``line`` and what is wrong there."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass
+class SFTValidation:
+    """Result of validating a whole file: ``count`` valid examples, ``errors`` (capped)."""
+
+    path: Path
+    count: int = 0
+    lines: int = 0
+    errors: list[SFTError] = field(default_factory=list)
+    error_count: int = 0  # all problems seen, including those past the cap
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0 and self.count > 0
+
+    def raise_for_errors(self) -> None:
+        """Raise a UsageError listing every kept problem as ``path:line: message``."""
+        if self.ok:
+            return
+        if self.error_count == 0:
+            raise UsageError(
+                f"{self.path}: no training examples found",
+                hint="Add one JSON object with a 'messages' list per line.",
+            )
+        shown = "\n".join(f"  {self.path}:{e.line}: {e.message}" for e in self.errors)
+        more = self.error_count - len(self.errors)
+        tail = f"\n  ... and {more} more" if more > 0 else ""
+        raise UsageError(
+            f"{self.path}: {self.error_count} problem(s) in the SFT data:\n"
+            f"{shown}{tail}",
+            hint="Fix the lines listed; each must be one JSON object with a 'messages' list.",
+        )
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _validate_tool_calls(where: str, calls: Any) -> list[str]:
+    if not isinstance(calls, list):
+        return [f"{where}.tool_calls: expected an array, got {_type_name(calls)}"]
+    problems = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict):
+            problems.append(f"{at}: expected an object, got {_type_name(call)}")
+            continue
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            problems.append(f"{at}.function.name: required string is missing")
+    return problems
+
+
+def _validate_message(i: int, msg: Any) -> list[str]:
+    where = f"messages[{i}]"
+    if not isinstance(msg, dict):
+        return [f"{where}: expected an object, got {_type_name(msg)}"]
+    problems = []
+    role = msg.get("role")
+    if role is None:
+        problems.append(f"{where}.role: required")
+    elif not isinstance(role, str) or role not in ROLES:
+        problems.append(f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}")
+    if "content" not in msg and "tool_calls" not in msg:
+        problems.append(f"{where}.content: required (string, array, object or null)")
+    content = msg.get("content")
+    if content is not None and not isinstance(content, (str, list, dict)):
+        problems.append(
+            f"{where}.content: expected string, array, object or null, got {_type_name(content)}"
+        )
+    if "tool_calls" in msg:
+        problems.extend(_validate_tool_calls(where, msg["tool_calls"]))
+    for key in ("tool_call_id", "name"):
+        if key in msg and not isinstance(msg[key], str):
+            problems.append(f"{where}.{key}: expected a string, got {_type_name(msg[key])}")
+    return problems
+
+
+def validate_sft_example(obj: Any) -> list[str]:
+    """Problems with one decoded example, each prefixed by its field path; [] when valid."""
+    if not isinstance(obj, dict):
+        return [f"expected a JSON object, got {_type_name(obj)}"]
+    # Extra keys (e.g. a message's "weight") are left for the backend: providers add fields.
+    problems: list[str] = []
+    messages = obj.get("messages")
+    if messages is None:
+        problems.append("messages: required (a non-empty array of messages)")
+    elif not isinstance(messages, list):
+        problems.append(f"messages: expected an array, got {_type_name(messages)}")
+    elif not messages:
+        problems.append("messages: must hold at least one message")
+    else:
+        for i, msg in enumerate(messages):
+            problems.extend(_validate_message(i, msg))
+    if "tools" in obj and obj["tools"] is not None and not isinstance(obj["tools"], list):
+        problems.append(f"tools: expected an array, got {_type_name(obj['tools'])}")
+    if "metadata" in obj and obj["metadata"] is not None and not isinstance(obj["metadata"], dict):
+        problems.append(f"metadata: expected an object, got {_type_name(obj['metadata'])}")
+    return problems
+
+
+def validate_sft_file(path: str | os.PathLike[str], *, max_errors: int = 50) -> SFTValidation:
+    """Read every line of a JSONL file; empty lines are skipped, bad ones reported by number.
+
+    Raises UsageError only when the file cannot be read at all.
+    """
+    p = Path(path)
+    result = SFTValidation(path=p)
+    try:
+        handle = p.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(
+            f"{p}: cannot read SFT data ({exc.strerror or exc})",
+            hint="Check the path in [job].data or --dataset.",
+        ) from exc
+
+    def add(line: int, message: str) -> None:
+        result.error_count += 1
+        if len(result.errors) < max_errors:
+            result.errors.append(SFTError(line, message))
+
+    with handle:
+        lineno = 0
+        while True:
+            try:
+                raw = handle.readline()
+            except UnicodeDecodeError as exc:
+                add(lineno + 1, f"not UTF-8 text ({exc.reason})")
+                break
+            if not raw:
+                break
+            lineno += 1
+            result.lines = lineno
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                add(lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")
+                continue
+            problems = validate_sft_example(obj)
+            if problems:
+                for problem in problems:
+                    add(lineno, problem)
+            else:
+                result.count += 1
+    return result
+
+
+def truncated_copy(path: str | os.PathLike[str], examples: int) -> Path:
+    """Write the first ``examples`` non-empty lines of ``path`` to a temporary file.
+
+    The caller owns the returned file and deletes it; the original is never touched.
+    """
+    if examples < 1:
+        raise UsageError(f"--examples must be at least 1, got {examples}")
+    src = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f"{src.stem}.first{examples}.", suffix=".jsonl")
+    kept = 0
+    with os.fdopen(fd, "w", encoding="utf-8") as out, src.open("r", encoding="utf-8") as inp:
+        for raw in inp:
+            if not raw.strip():
+                continue
+            out.write(raw if raw.endswith("\n") else raw + "\n")
+            kept += 1
+            if kept >= examples:
+                break
+    return Path(name)
+
+
+__all__ = [
+    "SFTError",
+    "SFTValidation",
+    "truncated_copy",
+    "validate_sft_example",
+    "validate_sft_file",
+]

@@ -1,0 +1,169 @@
+"""JobClient and stream_job against the stand-in backend served on 127.0.0.1."""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+
+import httpx
+import pytest
+from standins.backend import StandinBackend
+
+from synth_deploy.errors import JobError, JobHTTPError, UsageError
+from synth_deploy.jobs.backend import JobClient, RetryPolicy, backend_url, new_idempotency_key
+from synth_deploy.jobs.stream import JsonHandler, sparkline, stream_job
+from synth_deploy.jobs.train import masked
+
+FAST = RetryPolicy(retries=3, backoff_s=0.01)
+RL_BODY = {"job_type": "rl", "compute": {}, "data": {"endpoint_base_url": "http://x"}}
+
+
+@pytest.fixture
+def synth_key() -> str:
+    return "sk_synth_test_" + secrets.token_hex(12)
+
+
+@pytest.fixture
+def backend(serve, synth_key, api_key) -> StandinBackend:
+    standin = StandinBackend(synth_key, env_keys=[api_key])
+    standin.url = serve(standin.app).url
+    return standin
+
+
+@pytest.fixture
+def client(backend, synth_key):
+    with JobClient(backend.url, synth_key, timeout_s=5.0, retry=FAST) as c:
+        yield c
+
+
+def test_502_after_recording_is_retried_with_the_same_key_and_makes_one_job(backend, client):
+    backend.faults.fail_creates = 2
+    retries = []
+    client.on_retry = lambda n, why: retries.append(why)
+    key = new_idempotency_key()
+    reply = client.create_rl_job(RL_BODY, key)
+    assert retries == ["HTTP 502", "HTTP 502"]
+    assert backend.create_attempts[key] == 3
+    assert [j.id for j in backend.jobs_for_key(key)] == [reply["job_id"]]
+    assert len(backend.jobs) == 1
+
+
+def test_create_that_stalls_past_the_timeout_is_retried_into_the_same_job(backend, synth_key):
+    backend.faults.stall_creates, backend.faults.stall_s = 1, 1.0
+    key = new_idempotency_key()
+    with JobClient(backend.url, synth_key, timeout_s=0.3, retry=FAST) as c:
+        reply = c.create_rl_job(RL_BODY, key)
+    assert backend.create_attempts[key] == 2
+    assert len(backend.jobs_for_key(key)) == 1 and len(backend.jobs) == 1
+    assert reply["job_id"] == backend.jobs_for_key(key)[0].id
+
+
+def test_persistent_5xx_raises_with_status_and_body(backend, client):
+    backend.faults.fail_creates = 10
+    with pytest.raises(JobHTTPError) as info:
+        client.create_rl_job(RL_BODY, "k1")
+    assert info.value.status == 502 and "bad gateway" in info.value.body
+    assert info.value.payload == RL_BODY
+    assert backend.create_attempts["k1"] == FAST.retries + 1
+    assert len(backend.jobs) == 1  # recorded once, whatever the proxy said
+
+
+def test_4xx_is_not_retried(backend, client):
+    backend.faults.reject_payload = True
+    with pytest.raises(JobHTTPError) as info:
+        client.create_rl_job(RL_BODY, "k2")
+    assert info.value.status == 422 and "batch_size" in info.value.body
+    assert backend.create_attempts["k2"] == 1
+
+
+def test_wrong_api_key_is_401_with_a_hint(backend):
+    with JobClient(backend.url, "sk_wrong", retry=FAST) as c, pytest.raises(JobHTTPError) as info:
+        c.get_job("rl", "job_0001")
+    assert info.value.status == 401 and "dashboard" in info.value.hint
+
+
+def test_unreachable_backend_is_a_job_error_after_bounded_retries():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with JobClient(f"http://127.0.0.1:{port}", "k", timeout_s=1.0, retry=FAST) as c:
+        with pytest.raises(JobError, match="failed after 4 attempts"):
+            c.verify_task_app("http://127.0.0.1:1")
+
+
+def test_upload_waits_until_ready_and_times_out_when_it_never_is(backend, client, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
+    backend.faults.file_ready_after_s = 0.3
+    file_id = client.upload_file(path)["id"]
+    assert backend.files[file_id]["content"] == path.read_bytes()
+    assert client.wait_file_ready(file_id, timeout_s=5, interval_s=0.05)["status"] == "ready"
+    backend.faults.file_ready_after_s = 60
+    slow = client.upload_file(path)["id"]
+    with pytest.raises(JobError, match="not ready after"):
+        client.wait_file_ready(slow, timeout_s=0.2, interval_s=0.05)
+    backend.faults.file_ready_after_s, backend.faults.file_fails = 0, True
+    bad = client.upload_file(path)["id"]
+    with pytest.raises(JobError, match="rejected uploaded file"):
+        client.wait_file_ready(bad, timeout_s=2, interval_s=0.05)
+
+
+def test_stream_pages_events_without_gaps_or_repeats(backend, client):
+    backend.faults.iterations = 450  # > two pages of 200
+    job_id = client.create_rl_job(RL_BODY, "k3")["job_id"]
+    out = io.StringIO()
+    outcome = stream_job(client, "rl", job_id, JsonHandler(out), interval_s=0.01, timeout_s=10)
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    seqs = [x["seq"] for x in lines if x["record"] == "event"]
+    assert seqs == list(range(1, 454))  # created, running, 450 steps, succeeded
+    assert len([x for x in lines if x["record"] == "metric"]) == 450
+    assert lines[-1] == {"record": "outcome", **outcome.to_dict()}
+    assert outcome.status == "succeeded" and outcome.exit_code == 0
+    assert outcome.job["model_id"] == f"ft:standin:{job_id}"
+
+
+def test_stream_of_failing_job_and_of_slow_job(backend, client):
+    backend.faults.job_fails = True
+    job_id = client.create_rl_job(RL_BODY, "k4")["job_id"]
+    failed = stream_job(client, "rl", job_id, JsonHandler(io.StringIO()), interval_s=0.01,
+                        timeout_s=10)
+    assert failed.status == "failed" and failed.exit_code == 1
+    backend.faults.job_fails, backend.faults.event_step_s = False, 30.0
+    slow_id = client.create_rl_job(RL_BODY, "k5")["job_id"]
+    slow = stream_job(client, "rl", slow_id, JsonHandler(io.StringIO()), interval_s=0.05,
+                      timeout_s=0.3)
+    assert slow.timed_out and slow.exit_code == 4 and slow.status == "queued"
+
+
+def test_backend_url_precedence():
+    assert backend_url("http://flag/", "http://env") == "http://flag"
+    assert backend_url(None, "http://env/api") == "http://env"
+    assert backend_url(None, None) == "https://api.usesynth.ai"
+    with pytest.raises(UsageError):
+        backend_url("ftp://x", None)
+
+
+def test_masked_hides_secret_names_and_values():
+    secret = "sk_live_" + secrets.token_hex(8)
+    out = masked({"api_key": secret, "nested": [{"TOKEN": "t0ken"}], "note": f"uses {secret}",
+                  "n": 3}, [secret])
+    text = json.dumps(out)
+    assert secret not in text and "t0ken" not in text
+    assert out["n"] == 3 and out["api_key"].startswith("**** (sha256:")
+
+
+def test_client_repr_hides_the_key():
+    c = JobClient("http://127.0.0.1:1", "sk_very_secret", transport=httpx.MockTransport(
+        lambda r: httpx.Response(200)))
+    assert "sk_very_secret" not in repr(c)
+    c.close()
+
+
+def test_sparkline_spans_low_to_high():
+    assert sparkline([3.0, 2.0, 1.0]) == "█▅▁"[0] + sparkline([3.0, 2.0, 1.0])[1:]
+    line = sparkline([float(i) for i in range(8)])
+    assert line[0] == "▁" and line[-1] == "█" and len(line) == 8
+    assert sparkline([]) == ""
