@@ -1,9 +1,135 @@
-"""CLI: check (being built)."""
+"""`synth-deploy check URL`: verify a task app at any URL and explain what is wrong.
+
+Exit codes: 0 healthy · 1 unhealthy · 2 usage error (bad flag or URL) · 3 unreachable.
+The ``--json`` shape is documented in `synth_deploy.health.report`.
+"""
 
 from __future__ import annotations
 
+import time
+from typing import Annotated, Any
+
 import typer
+
+from synth_deploy.cli._common import (
+    EnvFilesOption,
+    JsonOption,
+    console,
+    handling_errors,
+    parse_seeds,
+    print_json,
+)
+from synth_deploy.errors import UsageError
+
+_STYLES = {"pass": ("✓ pass", "green"), "fail": ("✗ fail", "red"),
+           "warn": ("! warn", "yellow"), "skip": ("- skip", "dim")}
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("check")(check_command)
+
+
+def check_command(
+    url: Annotated[str, typer.Argument(help="The task app's base URL (local, tunnel or Modal).",
+                                       show_default=False)],
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", help="The key to send. Default: ENVIRONMENT_API_KEY from the environment "
+                          "or .env.", show_default=False)] = None,
+    env_file: EnvFilesOption = None,
+    wait: Annotated[float | None, typer.Option(
+        "--wait", min=0, metavar="SECONDS",
+        help="Poll until healthy or this many seconds pass (cold starts, new tunnels).",
+        show_default=False)] = None,
+    seeds: Annotated[str, typer.Option(
+        "--seeds", help="Seeds whose /task_info to validate, e.g. 0-4 or 1,3,5.")] = "0",
+    rollout: Annotated[bool, typer.Option(
+        "--rollout", help="Also run one eval-mode rollout (needs --inference-url).")] = False,
+    inference_url: Annotated[str | None, typer.Option(
+        "--inference-url", help="OpenAI-compatible base URL the rollout's policy calls.",
+        show_default=False)] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model name for the rollout's policy.", show_default=False)] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=0.1, metavar="SECONDS", help="Timeout of each request.")] = 10.0,
+    json_output: JsonOption = False,
+) -> None:
+    """Check a task app: reachability, TLS, auth enforcement, protocol shapes, a rollout."""
+    with handling_errors(json_output):
+        seed_list = parse_seeds(seeds)
+        if api_key and env_file:
+            raise UsageError("pass either --api-key or --env-file, not both",
+                             hint="--env-file reads ENVIRONMENT_API_KEY from the file")
+        if rollout and not inference_url:
+            raise UsageError("--rollout needs --inference-url",
+                             hint="pass an OpenAI-compatible base URL, e.g. "
+                                  "--inference-url https://api.openai.com/v1 --model gpt-4o-mini")
+        from synth_deploy.health import check, resolve_api_key, wait_until_healthy
+
+        key, source = resolve_api_key(api_key, env_file or ())
+        kwargs: dict[str, Any] = dict(seeds=seed_list, rollout=rollout,
+                                      inference_url=inference_url, model=model,
+                                      key_source=source)
+        if wait is None:
+            report = check(url, key, timeout_s=timeout, **kwargs)
+        else:
+            report = wait_until_healthy(url, key, timeout_s=wait, request_timeout_s=timeout,
+                                        on_attempt=_progress(url, wait), **kwargs)
+    if json_output:
+        print_json(report.to_dict())
+    else:
+        _render(report)
+    raise typer.Exit(report.exit_code)
+
+
+def _progress(url: str, wait: float):
+    started = time.monotonic()
+    err = console(stderr=True)
+
+    def on_attempt(attempt: int, report: Any) -> None:
+        elapsed = time.monotonic() - started
+        state = "[green]healthy[/green]" if report.healthy else _escape(report.summary())
+        err.print(f"[dim]waiting for {_escape(url)}:[/dim] attempt {attempt}, "
+                  f"{elapsed:.1f}s of {wait:g}s — {state}", markup=True, highlight=False)
+
+    return on_attempt
+
+
+def _render(report: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    out = console()
+    table = Table(title=f"synth-deploy check {report.url}", title_justify="left",
+                  show_lines=False, expand=False)
+    table.add_column("check", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("latency", justify="right", no_wrap=True)
+    table.add_column("actual (expected)", overflow="fold")
+    for result in report.checks:
+        label, style = _STYLES[result.verdict]
+        cell = Text(result.actual, style="dim" if result.verdict == "skip" else "")
+        if result.verdict in ("fail", "warn") and result.expected:
+            cell.append(f"\nexpected: {result.expected}", style="dim")
+        latency = "" if result.latency_ms is None else f"{result.latency_ms:.0f} ms"
+        table.add_row(result.name, Text(label, style=style), latency, cell)
+    out.print(table)
+    for result in report.checks:
+        if result.hint and result.verdict in ("fail", "warn"):
+            label, style = _STYLES[result.verdict]
+            line = Text(f"{label.split()[0]} {result.name}: ", style=style)
+            line.append(result.hint)
+            out.print(line)
+    key = (f"key: {report.key_source}, sha256:{report.key_fingerprint}"
+           if report.key_fingerprint else "key: none (pass --api-key or set ENVIRONMENT_API_KEY)")
+    out.print(Text(key, style="dim"))
+    verdict = Text("healthy" if report.healthy else "unhealthy",
+                   style="bold green" if report.healthy else "bold red")
+    verdict.append(f" ({report.duration_ms:.0f} ms, exit {report.exit_code})", style="dim")
+    out.print(verdict)
+
+
+def _escape(text: str) -> str:
+    return text.replace("[", "\\[")
+
+
+__all__ = ["check_command", "register"]

@@ -3,7 +3,6 @@
     from synth_deploy.taskapp import TaskAppConfig, register_task_app, create_app
 """
 
-from synth_deploy.taskapp.auth import ApiKeyAuth
 from synth_deploy.taskapp.config import (
     ProxyConfig,
     RolloutContext,
@@ -31,7 +30,6 @@ from synth_deploy.taskapp.contracts import (
     TaskDescriptor,
     TaskInfo,
 )
-from synth_deploy.taskapp.policy import PolicyError, PolicyReply, call_policy, chat_completions_url
 from synth_deploy.taskapp.registry import (
     AppInfo,
     TaskAppEntry,
@@ -40,8 +38,31 @@ from synth_deploy.taskapp.registry import (
     register_task_app,
     registered_apps,
 )
-from synth_deploy.taskapp.server import TraceSink, create_app
-from synth_deploy.taskapp.serving import BackgroundServer, serve
+
+# The server half (fastapi, httpx) loads on first use, so importing the contracts or the
+# registry (as `synth-deploy check` and `apps` do) stays light.
+_LAZY = {
+    "create_app": "synth_deploy.taskapp.server",
+    "TraceSink": "synth_deploy.taskapp.server",
+    "BackgroundServer": "synth_deploy.taskapp.serving",
+    "serve": "synth_deploy.taskapp.serving",
+    "call_policy": "synth_deploy.taskapp.policy",
+    "chat_completions_url": "synth_deploy.taskapp.policy",
+    "PolicyError": "synth_deploy.taskapp.policy",
+    "PolicyReply": "synth_deploy.taskapp.policy",
+    "ApiKeyAuth": "synth_deploy.taskapp.auth",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'synth_deploy.taskapp' has no attribute {name!r}")
+
 
 __all__ = [
     "ApiKeyAuth",

@@ -1,0 +1,1 @@
+"""Faithful stand-ins for services this machine cannot reach (real processes, real protocols)."""
