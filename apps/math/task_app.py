@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from math_problems import TEST_SEEDS, TIERS, TRAIN_SEEDS, make_problem, parse_answer
 
+from synth_deploy.modal import ModalSettings
 from synth_deploy.taskapp import (
     LimitsInfo,
     RolloutContext,
@@ -166,4 +167,23 @@ register_task_app(
     app_id=APP_ID,
     config_factory=build_config,
     description="Arithmetic word problems in three tiers (a real, trainable example).",
+    modal=ModalSettings(
+        name="synth-math",
+        python_version="3.11",
+        memory=512,
+        cpu=1.0,
+        timeout=600,
+        max_containers=10,
+        concurrent_inputs=32,  # rollouts mostly wait on the policy model
+    ),
 )
+
+
+def __getattr__(name: str):
+    # `modal deploy apps/math/task_app.py` looks up `app`; building it on first use keeps
+    # modal out of `synth-deploy serve math`.
+    if name == "app":
+        from synth_deploy.modal import modal_app_for
+
+        return modal_app_for(__file__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,132 @@
-"""CLI: deploy (being built)."""
+"""CLI: `deploy` (a task app to Modal, verified healthy) and `modal-serve` (Modal's dev mode)."""
 
 from __future__ import annotations
 
+import shlex
+from typing import Annotated, Any
+
 import typer
+
+from synth_deploy.cli._common import (
+    EnvFilesOption,
+    JsonOption,
+    console,
+    handling_errors,
+    print_json,
+)
+
+NameOption = Annotated[str | None, typer.Option("--name", help="Modal app name "
+                                                "(default: the app's ModalSettings, or "
+                                                "synth-<app id>).", show_default=False)]
+ModalEnvOption = Annotated[str | None, typer.Option("--modal-env", help="Modal environment "
+                                                    "(default: MODAL_ENVIRONMENT or your "
+                                                    "profile's).", show_default=False)]
+# A seam for tests and unusual installs: the command that runs Modal's CLI.
+ModalCLIOption = Annotated[str | None, typer.Option("--modal-cli", hidden=True)]
+
+
+def _cli(command: str | None) -> Any:
+    from synth_deploy.modal import ModalCLI
+
+    return ModalCLI(shlex.split(command)) if command else None
+
+
+def _render_plan(plan: Any) -> None:
+    out = console()
+    out.soft_wrap = True  # a plan line is a unit; let the terminal wrap it
+    d = plan.to_dict()
+    res = d["resources"]
+    out.print(f"[bold]Deploy plan[/bold]: {d['app_id']} -> Modal app [bold]{d['modal_app']}"
+              f"[/bold] ({d['source']})")
+    out.print(f"  expected URL  {d['expected_url']}")
+    out.print(f"  environment   {d['modal_environment'] or '(your default)'}")
+    out.print("[bold]Image[/bold]")
+    for step in d["image"]["steps"]:
+        out.print(f"  {step}", markup=False)
+    out.print(f"  {d['image']['dependency_count']} Python distributions in the image")
+    out.print("[bold]Secrets[/bold] (Modal Secrets, not in the image)")
+    for secret in d["secrets"]:
+        if secret["kind"] == "name":
+            out.print(f"  {secret['name']} (Secret.from_name, stored in Modal)", markup=False)
+            continue
+        out.print(f"  {secret['name']} (Secret.from_dict)", markup=False)
+        for key, info in secret["keys"].items():
+            out.print(f"    {key} = {info['value']}  from {info['from']}", markup=False)
+    if d["env"]:
+        out.print("[bold]Env[/bold]")
+        for key, value in d["env"].items():
+            out.print(f"  {key}={value}", markup=False)
+    containers = f"{res['min_containers']}..{res['max_containers'] or 'auto'}"
+    out.print(f"[bold]Resources[/bold]  timeout {res['timeout_s']}s · memory "
+              f"{res['memory_mib'] or 'default'} MiB · cpu {res['cpu'] or 'default'} · "
+              f"containers {containers} · {res['concurrent_inputs']} concurrent "
+              f"inputs/container" + (f" · volumes {res['volumes']}" if res["volumes"] else ""))
+    out.print(f"[bold]Tracing[/bold]  {d['tracing']}")
+
+
+def _progress():
+    err = console(stderr=True)
+    err.soft_wrap = True
+
+    def show(stage: str, message: str) -> None:
+        if stage == "modal":
+            err.print(f"  [dim]modal |[/dim] {message}", markup=True, highlight=False)
+        else:
+            err.print(f"[cyan]{stage:>8}[/cyan] {message}", markup=True, highlight=False)
+
+    return show
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("deploy")
+    def deploy_command(
+        app_ref: Annotated[str, typer.Argument(metavar="APP", help="App id or task app file.")],
+        name: NameOption = None,
+        env_file: EnvFilesOption = None,
+        modal_env: ModalEnvOption = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (image, "
+                                              "secrets masked, resources, URL); send "
+                                              "nothing.")] = False,
+        no_check: Annotated[bool, typer.Option("--no-check", help="Skip the local and "
+                                               "post-deploy health checks.")] = False,
+        timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed for "
+                                               "Modal's deploy step.")] = 600.0,
+        check_timeout: Annotated[float, typer.Option("--check-timeout", help="Seconds to "
+                                                     "wait for the deployed app to be "
+                                                     "healthy (cold start included).")] = 300.0,
+        json_output: JsonOption = False,
+        modal_cli: ModalCLIOption = None,
+    ) -> None:
+        """Deploy a task app to Modal: validate locally, deploy, verify the URL, save it."""
+        with handling_errors(json_output):
+            from synth_deploy.modal import deploy
+
+            result = deploy(app_ref, name=name, env_files=env_file or [],
+                            modal_environment=modal_env, dry_run=dry_run, check=not no_check,
+                            cli=_cli(modal_cli), deploy_timeout_s=timeout,
+                            health_timeout_s=check_timeout,
+                            on_progress=_progress())
+        if json_output:
+            print_json(result.to_dict())
+        elif result.dry_run:
+            _render_plan(result.plan)
+        else:
+            checked = " (healthy)" if result.remote_report is not None else " (not checked)"
+            console().print(f"[green]deployed[/green] {result.plan.app_id} -> {result.url}"
+                            f"{checked}; TASK_APP_URL written to {result.env_file}",
+                            markup=True, highlight=False)
+
+    @app.command("modal-serve")
+    def modal_serve_command(
+        app_ref: Annotated[str, typer.Argument(metavar="APP", help="App id or task app file.")],
+        env_file: EnvFilesOption = None,
+        modal_env: ModalEnvOption = None,
+        modal_cli: ModalCLIOption = None,
+    ) -> None:
+        """Run the task app in Modal's dev mode (`modal serve`: hot reload, -dev URL)."""
+        with handling_errors():
+            from synth_deploy.modal import serve_dev
+
+            code = serve_dev(app_ref, env_files=env_file or [], modal_environment=modal_env,
+                             cli=_cli(modal_cli))
+        raise typer.Exit(code)

@@ -1,0 +1,101 @@
+"""Turning a `DeployPlan` into a ``modal.App`` with one ``@modal.asgi_app`` function.
+
+Building is offline: Modal objects are lazy until deployed, so tests (and `--dry-run`) build
+and inspect the same App that `modal deploy` would send.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.env import load_env
+from synth_deploy.errors import DeployError, SynthDeployError, TaskAppError
+from synth_deploy.modal.plan import DeployPlan, build_plan
+
+# Set by `synth-deploy deploy` for the `modal deploy` child: which env files to resolve.
+ENV_FILES_VAR = "SYNTH_DEPLOY_ENV_FILES"
+MODAL_ENV_VAR = "MODAL_ENVIRONMENT"
+
+_APPS: dict[Path, Any] = {}
+# App -> its web function (Modal's App.registered_functions is deprecated).
+_WEB_FUNCTIONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def build_modal_app(plan: DeployPlan) -> Any:
+    """The ``modal.App`` for ``plan``: image, secrets, resources and the ASGI function."""
+    try:
+        import modal
+    except ImportError as exc:
+        raise DeployError("the modal package is not installed",
+                          hint="pip install 'synth-deploy[modal]'") from exc
+    from synth_deploy.modal import _container
+
+    settings = plan.settings
+    try:
+        volumes = {path: modal.Volume.from_name(name, create_if_missing=True)
+                   for path, name in settings.volumes.items()}
+        app = modal.App(plan.app_name)
+        function = modal.concurrent(max_inputs=settings.concurrent_inputs)(
+            modal.asgi_app()(_container.web))
+        web = app.function(
+            name=plan.function_name,
+            image=plan.image.to_modal(),
+            secrets=[s.to_modal() for s in plan.secrets],
+            env=dict(plan.env),
+            timeout=settings.timeout,
+            memory=settings.memory,
+            cpu=settings.cpu,
+            min_containers=settings.min_containers,
+            max_containers=settings.max_containers,
+            volumes=volumes,
+            # The image recipe adds exactly the source the container needs; Modal's automatic
+            # "include the defining package" would duplicate it.
+            include_source=False,
+        )(function)
+    except SynthDeployError:
+        raise
+    except Exception as exc:  # Modal's InvalidError and friends: show them as ours
+        raise DeployError(f"cannot build the Modal app for {plan.app_id!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    _WEB_FUNCTIONS[app] = web
+    return app
+
+
+def modal_app_for(app_file: str | Path, env_files: Iterable[str | Path] | None = None) -> Any:
+    """The ``modal.App`` for the task app registered in ``app_file`` (built once, cached).
+
+    Called from the app file's module ``__getattr__`` so plain ``modal deploy app.py`` works.
+    Env files come from ``env_files``, else from ``SYNTH_DEPLOY_ENV_FILES`` (set by
+    ``synth-deploy deploy``), else ``./.env``.
+    """
+    from synth_deploy.taskapp import registered_apps
+
+    path = Path(app_file).resolve()
+    if path in _APPS:
+        return _APPS[path]
+    entries = [e for e in registered_apps() if e.source == path]
+    if len(entries) != 1:
+        raise TaskAppError(f"{path} registers {len(entries)} task apps; expected exactly one",
+                           hint="call register_task_app(...) once, at module level")
+    if env_files is None:
+        listed = load_env().get(ENV_FILES_VAR) or ""
+        env_files = [p for p in listed.split(os.pathsep) if p]
+    env = load_env(env_files)
+    plan = build_plan(entries[0], env, modal_environment=env.get(MODAL_ENV_VAR))
+    _APPS[path] = build_modal_app(plan)
+    return _APPS[path]
+
+
+def web_function(app: Any) -> Any:
+    """The web function of an App made by `build_modal_app` (``.local()`` gives the ASGI app)."""
+    try:
+        return _WEB_FUNCTIONS[app]
+    except (KeyError, TypeError):
+        raise DeployError("this Modal app was not built by synth_deploy.modal") from None
+
+
+__all__ = ["ENV_FILES_VAR", "build_modal_app", "modal_app_for", "web_function"]

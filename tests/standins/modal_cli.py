@@ -1,0 +1,135 @@
+"""A stand-in for Modal's `modal` CLI (`modal deploy FILE [--name N] [-e ENV]`), for tests.
+
+It does what the real one does up to the network: checks for a token, imports the file with
+Modal's own import code (``modal.cli.import_refs``), finds the App's web function — and then,
+instead of uploading, it "runs the container" locally: every file the image mounts is copied
+into a temporary root, and a child process with only that root on its path, and only the
+function's secrets and env as its environment, serves the web function on 127.0.0.1. It
+prints Modal 1.6's deploy output with that URL and exits, leaving the "container" running
+(its pid is written to ``$STANDIN_MODAL_STATE_DIR/pids``; the test stops it).
+
+``STANDIN_MODAL_MODE``: ok (default) · hang (never answers) · no-url (success output without
+a web URL) · fail (crashes, printing the app's API key as a careless tool might).
+``STANDIN_MODAL_SECRETS`` (JSON {name: {VAR: value}}) plays the named secrets stored in Modal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import modal_inspect  # noqa: E402
+
+from synth_deploy.modal.image import dependency_closure  # noqa: E402
+
+
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _token_missing() -> int:
+    # What modal 1.6.4 prints (to a pipe) when it finds no credentials.
+    _out("Error: Token missing. Could not authenticate client. If you have token credentials, "
+         "see modal.com/docs/sdk/py/latest/config for setup help. If you are a new user, "
+         "register an account at modal.com, then run `modal token new`.")
+    return 1
+
+
+def deploy(args: argparse.Namespace) -> int:
+    mode = os.environ.get("STANDIN_MODAL_MODE", "ok")
+    if not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")):
+        return _token_missing()
+    if mode == "hang":
+        _out("Connecting to Modal...")
+        time.sleep(3600)
+        return 1
+    from modal.cli.import_refs import import_app_from_ref, parse_import_ref
+
+    started = time.monotonic()
+    app = import_app_from_ref(parse_import_ref(args.file), base_cmd="modal deploy")
+    name = args.name or app.name
+    functions = modal_inspect.web_functions(app)
+    if mode == "fail":
+        spec = modal_inspect.function_spec(next(iter(functions.values())))
+        values = {k: v for s in spec.secrets
+                  for k, v in (modal_inspect.secret_env(s) or {}).items()}
+        _out("Traceback (most recent call last):")
+        _out(f"modal.exception.InvalidError: bad environment {values}")
+        return 1
+    _out("✓ Initialized. View run at https://modal.com/apps/standin/main/ap-standin")
+    _out("✓ Created objects.")
+    _out(f"├── 🔨 Created mount {Path(args.file).resolve().parent}")
+    _out("├── 🔨 Created mount PythonPackage:synth_deploy")
+    if mode != "no-url":
+        for fn_name, fn in functions.items():
+            url = _start_container(fn, name)
+            _out(f"└── ✓ Created web function {fn_name}")
+            _out(f"    └── {url} (unauthenticated)")
+    else:
+        _out("└── 🔨 Created function web.")
+    _out(f"✓ App deployed in {time.monotonic() - started:.3f}s! 🎉")
+    _out("")
+    env = f"/{args.env}" if args.env else "/main"
+    _out(f"View Deployment: https://modal.com/apps/standin{env}/deployed/{name}")
+    return 0
+
+
+def _start_container(function, app_name: str) -> str:
+    state = Path(os.environ["STANDIN_MODAL_STATE_DIR"])
+    spec = modal_inspect.function_spec(function)
+    root = state / f"container-{app_name}-{time.monotonic_ns()}"
+    modal_inspect.materialize(spec.image, root)
+    stored = json.loads(os.environ.get("STANDIN_MODAL_SECRETS", "{}"))
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root / "root")}
+    for secret in spec.secrets:
+        values = modal_inspect.secret_env(secret)
+        if values is None:
+            name = modal_inspect.secret_name(secret)
+            if name not in stored:
+                raise SystemExit(f"Secret '{name}' not found in environment 'main'")
+            values = stored[name]
+        env.update(values)
+    raw = modal_inspect._raw(function)
+    info = raw._get_source_info()
+    port_file = root / "port"
+    # What the container may import from site-packages: the image's pip layer, plus the
+    # server runtime that plays Modal's (uvicorn).
+    allowed = dependency_closure(modal_inspect.pip_requirements(spec.image) + ["uvicorn"])
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "modal_container.py"), str(root / "root"),
+         info.module_name, info.implementation_name, str(port_file), json.dumps(allowed)],
+        env=env, cwd=root / "root", start_new_session=True,
+        stdout=open(root / "container.log", "w"), stderr=subprocess.STDOUT)
+    with open(state / "pids", "a") as fh:
+        fh.write(f"{proc.pid}\n")
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log = (root / "container.log").read_text()
+            raise SystemExit(f"container failed to start:\n{log}")
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="modal")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("deploy")
+    d.add_argument("file")
+    d.add_argument("--name")
+    d.add_argument("-e", "--env")
+    args = parser.parse_args()
+    return deploy(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The stand-in's "container": serve a Modal web function from a materialized image root.
+
+    python modal_container.py ROOT MODULE QUALNAME PORT_FILE ALLOWED_DISTS_JSON
+
+Like Modal's container entrypoint it imports MODULE by name with ROOT (the image's /root) first
+on the path, looks up QUALNAME (a function decorated elsewhere, Modal's "case 2"), calls it
+for the ASGI app and serves that — here with uvicorn on 127.0.0.1. The project's editable
+install is taken off the import path, so only code the image mounts can be imported, and
+site-packages is fenced to the distributions the image's pip layer installs (plus the
+server runtime): importing anything else fails as it would in the real container. Refused
+imports are listed in ROOT/../blocked.json (optional imports may be refused harmlessly).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def _isolate(root: Path) -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path[:] = [p for p in sys.path
+                   if not (Path(p or ".").resolve() / "synth_deploy").is_dir()]
+    sys.path.insert(0, str(root))
+
+
+class _InstalledOnly(importlib.abc.MetaPathFinder):
+    """Refuse top-level modules whose distribution the image does not install."""
+
+    def __init__(self, allowed: set[str], root: Path, blocked_file: Path) -> None:
+        from importlib import metadata
+
+        norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
+        self.owner = {mod: {norm(d) for d in dists}
+                      for mod, dists in metadata.packages_distributions().items()}
+        self.allowed = {norm(a) for a in allowed}
+        self.blocked: list[str] = []
+        self.blocked_file = blocked_file
+        self.root = root
+
+    def find_spec(self, fullname, path=None, target=None):
+        top = fullname.partition(".")[0]
+        owners = self.owner.get(top)
+        mounted = (self.root / top).exists() or (self.root / f"{top}.py").exists()
+        if path is None and not mounted and owners and not owners & self.allowed:
+            self.blocked.append(fullname)
+            self.blocked_file.write_text(json.dumps(sorted(set(self.blocked))))
+            raise ModuleNotFoundError(f"No module named {fullname!r} (not in the image)",
+                                      name=fullname)
+        return None
+
+
+def main() -> int:
+    root, module_name, qualname, port_file, allowed = sys.argv[1:6]
+    root_path = Path(root).resolve()
+    _isolate(root_path)
+    sys.meta_path.insert(0, _InstalledOnly(set(json.loads(allowed)), root_path,
+                                           root_path.parent / "blocked.json"))
+    module = importlib.import_module(module_name)
+    import synth_deploy
+
+    if not Path(synth_deploy.__file__).resolve().is_relative_to(root_path):
+        raise SystemExit(f"synth_deploy imported from outside the image: {synth_deploy.__file__}")
+    asgi_app = getattr(module, qualname)()
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(asgi_app, host="127.0.0.1", port=0,
+                                           log_level="warning", lifespan="on"))
+    original_startup = server.startup
+
+    async def startup(sockets=None):
+        await original_startup(sockets)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        tmp = Path(port_file + ".tmp")
+        tmp.write_text(str(port))
+        tmp.rename(port_file)
+
+    server.startup = startup
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
