@@ -1,9 +1,163 @@
-"""CLI: tunnel (being built)."""
+"""CLI: `tunnel` — serve a task app and make it public through cloudflared.
+
+Signal handling lives here, not in the library: SIGTERM and SIGHUP unwind like Ctrl+C, so the
+`expose()` block stops cloudflared and the local server before the process exits.
+"""
 
 from __future__ import annotations
 
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Annotated, Any
+
 import typer
+
+from synth_deploy.cli._common import EnvFilesOption, JsonOption, console, handling_errors, warn
+from synth_deploy.errors import TunnelError, UsageError
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("tunnel")(tunnel)
+
+
+def tunnel(
+    app_ref: Annotated[str | None, typer.Argument(
+        metavar="APP", help="An app id or task app file to serve and expose.",
+        show_default=False)] = None,
+    url: Annotated[str | None, typer.Option(
+        "--url", help="Expose a server that is already running, e.g. http://127.0.0.1:8001.",
+        show_default=False)] = None,
+    port: Annotated[int | None, typer.Option(
+        "--port", help="Port to serve APP on (default: a free port; 8001 for named tunnels).",
+        show_default=False)] = None,
+    mode: Annotated[str, typer.Option(
+        "--mode", help="quick (no account, random hostname) or named (your hostname).")
+    ] = "quick",
+    token: Annotated[str | None, typer.Option(
+        "--token", help="Named tunnel token (default: $TUNNEL_TOKEN).", show_default=False)
+    ] = None,
+    hostname: Annotated[str | None, typer.Option(
+        "--hostname", help="Named tunnel's public hostname, e.g. app.example.com.",
+        show_default=False)] = None,
+    env_file: EnvFilesOption = None,
+    write_env: Annotated[str, typer.Option(
+        "--write-env", help="Write TASK_APP_URL into this .env file ('' to skip).")
+    ] = ".env",
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds to wait for the public URL to answer healthy.")] = 60.0,
+    no_verify: Annotated[bool, typer.Option(
+        "--no-verify", help="Do not wait for the public URL to answer (DNS-filtered networks)."
+    )] = False,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", help="Restarts in a row before giving up when cloudflared dies.")
+    ] = 3,
+    json_output: JsonOption = False,
+) -> None:
+    """Serve APP (or --url) and open a Cloudflare tunnel to it; stays up until Ctrl+C."""
+    with handling_errors(json_output):
+        from synth_deploy.tunnel import expose
+
+        if mode not in ("quick", "named"):
+            raise UsageError(f"--mode {mode!r} is not quick or named",
+                             hint="use --mode quick (no account) or --mode named")
+        out = console(stderr=True)
+        if not json_output:
+            what = app_ref or url
+            out.print(f"opening a {mode} tunnel to {what}…")
+        try:
+            with _signals_interrupt(), expose(
+                    app_ref, url=url, port=port, mode=mode, token=token, hostname=hostname,
+                    env_files=env_file or (), write_env=write_env or None,
+                    verify=not no_verify, verify_timeout_s=timeout,
+                    max_restarts=max_restarts) as exposed:
+                _announce(exposed, json_output)
+                _stay_up(exposed, json_output)
+        except TunnelError as exc:
+            if exc.logs and not json_output:
+                out.print("[dim]cloudflared's last lines:[/dim]", markup=True)
+                for line in exc.logs[-8:]:
+                    out.print(f"  [dim]{line}[/dim]", markup=True, highlight=False)
+            raise
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl+C does, until the block ends."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    previous = {name: signal.signal(getattr(signal, name), interrupt) for name in names}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def _emit_json(data: dict[str, Any]) -> None:
+    # One object a line: this command runs for hours and reports as it goes.
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def _announce(exposed: Any, json_output: bool) -> None:
+    if json_output:
+        _emit_json({"event": "ready", "ok": True, **exposed.to_dict()})
+        return
+    for message in exposed.warnings:
+        warn(message)
+    written = f"  (TASK_APP_URL written to {exposed.env_file})" if exposed.env_file else ""
+    console().print(f"[green]public URL:[/green] [bold]{exposed.url}[/bold]{written}",
+                    markup=True, highlight=False)
+    console(stderr=True).print(f"local server {exposed.local_url} · Ctrl+C to stop")
+
+
+def _stay_up(exposed: Any, json_output: bool) -> None:
+    err = console(stderr=True)
+    live_view = err.is_terminal and not json_output
+    if live_view:
+        from rich.live import Live
+
+        view = Live(console=err, refresh_per_second=2, transient=True)
+    else:
+        view = nullcontext()
+    shown, shown_at = "", 0.0
+    with view:
+        while True:
+            for event in exposed.drain_events():
+                _render_event(event, json_output)
+            if exposed.error is not None:
+                raise exposed.error
+            line = _status_line(exposed.url, exposed.stats())
+            if live_view:
+                view.update(line)
+            elif not json_output and line != shown and time.monotonic() - shown_at >= 10:
+                err.print(line, highlight=False)
+                shown, shown_at = line, time.monotonic()
+            time.sleep(0.5)
+
+
+def _render_event(event: Any, json_output: bool) -> None:
+    if event.kind == "ready":  # announced already
+        return
+    if json_output:
+        _emit_json({"event": event.kind, "url": event.url, "message": event.message})
+    elif event.kind == "restarted":
+        console().print(f"[green]public URL:[/green] [bold]{event.url}[/bold]  (restarted; "
+                        "TASK_APP_URL updated)", markup=True, highlight=False)
+    elif event.kind in ("died", "restarting"):
+        warn(event.message)
+
+
+def _status_line(url: str, stats: dict[str, float]) -> str:
+    up = int(stats["uptime_s"])
+    uptime = f"{up // 3600}h{up % 3600 // 60:02d}m" if up >= 3600 else f"{up // 60}m{up % 60:02d}s"
+    restarts = f" · {int(stats['restarts'])} restarts" if stats["restarts"] else ""
+    return (f"{url} · {int(stats['requests'])} requests · {int(stats['rollouts'])} rollouts · "
+            f"{int(stats['errors'])} errors · {int(stats['in_flight'])} in flight · "
+            f"up {uptime}{restarts}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
@@ -134,7 +134,34 @@ class SessionTrace:
             "outcome_rewards": [asdict(r) for r in self.outcome_rewards],
             "metadata": self.metadata,
             "session_metadata": self.metadata,
+            "experiment_id": self.experiment_id,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionTrace:
+        """Invert `to_dict` (also reads traces a `/rollout` returned as ``trace``)."""
+        steps = []
+        for raw in data.get("session_time_steps") or []:
+            steps.append(Timestep(
+                step_id=raw["step_id"], step_index=raw.get("step_index", len(steps)),
+                turn_number=raw.get("turn_number"), timestamp=raw.get("timestamp") or 0.0,
+                completed_at=raw.get("completed_at"),
+                events=[_build(Event, e) for e in raw.get("events") or []],
+                messages=[_build(Message, m) for m in raw.get("markov_blanket_messages") or []],
+                step_metadata=dict(raw.get("step_metadata") or {})))
+        return cls(
+            session_id=data["session_id"], created_at=data.get("created_at") or 0.0,
+            timesteps=steps,
+            event_rewards=[_build(EventReward, r) for r in data.get("event_rewards") or []],
+            outcome_rewards=[_build(OutcomeReward, r) for r in data.get("outcome_rewards") or []],
+            metadata=dict(data.get("metadata") or data.get("session_metadata") or {}),
+            experiment_id=data.get("experiment_id"))
+
+
+def _build(kind: type, raw: dict[str, Any]) -> Any:
+    # Unknown keys are ignored so traces from newer writers still load.
+    names = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in raw.items() if k in names})
 
 
 class SessionTracer:
