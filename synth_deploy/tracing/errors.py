@@ -1,0 +1,58 @@
+"""The trace store's errors: all are `TraceStoreError`, so callers catch one class.
+
+    TraceStoreError (synth_deploy.errors)
+     ├── TraceDbUrlError        the URL names no supported database (exit 2)
+     ├── NotATraceDbError       the file is corrupt, not SQLite, or another app's database
+     ├── SchemaTooNewError      written by a newer synth-deploy; left untouched
+     ├── TraceDbMissingError    nothing at that path yet (a read asked for it)
+     ├── TraceDbUnreachableError  a remote libSQL server did not answer in time (exit 3)
+     ├── TraceDbAuthError       the remote server refused the token
+     └── SessionNotFoundError   no session with that id (or prefix)
+"""
+
+from __future__ import annotations
+
+from synth_deploy.errors import TraceStoreError
+
+
+class TraceDbUrlError(TraceStoreError):
+    """``--trace-db`` / ``SYNTH_TRACES_DB`` is not a path or a supported URL."""
+
+    exit_code = 2
+
+
+class NotATraceDbError(TraceStoreError):
+    """The file exists but is not a trace database we may write to."""
+
+
+class SchemaTooNewError(TraceStoreError):
+    """The database's schema version is newer than this code understands."""
+
+
+class TraceDbMissingError(TraceStoreError):
+    """A read was asked of a database that has not been created yet."""
+
+
+class TraceDbUnreachableError(TraceStoreError):
+    """A remote libSQL server could not be reached or did not answer within the timeout."""
+
+    exit_code = 3
+
+
+class TraceDbAuthError(TraceStoreError):
+    """The remote libSQL server rejected the auth token."""
+
+
+class SessionNotFoundError(TraceStoreError):
+    """No session matches the given id or id prefix."""
+
+
+__all__ = [
+    "NotATraceDbError",
+    "SchemaTooNewError",
+    "SessionNotFoundError",
+    "TraceDbAuthError",
+    "TraceDbMissingError",
+    "TraceDbUnreachableError",
+    "TraceDbUrlError",
+]

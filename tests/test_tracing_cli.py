@@ -1,0 +1,95 @@
+"""`synth-deploy traces ...` in-process with CliRunner, on real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from test_tracing_store import make_session
+from typer.testing import CliRunner
+
+from synth_deploy.cli import app
+from synth_deploy.jobs.sft_data import validate_sft_file
+from synth_deploy.tracing import open_trace_store
+
+runner = CliRunner()
+
+
+def run(*args: str, env: dict[str, str] | None = None):
+    return runner.invoke(app, ["traces", *args], env=env or {})
+
+
+def seeded(tmp_path, n: int = 5) -> tuple[str, list]:
+    path = str(tmp_path / "t.db")
+    sessions = [make_session(i, reward=float(i % 2)) for i in range(n)]
+    with open_trace_store(path) as store:
+        for s in sessions:
+            store.write_session_sync(s)
+    return path, sessions
+
+
+def test_where_init_and_sources(tmp_path):
+    db = str(tmp_path / "new" / "t.db")
+    result = run("where", "--json", env={"SYNTH_TRACES_DB": db})
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["exists"] is False
+    assert report["source"] == "SYNTH_TRACES_DB from environment"
+    result = run("init", "--trace-db", db)
+    assert result.exit_code == 0 and "schema v2" in result.stdout
+    report = json.loads(run("where", "--json", "--trace-db", db).stdout)
+    assert report["exists"] and report["schema_version"] == 2 and report["source"] == "--trace-db"
+
+
+def test_ls_show_stats(tmp_path):
+    db, sessions = seeded(tmp_path)
+    rows = json.loads(run("ls", "--json", "--trace-db", db, "--limit", "3").stdout)
+    assert len(rows) == 3 and rows[0]["app_id"] == "math"
+    human = run("ls", "--trace-db", db)
+    assert human.exit_code == 0 and sessions[0].session_id[:12] in human.stdout
+    shown = run("show", sessions[2].session_id[:8], "--json", "--trace-db", db)
+    assert json.loads(shown.stdout)["session_id"] == sessions[2].session_id
+    text = run("show", sessions[2].session_id, "--trace-db", db).stdout
+    assert "Answer: 3" in text and "outcome reward" in text
+    stats = json.loads(run("stats", "--json", "--trace-db", db).stdout)
+    assert stats["sessions"] == 5 and stats["lm_calls"] == 10
+    missing = run("show", "nope", "--trace-db", db)
+    assert missing.exit_code == 1 and "no session" in missing.stderr
+
+
+def test_export_writes_valid_sft_and_refuses_to_overwrite(tmp_path):
+    db, _ = seeded(tmp_path, n=6)
+    out = tmp_path / "sft.jsonl"
+    result = run("export", "--format", "sft", "--out", str(out), "--min-reward", "1",
+                 "--trace-db", db, "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    summary = json.loads(result.stdout)
+    check = validate_sft_file(out)
+    assert check.ok and check.count == summary["examples"] == 3 * 2  # 3 winners × 2 turns
+    again = run("export", "--out", str(out), "--trace-db", db)
+    assert again.exit_code == 2 and "already exists" in again.stderr
+    assert run("export", "--format", "csv", "--out", str(tmp_path / "x"),
+               "--trace-db", db).exit_code == 2
+    bad_since = run("export", "--out", str(tmp_path / "y"), "--since", "soon", "--trace-db", db)
+    assert bad_since.exit_code == 2 and "--since" in bad_since.stderr
+
+
+def test_bad_inputs_exit_with_clear_errors(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_text("not sqlite")
+    result = run("ls", "--trace-db", str(junk))
+    assert result.exit_code == 1 and "not a SQLite database" in result.stderr
+    assert junk.read_text() == "not sqlite"
+    result = run("where", "--trace-db", "mysql://h/db")
+    assert result.exit_code == 2 and "unsupported" in result.stderr
+    result = run("ls", "--trace-db", str(tmp_path / "absent.db"))
+    assert result.exit_code == 1 and "traces init" in result.stderr
+
+
+def test_cli_start_up_stays_light():
+    code = ("import sys; from synth_deploy.cli import app; "
+            "print(sorted(m for m in ('libsql', 'sqlite3') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr

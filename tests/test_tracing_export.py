@@ -1,0 +1,65 @@
+"""SFT export from stored rollouts, checked by the train package's SFT validator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from test_tracing_server import fire, rollout_body
+
+from synth_deploy.errors import UsageError
+from synth_deploy.jobs.sft_data import validate_sft_file
+from synth_deploy.taskapp import create_app
+from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store
+
+
+def test_rollouts_export_to_valid_sft(tmp_path, serve, math_config, api_key, mock_policy):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(24)]
+        bodies.append(rollout_body("broken", 2, "http://127.0.0.1:9/v1"))
+        asyncio.run(fire(server.url, api_key, bodies))
+        sessions = store.list_sessions(limit=None, status="ok")
+        out = tmp_path / "sft.jsonl"
+        result = export_sft(store, out)
+
+        check = validate_sft_file(out)
+        assert check.ok, check.errors
+        assert check.count == result.examples
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert {ex["metadata"]["run_id"] for ex in lines} == {s.run_id for s in sessions}
+        first = lines[0]["messages"]
+        assert [m["role"] for m in first[:2]] == ["system", "user"]
+        assert first[-1]["role"] == "assistant" and first[-1]["content"]
+
+        winners = {s.run_id for s in sessions if (s.total_reward or 0) >= 1.0}
+        assert winners and winners != {s.run_id for s in sessions}  # the filter must bite
+        best = export_sft(store, tmp_path / "best.jsonl", min_reward=1.0)
+        best_runs = {json.loads(line)["metadata"]["run_id"]
+                     for line in (tmp_path / "best.jsonl").read_text().splitlines()}
+        assert best_runs == winners and best.examples >= len(winners)
+        assert validate_sft_file(tmp_path / "best.jsonl").ok
+
+        assert export_sft(store, tmp_path / "lim.jsonl", limit=3).examples == 3
+        assert export_sft(store, tmp_path / "none.jsonl", app="nope").examples == 0
+        assert export_sft(store, tmp_path / "m.jsonl", model="other-model").examples == 0
+        assert export_sft(store, tmp_path / "since.jsonl", since="1h").examples == \
+            result.examples
+        assert export_sft(store, tmp_path / "future.jsonl", since="2999-01-01").examples == 0
+
+
+def test_export_keeps_an_existing_file_and_skips_prompt_only_sessions(tmp_path):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        tracer = SessionTracer(metadata={"app_id": "x", "status": "ok"})
+        tracer.record_message("user", "no reply was ever recorded")
+        store.write_session_sync(tracer.finish())
+        out = tmp_path / "keep.jsonl"
+        out.write_text("precious\n")
+        with pytest.raises(UsageError, match="already exists"):
+            export_sft(store, out)
+        assert out.read_text() == "precious\n"
+        result = export_sft(store, out, overwrite=True)
+        assert (result.examples, result.skipped_sessions) == (0, 1)
+        assert out.read_text() == ""
+        assert not list(tmp_path.glob(".keep.jsonl.*"))

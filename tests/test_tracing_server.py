@@ -1,0 +1,153 @@
+"""Tracing through a served task app: real uvicorn, the math app, the mock policy, real files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from synth_deploy.taskapp import create_app
+from synth_deploy.tracing import open_trace_store
+
+
+def rollout_body(run_id: str, seed: int, inference_url: str) -> dict:
+    return {"run_id": run_id, "env": {"seed": seed},
+            "policy": {"config": {"model": "mock-model", "inference_url": inference_url}},
+            "mode": "eval"}
+
+
+async def fire(url: str, key: str, bodies: list[dict], *, concurrency: int = 32
+               ) -> list[tuple[str, int | None]]:
+    """POST every body to /rollout; (run_id, status or None when the server went away)."""
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0)) as client:
+        async def one(body):
+            async with limit:
+                try:
+                    resp = await client.post(url + "/rollout", json=body,
+                                             headers={"X-API-Key": key})
+                    return body["run_id"], resp.status_code
+                except httpx.HTTPError:
+                    return body["run_id"], None
+        return await asyncio.gather(*(one(b) for b in bodies))
+
+
+def test_concurrent_rollouts_through_a_served_app_all_land(tmp_path, serve, math_config,
+                                                           api_key, mock_policy):
+    path = tmp_path / "traces.db"
+    with open_trace_store(str(path)) as store:
+        server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(60)]
+        bodies.append({**rollout_body("bad-policy", 1, "http://127.0.0.1:9/v1")})
+        results = dict(asyncio.run(fire(server.url, api_key, bodies)))
+        assert [r for r, status in results.items() if status != 200] == ["bad-policy"]
+        sessions = store.list_sessions(limit=None)
+        assert {s.run_id for s in sessions} == set(results)
+        by_run = {s.run_id: s for s in sessions}
+        assert by_run["bad-policy"].status == "error"
+        ok = store.get_session(by_run["run-3"].session_id)
+        assert ok.metadata["metrics"]["outcome_reward"] == by_run["run-3"].total_reward
+        assert ok.metadata["request"]["run_id"] == "run-3"
+        assert [m.message_type for m in ok.messages][:3] == ["system", "user", "assistant"]
+        assert ok.events[0].event_type == "cais" and ok.events[0].model_name
+        assert ok.outcome_rewards and ok.event_rewards[0].reward_type == "answer_format"
+        failed = store.get_session(by_run["bad-policy"].session_id)
+        assert failed.metadata["error"]["code"] == "rollout_failed"
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, mock_policy,
+                                                tmp_path):
+    store = open_trace_store(str(tmp_path / "t.db"))
+    store.close()  # a closed store refuses writes: the server must not answer 200
+    server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+    [(_, status)] = asyncio.run(fire(server.url, api_key,
+                                     [rollout_body("r", 1, mock_policy.url + "/v1")]))
+    assert status == 500
+
+
+SERVER_SCRIPT = """
+import sys
+from synth_deploy.taskapp import create_app, load_app
+from synth_deploy.taskapp.serving import serve
+from synth_deploy.tracing import open_trace_store
+store = open_trace_store(sys.argv[1])
+app = create_app(load_app("math").build_config(), api_keys=[sys.argv[2]], trace_store=store)
+serve(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            httpx.get(url + "/", timeout=1.0)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise AssertionError("server did not come up")
+
+
+@pytest.mark.slow
+def test_sigkill_under_load_keeps_every_acknowledged_rollout(tmp_path, mock_policy, api_key):
+    path = tmp_path / "traces.db"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, str(path), api_key,
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        wait_until_up(url, proc)
+        bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(3000)]
+
+        async def load_then_kill():
+            task = asyncio.create_task(fire(url, api_key, bodies, concurrency=48))
+            # Kill once a good number of rollouts have been acknowledged, mid-stream.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not task.done():
+                await asyncio.sleep(0.05)
+                if _count(path) >= 150:
+                    break
+            os.kill(proc.pid, signal.SIGKILL)
+            return await task
+
+        results = asyncio.run(load_then_kill())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    acknowledged = {run for run, status in results if status == 200}
+    lost_in_flight = [run for run, status in results if status is None]
+    assert len(acknowledged) >= 100 and lost_in_flight, "the kill must land mid-load"
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    stored = {r for (r,) in conn.execute("SELECT run_id FROM session_traces")}
+    assert acknowledged <= stored, f"missing: {sorted(acknowledged - stored)[:5]}"
+
+
+def _count(path: Path) -> int:
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0

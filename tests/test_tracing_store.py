@@ -1,0 +1,343 @@
+"""The trace store on real SQLite files: writes, reads, schema, migrations, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from synth_deploy.env import Env
+from synth_deploy.errors import TraceStoreError, UsageError
+from synth_deploy.tracing import (
+    DEFAULT_TRACE_DB,
+    SCHEMA_VERSION,
+    NotATraceDbError,
+    SchemaTooNewError,
+    SessionNotFoundError,
+    SessionTrace,
+    SessionTracer,
+    TraceDbMissingError,
+    TraceDbUrlError,
+    open_trace_store,
+    resolve_trace_db,
+    since_timestamp,
+)
+
+
+def make_session(i: int = 0, *, app: str = "math", reward: float = 1.0,
+                 status: str = "ok", model: str = "mock-model") -> SessionTrace:
+    tracer = SessionTracer(metadata={"app_id": app, "run_id": f"run-{i}", "seed": i,
+                                     "model": model, "status": status})
+    for turn in (1, 2):
+        tracer.start_timestep(f"turn-{turn}", turn_number=turn, metadata={"k": turn})
+        tracer.record_message("system", "You add numbers.")
+        tracer.record_message("user", f"What is {i} + {turn}?")
+        tracer.record_lm_call(model_name=model, provider="127.0.0.1", input_tokens=10 + i,
+                              output_tokens=5, latency_ms=1.5, cost_usd=0.001,
+                              call_records=[{"request": {"n": i}}])
+        reply = tracer.record_message("assistant", f"Answer: {i + turn}")
+        event = tracer.record_environment_event(reward=reward, terminated=turn == 2,
+                                                truncated=False,
+                                                state_after={"parsed": i + turn})
+        tracer.record_event_reward(1.0, reward_type="answer_format", turn_number=turn,
+                                   event_id=event.id, message_id=reply.id, key="fmt",
+                                   annotation={"why": "tagged"})
+    tracer.record_message("tool_result", {"structured": [1, 2]})
+    tracer.record_outcome_reward(reward, achievements_count=1, metadata={"expected": i})
+    return tracer.finish()
+
+
+def assert_same(a, b, where="trace"):
+    """Equal, except stored timestamps, which keep microseconds."""
+    if isinstance(a, float) and isinstance(b, float):
+        assert abs(a - b) < 2e-6, where
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_session_round_trips_through_the_database(tmp_path):
+    session = make_session(7)
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        store.write_session_sync(session)
+        loaded = store.get_session(session.session_id[:10])
+    assert_same(loaded.to_dict(), session.to_dict())
+    assert loaded.event_rewards[0].event_id == session.events[1].id
+    assert loaded.messages[-1].content == {"structured": [1, 2]}
+
+
+def test_dict_form_inverts():
+    session = make_session(3)
+    assert SessionTrace.from_dict(session.to_dict()).to_dict() == session.to_dict()
+
+
+def test_many_concurrent_writers_all_land(tmp_path):
+    sessions = [make_session(i, reward=i % 2) for i in range(300)]
+    path = tmp_path / "t.db"
+
+    async def main(store):
+        await asyncio.gather(*(store.write_session(s) for s in sessions))
+
+    with open_trace_store(str(path)) as store:
+        asyncio.run(main(store))
+        assert store.count_sessions() == 300
+        assert store.table_counts()["events"] == 300 * 4
+        assert store.integrity_check() == "ok"
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert {r[0] for r in conn.execute("SELECT run_id FROM session_traces")} == {
+        f"run-{i}" for i in range(300)}
+
+
+def test_a_bad_session_fails_alone(tmp_path):
+    good, bad = make_session(1), make_session(2)
+    bad.session_id = good.session_id  # duplicate primary key
+
+    async def main(store):
+        return await asyncio.gather(store.write_session(good), store.write_session(bad),
+                                    return_exceptions=True)
+
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        results = asyncio.run(main(store))
+        assert results[0] is None
+        assert isinstance(results[1], TraceStoreError)
+        assert store.count_sessions() == 1
+
+
+def test_list_filters_stats_and_missing_session(tmp_path):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        for i in range(6):
+            store.write_session_sync(make_session(i, app="math" if i < 4 else "other",
+                                                  reward=float(i % 2),
+                                                  status="ok" if i != 5 else "error"))
+        assert len(store.list_sessions(limit=3)) == 3
+        assert {s.app_id for s in store.list_sessions(app="other")} == {"other"}
+        assert [s.status for s in store.list_sessions(status="error")] == ["error"]
+        assert all(s.total_reward == 1.0 for s in store.list_sessions(min_reward=0.5))
+        stats = store.stats()
+        assert (stats.sessions, stats.errors, stats.lm_calls) == (6, 1, 12)
+        assert stats.input_tokens == sum(10 + i for i in range(6)) * 2
+        assert {row["app_id"] for row in stats.by_app} == {"math", "other"}
+        with pytest.raises(SessionNotFoundError):
+            store.get_session("does-not-exist")
+
+
+def test_since_parses_relative_and_absolute():
+    assert since_timestamp("1h", now=7200.0) == "1970-01-01 01:00:00.000000"
+    assert since_timestamp("2025-01-31").startswith("2025-01-31 00:00:00")
+    with pytest.raises(UsageError):
+        since_timestamp("yesterday-ish")
+
+
+# -- schema -----------------------------------------------------------------------------
+
+SYNTH_AI_V1 = [
+    "CREATE TABLE session_traces (session_id VARCHAR PRIMARY KEY, created_at DATETIME NOT "
+    "NULL, num_timesteps INTEGER NOT NULL, num_events INTEGER NOT NULL, num_messages INTEGER "
+    "NOT NULL, metadata TEXT, experiment_id VARCHAR, embedding VECTOR)",
+    "CREATE TABLE session_timesteps (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR "
+    "NOT NULL, step_id VARCHAR NOT NULL, step_index INTEGER NOT NULL, turn_number INTEGER, "
+    "started_at DATETIME, completed_at DATETIME, num_events INTEGER, num_messages INTEGER, "
+    "step_metadata TEXT, UNIQUE(session_id, step_id))",
+    "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR NOT NULL, "
+    "timestep_id INTEGER, event_type VARCHAR NOT NULL, system_instance_id VARCHAR, event_time "
+    "FLOAT, message_time INTEGER, created_at DATETIME, model_name VARCHAR, provider VARCHAR, "
+    "input_tokens INTEGER, output_tokens INTEGER, total_tokens INTEGER, cost_usd INTEGER, "
+    "latency_ms INTEGER, span_id VARCHAR, trace_id VARCHAR, call_records TEXT, reward FLOAT, "
+    "terminated BOOLEAN, truncated BOOLEAN, system_state_before TEXT, system_state_after "
+    "TEXT, metadata TEXT, event_metadata TEXT, embedding VECTOR)",
+    "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR NOT "
+    "NULL, timestep_id INTEGER, message_type VARCHAR NOT NULL, content TEXT NOT NULL, "
+    "timestamp DATETIME, event_time FLOAT, message_time INTEGER, metadata TEXT, embedding "
+    "VECTOR)",
+    "CREATE TABLE outcome_rewards (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR "
+    "NOT NULL, total_reward INTEGER NOT NULL, achievements_count INTEGER NOT NULL, "
+    "total_steps INTEGER NOT NULL, created_at DATETIME NOT NULL, reward_metadata TEXT)",
+    "CREATE TABLE event_rewards (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT "
+    "NULL, session_id VARCHAR NOT NULL, message_id INTEGER, turn_number INTEGER, reward_value "
+    "FLOAT NOT NULL, reward_type VARCHAR, \"key\" VARCHAR, annotation TEXT, source VARCHAR, "
+    "created_at DATETIME NOT NULL)",
+]
+
+
+def make_synth_ai_db(path: Path) -> None:
+    """A database as synth-ai's tracing v3 left it: no version table, ids autoincremented."""
+    conn = sqlite3.connect(path)
+    for sql in SYNTH_AI_V1:
+        conn.execute(sql)
+    meta = json.dumps({"env_name": "crafter", "run_id": "old-1", "seed": 4, "model": "qwen",
+                       "metrics": {"outcome_reward": 0.25}})
+    conn.execute("INSERT INTO session_traces VALUES ('old-session', '2024-05-01 10:00:00', 1, "
+                 "1, 2, ?, NULL, NULL)", (meta,))
+    conn.execute("INSERT INTO session_timesteps VALUES (1, 'old-session', 's0', 0, 1, "
+                 "'2024-05-01 10:00:00', NULL, 1, 2, '{}')")
+    conn.execute("INSERT INTO events (session_id, timestep_id, event_type, system_instance_id,"
+                 " event_time, model_name, input_tokens, output_tokens) VALUES ('old-session', "
+                 "1, 'cais', 'policy', 1714557600.0, 'qwen', 3, 4)")
+    conn.execute("INSERT INTO messages (session_id, timestep_id, message_type, content) VALUES "
+                 "('old-session', 1, 'user', 'hi'), ('old-session', 1, 'assistant', 'yo')")
+    conn.commit()
+    conn.close()
+
+
+def test_migration_from_synth_ai_layout_keeps_data(tmp_path):
+    path = tmp_path / "old.db"
+    make_synth_ai_db(path)
+    with open_trace_store(str(path)) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        [old] = store.list_sessions(app="crafter")
+        assert (old.run_id, old.seed, old.model, old.total_reward) == ("old-1", 4, "qwen", 0.25)
+        loaded = store.get_session("old-session")
+        assert [m.content for m in loaded.messages] == ["hi", "yo"]
+        assert loaded.events[0].input_tokens == 3
+        store.write_session_sync(make_session(1))  # new writes work on the migrated layout
+        assert store.count_sessions() == 2
+    versions = sqlite3.connect(path).execute("SELECT version FROM synth_deploy_schema")
+    assert [v for (v,) in versions] == [SCHEMA_VERSION]
+
+
+def test_newer_schema_is_refused_and_left_untouched(tmp_path):
+    path = tmp_path / "new.db"
+    with open_trace_store(str(path)):
+        pass
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO synth_deploy_schema VALUES (?, 'x', 'from the future')",
+                 (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = sha(path)
+    with pytest.raises(SchemaTooNewError, match=f"version {SCHEMA_VERSION + 1}") as info:
+        open_trace_store(str(path))
+    assert "upgrade" in info.value.hint
+    assert sha(path) == before
+
+
+@pytest.mark.parametrize("content", [b"this is not a database at all\n" * 10,
+                                     b"SQLite format 3\x00" + b"\xff" * 4000])
+def test_non_sqlite_or_corrupt_file_is_refused_and_left_untouched(tmp_path, content):
+    path = tmp_path / "junk.db"
+    path.write_bytes(content)
+    with pytest.raises(NotATraceDbError, match="junk.db") as info:
+        open_trace_store(str(path))
+    assert info.value.hint
+    assert path.read_bytes() == content
+
+
+def test_foreign_sqlite_database_is_refused(tmp_path):
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER)")
+    conn.commit()
+    conn.close()
+    before = sha(path)
+    with pytest.raises(NotATraceDbError, match="users"):
+        open_trace_store(str(path))
+    assert sha(path) == before
+
+
+def test_missing_file_is_not_created_for_reads(tmp_path):
+    path = tmp_path / "nested" / "t.db"
+    with pytest.raises(TraceDbMissingError):
+        open_trace_store(str(path), create=False)
+    assert not path.parent.exists()
+
+
+@pytest.fixture
+def open_dir():
+    """A folder every user may traverse (pytest's tmp_path is private to its owner)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="synth-trace-ro-"))
+    path.chmod(0o755)
+    yield path
+    for sub in path.iterdir():
+        sub.chmod(0o755)
+    shutil.rmtree(path)
+
+
+def test_read_only_folder_is_a_clear_error(open_dir):
+    folder = open_dir / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    target = folder / "sub" / "t.db"
+    if os.geteuid() != 0:
+        with pytest.raises(TraceStoreError, match="ro") as info:
+            open_trace_store(str(target))
+        assert "writable" in info.value.hint
+        return
+    # root ignores permissions: check from a forked child running as nobody.
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                open_trace_store(str(target))
+                message = "opened"
+            except TraceStoreError as exc:
+                message = f"{type(exc).__name__}|{exc.message}|{exc.hint}"
+            except BaseException as exc:
+                message = f"{type(exc).__name__}: {exc}"
+            os.write(write_fd, message.encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_fd) as fh:
+        message = fh.read()
+    assert status == 0
+    kind, text, hint = (message.split("|") + ["", ""])[:3]
+    assert kind == "TraceStoreError" and str(folder) in text and "writable" in hint
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+def env_of(**values: str) -> Env:
+    return Env(values, {k: "/x/.env" for k in values})
+
+
+def test_resolution_precedence_and_sources():
+    env = env_of(SYNTH_TRACES_DB="from-env.db")
+    assert resolve_trace_db("flag.db", env).source == "--trace-db"
+    setting = resolve_trace_db(None, env)
+    assert (setting.url, setting.source) == ("from-env.db", "SYNTH_TRACES_DB from /x/.env")
+    default = resolve_trace_db(None, env_of())
+    assert (default.url, default.source, default.is_remote) == (DEFAULT_TRACE_DB, "default",
+                                                                False)
+    assert resolve_trace_db("sqlite:///abs/t.db", env).path == Path("/abs/t.db")
+
+
+def test_remote_urls_and_token_masking():
+    token = "eyJsecret-token-value"
+    turso = resolve_trace_db("libsql://db-org.turso.io", env_of(TURSO_AUTH_TOKEN=token))
+    assert turso.is_remote and turso.auth_token == token
+    assert token not in turso.display and token not in repr(turso)
+    inline = resolve_trace_db(f"https://db.turso.io?authToken={token}", env_of())
+    assert inline.remote_url == "https://db.turso.io" and token not in inline.display
+    sqld = resolve_trace_db("http://127.0.0.1:8080", env_of())
+    assert sqld.is_remote and sqld.auth_token is None
+    with pytest.raises(TraceDbUrlError, match="no auth token"):
+        resolve_trace_db("libsql://db-org.turso.io", env_of())
+    with pytest.raises(TraceDbUrlError, match="postgres") as info:
+        resolve_trace_db("postgres://u:pw@h/db", env_of())
+    assert "pw" not in info.value.message and info.value.exit_code == 2
