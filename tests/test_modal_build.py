@@ -171,7 +171,7 @@ def test_plan_shows_names_and_masked_values_only(api_key):
     assert "remote libSQL" in plan.tracing
     assert any(p.startswith("libsql") for p in plan.image.pip_packages)
     local = build_plan(load_app("math"), _env(api_key, SYNTH_TRACES_DB="traces/x.db"))
-    assert "ephemeral" in local.tracing
+    assert "lost when it stops" in local.tracing
     assert "SYNTH_TRACES_DB" not in repr(local.to_dict()["secrets"])
 
 

@@ -18,10 +18,10 @@ from synth_deploy.modal.image import ImageRecipe, app_remote_file
 from synth_deploy.modal.secrets import (
     TRACES_DB,
     SecretSource,
-    is_remote_trace_db,
     resolve_secrets,
 )
 from synth_deploy.modal.settings import FUNCTION_NAME, ModalSettings
+from synth_deploy.tracing.config import deploy_notice, resolve_trace_db
 
 # Read by the container function: the app file, relative to the folder holding synth_deploy.
 TASK_APP_ENV = "SYNTH_DEPLOY_TASK_APP"
@@ -96,13 +96,11 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", app_name):
         raise UsageError(f"--name: {app_name!r} is not a valid Modal app name",
                          hint="use letters, digits, '-', '_' or '.', at most 64 characters")
-    traces_url = env.get(TRACES_DB)
-    remote = is_remote_trace_db(traces_url)
-    if remote:
-        tracing = f"traces go to the remote libSQL database in {TRACES_DB} (passed as a secret)"
-    else:
-        tracing = ("traces stay inside the container and are lost when it stops (ephemeral); "
-                   f"set {TRACES_DB} to a libsql:// or https:// URL to keep them")
+    traces = resolve_trace_db(None, env)
+    remote = traces.is_remote
+    tracing = deploy_notice(traces) or (
+        f"traces go to the remote libSQL database {traces.display} ({TRACES_DB}, passed as a "
+        "secret)")
     return DeployPlan(
         app_id=entry.app_id,
         source=source,

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from synth_deploy.env import (
     ENVIRONMENT_API_KEY,
@@ -22,15 +21,10 @@ from synth_deploy.env import (
 )
 from synth_deploy.errors import UsageError
 from synth_deploy.modal.settings import ModalSettings
+from synth_deploy.tracing.config import TOKEN_VAR, TRACES_DB_VAR, resolve_trace_db
 
-TRACES_DB = "SYNTH_TRACES_DB"
-TRACES_AUTH_TOKEN = "TURSO_AUTH_TOKEN"
-REMOTE_TRACE_SCHEMES = ("libsql", "https", "http", "wss", "ws")
-
-
-def is_remote_trace_db(url: str | None) -> bool:
-    """True for a libSQL server URL (Turso or sqld); False for a local file or nothing."""
-    return bool(url) and urlsplit(url).scheme.lower() in REMOTE_TRACE_SCHEMES
+TRACES_DB = TRACES_DB_VAR
+TRACES_AUTH_TOKEN = TOKEN_VAR
 
 
 @dataclass(frozen=True)
@@ -82,7 +76,7 @@ def resolve_secrets(settings: ModalSettings, env: Env, app_dir: Path) -> list[Se
     take(ENVIRONMENT_API_KEY)
     if env.get(ENVIRONMENT_API_KEY_ALIASES):
         take(ENVIRONMENT_API_KEY_ALIASES)
-    if is_remote_trace_db(env.get(TRACES_DB)):
+    if resolve_trace_db(None, env).is_remote:
         take(TRACES_DB)
         if env.get(TRACES_AUTH_TOKEN):
             take(TRACES_AUTH_TOKEN)
@@ -102,5 +96,5 @@ def resolve_secrets(settings: ModalSettings, env: Env, app_dir: Path) -> list[Se
     return sources
 
 
-__all__ = ["SecretSource", "TRACES_AUTH_TOKEN", "TRACES_DB", "is_remote_trace_db",
+__all__ = ["SecretSource", "TRACES_AUTH_TOKEN", "TRACES_DB",
            "resolve_secrets"]
