@@ -55,12 +55,13 @@ def handling_errors(json_output: bool = False) -> Iterator[None]:
                                                "message": exc.message, "hint": exc.hint}})
         else:
             err = console(stderr=True)
-            # soft_wrap: a long file:line message stays on one line, greppable and clickable.
-            err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False,
-                      soft_wrap=True)
+            from rich.text import Text
+
+            # Text, not markup: messages hold brackets ("[signed-by=...]") that markup eats.
+            # soft_wrap keeps a long file:line or URL on one line, greppable and clickable.
+            err.print(Text.assemble(("error: ", "red"), exc.message), soft_wrap=True)
             if exc.hint:
-                err.print(f"  [dim]hint:[/dim] {exc.hint}", markup=True, highlight=False,
-                          soft_wrap=True)
+                err.print(Text.assemble(("  hint: ", "dim"), exc.hint), soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         console(stderr=True).print("interrupted")

@@ -1,0 +1,204 @@
+"""`expose()`: serve a task app (or take a running one) and tunnel to it, in one step.
+
+This is what `synth-deploy tunnel` runs. The order is chosen to fail fast: cloudflared is found
+and the settings are validated before anything is served, so a missing binary costs
+milliseconds, not an app import.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.errors import UsageError
+from synth_deploy.tunnel.limits import (
+    QUICK_TUNNEL_CONCURRENCY_CAP,
+    QUICK_TUNNEL_INFLIGHT_LIMIT,
+)
+from synth_deploy.tunnel.tunnel import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_START_TIMEOUT_S,
+    DEFAULT_VERIFY_TIMEOUT_S,
+    TUNNEL_TOKEN,
+    Mode,
+    Tunnel,
+    TunnelConfig,
+    TunnelEvent,
+)
+
+TASK_APP_URL = "TASK_APP_URL"
+NAMED_DEFAULT_PORT = 8001
+
+
+@dataclass
+class Exposed:
+    """A task app reachable through a tunnel; live while the `expose()` block runs."""
+
+    tunnel: Tunnel
+    local_url: str
+    app_id: str | None = None
+    env_file: Path | None = None
+    warnings: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
+    _app: Any = None
+    _events: list[TunnelEvent] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        """The public URL (it changes when a quick tunnel is restarted)."""
+        assert self.tunnel.url is not None
+        return self.tunnel.url
+
+    @property
+    def error(self) -> Exception | None:
+        """Set when cloudflared died and could not be restarted."""
+        return self.tunnel.error
+
+    def drain_events(self) -> list[TunnelEvent]:
+        """Events since the last call: died, restarting, restarted, failed."""
+        with self._lock:
+            events, self._events[:] = list(self._events), []
+        return events
+
+    def stats(self) -> dict[str, float]:
+        """requests, rollouts, errors, in_flight, restarts, uptime_s.
+
+        Requests are counted by cloudflared (everything that came through the tunnel) when it
+        reports them, else by the app; rollouts and errors by the app when we serve it.
+        """
+        edge = self.tunnel.counters()
+        app: Mapping[str, int] = {}
+        if self._app is not None:
+            from synth_deploy.taskapp.server import stats_of
+
+            app = stats_of(self._app)
+        return {
+            "requests": edge.get("requests", app.get("requests", 0)),
+            "rollouts": app.get("rollouts", 0),
+            "errors": app.get("errors", 0) + edge.get("errors", 0),
+            "in_flight": max(app.get("in_flight", 0), edge.get("in_flight", 0)),
+            "restarts": self.tunnel.restarts,
+            "uptime_s": time.monotonic() - self.started_at,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.tunnel.url, "local_url": self.local_url, "app": self.app_id,
+                "mode": self.tunnel.config.mode,
+                "env_file": str(self.env_file) if self.env_file else None,
+                "warnings": list(self.warnings)}
+
+    def _record(self, event: TunnelEvent) -> None:
+        if event.kind == "restarted" and self.env_file is not None and event.url:
+            from synth_deploy.env import write_env_var
+
+            write_env_var(self.env_file, TASK_APP_URL, event.url)
+        with self._lock:
+            self._events.append(event)
+
+
+@contextmanager
+def expose(app: str | None = None, *, url: str | None = None, port: int | None = None,
+           mode: Mode = "quick", token: str | None = None, hostname: str | None = None,
+           env_files: Sequence[str | Path] = (), write_env: str | Path | None = ".env",
+           verify: bool = True, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+           verify_timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S,
+           max_restarts: int = DEFAULT_MAX_RESTARTS,
+           on_event: Callable[[TunnelEvent], None] | None = None,
+           tunnel_options: Mapping[str, Any] | None = None) -> Iterator[Exposed]:
+    """Serve ``app`` (an app id or file) on 127.0.0.1, or take the server at ``url``, and
+    open a tunnel to it; write ``TASK_APP_URL`` into ``write_env``; stop both on exit.
+
+    ``tunnel_options`` go to `Tunnel` unchanged (``command``, ``env``, ``resolve`` seams).
+    """
+    from synth_deploy.env import load_env, write_env_var
+
+    if (app is None) == (url is None):
+        raise UsageError("name a task app to serve, or --url of a server already running",
+                         hint="synth-deploy tunnel math   or   synth-deploy tunnel --url "
+                              "http://127.0.0.1:8001")
+    if url is not None and port is not None:
+        raise UsageError("--port and --url both name the origin", hint="give one of them")
+    env = load_env(env_files)
+    options = dict(tunnel_options or {})
+    if "command" not in options and "binary" not in options:
+        from synth_deploy.tunnel.binary import find_cloudflared
+
+        options["binary"] = find_cloudflared(env.values)
+    if mode == "named" and not token:
+        token = env.get(TUNNEL_TOKEN)
+    if port is None:
+        port = NAMED_DEFAULT_PORT if mode == "named" else 0
+    # Validate the tunnel settings now, before an app is imported and served.
+    TunnelConfig(origin_url=url or "http://127.0.0.1:1", mode=mode, token=token,
+                 hostname=hostname, max_restarts=max_restarts)
+    keys = env.api_keys()
+    if not keys:
+        raise UsageError("no ENVIRONMENT_API_KEY is set, and a tunnel makes the app public",
+                         hint="run `synth-deploy setup` or put ENVIRONMENT_API_KEY in .env")
+
+    with ExitStack() as stack:
+        served = None
+        app_id = None
+        if app is not None:
+            from synth_deploy.env import apply_env
+            from synth_deploy.taskapp import BackgroundServer, create_app, load_app
+            from synth_deploy.taskapp.serving import ensure_port_free
+
+            entry = load_app(app)
+            if port:
+                ensure_port_free("127.0.0.1", port)
+            # Vendor keys and app settings are read from os.environ (as `serve` does); put
+            # back what was there when the block ends, so a library caller's process is as it was.
+            saved = {name: os.environ.get(name) for name in env.values}
+            stack.callback(_restore_environ, saved)
+            apply_env(env)
+            served = create_app(entry.build_config(), api_keys=keys)
+            server = BackgroundServer(served, port=port).start()
+            stack.callback(server.stop)
+            url, app_id = server.url, entry.app_id
+        assert url is not None
+        holder: list[Exposed] = []
+
+        def record(event: TunnelEvent) -> None:
+            if holder:
+                holder[0]._record(event)
+            if on_event is not None:
+                on_event(event)
+
+        tunnel = Tunnel(url=url, mode=mode, token=token, hostname=hostname, api_key=keys[0],
+                        verify=verify, start_timeout_s=start_timeout_s,
+                        verify_timeout_s=verify_timeout_s, max_restarts=max_restarts,
+                        on_event=record, **options)
+        exposed = Exposed(tunnel, url.rstrip("/"), app_id, _app=served)
+        holder.append(exposed)
+        stack.enter_context(tunnel)
+        if mode == "quick":
+            exposed.warnings.append(
+                f"quick tunnels allow about {QUICK_TUNNEL_INFLIGHT_LIMIT} requests in flight: "
+                f"smoke/eval runners cap their concurrency at {QUICK_TUNNEL_CONCURRENCY_CAP} "
+                "for trycloudflare.com URLs; set the trainer's concurrency likewise")
+        else:
+            exposed.warnings.append(
+                f"named tunnel: {hostname}'s service in the Cloudflare dashboard must be "
+                f"{exposed.local_url}")
+        if write_env:
+            exposed.env_file = write_env_var(write_env, TASK_APP_URL, exposed.url)
+        yield exposed
+
+
+def _restore_environ(saved: Mapping[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+__all__ = ["Exposed", "TASK_APP_URL", "expose"]
