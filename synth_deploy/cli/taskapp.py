@@ -232,10 +232,17 @@ def _render_report(report, traces_where: str) -> None:
     out = console()
     for note in report.notes:
         out.print(f"[dim]{note}[/dim]")
-    table = Table("seed", "status", "reward", "outcome", "events", "latency s", "details")
+    from rich import box
+
+    table = Table(box=box.SIMPLE_HEAD)
+    for name in ("seed", "status", "reward", "outcome", "events", "latency s"):
+        table.add_column(name, no_wrap=True, min_width=len(name))
+    # The one column that gives way when the terminal is narrow.
+    table.add_column("details", overflow="ellipsis", no_wrap=True,
+                     max_width=max(12, out.width - 62))
     for o in report.outcomes:
         if o.ok:
-            detail = ", ".join(f"{k}={v}" for k, v in list(o.details.items())[:3])
+            detail = " ".join(f"{k}={v}" for k, v in list(o.details.items())[:3])
             table.add_row(str(o.seed), "[green]ok[/green]", _fmt(o.reward),
                           _fmt(o.outcome_score), _fmt(o.events_score), _fmt(o.latency_s, 3),
                           detail)
@@ -249,5 +256,5 @@ def _render_report(report, traces_where: str) -> None:
         f"{_fmt(s['mean_reward'], 3)} · outcome {_fmt(s['mean_outcome_score'], 3)} · events "
         f"{_fmt(s['mean_events_score'], 3)} · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 "
         f"{_fmt(s['latency_p95_s'], 3)}s · {s['elapsed_s']:.2f}s at concurrency "
-        f"{report.concurrency}")
-    out.print(f"traces → {traces_where}")
+        f"{report.concurrency}", soft_wrap=True)
+    out.print(f"traces → {traces_where}", soft_wrap=True)

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from synth_deploy.env import Env, redact
+from synth_deploy.env import Env, is_secret_name, mask, redact
 from synth_deploy.taskapp.auth import ApiKeyAuth
 from synth_deploy.taskapp.config import RolloutContext, TaskAppConfig
 from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse, TaskInfo
@@ -288,8 +288,11 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, req: RolloutRequest,
     keep_session = trace_store is not None or req.record.return_trace
     if keep_session:  # building the session's metadata is wasted work when nobody reads it
         session.metadata["duration_s"] = round(elapsed, 6)
-        session.metadata["request"] = req.model_dump(
-            mode="json", exclude={"policy": {"config": {"api_key"}}})
+        request_record = req.model_dump(mode="json")
+        policy_config = request_record["policy"]["config"]
+        for name in [k for k in policy_config if is_secret_name(k)]:
+            policy_config[name] = mask(str(policy_config[name]))  # traces never hold keys
+        session.metadata["request"] = request_record
         session.metadata["status"] = "ok" if result is not None else "error"
         if result is not None:
             session.metadata["metrics"] = result.metrics.model_dump(mode="json")

@@ -1,0 +1,134 @@
+"""`smoke` and `eval` end to end: real child processes, real servers, real SQLite traces."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from synth_deploy.cli._common import parse_seeds
+from synth_deploy.errors import UsageError
+from synth_deploy.jobs.rollouts import PolicyTarget
+from synth_deploy.jobs.runs import RunTarget, run_seeds
+
+
+def run_cli(cwd, *args, timeout=120, **env):
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("ENVIRONMENT_API_KEY", "SYNTH_"))}
+    clean.update(env)
+    return subprocess.run([sys.executable, "-m", "synth_deploy.cli", *args], cwd=cwd, env=clean,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sessions(db) -> list[dict]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT metadata FROM session_traces").fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def test_smoke_math_serves_runs_ten_rollouts_and_traces_them(tmp_path):
+    result = run_cli(tmp_path, "smoke", "math", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    summary = report["summary"]
+    assert summary["rollouts"] == 10 and summary["errors"] == 0
+    assert [r["seed"] for r in report["rollouts"]] == list(range(10))
+    # The mock policy solves explicit arithmetic and mostly misses word problems.
+    assert 0.0 < summary["mean_reward"] < 1.0
+    assert summary["latency_p50_s"] <= summary["latency_p95_s"]
+    assert any("ephemeral key" in note for note in report["notes"])
+    db = tmp_path / "traces" / "v3" / "synth_ai.db"
+    assert report["traces"].startswith(str(db.relative_to(tmp_path)))
+    stored = sessions(db)
+    assert sorted(s["run_id"] for s in stored) == sorted(r["run_id"] for r in report["rollouts"])
+    assert {s["mode"] for s in stored} == {"rl"}
+
+
+def test_smoke_table_for_humans(tmp_path):
+    result = run_cli(tmp_path, "smoke", "math", "--seeds", "0,3,5-6", "--no-trace")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for word in ("seed", "reward", "latency", "4 rollouts (rl), 0 errors", "mean reward", "p95"):
+        assert word in out
+    assert "traces → off" in out
+    assert not (tmp_path / "traces").exists()
+
+
+def test_eval_math_twenty_seeds_writes_twenty_traces(tmp_path):
+    result = run_cli(tmp_path, "eval", "math", "--seeds", "0-19", "--policy", "mock")
+    assert result.returncode == 0, result.stderr
+    assert "20 rollouts (eval), 0 errors" in result.stdout
+    assert "outcome" in result.stdout and "events" in result.stdout
+    stored = sessions(tmp_path / "traces" / "v3" / "synth_ai.db")
+    assert len(stored) == 20 and {s["mode"] for s in stored} == {"eval"}
+    assert sorted(s["seed"] for s in stored) == list(range(20))
+
+
+def test_eval_split_uses_the_apps_default_seeds(tmp_path):
+    result = run_cli(tmp_path, "eval", "math", "--split", "test", "--json", "--no-trace")
+    assert result.returncode == 0, result.stderr
+    seeds = [r["seed"] for r in json.loads(result.stdout)["rollouts"]]
+    assert seeds == list(range(9000, 9050))
+
+
+def test_eval_against_a_url_stores_the_returned_traces(tmp_path, math_server, api_key):
+    db = tmp_path / "remote-evals.db"
+    result = run_cli(tmp_path, "eval", math_server.url, "--seeds", "1-5", "--trace-db", str(db),
+                     "--json", ENVIRONMENT_API_KEY=api_key)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["summary"]["ok"] == 5
+    stored = sessions(db)
+    assert sorted(s["seed"] for s in stored) == [1, 2, 3, 4, 5]
+
+
+def test_a_dead_policy_fails_every_rollout_with_exit_1(tmp_path):
+    result = run_cli(tmp_path, "smoke", "math", "--seeds", "0-2", "--inference-url",
+                     "http://127.0.0.1:9/v1", "--model", "m", "--json", "--no-trace")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["summary"]["errors"] == 3
+    assert all("did not answer" in r["error"] for r in report["rollouts"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["smoke", "math", "--seeds", "9-1"], "runs backwards"),
+    (["smoke", "math", "--seeds", "a-b"], "not a number or range"),
+    (["smoke", "math", "--inference-url", "ftp://x", "--model", "m"], "http(s) URL"),
+    (["smoke", "math", "--inference-url", "http://127.0.0.1:9/v1"], "needs --model"),
+    (["smoke", "http://127.0.0.1:9"], "no ENVIRONMENT_API_KEY"),
+    (["smoke", "nosuchapp"], "no task app with id"),
+    (["eval", "math", "--split", "validation"], "no default seeds for split"),
+])
+def test_bad_input_is_a_usage_error_with_the_fix(tmp_path, args, message):
+    result = run_cli(tmp_path, *args, "--no-trace", timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("text", "seeds"), [
+    ("0-9", list(range(10))), ("1,3,5", [1, 3, 5]), ("0-2,10,12-13", [0, 1, 2, 10, 12, 13]),
+    ("5,5,4-5", [5, 4]), (" 7 ", [7]),
+])
+def test_parse_seeds(text, seeds):
+    assert parse_seeds(text) == seeds
+
+
+def test_parse_seeds_rejects_empty():
+    with pytest.raises(UsageError):
+        parse_seeds(",")
+
+
+def test_runner_caps_concurrency_for_a_quick_tunnel():
+    target = RunTarget("https://calm-river-1234.trycloudflare.com", "k",
+                       PolicyTarget("http://127.0.0.1:9/v1", "m"), local=False)
+    report = run_seeds(target, [], concurrency=500)
+    assert report.concurrency < 500
+    assert any("trycloudflare" in note or "quick tunnel" in note for note in report.notes)
+    plain = run_seeds(RunTarget("http://127.0.0.1:9", "k", target.policy, local=False), [],
+                      concurrency=500)
+    assert plain.concurrency == 500
+
