@@ -43,6 +43,21 @@ def mock_policy(serve) -> BackgroundServer:
 
 
 @pytest.fixture
+def synth_key() -> str:
+    return "sk_synth_test_" + secrets.token_hex(12)
+
+
+@pytest.fixture
+def backend(serve, synth_key, api_key):
+    """The stand-in training backend (tests/standins/backend.py) on a free port."""
+    from standins.backend import StandinBackend
+
+    standin = StandinBackend(synth_key, env_keys=[api_key])
+    standin.url = serve(standin.app).url
+    return standin
+
+
+@pytest.fixture
 def math_server(serve, math_config, api_key) -> BackgroundServer:
     """The math task app served with ``api_key``."""
     return serve(create_app(math_config, api_keys=[api_key]))

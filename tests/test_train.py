@@ -4,30 +4,16 @@ served on 127.0.0.1, against the stand-in backend (tests/standins/backend.py).""
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 from pathlib import Path
 
 import pytest
-from standins.backend import StandinBackend
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app
 
 APP_CONFIGS = Path(__file__).parent.parent / "apps" / "math" / "configs"
 FAST = ["--poll-interval", "0.02", "--poll-timeout", "20"]
-
-
-@pytest.fixture
-def synth_key() -> str:
-    return "sk_synth_test_" + secrets.token_hex(12)
-
-
-@pytest.fixture
-def backend(serve, synth_key, api_key) -> StandinBackend:
-    standin = StandinBackend(synth_key, env_keys=[api_key])
-    standin.url = serve(standin.app).url
-    return standin
 
 
 @pytest.fixture

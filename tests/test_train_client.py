@@ -8,7 +8,6 @@ import secrets
 
 import httpx
 import pytest
-from standins.backend import StandinBackend
 
 from synth_deploy.errors import JobError, JobHTTPError, UsageError
 from synth_deploy.jobs.backend import JobClient, RetryPolicy, backend_url, new_idempotency_key
@@ -17,18 +16,6 @@ from synth_deploy.jobs.train import masked
 
 FAST = RetryPolicy(retries=3, backoff_s=0.01)
 RL_BODY = {"job_type": "rl", "compute": {}, "data": {"endpoint_base_url": "http://x"}}
-
-
-@pytest.fixture
-def synth_key() -> str:
-    return "sk_synth_test_" + secrets.token_hex(12)
-
-
-@pytest.fixture
-def backend(serve, synth_key, api_key) -> StandinBackend:
-    standin = StandinBackend(synth_key, env_keys=[api_key])
-    standin.url = serve(standin.app).url
-    return standin
 
 
 @pytest.fixture

@@ -13,7 +13,17 @@ from synth_deploy.cli._common import (
     handling_errors,
     parse_seeds,
 )
-from synth_deploy.cli.taskapp import NoTraceOption, TraceDbOption, run_and_report
+from synth_deploy.cli.taskapp import (
+    ConcurrencyOption,
+    InferenceUrlOption,
+    MaxTimeOption,
+    ModelOption,
+    NoTraceOption,
+    PolicyOption,
+    TraceDbOption,
+    check_policy_flag,
+    run_and_report,
+)
 from synth_deploy.errors import UsageError
 
 
@@ -28,12 +38,11 @@ def evaluate(
         help="Seeds: 0-9, 1,3,5 or mixes (default: the split's default seeds, else 0-9).")
     ] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split, e.g. train or test.")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name sent to the policy.")] = None,
-    inference_url: Annotated[str | None, typer.Option(
-        help="OpenAI-compatible base URL of the policy (default: the built-in mock).")] = None,
-    policy: Annotated[str, typer.Option(help="'mock' for the built-in mock policy.")] = "mock",
-    concurrency: Annotated[int, typer.Option(min=1, max=512)] = 8,
-    max_time: Annotated[float, typer.Option(help="Per-rollout bound in seconds.")] = 300.0,
+    model: ModelOption = None,
+    inference_url: InferenceUrlOption = None,
+    policy: PolicyOption = "mock",
+    concurrency: ConcurrencyOption = 8,
+    max_time: MaxTimeOption = 300.0,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -41,9 +50,7 @@ def evaluate(
 ) -> None:
     """Evaluate a policy on a task app: per-seed rewards, judge scores and a summary."""
     with handling_errors(json_output):
-        if policy != "mock" and not inference_url:
-            raise UsageError(f"unknown --policy {policy!r}",
-                             hint="use --policy mock, or --inference-url U --model M")
+        check_policy_flag(policy, inference_url)
         if seeds is not None:
             seed_list = parse_seeds(seeds)
         elif split is not None:

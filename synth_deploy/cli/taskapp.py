@@ -25,6 +25,13 @@ TraceDbOption = Annotated[str | None, typer.Option(
     "--trace-db", help="Trace database URL or SQLite path (default: $SYNTH_TRACES_DB, else "
                        "traces/v3/synth_ai.db).", show_default=False)]
 NoTraceOption = Annotated[bool, typer.Option("--no-trace", help="Do not record traces.")]
+# Shared by `smoke` and `eval`.
+ConcurrencyOption = Annotated[int, typer.Option(min=1, max=512, help="Rollouts in flight.")]
+PolicyOption = Annotated[str, typer.Option(help="'mock' for the built-in mock policy.")]
+InferenceUrlOption = Annotated[str | None, typer.Option(
+    help="OpenAI-compatible base URL of a real policy (replaces the mock).")]
+ModelOption = Annotated[str | None, typer.Option(help="Model name sent to the policy.")]
+MaxTimeOption = Annotated[float, typer.Option(help="Per-rollout bound in seconds.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -132,12 +139,11 @@ def smoke(
     app_or_url: Annotated[str, typer.Argument(help="An app id or path (served here), or the "
                                                    "URL of a running task app.")],
     seeds: Annotated[str, typer.Option(help="Seeds: 0-9, 1,3,5 or mixes.")] = "0-9",
-    concurrency: Annotated[int, typer.Option(min=1, max=512)] = 8,
-    policy: Annotated[str, typer.Option(help="'mock' for the built-in mock policy.")] = "mock",
-    inference_url: Annotated[str | None, typer.Option(
-        help="OpenAI-compatible base URL of a real policy (replaces the mock).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name sent to the policy.")] = None,
-    max_time: Annotated[float, typer.Option(help="Per-rollout bound in seconds.")] = 300.0,
+    concurrency: ConcurrencyOption = 8,
+    policy: PolicyOption = "mock",
+    inference_url: InferenceUrlOption = None,
+    model: ModelOption = None,
+    max_time: MaxTimeOption = 300.0,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -145,9 +151,7 @@ def smoke(
 ) -> None:
     """Run rollouts against a task app and print a per-seed table and a summary."""
     with handling_errors(json_output):
-        if policy != "mock" and not inference_url:
-            raise UsageError(f"unknown --policy {policy!r}",
-                             hint="use --policy mock, or --inference-url U --model M")
+        check_policy_flag(policy, inference_url)
         report, where = run_and_report(app_or_url, parse_seeds(seeds), mode="rl",
                                        concurrency=concurrency, inference_url=inference_url,
                                        model=model, max_time_s=max_time, env_files=env_file,
@@ -181,6 +185,12 @@ def run_and_report(app_or_url: str, seeds: list[int], *, mode: str, concurrency:
     else:
         _render_report(report, where)
     return report, where
+
+
+def check_policy_flag(policy: str, inference_url: str | None) -> None:
+    if policy != "mock" and not inference_url:
+        raise UsageError(f"unknown --policy {policy!r}",
+                         hint="use --policy mock, or --inference-url U --model M")
 
 
 def _open_traces(trace_db: str | None, no_trace: bool, env):
