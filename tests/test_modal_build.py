@@ -21,7 +21,7 @@ from synth_deploy.modal import (
 )
 from synth_deploy.modal.image import SERVING_PACKAGES, dependency_closure
 from synth_deploy.taskapp import load_app
-from tests.standins import modal_inspect
+from standins import modal_inspect
 
 MATH_DIR = Path(__file__).resolve().parents[1] / "apps" / "math"
 
