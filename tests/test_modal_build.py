@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from standins import modal_inspect
 
 from synth_deploy.env import load_env, mask
 from synth_deploy.errors import UsageError
@@ -21,7 +22,6 @@ from synth_deploy.modal import (
 )
 from synth_deploy.modal.image import SERVING_PACKAGES, dependency_closure
 from synth_deploy.taskapp import load_app
-from standins import modal_inspect
 
 MATH_DIR = Path(__file__).resolve().parents[1] / "apps" / "math"
 

@@ -214,3 +214,23 @@ def test_cli_startup_failure_shows_cloudflareds_lines(project):
     assert "rate-limiting quick-tunnel creation" in done.stderr
     assert "cloudflared's last lines" in done.stderr and "429 Too Many Requests" in done.stderr
     assert "TASK_APP_URL" not in (project / ".env").read_text()
+
+
+def test_cli_records_rollouts_through_the_tunnel(project, spawn, api_key, mock_policy):
+    standin = StandinState(project / "standin")
+    db = project / "tunnel-traces.db"
+    cli = spawn([*CLI, "math", "--no-verify", "--json", "--trace-db", str(db)], cwd=project,
+                env=child_env(standin, CLOUDFLARED_PATH=str(STANDIN)))
+    public = standin.resolve(json.loads(cli.line())["url"])
+    resp = httpx.post(public + "/rollout", headers={"X-API-Key": api_key}, timeout=20, json={
+        "run_id": "via-tunnel", "env": {"seed": 4},
+        "policy": {"config": {"model": "m", "inference_url": mock_policy.url + "/v1"}}})
+    assert resp.status_code == 200, resp.text
+    os.kill(cli.proc.pid, signal.SIGTERM)
+    assert cli.finish()[0] == 130
+    assert wait_gone(standin.pids()) == []
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        rows = [json.loads(r[0]) for r in conn.execute("SELECT metadata FROM session_traces")]
+    assert [(r["run_id"], r["seed"]) for r in rows] == [("via-tunnel", 4)]

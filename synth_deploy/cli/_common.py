@@ -26,6 +26,10 @@ EnvFilesOption = Annotated[
                  show_default=False, metavar="FILE"),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document for machines.")]
+TraceDbOption = Annotated[str | None, typer.Option(
+    "--trace-db", help="Trace database URL or SQLite path (default: $SYNTH_TRACES_DB, else "
+                       "traces/v3/synth_ai.db).", show_default=False)]
+NoTraceOption = Annotated[bool, typer.Option("--no-trace", help="Do not record traces.")]
 
 
 def console(stderr: bool = False):
@@ -68,6 +72,16 @@ def handling_errors(json_output: bool = False) -> Iterator[None]:
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+def open_traces(trace_db: str | None, no_trace: bool, env):
+    """The trace store for `--trace-db`/`--no-trace`, and where it is, said for humans."""
+    if no_trace:
+        return None, "off (--no-trace)"
+    from synth_deploy.tracing import open_trace_store, resolve_trace_db
+
+    setting = resolve_trace_db(trace_db, env)
+    return open_trace_store(setting.url, env=env), f"{setting.display} ({setting.source})"
+
+
 def parse_seeds(text: str) -> list[int]:
     """'0-9', '1,3,5' and mixes like '0-4,10,12-13' → a list of seeds, in order, no repeats."""
     seeds: list[int] = []
@@ -102,8 +116,11 @@ __all__ = [
     "EXIT_USAGE",
     "EnvFilesOption",
     "JsonOption",
+    "NoTraceOption",
+    "TraceDbOption",
     "console",
     "handling_errors",
+    "open_traces",
     "parse_seeds",
     "print_json",
     "warn",

@@ -53,7 +53,10 @@ def check_command(
         "--timeout", min=0.1, metavar="SECONDS", help="Timeout of each request.")] = 10.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Check a task app: reachability, TLS, auth enforcement, protocol shapes, a rollout."""
+    """Verify a task app at a URL and explain faults.
+
+    Reachability, TLS, auth enforcement, protocol shapes and, if asked, a rollout.
+    """
     with handling_errors(json_output):
         seed_list = parse_seeds(seeds)
         if api_key and env_file:

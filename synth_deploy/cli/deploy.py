@@ -97,7 +97,10 @@ def register(app: typer.Typer) -> None:
         json_output: JsonOption = False,
         modal_cli: ModalCLIOption = None,
     ) -> None:
-        """Deploy a task app to Modal: validate locally, deploy, verify the URL, save it."""
+        """Deploy a task app to Modal, verified healthy.
+
+        Validates locally, deploys, checks the URL, writes TASK_APP_URL.
+        """
         with handling_errors(json_output):
             from synth_deploy.modal import deploy
 
@@ -123,7 +126,10 @@ def register(app: typer.Typer) -> None:
         modal_env: ModalEnvOption = None,
         modal_cli: ModalCLIOption = None,
     ) -> None:
-        """Run the task app in Modal's dev mode (`modal serve`: hot reload, -dev URL)."""
+        """Run a task app in Modal's dev mode.
+
+        `modal serve`: hot reload, a -dev URL.
+        """
         with handling_errors():
             from synth_deploy.modal import serve_dev
 

@@ -10,6 +10,8 @@ from synth_deploy.cli._common import (
     EXIT_FAILURE,
     EnvFilesOption,
     JsonOption,
+    NoTraceOption,
+    TraceDbOption,
     handling_errors,
     parse_seeds,
 )
@@ -18,9 +20,7 @@ from synth_deploy.cli.taskapp import (
     InferenceUrlOption,
     MaxTimeOption,
     ModelOption,
-    NoTraceOption,
     PolicyOption,
-    TraceDbOption,
     check_policy_flag,
     run_and_report,
 )
@@ -48,7 +48,10 @@ def evaluate(
     no_trace: NoTraceOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Evaluate a policy on a task app: per-seed rewards, judge scores and a summary."""
+    """Evaluate a policy on a task app.
+
+    Rollouts in eval mode: per-seed rewards, judge scores, a summary; traces stored.
+    """
     with handling_errors(json_output):
         check_policy_flag(policy, inference_url)
         if seeds is not None:

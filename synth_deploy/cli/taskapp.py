@@ -11,8 +11,11 @@ from synth_deploy.cli._common import (
     EXIT_FAILURE,
     EnvFilesOption,
     JsonOption,
+    NoTraceOption,
+    TraceDbOption,
     console,
     handling_errors,
+    open_traces,
     parse_seeds,
     print_json,
     warn,
@@ -21,10 +24,6 @@ from synth_deploy.errors import UsageError
 
 AppArg = Annotated[str, typer.Argument(help="An app id (see `synth-deploy apps`) or a path "
                                             "to a task app file.", show_default=False)]
-TraceDbOption = Annotated[str | None, typer.Option(
-    "--trace-db", help="Trace database URL or SQLite path (default: $SYNTH_TRACES_DB, else "
-                       "traces/v3/synth_ai.db).", show_default=False)]
-NoTraceOption = Annotated[bool, typer.Option("--no-trace", help="Do not record traces.")]
 # Shared by `smoke` and `eval`.
 ConcurrencyOption = Annotated[int, typer.Option(min=1, max=512, help="Rollouts in flight.")]
 PolicyOption = Annotated[str, typer.Option(help="'mock' for the built-in mock policy.")]
@@ -50,7 +49,10 @@ def serve(
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
 ) -> None:
-    """Serve a task app locally with uvicorn (SIGTERM drains in-flight rollouts)."""
+    """Serve a task app locally.
+
+    uvicorn on HOST:PORT; SIGTERM drains in-flight rollouts before exiting.
+    """
     with handling_errors():
         from synth_deploy.env import apply_env, load_env, mask
         from synth_deploy.taskapp.registry import load_app
@@ -64,7 +66,7 @@ def serve(
         if not keys:
             warn("no ENVIRONMENT_API_KEY is configured: authenticated endpoints answer 503. "
                  "Run `synth-deploy setup` to mint one into .env, then restart.")
-        store, where = _open_traces(trace_db, no_trace, env)
+        store, where = open_traces(trace_db, no_trace, env)
         out = console(stderr=True)
         out.print(f"serving [bold]{entry.app_id}[/bold] at http://{host}:{port}  "
                   f"key {mask(keys[0]) if keys else '(none)'}  traces → {where}")
@@ -86,7 +88,10 @@ def serve(
 
 
 def apps(json_output: JsonOption = False) -> None:
-    """List the task apps found under ./apps and the kit's bundled examples."""
+    """List the task apps found here.
+
+    Looks under ./apps and the kit's bundled examples, without importing them.
+    """
     from synth_deploy.taskapp.registry import discover_apps
 
     found = discover_apps()
@@ -110,7 +115,10 @@ def setup(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing key.")] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Mint ENVIRONMENT_API_KEY into .env, keeping every other line."""
+    """Mint ENVIRONMENT_API_KEY into .env.
+
+    Every other line of the file is kept; the key is shown masked.
+    """
     with handling_errors(json_output):
         from synth_deploy.env import (
             ENVIRONMENT_API_KEY,
@@ -149,7 +157,11 @@ def smoke(
     no_trace: NoTraceOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Run rollouts against a task app and print a per-seed table and a summary."""
+    """Run rollouts against a task app.
+
+    Serves the app here when given an id, uses the built-in mock policy unless
+    --inference-url is given, and prints a per-seed table and a summary.
+    """
     with handling_errors(json_output):
         check_policy_flag(policy, inference_url)
         report, where = run_and_report(app_or_url, parse_seeds(seeds), mode="rl",
@@ -170,7 +182,7 @@ def run_and_report(app_or_url: str, seeds: list[int], *, mode: str, concurrency:
     from synth_deploy.jobs.runs import open_target, run_seeds
 
     env = load_env(env_files or ())
-    store, where = _open_traces(trace_db, no_trace, env)
+    store, where = open_traces(trace_db, no_trace, env)
     try:
         with open_target(app_or_url, env, inference_url=inference_url, model=model,
                          trace_store=store) as target:
@@ -191,15 +203,6 @@ def check_policy_flag(policy: str, inference_url: str | None) -> None:
     if policy != "mock" and not inference_url:
         raise UsageError(f"unknown --policy {policy!r}",
                          hint="use --policy mock, or --inference-url U --model M")
-
-
-def _open_traces(trace_db: str | None, no_trace: bool, env):
-    if no_trace:
-        return None, "off (--no-trace)"
-    from synth_deploy.tracing import open_trace_store, resolve_trace_db
-
-    setting = resolve_trace_db(trace_db, env)
-    return open_trace_store(setting.url, env=env), f"{setting.display} ({setting.source})"
 
 
 class _progress:

@@ -25,7 +25,7 @@ TraceDbOption = Annotated[
                  "traces/v3/synth_ai.db.", show_default=False),
 ]
 
-traces_app = typer.Typer(help="Inspect rollout traces and export them as training data.",
+traces_app = typer.Typer(help="Inspect rollout traces; export SFT data.",
                          no_args_is_help=True)
 
 

@@ -20,7 +20,9 @@ from synth_deploy.errors import JobHTTPError, UsageError
 
 EXIT_POLL_TIMEOUT = 4  # mirrors synth_deploy.jobs.stream.EXIT_POLL_TIMEOUT
 
-HELP = """Submit RL or SFT training jobs described by TOML configs, then follow them.
+HELP = """Submit RL or SFT jobs from TOML configs.
+
+Then follow them to a terminal status.
 
 Without --config, configs in the working tree are found and (on a terminal) offered in a
 picker. Keys are checked first: SYNTH_API_KEY, ENVIRONMENT_API_KEY and (RL) the task URL

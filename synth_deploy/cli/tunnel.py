@@ -16,7 +16,16 @@ from typing import Annotated, Any
 
 import typer
 
-from synth_deploy.cli._common import EnvFilesOption, JsonOption, console, handling_errors, warn
+from synth_deploy.cli._common import (
+    EnvFilesOption,
+    JsonOption,
+    NoTraceOption,
+    TraceDbOption,
+    console,
+    handling_errors,
+    open_traces,
+    warn,
+)
 from synth_deploy.errors import TunnelError, UsageError
 
 
@@ -55,9 +64,14 @@ def tunnel(
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", help="Restarts in a row before giving up when cloudflared dies.")
     ] = 3,
+    trace_db: TraceDbOption = None,
+    no_trace: NoTraceOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Serve APP (or --url) and open a Cloudflare tunnel to it; stays up until Ctrl+C."""
+    """Expose a task app through a Cloudflare tunnel.
+
+    Serves APP (or uses --url) and stays up until Ctrl+C.
+    """
     with handling_errors(json_output):
         from synth_deploy.tunnel import expose
 
@@ -68,12 +82,19 @@ def tunnel(
         if not json_output:
             what = app_ref or url
             out.print(f"opening a {mode} tunnel to {what}…")
+        store = None
+        if app_ref is not None:  # with --url, the running server records its own traces
+            from synth_deploy.env import load_env
+
+            store, where = open_traces(trace_db, no_trace, load_env(env_file or ()))
+            if not json_output:
+                out.print(f"traces → {where}")
         try:
             with _signals_interrupt(), expose(
                     app_ref, url=url, port=port, mode=mode, token=token, hostname=hostname,
                     env_files=env_file or (), write_env=write_env or None,
                     verify=not no_verify, verify_timeout_s=timeout,
-                    max_restarts=max_restarts) as exposed:
+                    max_restarts=max_restarts, trace_store=store) as exposed:
                 _announce(exposed, json_output)
                 _stay_up(exposed, json_output)
         except TunnelError as exc:
@@ -82,6 +103,9 @@ def tunnel(
                 for line in exc.logs[-8:]:
                     out.print(f"  [dim]{line}[/dim]", markup=True, highlight=False)
             raise
+        finally:
+            if store is not None:
+                store.close()
 
 
 @contextmanager

@@ -111,10 +111,12 @@ def expose(app: str | None = None, *, url: str | None = None, port: int | None =
            verify_timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S,
            max_restarts: int = DEFAULT_MAX_RESTARTS,
            on_event: Callable[[TunnelEvent], None] | None = None,
+           trace_store: Any = None,
            tunnel_options: Mapping[str, Any] | None = None) -> Iterator[Exposed]:
     """Serve ``app`` (an app id or file) on 127.0.0.1, or take the server at ``url``, and
     open a tunnel to it; write ``TASK_APP_URL`` into ``write_env``; stop both on exit.
 
+    ``trace_store`` records the served app's rollouts (see `synth_deploy.tracing`);
     ``tunnel_options`` go to `Tunnel` unchanged (``command``, ``env``, ``resolve`` seams).
     """
     from synth_deploy.env import load_env, write_env_var
@@ -159,7 +161,7 @@ def expose(app: str | None = None, *, url: str | None = None, port: int | None =
             saved = {name: os.environ.get(name) for name in env.values}
             stack.callback(_restore_environ, saved)
             apply_env(env)
-            served = create_app(entry.build_config(), api_keys=keys)
+            served = create_app(entry.build_config(), api_keys=keys, trace_store=trace_store)
             server = BackgroundServer(served, port=port).start()
             stack.callback(server.stop)
             url, app_id = server.url, entry.app_id
