@@ -73,8 +73,13 @@ def serve(
         if reload:
             from synth_deploy.taskapp.serving import serve_with_reload
 
+            # The reloaded child opens its own store; this process only resolved where.
+            trace_url = store.setting.url if store is not None else None
+            if store is not None:
+                store.close()
             folders = [str(entry.source.parent)] if entry.source else []
-            serve_with_reload(app_ref, host=host, port=port, reload_dirs=folders)
+            serve_with_reload(app_ref, host=host, port=port, reload_dirs=folders,
+                              trace_db=trace_url)
             return
         from synth_deploy.taskapp.server import create_app
         from synth_deploy.taskapp.serving import serve as serve_forever

@@ -107,13 +107,16 @@ def ensure_port_free(host: str, port: int) -> None:
 
 # --reload needs an import string: the child re-imports the app from these variables.
 _RELOAD_APP = "SYNTH_DEPLOY_RELOAD_APP"
+_RELOAD_TRACES = "SYNTH_DEPLOY_RELOAD_TRACES"
 
 
 def serve_with_reload(app_ref: str, *, host: str, port: int, reload_dirs: list[str],
-                      log_level: str = "info") -> None:
+                      trace_db: str | None = None, log_level: str = "info") -> None:
+    """Serve with uvicorn's reloader; each reload re-imports the app (and reopens traces)."""
     import uvicorn
 
     os.environ[_RELOAD_APP] = app_ref
+    os.environ[_RELOAD_TRACES] = trace_db or ""
     uvicorn.run("synth_deploy.taskapp.serving:_reload_factory", factory=True, host=host,
                 port=port, reload=True, reload_dirs=reload_dirs, log_level=log_level,
                 timeout_graceful_shutdown=DEFAULT_GRACEFUL_TIMEOUT_S)
@@ -123,7 +126,13 @@ def _reload_factory() -> Any:
     from synth_deploy.taskapp.registry import load_app
     from synth_deploy.taskapp.server import create_app
 
-    return create_app(load_app(os.environ[_RELOAD_APP]).build_config())
+    store = None
+    if trace_db := os.environ.get(_RELOAD_TRACES):
+        from synth_deploy.env import load_env
+        from synth_deploy.tracing import open_trace_store
+
+        store = open_trace_store(trace_db, env=load_env())
+    return create_app(load_app(os.environ[_RELOAD_APP]).build_config(), trace_store=store)
 
 
 __all__ = [
