@@ -36,7 +36,8 @@ async def fire(url: str, inference_url: str, n: int, concurrency: int, tag: str)
             async with limit:
                 resp = await client.post(url + "/rollout", json=body,
                                          headers={"X-API-Key": KEY})
-                resp.raise_for_status()
+                if resp.status_code != 200:
+                    raise SystemExit(f"{url} answered {resp.status_code}: {resp.text[:400]}")
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))

@@ -25,17 +25,26 @@ class AuthFailure:
     message: str
 
 
+_KEY_HEADERS = (b"x-api-key", b"x-api-keys", b"authorization")
+
+
 def presented_keys(headers: Mapping[str, str]) -> list[str]:
     """Every key a client sent: `X-API-Key`, `X-API-Keys` (comma list), `Authorization: Bearer`."""
+    raw = getattr(headers, "raw", None)  # Starlette's Headers: one pass over the raw list
+    if raw is not None:
+        pairs = [(k, v.decode("latin-1")) for k, v in raw if k in _KEY_HEADERS]
+    else:
+        pairs = [(k.lower().encode(), v) for k, v in headers.items()]
     keys: list[str] = []
-    if single := headers.get("x-api-key"):
-        keys.append(single.strip())
-    if many := headers.get("x-api-keys"):
-        keys.extend(k.strip() for k in many.split(","))
-    auth = headers.get("authorization") or ""
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        keys.append(token.strip())
+    for name, value in pairs:
+        if name == b"x-api-key":
+            keys.append(value.strip())
+        elif name == b"x-api-keys":
+            keys.extend(k.strip() for k in value.split(","))
+        elif name == b"authorization":
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer":
+                keys.append(token.strip())
     return [k for k in keys if k]
 
 

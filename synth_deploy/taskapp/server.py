@@ -105,6 +105,7 @@ def create_app(
     if api_keys is None:
         api_keys = Env(dict(os.environ)).api_keys()
     auth = ApiKeyAuth(api_keys)
+    call_executor = _executor_caller(config.rollout)
     secret_values = list(api_keys)
 
     @asynccontextmanager
@@ -213,7 +214,8 @@ def create_app(
                                   errors=errors)
         stats["in_flight"] += 1
         try:
-            return await _run_rollout(app, config, req, trace_store, secret_values)
+            return await _run_rollout(app, config, call_executor, req, trace_store,
+                                      secret_values)
         finally:
             stats["in_flight"] -= 1
 
@@ -225,11 +227,11 @@ def create_app(
     # Plain Starlette routes: these handlers take a Request and return a Response, so
     # FastAPI's dependency solving and response encoding would be pure overhead.
     app.serve_core_routes([
+        Route("/rollout", rollout, methods=["POST"]),  # first: the hot path matches at once
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
         Route("/task_info", task_info, methods=["GET"]),
-        Route("/rollout", rollout, methods=["POST"]),
         Route("/done", done, methods=["POST"]),
     ])
 
@@ -251,7 +253,8 @@ def create_app(
     return app
 
 
-async def _run_rollout(app: FastAPI, config: TaskAppConfig, req: RolloutRequest,
+async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
+                       req: RolloutRequest,
                        trace_store: TraceSink | None, secret_values: list[str]) -> Response:
     seed = req.env.seed
     tracer = SessionTracer(metadata={
@@ -266,7 +269,7 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, req: RolloutRequest,
     result: RolloutResponse | None = None
     try:
         async with asyncio.timeout(bound):
-            raw = await _call_executor(config, req, ctx)
+            raw = await call_executor(req, ctx)
         result = raw if isinstance(raw, RolloutResponse) else RolloutResponse.model_validate(raw)
     except TimeoutError:
         error = error_response(
@@ -320,29 +323,40 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, req: RolloutRequest,
     return Response(result.model_dump_json(), media_type="application/json")
 
 
-async def _call_executor(config: TaskAppConfig, req: RolloutRequest, ctx: RolloutContext) -> Any:
-    executor = config.rollout
+def _executor_caller(executor: Any) -> Any:
+    """An async callable running ``executor`` (decided once, not per request)."""
     if inspect.iscoroutinefunction(executor) or inspect.iscoroutinefunction(
             type(executor).__call__):
-        return await executor(req, ctx)
-    # A sync executor runs in a worker thread; on timeout the thread is abandoned, not joined,
-    # so the client still gets its answer within the bound.
-    result = await anyio.to_thread.run_sync(executor, req, ctx, abandon_on_cancel=True)
-    return await _maybe_await(result)
+        return executor
+
+    async def in_thread(req: RolloutRequest, ctx: RolloutContext) -> Any:
+        # A sync executor runs in a worker thread; on timeout the thread is abandoned, not
+        # joined, so the client still gets its answer within the bound.
+        result = await anyio.to_thread.run_sync(executor, req, ctx, abandon_on_cancel=True)
+        return await _maybe_await(result)
+
+    return in_thread
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _BodyTooLarge
+    # Straight from the ASGI receive channel: the limit holds for chunked bodies too.
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise _BodyTooLarge
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _maybe_await(value: Any) -> Any:

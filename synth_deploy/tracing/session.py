@@ -10,8 +10,8 @@ The shape of `SessionTrace.to_dict()` is the v3 in-memory session trace
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -22,13 +22,18 @@ def _now() -> float:
     return time.time()
 
 
+def _new_id() -> str:
+    # 128 random bits as hex, like uuid4().hex but several times cheaper per rollout.
+    return os.urandom(16).hex()
+
+
 @dataclass
 class Message:
     message_type: str
     content: Any
     timestamp: float = field(default_factory=_now)
     metadata: dict[str, Any] = field(default_factory=dict)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=_new_id)
 
 
 @dataclass
@@ -54,7 +59,7 @@ class Event:
     truncated: bool | None = None
     system_state_before: dict[str, Any] | None = None
     system_state_after: dict[str, Any] | None = None
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=_new_id)
 
 
 @dataclass
@@ -178,7 +183,7 @@ class SessionTracer:
     """
 
     def __init__(self, session_id: str | None = None, *, metadata: dict[str, Any] | None = None):
-        self.session = SessionTrace(session_id=session_id or uuid.uuid4().hex,
+        self.session = SessionTrace(session_id=session_id or _new_id(),
                                     metadata=dict(metadata or {}))
         self._current: Timestep | None = None
 
