@@ -105,3 +105,48 @@ def test_a_dead_policy_is_a_500_naming_the_run(math_server, api_key):
     resp = rollout(math_server, api_key, 3, "http://127.0.0.1:9/v1")
     assert resp.status_code == 500
     assert "m-3" in resp.json()["detail"]["error"]["message"]
+
+
+def test_a_policy_connection_dropped_before_answering_is_retried(math_server, api_key):
+    """The first connection is closed without an answer (a stale keep-alive does this)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    answer = b'{"choices": [{"message": {"role": "assistant", "content": "Answer: %d"}}]}' % (
+        make_problem(6).answer)
+    seen = []
+
+    def serve_two():
+        for n in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(5)
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536)
+                head, _, rest = request.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                seen.append(n)
+                if n == 0:
+                    continue  # hang up without a word
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(answer), answer))
+
+    worker = threading.Thread(target=serve_two, daemon=True)
+    worker.start()
+    try:
+        resp = rollout(math_server, api_key, 6, f"http://127.0.0.1:{port}/v1")
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["metrics"]["outcome_reward"] == 1.0
+        assert seen == [0, 1]
+    finally:
+        listener.close()
+        worker.join(5)

@@ -6,6 +6,7 @@ the path we add, or the trainer cannot match completions to rollouts.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -58,11 +59,7 @@ async def call_policy(
         headers["Authorization"] = f"Bearer {api_key}"
     url = chat_completions_url(inference_url)
     started = time.perf_counter()
-    try:
-        resp = await ctx.http.post(url, json=body, headers=headers)
-    except httpx.HTTPError as exc:
-        raise PolicyError(f"policy at {_without_query(url)} did not answer: "
-                          f"{type(exc).__name__}: {exc}") from exc
+    resp = await _post_with_retry(ctx.http, url, body, headers)
     latency_ms = (time.perf_counter() - started) * 1000
     if resp.status_code >= 400:
         raise PolicyError(f"policy at {_without_query(url)} answered HTTP {resp.status_code}: "
@@ -86,6 +83,29 @@ async def call_policy(
     ctx.tracer.record_message("assistant", content)
     return PolicyReply(content=content, tool_calls=list(message.get("tool_calls") or []),
                        raw=data, latency_ms=latency_ms)
+
+
+# A pooled keep-alive connection the server closed a moment ago fails before any answer
+# (connection reset, "server disconnected"): sending again on a fresh connection is what every
+# OpenAI client does. Timeouts are not retried: the policy may still be working.
+_TRANSIENT = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+POLICY_ATTEMPTS = 3
+
+
+async def _post_with_retry(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                           headers: dict[str, str]) -> httpx.Response:
+    for attempt in range(1, POLICY_ATTEMPTS + 1):
+        try:
+            return await client.post(url, json=body, headers=headers)
+        except _TRANSIENT as exc:
+            if attempt == POLICY_ATTEMPTS:
+                raise PolicyError(f"policy at {_without_query(url)} did not answer after "
+                                  f"{attempt} attempts: {type(exc).__name__}: {exc}") from exc
+            await asyncio.sleep(0.05 * attempt)
+        except httpx.HTTPError as exc:
+            raise PolicyError(f"policy at {_without_query(url)} did not answer: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    raise AssertionError("unreachable")
 
 
 def _without_query(url: str) -> str:

@@ -110,8 +110,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0),
-                                           follow_redirects=True)
+        # Idle connections expire before uvicorn's 5 s keep-alive does, so the pool rarely
+        # hands out one the policy server is closing.
+        app.state.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(600.0, connect=10.0), follow_redirects=True,
+            limits=httpx.Limits(max_connections=256, keepalive_expiry=3.0))
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
