@@ -15,7 +15,8 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from synth_deploy.errors import EnvFileError
 
 ENVIRONMENT_API_KEY = "ENVIRONMENT_API_KEY"
 ENVIRONMENT_API_KEY_ALIASES = "ENVIRONMENT_API_KEY_ALIASES"
+TASK_APP_URL = "TASK_APP_URL"  # written by `deploy` and `tunnel`, read by `train` and `check`
 DEFAULT_ENV_FILE = ".env"
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|AUTH)", re.IGNORECASE)
@@ -151,6 +153,25 @@ def apply_env(env: Env, names: Iterable[str] | None = None) -> None:
             os.environ[name] = value
 
 
+@contextmanager
+def applied_env(env: Env) -> Iterator[None]:
+    """`apply_env` for the length of a block: what ``os.environ`` held is put back after.
+
+    A task app served in-process reads vendor keys and its settings from ``os.environ``, as
+    it will in its container; a library caller's process is left as it was.
+    """
+    saved = {name: os.environ.get(name) for name in env.values}
+    apply_env(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def write_env_var(path: str | Path, name: str, value: str) -> Path:
     """Set ``name=value`` in a .env file, keeping every other line; create it (0600) if absent."""
     path = Path(path)
@@ -193,6 +214,8 @@ __all__ = [
     "ENVIRONMENT_API_KEY",
     "ENVIRONMENT_API_KEY_ALIASES",
     "Env",
+    "TASK_APP_URL",
+    "applied_env",
     "apply_env",
     "fingerprint",
     "is_secret_name",

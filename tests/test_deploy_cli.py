@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -101,6 +102,13 @@ def test_deploy_end_to_end(standin, mock_policy):
     assert report.healthy, report.to_dict()
     assert httpx.get(url + "/task_info", headers={"X-API-Key": "sk_env_nope_000000000"},
                      timeout=5).status_code == 403
+    # No SYNTH_TRACES_DB: the rollout's trace lands in a SQLite file inside the container,
+    # as the plan says (and nowhere shared).
+    [db] = list(standin["state"].rglob("traces/v3/synth_ai.db"))
+    with sqlite3.connect(db) as conn:
+        seeds = [json.loads(m)["seed"] for (m,) in conn.execute(
+            "SELECT metadata FROM session_traces")]
+    assert seeds == [3]
 
 
 def test_dry_run_prints_the_plan_and_sends_nothing(standin):

@@ -347,3 +347,9 @@ def test_check_loads_no_server_stack(math_server, api_key):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
     assert out == "0 []"
+
+
+def test_a_malformed_url_is_a_usage_error_not_a_traceback():
+    report = check("http://[::1")
+    assert report.exit_code == 2 and report.failure.name == "url"
+    assert "not a URL" in report.failure.actual

@@ -100,6 +100,8 @@ def test_a_dead_policy_fails_every_rollout_with_exit_1(tmp_path):
     (["smoke", "math", "--inference-url", "ftp://x", "--model", "m"], "http(s) URL"),
     (["smoke", "math", "--inference-url", "http://127.0.0.1:9/v1"], "needs --model"),
     (["smoke", "http://127.0.0.1:9"], "no ENVIRONMENT_API_KEY"),
+    (["smoke", "http://127.0.0.1:abc"], "not a usable URL"),
+    (["eval", "http://[::1", "--split", "test"], "not a usable URL"),
     (["smoke", "nosuchapp"], "no task app with id"),
     (["eval", "math", "--split", "validation"], "no default seeds for split"),
 ])
@@ -132,3 +134,27 @@ def test_runner_caps_concurrency_for_a_quick_tunnel():
                       concurrency=500)
     assert plain.concurrency == 500
 
+
+
+ENV_READING_APP = """
+import os
+from synth_deploy.taskapp import TaskAppConfig, TaskDescriptor, TaskInfo, register_task_app
+
+async def rollout(request, ctx):
+    reward = float(os.environ["TOY_REWARD"])  # a setting the app reads from its environment
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [reward]}}
+
+register_task_app(app_id="envtoy", config_factory=lambda: TaskAppConfig(
+    app_id="envtoy", name="E", description="reads env",
+    base_task_info=TaskInfo(task=TaskDescriptor(id="envtoy", name="E")),
+    provide_task_instances=lambda seeds: [], rollout=rollout))
+"""
+
+
+def test_a_locally_served_app_sees_the_env_file_as_under_serve(tmp_path):
+    (tmp_path / "env_app.py").write_text(ENV_READING_APP)
+    (tmp_path / "settings.env").write_text("TOY_REWARD=0.25\n")
+    result = run_cli(tmp_path, "smoke", "env_app.py", "--seeds", "0-1", "--env-file",
+                     "settings.env", "--json", "--no-trace")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["summary"]["mean_reward"] == 0.25

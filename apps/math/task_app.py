@@ -102,15 +102,17 @@ async def rollout(request: RolloutRequest, ctx: RolloutContext) -> RolloutRespon
                               metadata={"difficulty": problem.difficulty})
         reply = await call_policy(ctx, messages)
         parsed = parse_answer(reply.content)
-        done = parsed.well_formatted or turn == max_turns
+        last_turn = turn == max_turns
+        done = parsed.well_formatted or last_turn
         event = tracer.record_environment_event(
             reward=float(parsed.value == problem.answer) if done else 0.0,
-            terminated=done, truncated=not done and turn == max_turns,
+            # Out of turns without a tagged answer: cut short, not finished.
+            terminated=parsed.well_formatted, truncated=last_turn and not parsed.well_formatted,
             state_after={"parsed_answer": parsed.value, "well_formatted": parsed.well_formatted})
         tracer.record_event_reward(float(parsed.well_formatted), reward_type="answer_format",
                                    source="environment", turn_number=turn, event_id=event.id)
         steps.append(RolloutStep(obs={"question": problem.question}, reward=event.reward,
-                                 done=done, info={"reply": reply.content,
+                                 done=done, truncated=event.truncated, info={"reply": reply.content,
                                                   "parsed_answer": parsed.value}))
         if done:
             break

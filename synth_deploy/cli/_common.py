@@ -44,8 +44,16 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def escape(text: object) -> str:
+    """Outside text (model output, server and child-process messages) made safe to embed in
+    rich markup: "[/INST]" or "arr[i]" print as written instead of vanishing or raising."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(str(text))
+
+
 def warn(message: str) -> None:
-    console(stderr=True).print(f"[yellow]warning:[/yellow] {message}", markup=True)
+    console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(message)}", markup=True)
 
 
 @contextmanager
@@ -119,6 +127,7 @@ __all__ = [
     "NoTraceOption",
     "TraceDbOption",
     "console",
+    "escape",
     "handling_errors",
     "open_traces",
     "parse_seeds",

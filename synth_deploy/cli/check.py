@@ -15,6 +15,7 @@ from synth_deploy.cli._common import (
     EnvFilesOption,
     JsonOption,
     console,
+    escape,
     handling_errors,
     parse_seeds,
     print_json,
@@ -90,8 +91,8 @@ def _progress(url: str, wait: float):
 
     def on_attempt(attempt: int, report: Any) -> None:
         elapsed = time.monotonic() - started
-        state = "[green]healthy[/green]" if report.healthy else _escape(report.summary())
-        err.print(f"[dim]waiting for {_escape(url)}:[/dim] attempt {attempt}, "
+        state = "[green]healthy[/green]" if report.healthy else escape(report.summary())
+        err.print(f"[dim]waiting for {escape(url)}:[/dim] attempt {attempt}, "
                   f"{elapsed:.1f}s of {wait:g}s — {state}", markup=True, highlight=False)
 
     return on_attempt
@@ -129,10 +130,6 @@ def _render(report: Any) -> None:
                    style="bold green" if report.healthy else "bold red")
     verdict.append(f" ({report.duration_ms:.0f} ms, exit {report.exit_code})", style="dim")
     out.print(verdict)
-
-
-def _escape(text: str) -> str:
-    return text.replace("[", "\\[")
 
 
 __all__ = ["check_command", "register"]

@@ -11,6 +11,7 @@ from synth_deploy.cli._common import (
     EnvFilesOption,
     JsonOption,
     console,
+    escape,
     handling_errors,
     print_json,
 )
@@ -36,10 +37,10 @@ def _render_plan(plan: Any) -> None:
     out.soft_wrap = True  # a plan line is a unit; let the terminal wrap it
     d = plan.to_dict()
     res = d["resources"]
-    out.print(f"[bold]Deploy plan[/bold]: {d['app_id']} -> Modal app [bold]{d['modal_app']}"
-              f"[/bold] ({d['source']})")
-    out.print(f"  expected URL  {d['expected_url']}")
-    out.print(f"  environment   {d['modal_environment'] or '(your default)'}")
+    out.print(f"[bold]Deploy plan[/bold]: {escape(d['app_id'])} -> Modal app "
+              f"[bold]{escape(d['modal_app'])}[/bold] ({escape(d['source'])})")
+    out.print(f"  expected URL  {d['expected_url']}", markup=False)
+    out.print(f"  environment   {d['modal_environment'] or '(your default)'}", markup=False)
     out.print("[bold]Image[/bold]")
     for step in d["image"]["steps"]:
         out.print(f"  {step}", markup=False)
@@ -61,7 +62,7 @@ def _render_plan(plan: Any) -> None:
               f"{res['memory_mib'] or 'default'} MiB · cpu {res['cpu'] or 'default'} · "
               f"containers {containers} · {res['concurrent_inputs']} concurrent "
               f"inputs/container" + (f" · volumes {res['volumes']}" if res["volumes"] else ""))
-    out.print(f"[bold]Tracing[/bold]  {d['tracing']}")
+    out.print(f"[bold]Tracing[/bold]  {escape(d['tracing'])}")
 
 
 def _progress():
@@ -70,9 +71,10 @@ def _progress():
 
     def show(stage: str, message: str) -> None:
         if stage == "modal":
-            err.print(f"  [dim]modal |[/dim] {message}", markup=True, highlight=False)
+            err.print(f"  [dim]modal |[/dim] {escape(message)}", markup=True, highlight=False)
         else:
-            err.print(f"[cyan]{stage:>8}[/cyan] {message}", markup=True, highlight=False)
+            err.print(f"[cyan]{stage:>8}[/cyan] {escape(message)}", markup=True,
+                      highlight=False)
 
     return show
 

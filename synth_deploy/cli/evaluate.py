@@ -24,7 +24,6 @@ from synth_deploy.cli.taskapp import (
     check_policy_flag,
     run_and_report,
 )
-from synth_deploy.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -57,7 +56,10 @@ def evaluate(
         if seeds is not None:
             seed_list = parse_seeds(seeds)
         elif split is not None:
-            seed_list = _split_seeds(app_or_url, split, env_file)
+            from synth_deploy.env import load_env
+            from synth_deploy.jobs.runs import default_seeds
+
+            seed_list = default_seeds(app_or_url, split, load_env(env_file or ()))
         else:
             seed_list = parse_seeds("0-9")
         report, _ = run_and_report(app_or_url, seed_list, mode="eval", concurrency=concurrency,
@@ -67,32 +69,3 @@ def evaluate(
         if report.errors:
             raise typer.Exit(EXIT_FAILURE)
 
-
-def _split_seeds(app_or_url: str, split: str, env_files) -> list[int]:
-    """The default seeds a task app advertises for ``split`` (from its registry or /info)."""
-    from synth_deploy.jobs.runs import is_url
-
-    if is_url(app_or_url):
-        import httpx
-
-        from synth_deploy.env import load_env
-
-        key = load_env(env_files or ()).get("ENVIRONMENT_API_KEY") or ""
-        try:
-            info = httpx.get(app_or_url.rstrip("/") + "/info", headers={"X-API-Key": key},
-                             timeout=15, follow_redirects=True).json()
-            datasets = info["dataset"]["datasets"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"cannot read the default seeds of split {split!r} from "
-                             f"{app_or_url}/info: {exc}", hint="pass --seeds") from None
-    else:
-        from synth_deploy.taskapp.registry import load_app
-
-        datasets = load_app(app_or_url).build_config().dataset_registry.describe()
-    for dataset in datasets:
-        seeds = (dataset.get("default_seeds") or {}).get(split)
-        if seeds:
-            return list(seeds)
-    known = sorted({s for d in datasets for s in (d.get("default_seeds") or {})})
-    raise UsageError(f"the app advertises no default seeds for split {split!r}",
-                     hint=f"splits with seeds: {', '.join(known) or 'none'}; or pass --seeds")

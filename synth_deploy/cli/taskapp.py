@@ -14,6 +14,7 @@ from synth_deploy.cli._common import (
     NoTraceOption,
     TraceDbOption,
     console,
+    escape,
     handling_errors,
     open_traces,
     parse_seeds,
@@ -68,7 +69,7 @@ def serve(
                  "Run `synth-deploy setup` to mint one into .env, then restart.")
         store, where = open_traces(trace_db, no_trace, env)
         out = console(stderr=True)
-        out.print(f"serving [bold]{entry.app_id}[/bold] at http://{host}:{port}  "
+        out.print(f"serving [bold]{escape(entry.app_id)}[/bold] at http://{host}:{port}  "
                   f"key {mask(keys[0]) if keys else '(none)'}  traces → {where}")
         if reload:
             from synth_deploy.taskapp.serving import serve_with_reload
@@ -184,16 +185,15 @@ def run_and_report(app_or_url: str, seeds: list[int], *, mode: str, concurrency:
                    json_output: bool, split: str | None = None):
     """Shared by `smoke` and `eval`: run the seeds with a progress bar, then render."""
     from synth_deploy.env import load_env
-    from synth_deploy.jobs.runs import open_target, run_seeds
+    from synth_deploy.jobs.runs import run_suite
 
     env = load_env(env_files or ())
     store, where = open_traces(trace_db, no_trace, env)
     try:
-        with open_target(app_or_url, env, inference_url=inference_url, model=model,
-                         trace_store=store) as target:
-            with _progress(len(seeds), enabled=not json_output) as advance:
-                report = run_seeds(target, seeds, mode=mode, concurrency=concurrency,
-                                   split=split, max_time_s=max_time_s, on_outcome=advance)
+        with _progress(len(seeds), enabled=not json_output) as advance:
+            report = run_suite(app_or_url, seeds, env, mode=mode, concurrency=concurrency,
+                               inference_url=inference_url, model=model, split=split,
+                               max_time_s=max_time_s, trace_store=store, on_outcome=advance)
     finally:
         if store is not None:
             store.close()
@@ -249,7 +249,7 @@ def _render_report(report, traces_where: str) -> None:
 
     out = console()
     for note in report.notes:
-        out.print(f"[dim]{note}[/dim]")
+        out.print(f"[dim]{escape(note)}[/dim]")
     from rich import box
 
     table = Table(box=box.SIMPLE_HEAD)
@@ -260,13 +260,13 @@ def _render_report(report, traces_where: str) -> None:
                      max_width=max(12, out.width - 62))
     for o in report.outcomes:
         if o.ok:
-            detail = " ".join(f"{k}={v}" for k, v in list(o.details.items())[:3])
+            detail = escape(" ".join(f"{k}={v}" for k, v in list(o.details.items())[:3]))
             table.add_row(str(o.seed), "[green]ok[/green]", _fmt(o.reward),
                           _fmt(o.outcome_score), _fmt(o.events_score), _fmt(o.latency_s, 3),
                           detail)
         else:
             table.add_row(str(o.seed), f"[red]{o.status or 'error'}[/red]", "-", "-", "-",
-                          _fmt(o.latency_s, 3), f"[red]{o.error}[/red]")
+                          _fmt(o.latency_s, 3), f"[red]{escape(o.error)}[/red]")
     out.print(table)
     s = report.summary()
     out.print(

@@ -22,6 +22,7 @@ from synth_deploy.cli._common import (
     NoTraceOption,
     TraceDbOption,
     console,
+    escape,
     handling_errors,
     open_traces,
     warn,
@@ -101,7 +102,7 @@ def tunnel(
             if exc.logs and not json_output:
                 out.print("[dim]cloudflared's last lines:[/dim]", markup=True)
                 for line in exc.logs[-8:]:
-                    out.print(f"  [dim]{line}[/dim]", markup=True, highlight=False)
+                    out.print(f"  [dim]{escape(line)}[/dim]", markup=True, highlight=False)
             raise
         finally:
             if store is not None:

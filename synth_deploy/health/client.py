@@ -93,10 +93,13 @@ class ProbeClient:
 
     def _send(self, method: str, url: str, headers: dict[str, str], body: bytes | None,
               timeout: float) -> Response:
-        parts = urlsplit(url)
+        try:  # a redirect's Location can be anything: "http://[::1", "http://h:port"...
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise RequestFailed("protocol", f"cannot follow to malformed URL {url!r}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise RequestFailed("protocol", f"cannot follow to {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
         key = (parts.scheme, parts.hostname, port)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         sent = {"User-Agent": self.user_agent, "Accept": "application/json", **headers}

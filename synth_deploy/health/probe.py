@@ -59,7 +59,11 @@ def check_url(url: str) -> tuple[CheckResult, Target | None]:
 
     if not text:
         return bad("empty", "pass the task app's URL, e.g. http://127.0.0.1:8001")
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        host = parts.hostname
+    except ValueError as exc:  # e.g. "http://[::1" (an unclosed IPv6 bracket)
+        return bad(f"{text!r} is not a URL: {exc}", "write it as http(s)://HOST[:PORT]")
     if "://" not in text:
         return bad(f"{text!r} has no scheme",
                    f"add the scheme: https://{text} (or http:// for a local server)",
@@ -67,7 +71,6 @@ def check_url(url: str) -> tuple[CheckResult, Target | None]:
     if parts.scheme not in ("http", "https"):
         return bad(f"scheme {parts.scheme!r}", "task apps speak HTTP: use http:// or https://",
                    code="bad_scheme")
-    host = parts.hostname
     if not host:
         return bad(f"{text!r} has no host", "write it as http(s)://HOST[:PORT]", code="no_host")
     try:

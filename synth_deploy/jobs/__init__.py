@@ -6,7 +6,7 @@
 from synth_deploy.jobs.backend import JobClient, RetryPolicy, backend_url, new_idempotency_key
 from synth_deploy.jobs.configs import TrainConfig, discover_configs, load_config
 from synth_deploy.jobs.rollouts import PolicyTarget, RolloutOutcome, RunReport, run_rollouts
-from synth_deploy.jobs.runs import RunTarget, open_target, run_seeds
+from synth_deploy.jobs.runs import RunTarget, default_seeds, open_target, run_seeds, run_suite
 from synth_deploy.jobs.sft_data import (
     SFTError,
     SFTValidation,
@@ -33,12 +33,14 @@ __all__ = [
     "TrainResult",
     "TrainUI",
     "backend_url",
+    "default_seeds",
     "discover_configs",
     "load_config",
     "new_idempotency_key",
     "open_target",
     "run_rollouts",
     "run_seeds",
+    "run_suite",
     "stream_job",
     "train",
     "truncated_copy",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from synth_deploy.env import Env, mint_key
+from synth_deploy.env import ENVIRONMENT_API_KEY, Env, applied_env, mint_key
 from synth_deploy.errors import UsageError
 from synth_deploy.jobs.rollouts import PolicyTarget, RolloutOutcome, RunReport, run_rollouts
 
@@ -31,6 +31,59 @@ class RunTarget:
 
 def is_url(ref: str) -> bool:
     return ref.startswith(("http://", "https://"))
+
+
+def check_url(url: str) -> None:
+    """A task app URL that httpx can use, or a UsageError that says what is wrong."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"{url!r} is not a usable URL: {exc}",
+                         hint="write it as http(s)://HOST[:PORT]") from None
+    if not parsed.host:
+        raise UsageError(f"{url!r} has no host", hint="write it as http(s)://HOST[:PORT]")
+
+
+def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
+    """The default seeds a task app advertises for ``split`` (its registry, or its /info)."""
+    if is_url(app_or_url):
+        import httpx
+
+        check_url(app_or_url)
+        try:
+            info = httpx.get(app_or_url.rstrip("/") + "/info", timeout=15,
+                             headers={"X-API-Key": env.get(ENVIRONMENT_API_KEY) or ""},
+                             follow_redirects=True).json()
+            datasets = info["dataset"]["datasets"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"cannot read the default seeds of split {split!r} from "
+                             f"{app_or_url}/info: {type(exc).__name__}: {exc}",
+                             hint="pass --seeds") from None
+    else:
+        from synth_deploy.taskapp.registry import load_app
+
+        datasets = load_app(app_or_url).build_config().dataset_registry.describe()
+    for dataset in datasets:
+        seeds = (dataset.get("default_seeds") or {}).get(split)
+        if seeds:
+            return list(seeds)
+    known = sorted({s for d in datasets for s in (d.get("default_seeds") or {})})
+    raise UsageError(f"the app advertises no default seeds for split {split!r}",
+                     hint=f"splits with seeds: {', '.join(known) or 'none'}; or pass --seeds")
+
+
+def run_suite(app_or_url: str, seeds: Sequence[int], env: Env, *, mode: str = "rl",
+              concurrency: int = 8, inference_url: str | None = None,
+              model: str | None = None, split: str | None = None, max_time_s: float = 300.0,
+              trace_store: Any = None,
+              on_outcome: Callable[[RolloutOutcome], None] | None = None) -> RunReport:
+    """`smoke` and `eval` as one call: open the target, run the seeds, close everything."""
+    with open_target(app_or_url, env, inference_url=inference_url, model=model,
+                     trace_store=trace_store) as target:
+        return run_seeds(target, seeds, mode=mode, concurrency=concurrency, split=split,
+                         max_time_s=max_time_s, on_outcome=on_outcome)
 
 
 @contextmanager
@@ -55,10 +108,11 @@ def open_target(app_or_url: str, env: Env, *, inference_url: str | None = None,
             notes.append(f"policy: built-in mock at {mock.url}/v1")
 
         if is_url(app_or_url):
-            key = env.get("ENVIRONMENT_API_KEY")
+            check_url(app_or_url)
+            key = env.get(ENVIRONMENT_API_KEY)
             if not key:
                 raise UsageError(
-                    f"no ENVIRONMENT_API_KEY to call {app_or_url} with",
+                    f"no {ENVIRONMENT_API_KEY} to call {app_or_url} with",
                     hint="set it in the environment or .env, or pass --env-file F")
             host = urlsplit(app_or_url).hostname or ""
             if not inference_url and host not in ("127.0.0.1", "localhost", "::1"):
@@ -71,6 +125,8 @@ def open_target(app_or_url: str, env: Env, *, inference_url: str | None = None,
         from synth_deploy.taskapp.registry import load_app
         from synth_deploy.taskapp.server import create_app
 
+        # The app reads vendor keys and settings from os.environ, as under `serve`.
+        stack.enter_context(applied_env(env))
         config = load_app(app_or_url).build_config()
         keys = env.api_keys()
         if not keys:
@@ -117,4 +173,12 @@ def run_seeds(
     return RunReport(target.url, mode, concurrency, outcomes, elapsed, notes)
 
 
-__all__ = ["RunTarget", "is_url", "open_target", "run_seeds"]
+__all__ = [
+    "RunTarget",
+    "check_url",
+    "default_seeds",
+    "is_url",
+    "open_target",
+    "run_seeds",
+    "run_suite",
+]

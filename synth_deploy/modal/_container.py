@@ -25,22 +25,25 @@ def _app_file(ref: str) -> Path:
     return path
 
 
-def _trace_store(url: str | None, env: Any) -> Any:
-    if not url:
-        return None
+def _trace_store(env: Any) -> Any:
+    """The remote libSQL store when SYNTH_TRACES_DB names one; else a SQLite file inside this
+    container (kept only as long as the container lives, as the deploy plan says)."""
+    from synth_deploy.errors import TraceStoreError
+    from synth_deploy.tracing import open_trace_store, resolve_trace_db
+
+    setting = resolve_trace_db(None, env)  # env carries TURSO_AUTH_TOKEN
     try:
-        from synth_deploy.tracing import open_trace_store  # type: ignore[attr-defined]
-    except ImportError:
-        logger.warning("SYNTH_TRACES_DB is set but this synth_deploy has no trace store; "
-                       "rollouts are not recorded")
+        return open_trace_store(setting.url, env=env)
+    except TraceStoreError as exc:
+        if setting.is_remote:
+            raise  # a configured shared store that fails is a deployment error, not a detail
+        logger.warning("traces are not recorded in this container: %s", exc)
         return None
-    return open_trace_store(url, env=env)  # env carries TURSO_AUTH_TOKEN
 
 
 def web() -> Any:
     """Build the task app's FastAPI app from the environment Modal gives the container."""
     from synth_deploy.modal.plan import TASK_APP_ENV
-    from synth_deploy.modal.secrets import TRACES_DB
     from synth_deploy.taskapp import create_app, load_app
 
     env = load_env()
@@ -50,4 +53,4 @@ def web() -> Any:
                            hint="deploy with `synth-deploy deploy` or `modal deploy <app file>`")
     entry = load_app(str(_app_file(ref)))
     return create_app(entry.build_config(), api_keys=env.api_keys(),
-                      trace_store=_trace_store(env.get(TRACES_DB), env))
+                      trace_store=_trace_store(env))

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synth_deploy.env import DEFAULT_ENV_FILE, Env, load_env, mint_key, write_env_var
+from synth_deploy.env import (
+    DEFAULT_ENV_FILE,
+    TASK_APP_URL,
+    Env,
+    applied_env,
+    load_env,
+    mint_key,
+    write_env_var,
+)
 from synth_deploy.errors import DeployError
 from synth_deploy.modal.builder import ENV_FILES_VAR, build_modal_app
 from synth_deploy.modal.credentials import require_modal_token
@@ -29,7 +37,6 @@ from synth_deploy.modal.runner import (
     find_web_url,
 )
 
-TASK_APP_URL = "TASK_APP_URL"
 DEFAULT_HEALTH_TIMEOUT_S = 300.0
 _MODAL_CREDENTIALS = ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "MODAL_OAUTH_REFRESH_TOKEN")
 
@@ -68,19 +75,20 @@ class DeployResult:
         }
 
 
-def validate_locally(entry: Any, *, seed: int = 0, timeout_s: float = 30.0) -> Any:
+def validate_locally(entry: Any, env: Env | None = None, *, seed: int = 0,
+                     timeout_s: float = 30.0) -> Any:
     """Serve the app on 127.0.0.1 with a throwaway key and health-check it, rollout included.
 
-    The rollout runs against the kit's mock policy, so no model endpoint is needed.
+    The deployment's variables are in ``os.environ`` while it runs, as they will be in the
+    container; the rollout runs against the kit's mock policy, so no model endpoint is needed.
     """
     from synth_deploy.health import check
     from synth_deploy.jobs.mock_policy import MOCK_MODEL, create_mock_policy_app
     from synth_deploy.taskapp import BackgroundServer, create_app
 
-    config = entry.build_config()
     key = mint_key()
-    with BackgroundServer(create_mock_policy_app()) as policy, \
-            BackgroundServer(create_app(config, api_keys=[key])) as server:
+    with applied_env(env or Env()), BackgroundServer(create_mock_policy_app()) as policy, \
+            BackgroundServer(create_app(entry.build_config(), api_keys=[key])) as server:
         return check(server.url, key, seeds=(seed,), rollout=True,
                      inference_url=policy.url + "/v1", model=MOCK_MODEL, timeout_s=timeout_s,
                      key_source="a throwaway key for local validation")
@@ -134,7 +142,7 @@ def deploy(
     require_modal_token(env)
     if check:
         say("validate", "serving the app locally and running the health checker")
-        report = validate_locally(entry)
+        report = validate_locally(entry, env)
         result.local_report = report
         if not report.healthy:
             failure = report.failure

@@ -6,7 +6,6 @@ its `SecretSource` objects and are shown masked.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,10 @@ from synth_deploy.env import ENVIRONMENT_API_KEY, Env
 from synth_deploy.errors import TaskAppError, UsageError
 from synth_deploy.modal.image import ImageRecipe, app_remote_file
 from synth_deploy.modal.secrets import (
-    TRACES_DB,
     SecretSource,
     resolve_secrets,
 )
-from synth_deploy.modal.settings import FUNCTION_NAME, ModalSettings
+from synth_deploy.modal.settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
 from synth_deploy.tracing.config import deploy_notice, resolve_trace_db
 
 # Read by the container function: the app file, relative to the folder holding synth_deploy.
@@ -93,13 +91,13 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         raise TaskAppError(f"task app {entry.app_id!r} has no source file to deploy")
     source = Path(entry.source)
     app_name = name or settings.app_name(entry.app_id)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", app_name):
+    if not APP_NAME_PATTERN.match(app_name):
         raise UsageError(f"--name: {app_name!r} is not a valid Modal app name",
                          hint="use letters, digits, '-', '_' or '.', at most 64 characters")
     traces = resolve_trace_db(None, env)
     remote = traces.is_remote
     tracing = deploy_notice(traces) or (
-        f"traces go to the remote libSQL database {traces.display} ({TRACES_DB}, passed as a "
+        f"traces go to the remote libSQL database {traces.display} (SYNTH_TRACES_DB, passed as a "
         "secret)")
     return DeployPlan(
         app_id=entry.app_id,

@@ -23,9 +23,6 @@ from synth_deploy.errors import UsageError
 from synth_deploy.modal.settings import ModalSettings
 from synth_deploy.tracing.config import TOKEN_VAR, TRACES_DB_VAR, resolve_trace_db
 
-TRACES_DB = TRACES_DB_VAR
-TRACES_AUTH_TOKEN = TOKEN_VAR
-
 
 @dataclass(frozen=True)
 class SecretSource:
@@ -77,9 +74,9 @@ def resolve_secrets(settings: ModalSettings, env: Env, app_dir: Path) -> list[Se
     if env.get(ENVIRONMENT_API_KEY_ALIASES):
         take(ENVIRONMENT_API_KEY_ALIASES)
     if resolve_trace_db(None, env).is_remote:
-        take(TRACES_DB)
-        if env.get(TRACES_AUTH_TOKEN):
-            take(TRACES_AUTH_TOKEN)
+        take(TRACES_DB_VAR)
+        if env.get(TOKEN_VAR):
+            take(TOKEN_VAR)
     for name in settings.forward_env:
         if env.get(name) is None:
             raise UsageError(f"ModalSettings.forward_env: {name} is not set",
@@ -96,5 +93,5 @@ def resolve_secrets(settings: ModalSettings, env: Env, app_dir: Path) -> list[Se
     return sources
 
 
-__all__ = ["SecretSource", "TRACES_AUTH_TOKEN", "TRACES_DB",
+__all__ = ["SecretSource",
            "resolve_secrets"]

@@ -24,7 +24,7 @@ DEFAULT_CONCURRENT_INPUTS = 16
 DEFAULT_APP_REMOTE_PATH = "/root/task_app"
 FUNCTION_NAME = "web"
 
-_APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+APP_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PYTHON = re.compile(r"^3\.(9|1[0-9])$")
 
@@ -98,7 +98,7 @@ class ModalSettings:
         def bad(field_name: str, problem: str, hint: str | None = None) -> UsageError:
             return UsageError(f"ModalSettings.{field_name}: {problem}", hint=hint)
 
-        if self.name is not None and not _APP_NAME.match(self.name):
+        if self.name is not None and not APP_NAME_PATTERN.match(self.name):
             raise bad("name", f"{self.name!r} is not a valid Modal app name",
                       "use letters, digits, '-', '_' or '.', at most 64 characters")
         if not _PYTHON.match(self.python_version):

@@ -106,7 +106,11 @@ def create_app(
         api_keys = Env(dict(os.environ)).api_keys()
     auth = ApiKeyAuth(api_keys)
     call_executor = _executor_caller(config.rollout)
+    # Values that must never leave in an error or a trace: our keys and the vendor keys.
     secret_values = list(api_keys)
+    if config.proxy is not None:
+        secret_values += [v for v in (os.environ.get("OPENAI_API_KEY"),
+                                      os.environ.get("GROQ_API_KEY")) if v]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -132,7 +136,7 @@ def create_app(
     app.state.config = config
     app.state.auth = auth
     app.state.trace_store = trace_store
-    app.state.stats = {"requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
+    app.state.stats = {"rollout_requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
 
     def denied(request: Request) -> JSONResponse | None:
         failure = auth.check(request.headers)
@@ -197,7 +201,7 @@ def create_app(
 
     async def rollout(request: Request) -> Response:
         stats = app.state.stats
-        stats["requests"] += 1
+        stats["rollout_requests"] += 1
         if (resp := denied(request)) is not None:
             return resp
         try:
@@ -285,7 +289,10 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
                                run_id=req.run_id, errors=validation_errors(exc))
     except Exception as exc:
         logger.exception("rollout %s failed", req.run_id)
-        message = redact(f"{type(exc).__name__}: {exc}", secret_values)
+        # The request's own policy secrets too: a provider may echo a key in its error body.
+        request_secrets = [str(v) for k, v in req.policy.config.items()
+                           if v and is_secret_name(k)]
+        message = redact(f"{type(exc).__name__}: {exc}", secret_values + request_secrets)
         error = error_response(500, "rollout_failed", f"rollout {req.run_id} failed: {message}",
                                run_id=req.run_id, exception=type(exc).__name__)
     elapsed = time.perf_counter() - started
