@@ -12,6 +12,7 @@ import stat
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -37,7 +38,7 @@ from synth_deploy.tunnel import (
     install_hint,
     is_quick_tunnel,
 )
-from synth_deploy.tunnel.metrics import parse_counters
+from synth_deploy.tunnel.metrics import MetricsClient, parse_counters
 
 
 @pytest.fixture
@@ -125,6 +126,18 @@ def test_config_validates_named_tunnels_and_hides_the_token():
     config = TunnelConfig("http://127.0.0.1:8001", mode="named", token=token,
                           hostname="a.example.com")
     assert token not in repr(config) and "****" in repr(config)
+
+
+def test_orphan_guard_is_validated_up_front():
+    with pytest.raises(UsageError, match="orphan_guard 'bogus' is not one of auto"):
+        Tunnel(port=8001, orphan_guard="bogus")
+
+
+def test_metrics_client_reports_no_numbers_once_closed():
+    metrics = MetricsClient("127.0.0.1:9")
+    assert metrics.counters() == {}  # nothing listening
+    metrics.close()
+    assert metrics.counters() == {}  # closed: a restart retired it under a status loop
 
 
 def test_process_keeps_a_bounded_redacted_log_and_stops_a_silent_child():
@@ -267,6 +280,82 @@ def test_restarts_are_bounded(standin, math_server, api_key):
     assert wait_gone(standin.pids()) == []
 
 
+def test_an_unexpected_error_while_starting_is_raised_as_a_tunnel_error(standin, math_server,
+                                                                       api_key):
+    def broken_resolve(url: str) -> str:
+        raise LookupError("resolver bug")
+
+    with pytest.raises(TunnelError) as err:
+        open_tunnel(standin, math_server, api_key, resolve=broken_resolve).start()
+    assert "LookupError: resolver bug" in err.value.message
+    assert isinstance(err.value.__cause__, LookupError)
+    assert any("Registered tunnel connection" in line for line in err.value.logs)
+    assert wait_gone(standin.pids()) == []
+
+
+def test_an_unexpected_error_during_a_restart_fails_the_tunnel(standin, math_server, api_key):
+    failed = threading.Event()
+    events = []
+    hosts: list[str] = []
+
+    def on_event(event):
+        events.append(event)
+        if event.kind == "failed":
+            failed.set()
+
+    def resolve(url: str) -> str:
+        if urlsplit(url).hostname not in hosts:
+            hosts.append(urlsplit(url).hostname)
+        if len(hosts) > 1:
+            raise LookupError("resolver bug")
+        return standin.resolve(url)
+
+    with open_tunnel(standin, math_server, api_key, mode="die-after:0.3,ok", resolve=resolve,
+                     on_event=on_event) as t:
+        assert failed.wait(10), [e.kind for e in events]
+        assert isinstance(t.error, TunnelError) and not t.alive
+        assert isinstance(t.error.__cause__, LookupError)
+        assert "LookupError: resolver bug" in t.error.message
+        assert events[-1].message == t.error.message
+    assert [e.kind for e in events] == ["ready", "died", "restarting", "failed"]
+    assert wait_gone(standin.pids()) == []
+
+
+def test_counters_survive_a_restart_retiring_the_metrics_client(standin, math_server, api_key):
+    """The status loop reads counters() while the supervisor swaps clients: pause the reader
+    between taking the old client and using it until the restart has closed that client."""
+    hosts: list[str] = []
+    relaunch_verifying, reader_paused, restarted = (threading.Event() for _ in range(3))
+
+    def resolve(url: str) -> str:
+        if urlsplit(url).hostname not in hosts:
+            hosts.append(urlsplit(url).hostname)
+        if len(hosts) == 2 and not relaunch_verifying.is_set():
+            relaunch_verifying.set()  # the new child is up; the old client is still current
+            reader_paused.wait(5)
+        return standin.resolve(url)
+
+    def on_event(event):
+        if event.kind == "restarted":
+            restarted.set()
+
+    def pause_at_alive(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "alive" and not reader_paused.is_set():
+            reader_paused.set()
+            restarted.wait(10)
+
+    with open_tunnel(standin, math_server, api_key, mode="die-after:0.3,ok", resolve=resolve,
+                     on_event=on_event) as t:
+        assert relaunch_verifying.wait(15)
+        sys.setprofile(pause_at_alive)
+        try:
+            counters = t.counters()
+        finally:
+            sys.setprofile(None)
+        assert reader_paused.is_set() and restarted.is_set() and counters == {}
+        assert t.counters()["connections"] >= 1  # the new client answers
+
+
 # -- named tunnels ---------------------------------------------------------------------------
 
 def test_named_tunnel_passes_the_token_by_environment_only(standin, math_server, api_key):
@@ -314,6 +403,7 @@ def test_expose_serves_the_app_writes_env_and_counts(standin, tmp_path, api_key,
         assert resp.status_code == 200, resp.text
         after = exposed.stats()
         assert after["rollouts"] == before["rollouts"] + 1
+        assert after["rollout_requests"] == before["rollout_requests"] + 1
         assert after["requests"] >= before["requests"] + 1 and after["uptime_s"] > 0
         local = exposed.local_url
         assert os.environ["OTHER"] == "kept"  # exported for the app while it runs...

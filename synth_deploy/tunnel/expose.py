@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from synth_deploy.env import TASK_APP_URL
 from synth_deploy.errors import UsageError
 from synth_deploy.tunnel.limits import (
     QUICK_TUNNEL_CONCURRENCY_CAP,
@@ -32,7 +33,6 @@ from synth_deploy.tunnel.tunnel import (
     TunnelEvent,
 )
 
-TASK_APP_URL = "TASK_APP_URL"
 NAMED_DEFAULT_PORT = 8001
 
 
@@ -68,10 +68,11 @@ class Exposed:
         return events
 
     def stats(self) -> dict[str, float]:
-        """requests, rollouts, errors, in_flight, restarts, uptime_s.
+        """requests, rollout_requests, rollouts, errors, in_flight, restarts, uptime_s.
 
-        Requests are counted by cloudflared (everything that came through the tunnel) when it
-        reports them, else by the app; rollouts and errors by the app when we serve it.
+        ``requests`` is what cloudflared counted coming through the tunnel, every endpoint
+        (0 while it reports nothing); ``rollout_requests`` (POST /rollout received, refused ones
+        included), ``rollouts`` (completed) and errors are the app's counts when we serve it.
         """
         edge = self.tunnel.counters()
         app: Mapping[str, int] = {}
@@ -79,8 +80,11 @@ class Exposed:
             from synth_deploy.taskapp.server import stats_of
 
             app = stats_of(self._app)
+        # The server's key was "requests" before it was named for what it counts.
+        rollout_requests = app.get("rollout_requests", app.get("requests", 0))
         return {
-            "requests": edge.get("requests", app.get("requests", 0)),
+            "requests": edge.get("requests", 0),
+            "rollout_requests": rollout_requests,
             "rollouts": app.get("rollouts", 0),
             "errors": app.get("errors", 0) + edge.get("errors", 0),
             "in_flight": max(app.get("in_flight", 0), edge.get("in_flight", 0)),
@@ -203,4 +207,4 @@ def _restore_environ(saved: Mapping[str, str | None]) -> None:
             os.environ[name] = value
 
 
-__all__ = ["Exposed", "TASK_APP_URL", "expose"]
+__all__ = ["Exposed", "expose"]

@@ -81,10 +81,14 @@ class MetricsClient:
         return Readiness(resp.status_code == 200, connections, resp.status_code)
 
     def counters(self) -> dict[str, float]:
-        """requests, errors, in_flight, connections from ``/metrics`` (missing ones omitted)."""
+        """requests, errors, in_flight, connections from ``/metrics`` (missing ones omitted).
+
+        No numbers, never an exception, when the server is unreachable or this client was
+        closed: a status line may ask from another thread just as a restart retires it.
+        """
         try:
             resp = self._client.get("/metrics")
-        except httpx.HTTPError:
+        except (httpx.HTTPError, RuntimeError):  # RuntimeError: the client is closed
             return {}
         return parse_counters(resp.text) if resp.status_code == 200 else {}
 

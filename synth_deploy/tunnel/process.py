@@ -29,6 +29,7 @@ from synth_deploy.env import redact
 from synth_deploy.errors import TunnelError
 
 DEFAULT_LOG_LINES = 200
+ORPHAN_GUARDS = ("auto", "pdeathsig", "watchdog", "none")
 _PR_SET_PDEATHSIG = 1
 _LIVE: weakref.WeakSet[TunnelProcess] = weakref.WeakSet()
 
@@ -69,8 +70,8 @@ class TunnelProcess:
                  secrets: Sequence[str] = (), log_lines: int = DEFAULT_LOG_LINES,
                  orphan_guard: str = "auto",
                  on_line: Callable[[str], None] | None = None) -> None:
-        if orphan_guard not in ("auto", "pdeathsig", "watchdog", "none"):
-            raise ValueError(f"orphan_guard must be auto|pdeathsig|watchdog|none, "
+        if orphan_guard not in ORPHAN_GUARDS:
+            raise ValueError(f"orphan_guard must be {'|'.join(ORPHAN_GUARDS)}, "
                              f"got {orphan_guard!r}")
         self.argv = list(argv)
         self.env = dict(env) if env is not None else None
@@ -219,4 +220,4 @@ def _reap() -> None:
         proc.stop(timeout_s=3.0)
 
 
-__all__ = ["DEFAULT_LOG_LINES", "TunnelProcess"]
+__all__ = ["DEFAULT_LOG_LINES", "ORPHAN_GUARDS", "TunnelProcess"]

@@ -38,7 +38,7 @@ from synth_deploy.tunnel.metrics import (
     quick_url_in,
     rate_limited,
 )
-from synth_deploy.tunnel.process import DEFAULT_LOG_LINES, TunnelProcess
+from synth_deploy.tunnel.process import DEFAULT_LOG_LINES, ORPHAN_GUARDS, TunnelProcess
 
 logger = logging.getLogger(__name__)
 Mode = Literal["quick", "named"]
@@ -126,6 +126,10 @@ class Tunnel:
         if (port is None) == (url is None):
             raise UsageError("give the origin as a port or as a URL, not both or neither",
                              hint="e.g. Tunnel(port=8001) or Tunnel(url='http://127.0.0.1:8001')")
+        if orphan_guard not in ORPHAN_GUARDS:
+            raise UsageError(f"orphan_guard {orphan_guard!r} is not one of "
+                             f"{', '.join(ORPHAN_GUARDS)}",
+                             hint="leave it at 'auto' unless the platform's guard misbehaves")
         if mode == "named" and not token:
             from synth_deploy.env import load_env
 
@@ -215,16 +219,14 @@ class Tunnel:
     def alive(self) -> bool:
         return self._process is not None and self._process.alive and self.error is None
 
-    @property
-    def metrics_url(self) -> str | None:
-        return self._metrics.base_url if self._metrics is not None else None
-
     def logs(self, last: int | None = None) -> list[str]:
         """cloudflared's recent log lines, secrets redacted."""
         return self._process.logs(last) if self._process is not None else []
 
     def counters(self) -> dict[str, float]:
-        """requests, errors, in_flight, connections as cloudflared counts them."""
+        """requests, errors, in_flight, connections as cloudflared counts them; empty when
+        they cannot be read (never an exception: status loops call this from other threads,
+        and a restart may retire the metrics client being read)."""
         metrics = self._metrics
         return metrics.counters() if metrics is not None and self.alive else {}
 
@@ -237,46 +239,61 @@ class Tunnel:
         try:
             try:
                 self._launch()
-            except TunnelError as exc:
-                self._start_error = exc
+            except BaseException as exc:  # whatever it was, start() must hear of it
+                self._start_error = self._as_tunnel_error(exc, "the tunnel failed to start")
                 return
             finally:
                 self._started.set()
             self._emit("ready", "tunnel ready")
-            attempts = 0
-            while not self._stopping.is_set():
-                proc = self._process
-                assert proc is not None
-                if proc.wait(0.2) is None or self._stopping.is_set():
-                    continue
-                if time.monotonic() - self._up_since > _STABLE_S:
-                    attempts = 0
-                self._emit("died", f"cloudflared exited with code {proc.returncode}",
-                           proc.logs(20))
-                while True:
-                    attempts += 1
-                    if attempts > self.config.max_restarts:
-                        self.error = TunnelError(
-                            f"cloudflared died and {self.config.max_restarts} restart(s) did not "
-                            f"bring the tunnel back", logs=self.logs(),
-                            hint="see cloudflared's log lines; check this machine's network")
-                        self._emit("failed", self.error.message, self.logs(20))
-                        return
-                    if self._stopping.wait(min(0.5 * 2 ** (attempts - 1), 5.0)):
-                        return
-                    self._emit("restarting", f"restart {attempts} of {self.config.max_restarts}")
-                    try:
-                        self._launch()
-                        break
-                    except TunnelError as exc:
-                        if self._stopping.is_set():
-                            return
-                        self._emit("died", exc.message, tuple(exc.logs[-20:]))
-                self.restarts += 1
-                self._emit("restarted", f"tunnel restarted: {self.url}")
+            self._keep_up()
+        except BaseException as exc:  # a dead supervisor must leave an error, not silence
+            self.error = self._as_tunnel_error(exc, "the tunnel supervisor failed")
+            self._emit("failed", self.error.message, self.logs(20))
         finally:
             if self._process is not None:
                 self._process.stop(self.config.stop_timeout_s)
+
+    def _keep_up(self) -> None:
+        attempts = 0
+        while not self._stopping.is_set():
+            proc = self._process
+            assert proc is not None
+            if proc.wait(0.2) is None or self._stopping.is_set():
+                continue
+            if time.monotonic() - self._up_since > _STABLE_S:
+                attempts = 0
+            self._emit("died", f"cloudflared exited with code {proc.returncode}",
+                       proc.logs(20))
+            while True:
+                attempts += 1
+                if attempts > self.config.max_restarts:
+                    self.error = TunnelError(
+                        f"cloudflared died and {self.config.max_restarts} restart(s) did not "
+                        f"bring the tunnel back", logs=self.logs(),
+                        hint="see cloudflared's log lines; check this machine's network")
+                    self._emit("failed", self.error.message, self.logs(20))
+                    return
+                if self._stopping.wait(min(0.5 * 2 ** (attempts - 1), 5.0)):
+                    return
+                self._emit("restarting", f"restart {attempts} of {self.config.max_restarts}")
+                try:
+                    self._launch()
+                    break
+                except TunnelError as exc:
+                    if self._stopping.is_set():
+                        return
+                    self._emit("died", exc.message, tuple(exc.logs[-20:]))
+            self.restarts += 1
+            self._emit("restarted", f"tunnel restarted: {self.url}")
+
+    def _as_tunnel_error(self, exc: BaseException, what: str) -> TunnelError:
+        if isinstance(exc, TunnelError):
+            return exc
+        error = TunnelError(f"{what}: {type(exc).__name__}: {exc}", logs=self.logs(),
+                            hint="an unexpected error in synth-deploy or in a callback given "
+                                 "to Tunnel, not cloudflared's; its traceback is chained")
+        error.__cause__ = exc
+        return error
 
     def _emit(self, kind: Any, message: str, logs: Sequence[str] = ()) -> None:
         if self._on_event is not None:
