@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from synth_deploy.cli import app
 from synth_deploy.jobs.sft_data import validate_sft_file
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.tracing import SessionTracer, open_trace_store
 
 runner = CliRunner()
 
@@ -72,6 +72,48 @@ def test_export_writes_valid_sft_and_refuses_to_overwrite(tmp_path):
                "--trace-db", db).exit_code == 2
     bad_since = run("export", "--out", str(tmp_path / "y"), "--since", "soon", "--trace-db", db)
     assert bad_since.exit_code == 2 and "--since" in bad_since.stderr
+
+
+def test_unknown_format_is_a_json_usage_error(tmp_path):
+    db, _ = seeded(tmp_path, n=1)
+    result = run("export", "--format", "csv", "--out", str(tmp_path / "x"), "--trace-db", db,
+                 "--json")
+    assert result.exit_code == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["type"] == "UsageError" and "csv" in error["message"]
+    assert "sft" in error["hint"] and not (tmp_path / "x").exists()
+
+
+def test_stored_text_is_printed_literally_not_as_markup(tmp_path):
+    # "[/INST]" closes a tag that was never opened (rich raises MarkupError) and "arr[i]",
+    # "[bold]" look like tags rich would silently drop.
+    db = str(tmp_path / "runs[/old]" / "t.db")
+    prompt = "<s>[INST] sum arr[i] for [bold]i[/bold] [/INST]"
+    tracer = SessionTracer(metadata={"app_id": "app[/x]", "model": "llama[/INST]",
+                                     "status": "ok", "error": {"message": "bad [/red] out"}})
+    tracer.start_timestep("turn[/1]", turn_number=1)
+    tracer.record_message("user", prompt)
+    tracer.record_lm_call(model_name="llama[/INST]", input_tokens=3, output_tokens=2)
+    tracer.record_message("assistant", "[/INST] 42")
+    tracer.record_environment_event(reward=1.0, terminated=True)
+    tracer.record_outcome_reward(1.0)
+    session = tracer.finish()
+    with open_trace_store(db) as store:
+        store.write_session_sync(session)
+    env = {"COLUMNS": "200"}
+    shown = run("show", session.session_id, "--trace-db", db, env=env)
+    assert shown.exit_code == 0, shown.stderr or repr(shown.exception)
+    for text in (prompt, "[/INST] 42", "turn[/1]", "lm call llama[/INST]", "bad [/red] out"):
+        assert text in shown.stdout, text
+    listed = run("ls", "--trace-db", db, env=env)
+    assert listed.exit_code == 0, repr(listed.exception)
+    assert "runs[/old]" in listed.stdout and "app[/x]" in listed.stdout
+    assert "llama[/INST]" in listed.stdout
+    stats = run("stats", "--trace-db", db, env=env)
+    assert stats.exit_code == 0, repr(stats.exception)
+    assert "runs[/old]" in stats.stdout and "app app[/x]" in stats.stdout
+    where = run("where", "--trace-db", db, env=env)
+    assert where.exit_code == 0 and "runs[/old]" in where.stdout
 
 
 def test_bad_inputs_exit_with_clear_errors(tmp_path):

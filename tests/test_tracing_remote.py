@@ -7,14 +7,18 @@ the real ``libsql`` package, driven by the store's worker process.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 
 import pytest
+from typer.testing import CliRunner
 
+from synth_deploy.cli import app
 from synth_deploy.env import Env
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import (
+    SCHEMA_VERSION,
     TraceDbAuthError,
     TraceDbUnreachableError,
     describe_trace_db,
@@ -123,3 +127,37 @@ def test_where_reports_remote_source_and_counts(hrana):
     assert report.reachable and report.schema_version == 2
     assert report.counts["session_traces"] == 0
     assert TOKEN not in str(report.to_dict())
+
+
+def too_new(path) -> None:
+    with open_trace_store(str(path)):
+        pass
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO synth_deploy_schema VALUES (?, 'x', 'from the future')",
+                 (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+
+
+def foreign(path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER)")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize(("make", "words"), [(too_new, "newer than"),
+                                             (foreign, "not a trace store")])
+def test_where_says_a_server_that_answered_is_reachable(tmp_path, make, words):
+    db = tmp_path / "remote.db"
+    make(db)
+    proc, url = start_hrana_process(str(db), token=TOKEN)
+    try:
+        result = CliRunner().invoke(app, ["traces", "where", "--json", "--trace-db", url],
+                                    env={"TURSO_AUTH_TOKEN": TOKEN})
+    finally:
+        proc.kill()
+        proc.wait(10)
+    report = json.loads(result.stdout)
+    assert words in report["error"] and report["reachable"] is True
+    assert result.exit_code == 1  # a failure, not 3 (unreachable)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import os
 import sqlite3
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +27,9 @@ from synth_deploy.tracing import (
     SessionTracer,
     TraceDbMissingError,
     TraceDbUrlError,
+    TraceStore,
     open_trace_store,
+    parse_trace_db,
     resolve_trace_db,
     since_timestamp,
 )
@@ -118,6 +124,83 @@ def test_a_bad_session_fails_alone(tmp_path):
         assert results[0] is None
         assert isinstance(results[1], TraceStoreError)
         assert store.count_sessions() == 1
+
+
+def test_a_write_racing_close_is_refused_at_once(tmp_path):
+    store = TraceStore(parse_trace_db(str(tmp_path / "t.db")), write_timeout_s=2.0)
+    store.write_session_sync(make_session(0))  # the writer thread is running
+    # Hold the writing thread just before it takes the writer lock, run close() in full,
+    # then let it go on: it must see the store closed, not queue behind the stop marker.
+    lines, first = inspect.getsourcelines(TraceStore._submit)
+    lock_line = first + next(i for i, line in enumerate(lines) if "self._writer_lock" in line)
+    at_lock, go_on, outcome = threading.Event(), threading.Event(), {}
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not TraceStore._submit.__code__:
+            return None
+
+        def line(frame, event, arg):
+            if event == "line" and frame.f_lineno == lock_line:
+                at_lock.set()
+                go_on.wait(10)
+            return line
+        return line
+
+    def write():
+        session = make_session(1)
+        sys.settrace(tracer)
+        started = time.monotonic()
+        try:
+            store.write_session_sync(session)
+        except TraceStoreError as exc:
+            outcome["error"] = exc.message
+        finally:
+            sys.settrace(None)
+            outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    assert at_lock.wait(10)
+    store.close()
+    go_on.set()
+    thread.join(10)
+    assert "is closed" in outcome.get("error", ""), outcome
+    assert outcome["seconds"] < 1.5
+
+
+def test_close_leaves_a_busy_writer_to_finish_and_close(tmp_path):
+    path = tmp_path / "t.db"
+    store = TraceStore(parse_trace_db(str(path)), write_timeout_s=0.5)
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")  # the writer's first commit waits for this lock
+    release = threading.Timer(1.8, blocker.execute, ("ROLLBACK",))
+    release.start()
+
+    def write(i: int) -> None:
+        try:
+            store.write_session_sync(make_session(i))
+        except TraceStoreError:
+            pass  # the caller gave up waiting; the write itself goes on
+
+    threads = [threading.Thread(target=write, args=(0,))]
+    threads[0].start()
+    time.sleep(0.3)  # session 0 is now being committed; 1 and 2 queue behind it
+    threads += [threading.Thread(target=write, args=(i,)) for i in (1, 2)]
+    for t in threads[1:]:
+        t.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    store.close()  # stops waiting after 0.5 s, and leaves the database to the writer
+    assert time.monotonic() - started < 1.2  # the lock is released 1.4 s after close starts
+    release.join()
+    for t in threads:
+        t.join(10)
+    deadline, stored = time.monotonic() + 5, 0
+    while stored < 3 and time.monotonic() < deadline:
+        stored = blocker.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
+        time.sleep(0.05)
+    blocker.close()
+    assert stored == 3  # the queued sessions were committed, not failed on a closed database
 
 
 def test_list_filters_stats_and_missing_session(tmp_path):

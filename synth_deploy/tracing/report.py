@@ -1,7 +1,7 @@
 """`TraceDbReport`: which trace database is in force, why, and what state it is in.
 
-What `synth-deploy traces where` and `traces init` show; `serve`/`smoke` can print
-`TraceDbReport.summary` to say where traces go.
+What `synth-deploy traces where` and `traces init` show (as text, or `to_dict` for
+``--json``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ from typing import Any
 from synth_deploy.env import Env
 from synth_deploy.errors import SynthDeployError
 from synth_deploy.tracing.config import TraceDbSetting, resolve_trace_db
-from synth_deploy.tracing.errors import TraceDbAuthError, TraceDbMissingError
+from synth_deploy.tracing.errors import (
+    NotATraceDbError,
+    SchemaTooNewError,
+    TraceDbAuthError,
+    TraceDbMissingError,
+    TraceDbUnreachableError,
+)
+
+# Errors that carry the remote server's answer, so it was reached.
+_ANSWERED = (TraceDbAuthError, SchemaTooNewError, NotATraceDbError)
 
 
 @dataclass(frozen=True)
@@ -58,8 +67,7 @@ def describe_trace_db(flag: str | None, env: Env, *, create: bool = False) -> Tr
         return TraceDbReport(**base, exists=False, reachable=None, schema_version=None,
                              error=None, hint=exc.hint)
     except SynthDeployError as exc:
-        # A refused token still proves the server answered.
-        reachable = isinstance(exc, TraceDbAuthError) if setting.is_remote else None
+        reachable = _reachable(exc) if setting.is_remote else None
         return TraceDbReport(**base, exists=not setting.is_remote and bool(
             setting.path and setting.path.exists()), reachable=reachable, schema_version=None,
             error=exc.message, hint=exc.hint)
@@ -73,6 +81,14 @@ def init_trace_db(flag: str | None, env: Env) -> TraceDbReport:
     with TraceStore(setting, create=True) as store:
         return TraceDbReport(**_base(setting), exists=True, reachable=True,
                              schema_version=store.schema_version, counts=store.table_counts())
+
+
+def _reachable(exc: SynthDeployError) -> bool | None:
+    """False only when the server did not answer; None when the error says nothing either way
+    (the client could not start, for instance)."""
+    if isinstance(exc, TraceDbUnreachableError):
+        return False
+    return True if isinstance(exc, _ANSWERED) else None
 
 
 def _base(setting: TraceDbSetting) -> dict[str, Any]:

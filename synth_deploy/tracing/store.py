@@ -77,11 +77,14 @@ class TraceStore:
     """A trace database (embedded SQLite file or remote libSQL), schema ensured on open.
 
     Use `open_trace_store` to get one. Thread- and coroutine-safe; close it (or use it as a
-    context manager) to flush pending writes and stop its writer thread.
+    context manager) to flush pending writes and stop its writer thread. A write that does not
+    commit within ``write_timeout_s`` raises `TraceStoreError`.
     """
 
-    def __init__(self, setting: TraceDbSetting, *, create: bool = True) -> None:
+    def __init__(self, setting: TraceDbSetting, *, create: bool = True,
+                 write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
         self.setting = setting
+        self.write_timeout_s = write_timeout_s
         if setting.is_remote:
             from synth_deploy.tracing._libsql import LibsqlBackend
 
@@ -158,30 +161,42 @@ class TraceStore:
         """Store ``session``; returns once it is committed. Safe from many coroutines."""
         future = self._submit(session)
         try:
-            await asyncio.wait_for(asyncio.wrap_future(future), WRITE_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.wrap_future(future), self.write_timeout_s)
         except TimeoutError:
-            raise TraceStoreError(f"trace write to {self.display} did not finish within "
-                                  f"{WRITE_TIMEOUT_S:g}s") from None
+            raise self._timeout_error() from None
 
     def write_session_sync(self, session: SessionTrace) -> None:
         """Blocking `write_session`, for code outside an event loop."""
         try:
-            self._submit(session).result(WRITE_TIMEOUT_S)
+            self._submit(session).result(self.write_timeout_s)
         except concurrent.futures.TimeoutError:
-            raise TraceStoreError(f"trace write to {self.display} did not finish within "
-                                  f"{WRITE_TIMEOUT_S:g}s") from None
+            raise self._timeout_error() from None
+
+    def _timeout_error(self) -> TraceStoreError:
+        return TraceStoreError(f"trace write to {self.display} did not finish within "
+                               f"{self.write_timeout_s:g}s")
 
     def _submit(self, session: SessionTrace) -> concurrent.futures.Future[None]:
-        if self._closed:
-            raise TraceStoreError(f"the trace store for {self.display} is closed")
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # Checked under the lock `close` holds while it queues the stop marker, so a write
+        # is either queued ahead of the marker (and committed) or refused here at once.
         with self._writer_lock:
+            if self._closed:
+                raise TraceStoreError(f"the trace store for {self.display} is closed")
             if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                self._writer = threading.Thread(target=self._run_writer, daemon=True,
                                                 name="synth-deploy-trace-writer")
                 self._writer.start()
             self._queue.put((session, future))
         return future
+
+    def _run_writer(self) -> None:
+        # Once started, the writer owns closing the database: `close` may stop waiting for a
+        # slow commit, and the batches still queued must not meet a closed connection.
+        try:
+            self._write_loop()
+        finally:
+            self._db.close()
 
     def _write_loop(self) -> None:
         while True:
@@ -300,17 +315,22 @@ class TraceStore:
     # -- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Commit what is queued, stop the writer, close the connection."""
-        if self._closed:
-            return
-        self._closed = True
+        """Commit what is queued, stop the writer, close the connection.
+
+        Waits up to ``write_timeout_s`` for queued writes; if they take longer, the writer
+        thread finishes them and closes the connection itself.
+        """
         with self._writer_lock:
+            if self._closed:
+                return
+            self._closed = True
             writer = self._writer
             if writer is not None:
                 self._queue.put(_STOP)
-        if writer is not None:
-            writer.join(WRITE_TIMEOUT_S)
-        self._db.close()
+        if writer is None:
+            self._db.close()
+        else:
+            writer.join(self.write_timeout_s)
 
     def __enter__(self) -> TraceStore:
         return self
