@@ -178,3 +178,21 @@ def test_discovery_finds_configs_and_skips_noise(tmp_path):
         write(tmp_path / skipped, RL_HEAD, "hidden.toml")
     found = [p.relative_to(tmp_path).as_posix() for p in discover_configs(tmp_path)]
     assert found == ["rl.toml", "sub/sft.toml"]
+
+
+def test_discovery_is_bounded_in_depth_and_folders(tmp_path):
+    deep = tmp_path
+    for name in "abcde":
+        deep = deep / name
+        deep.mkdir()
+        write(deep, RL_HEAD, "rl.toml")
+    (tmp_path / ".config").mkdir()
+    write(tmp_path / ".config", RL_HEAD, "rl.toml")
+    found = [p.relative_to(tmp_path).as_posix() for p in discover_configs(tmp_path)]
+    assert found == ["a/rl.toml", "a/b/rl.toml", "a/b/c/rl.toml", "a/b/c/d/rl.toml"]
+    wide = tmp_path / "wide"
+    for i in range(30):
+        (wide / f"d{i:02d}").mkdir(parents=True)
+    write(wide / "d29", RL_HEAD, "rl.toml")
+    assert discover_configs(wide) == [wide / "d29" / "rl.toml"]
+    assert discover_configs(wide, max_dirs=10) == []  # stops after ten folders

@@ -302,3 +302,35 @@ def test_declining_the_confirmation_submits_nothing(backend, rl_env):
         train(TrainOptions(configs=[APP_CONFIGS / "rl.toml"], env_files=[rl_env]), ui)
     assert len(asked) == 1 and asked[0]["job_type"] == "rl"
     assert backend.requests == []
+
+
+def test_backend_text_with_markup_is_printed_verbatim(backend, rl_env):
+    step = "<s>[INST] sort arr[i] [/INST] [bold]kept[/bold]"
+    backend.faults.step_message = step
+    backend.faults.job_fails = True
+    backend.faults.error_message = "crashed at arr[i] [/INST] [red]"
+    result = rl(rl_env)
+    assert result.exit_code == 1, result.output
+    assert step in result.output
+    assert "job_0001 failed crashed at arr[i] [/INST] [red]" in result.output
+
+
+@pytest.mark.parametrize("suffix", ["/verify_task_app", "/events"])
+@pytest.mark.parametrize("fmt", ["cli", "json"])
+def test_refusals_during_preflight_and_streaming_are_shown_masked(backend, rl_env, synth_key,
+                                                                  suffix, fmt):
+    backend.faults.refuse_path_suffix = suffix
+    result = rl(rl_env, "--stream-format", fmt)
+    assert result.exit_code == 1, result.output
+    assert "HTTP 400" in result.output and "refused request with Authorization" in result.output
+    assert synth_key not in result.output and "**** (sha256:" in result.output
+
+
+def test_ndjson_stream_cut_by_an_error_has_no_invented_outcome(backend, rl_env):
+    backend.faults.refuse_path_suffix = "/metrics"
+    result = rl(rl_env, "--stream-format", "json")
+    assert result.exit_code == 1, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r for r in records if r.get("record") == "event"]
+    assert not [r for r in records if r.get("record") == "outcome"]
+    assert records[-1]["ok"] is False and records[-1]["error"]["status"] == 400

@@ -154,3 +154,80 @@ def test_sparkline_spans_low_to_high():
     line = sparkline([float(i) for i in range(8)])
     assert line[0] == "▁" and line[-1] == "█" and len(line) == 8
     assert sparkline([]) == ""
+
+
+class RunawayBackend:
+    """A backend misbehaving on the events page, for httpx.MockTransport; time is fake and
+    moves on with every request, so a loop that never checks it would trip ``max_requests``."""
+
+    def __init__(self, page, *, max_requests: int = 2000) -> None:
+        self.page = page  # since_seq -> the events answered
+        self.now = 0.0
+        self.requests = 0
+        self.max_requests = max_requests
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        self.now += 0.01
+        if self.requests > self.max_requests:
+            raise RuntimeError(f"runaway: {self.requests} requests")
+        if request.url.path.endswith("/events"):
+            since = int(request.url.params.get("since_seq", 0))
+            return httpx.Response(200, json={"events": self.page(since)})
+        if request.url.path.endswith("/metrics"):
+            return httpx.Response(200, json={"points": []})
+        return httpx.Response(200, json={"job_id": "job_1", "status": "running"})
+
+    def stream(self, handler, timeout_s: float = 0.05):
+        with JobClient("http://backend.test", "k", retry=RetryPolicy(retries=0),
+                       transport=httpx.MockTransport(self)) as c:
+            return stream_job(c, "rl", "job_1", handler, interval_s=0.01, timeout_s=timeout_s,
+                              clock=lambda: self.now, sleep=lambda s: setattr(
+                                  self, "now", self.now + s))
+
+
+def events_of(out: io.StringIO) -> list[dict]:
+    return [r for r in map(json.loads, out.getvalue().splitlines()) if r["record"] == "event"]
+
+
+@pytest.mark.parametrize("with_seq", [False, True])
+def test_backend_ignoring_since_seq_ends_at_the_deadline_without_repeats(with_seq):
+    page = [{"type": "rl.log", "message": f"line {i}", **({"seq": i + 1} if with_seq else {})}
+            for i in range(200)]
+    backend = RunawayBackend(lambda since: page)
+    out = io.StringIO()
+    outcome = backend.stream(JsonHandler(out))
+    assert outcome.timed_out and outcome.exit_code == 4
+    assert [e["message"] for e in events_of(out)] == [f"line {i}" for i in range(200)]
+    assert backend.requests < 50
+
+
+def test_endless_full_pages_still_stop_at_the_deadline():
+    backend = RunawayBackend(lambda since: [{"seq": since + i, "type": "rl.log"}
+                                            for i in range(1, 201)])
+    outcome = backend.stream(JsonHandler(io.StringIO()), timeout_s=0.05)
+    assert outcome.timed_out and backend.requests < 50
+
+
+def test_backend_error_mid_stream_writes_no_outcome_record(backend, client):
+    job_id = client.create_rl_job(RL_BODY, "k6")["job_id"]
+    backend.faults.refuse_path_suffix = "/metrics"
+    out = io.StringIO()
+    with pytest.raises(JobHTTPError):
+        stream_job(client, "rl", job_id, JsonHandler(out), interval_s=0.01, timeout_s=10)
+    records = [json.loads(x)["record"] for x in out.getvalue().splitlines()]
+    assert "event" in records and "outcome" not in records
+
+
+def test_cli_handler_prints_event_text_verbatim():
+    from rich.console import Console
+
+    from synth_deploy.jobs.stream import CliHandler
+
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    handler = CliHandler(console)
+    message = "<s>[INST] sort arr[i] [/INST] [bold]done[/bold] [/]"
+    handler.on_event({"seq": 7, "type": "rl.[x]", "message": message})
+    handler.on_status("[red]odd[/red]", {})
+    text = console.file.getvalue()
+    assert f"   7 rl.[x] {message}" in text and "status: [red]odd[/red]" in text

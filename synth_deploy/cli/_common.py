@@ -39,8 +39,8 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+def print_json(data: Any, *, one_line: bool = False) -> None:
+    sys.stdout.write(json.dumps(data, indent=None if one_line else 2, default=str) + "\n")
     sys.stdout.flush()
 
 
@@ -63,8 +63,10 @@ def handling_errors(json_output: bool = False) -> Iterator[None]:
         yield
     except SynthDeployError as exc:
         if json_output:
+            # One line: it may end an NDJSON stream (`train --stream-format json`).
             print_json({"ok": False, "error": {"type": type(exc).__name__,
-                                               "message": exc.message, "hint": exc.hint}})
+                                               "message": exc.message, "hint": exc.hint}},
+                       one_line=True)
         else:
             err = console(stderr=True)
             from rich.text import Text

@@ -12,13 +12,11 @@ from synth_deploy.cli._common import (
     EXIT_USAGE,
     EnvFilesOption,
     console,
+    escape,
     handling_errors,
-    print_json,
     warn,
 )
 from synth_deploy.errors import JobHTTPError, UsageError
-
-EXIT_POLL_TIMEOUT = 4  # mirrors synth_deploy.jobs.stream.EXIT_POLL_TIMEOUT
 
 HELP = """Submit RL or SFT jobs from TOML configs.
 
@@ -51,7 +49,7 @@ def _pick(found: list[Path]) -> list[Path]:
                          hint="pass one with --config FILE (no picker without a terminal)")
     out = console()
     for i, p in enumerate(found, 1):
-        out.print(f"  [bold]{i}[/bold]. {p}", markup=True, highlight=False)
+        out.print(f"  [bold]{i}[/bold]. {escape(p)}", markup=True, highlight=False)
     choice = typer.prompt("Pick a config (number)", type=int, default=1)
     if not 1 <= choice <= len(found):
         raise UsageError(f"no config numbered {choice}", hint=f"choose 1 to {len(found)}")
@@ -59,20 +57,23 @@ def _pick(found: list[Path]) -> list[Path]:
 
 
 def _render_http_error(exc: JobHTTPError, json_output: bool) -> None:
+    """Status, masked payload and body on stderr; with --stream-format json also one last
+    NDJSON line on stdout (the library masked the secrets in all of them)."""
     import json
 
     err = console(stderr=True)
-    err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False)
+    err.print(f"[red]error:[/red] {escape(exc.message)}", markup=True, highlight=False)
     if exc.payload is not None:
-        err.print("request payload (secrets masked):", highlight=False)
+        err.print("request payload (secrets masked):", markup=False, highlight=False)
         err.print(json.dumps(exc.payload, indent=2, default=str), markup=False, highlight=False)
     err.print(f"response body: {exc.body or '(empty)'}", markup=False, highlight=False)
     if exc.hint:
-        err.print(f"  [dim]hint:[/dim] {exc.hint}", markup=True, highlight=False)
+        err.print(f"  [dim]hint:[/dim] {escape(exc.hint)}", markup=True, highlight=False)
     if json_output:
-        print_json({"ok": False, "error": {"type": "JobHTTPError", "message": exc.message,
-                                           "status": exc.status, "body": exc.body,
-                                           "payload": exc.payload, "hint": exc.hint}})
+        error = {"type": "JobHTTPError", "message": exc.message, "status": exc.status,
+                 "body": exc.body, "payload": exc.payload, "hint": exc.hint}
+        sys.stdout.write(json.dumps({"ok": False, "error": error}, default=str) + "\n")
+        sys.stdout.flush()
 
 
 def train(
@@ -110,7 +111,12 @@ def train(
         if poll_timeout <= 0 or poll_interval <= 0:
             raise UsageError("--poll-timeout and --poll-interval must be positive")
         from synth_deploy.jobs.configs import discover_configs
-        from synth_deploy.jobs.stream import ChartHandler, CliHandler, JsonHandler
+        from synth_deploy.jobs.stream import (
+            EXIT_POLL_TIMEOUT,
+            ChartHandler,
+            CliHandler,
+            JsonHandler,
+        )
         from synth_deploy.jobs.train import TrainOptions, TrainUI
         from synth_deploy.jobs.train import train as run_train
 
@@ -118,7 +124,7 @@ def train(
         out, err = console(), console(stderr=True)
 
         def info(msg: str) -> None:
-            err.print(f"[dim]›[/dim] {msg}", markup=True, highlight=False)
+            err.print(f"[dim]›[/dim] {escape(msg)}", markup=True, highlight=False)
 
         def confirm(job) -> bool:
             target = job.task_url or (job.dataset and str(job.dataset))
@@ -156,13 +162,13 @@ def train(
                 continue
             oc = result.outcome
             if oc.timed_out:
-                err.print(f"[yellow]job {oc.job_id} still {oc.status} after "
+                err.print(f"[yellow]job {escape(oc.job_id)} still {escape(oc.status)} after "
                           f"{poll_timeout:g}s[/yellow] (exit {EXIT_POLL_TIMEOUT}); it keeps "
                           f"running on the backend", markup=True, highlight=False)
             elif not json_output:
                 style = "green" if oc.succeeded else "red"
                 extra = oc.job.get("model_id") or oc.job.get("error") or ""
-                err.print(f"[{style}]job {oc.job_id} {oc.status}[/{style}] {extra}",
-                          markup=True, highlight=False)
+                err.print(f"[{style}]job {escape(oc.job_id)} {escape(oc.status)}[/{style}] "
+                          f"{escape(extra)}", markup=True, highlight=False)
         code = results[-1].exit_code if results else EXIT_USAGE
     raise typer.Exit(code)

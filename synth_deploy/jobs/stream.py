@@ -1,7 +1,8 @@
 """Following a job to its end: events, metrics and status, handed to a renderer.
 
-`stream_job` polls ``events?since_seq=N&limit=200`` (paging until a short page), the metrics
-and the job's status until the status is terminal or ``timeout_s`` passes. Renderers:
+`stream_job` polls ``events?since_seq=N&limit=200`` (paging until a short page, or one that
+brings nothing new), the metrics and the job's status until the status is terminal or
+``timeout_s`` passes. Renderers:
 `CliHandler` (one line an event), `JsonHandler` (NDJSON on stdout), `ChartHandler` (a rich
 Live panel with a loss sparkline).
 """
@@ -58,11 +59,63 @@ class StreamHandler(Protocol):
     def on_event(self, event: dict[str, Any]) -> None: ...
     def on_metrics(self, points: list[dict[str, Any]]) -> None: ...
     def on_status(self, status: str, job: dict[str, Any]) -> None: ...
-    def close(self, outcome: JobOutcome) -> None: ...
+    def close(self, outcome: JobOutcome | None) -> None: ...
 
 
 def _status_of(job: dict[str, Any]) -> str:
     return str(job.get("status") or "unknown").lower()
+
+
+def _seq_of(event: dict[str, Any]) -> int | None:
+    try:
+        return int(event["seq"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class _EventReader:
+    """Pages through ``events?since_seq=``, handing each event to the handler once.
+
+    Backends are not trusted to honour ``since_seq`` or to number events: a page that does not
+    move ``since`` forward ends the draining, events without ``seq`` are recognised by their
+    content, and the deadline is checked between pages.
+    """
+
+    def __init__(self, client: JobClient, kind: JobKindPath, job_id: str,
+                 handler: StreamHandler) -> None:
+        self.client, self.kind, self.job_id, self.handler = client, kind, job_id, handler
+        self.since = 0
+        self.seen = 0
+        self._unnumbered: set[str] = set()
+
+    def drain(self, expired: Callable[[], bool]) -> None:
+        while True:
+            events = self.client.get_events(self.kind, self.job_id, since_seq=self.since,
+                                            limit=EVENTS_PAGE)
+            before = self.since
+            fresh = 0
+            for event in events:
+                if self._is_new(event):
+                    fresh += 1
+                    self.seen += 1
+                    self.handler.on_event(event)
+            if len(events) < EVENTS_PAGE or expired():
+                return
+            if self.since == before and not fresh:
+                return  # a full page of nothing new: since_seq is being ignored
+
+    def _is_new(self, event: dict[str, Any]) -> bool:
+        seq = _seq_of(event)
+        if seq is None:
+            key = json.dumps(event, sort_keys=True, default=str)
+            if key in self._unnumbered:
+                return False
+            self._unnumbered.add(key)
+            return True
+        if seq <= self.since:
+            return False
+        self.since = seq
+        return True
 
 
 def stream_job(client: JobClient, kind: JobKindPath, job_id: str, handler: StreamHandler, *,
@@ -70,25 +123,19 @@ def stream_job(client: JobClient, kind: JobKindPath, job_id: str, handler: Strea
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> JobOutcome:
     """Follow ``job_id`` until it is terminal or ``timeout_s`` passes; never raises on a
-    failed job (the outcome says so), only on backend errors (JobError)."""
+    failed job (the outcome says so), only on backend errors (JobError).
+
+    The handler is closed with the outcome, or with ``None`` when following was cut short
+    (a backend error, Ctrl+C): no outcome is invented for a job whose end was not seen.
+    """
     deadline = clock() + timeout_s
-    since, seen = 0, 0
+    reader = _EventReader(client, kind, job_id, handler)
     metric_keys: set[tuple[str, Any]] = set()
     last_status = None
     outcome: JobOutcome | None = None
     try:
         while True:
-            while True:  # drain every page of new events
-                events = client.get_events(kind, job_id, since_seq=since, limit=EVENTS_PAGE)
-                for event in events:
-                    seq = int(event.get("seq") or 0)
-                    if seq <= since and seq != 0:
-                        continue  # a backend that ignores since_seq must not duplicate lines
-                    since = max(since, seq)
-                    seen += 1
-                    handler.on_event(event)
-                if len(events) < EVENTS_PAGE:
-                    break
+            reader.drain(lambda: clock() >= deadline)
             if handler.wants_metrics:
                 fresh = []
                 for point in client.get_metrics(kind, job_id):
@@ -105,26 +152,23 @@ def stream_job(client: JobClient, kind: JobKindPath, job_id: str, handler: Strea
                 last_status = status
             if status in TERMINAL_STATUSES:
                 # Events written between our last read and the terminal status still count.
-                for event in client.get_events(kind, job_id, since_seq=since, limit=EVENTS_PAGE):
-                    if int(event.get("seq") or 0) > since:
-                        since = int(event.get("seq") or 0)
-                        seen += 1
-                        handler.on_event(event)
-                outcome = JobOutcome(job_id, kind, status, job=job, events_seen=seen)
+                reader.drain(lambda: clock() >= deadline)
+                outcome = JobOutcome(job_id, kind, status, job=job, events_seen=reader.seen)
                 return outcome
             if clock() + interval_s > deadline:
                 outcome = JobOutcome(job_id, kind, status, timed_out=True, job=job,
-                                     events_seen=seen)
+                                     events_seen=reader.seen)
                 return outcome
             sleep(interval_s)
     finally:
-        handler.close(outcome or JobOutcome(job_id, kind, last_status or "unknown"))
+        handler.close(outcome)
 
 
 class JsonHandler:
     """NDJSON, one object a line, told apart by ``record``: ``event`` (the backend's event:
     seq, type, message, data, created_at), ``metric`` (name, step, value), ``status`` and,
-    last, ``outcome`` (job_id, status, timed_out, exit_code, result)."""
+    last, ``outcome`` (job_id, status, timed_out, exit_code, result). A stream cut short by an
+    error or Ctrl+C has no ``outcome`` record; the CLI's error object follows instead."""
 
     wants_metrics = True
 
@@ -146,8 +190,9 @@ class JsonHandler:
         self._emit({"record": "status", "status": status, "job_id": job.get("job_id")
                     or job.get("id")})
 
-    def close(self, outcome: JobOutcome) -> None:
-        self._emit({"record": "outcome", **outcome.to_dict()})
+    def close(self, outcome: JobOutcome | None) -> None:
+        if outcome is not None:
+            self._emit({"record": "outcome", **outcome.to_dict()})
 
 
 class CliHandler:
@@ -159,20 +204,24 @@ class CliHandler:
         self.console = console
 
     def on_event(self, event: dict[str, Any]) -> None:
-        seq, etype = event.get("seq", "?"), event.get("type", "event")
-        message = event.get("message") or ""
-        style = "red" if str(etype).endswith("failed") else (
-            "green" if str(etype).endswith(("succeeded", "completed")) else "cyan")
-        self.console.print(f"[dim]{seq:>4}[/dim] [{style}]{etype}[/{style}] {message}",
-                           markup=True, highlight=False)
+        from rich.text import Text
+
+        seq, etype = str(event.get("seq", "?")), str(event.get("type", "event"))
+        message = str(event.get("message") or "")
+        style = "red" if etype.endswith("failed") else (
+            "green" if etype.endswith(("succeeded", "completed")) else "cyan")
+        self.console.print(Text.assemble((f"{seq:>4}", "dim"), " ", (etype, style), " ",
+                                         message), highlight=False)
 
     def on_metrics(self, points: list[dict[str, Any]]) -> None:  # pragma: no cover - unused
         pass
 
     def on_status(self, status: str, job: dict[str, Any]) -> None:
-        self.console.print(f"[bold]status:[/bold] {status}", markup=True, highlight=False)
+        from rich.text import Text
 
-    def close(self, outcome: JobOutcome) -> None:
+        self.console.print(Text.assemble(("status:", "bold"), f" {status}"), highlight=False)
+
+    def close(self, outcome: JobOutcome | None) -> None:
         pass
 
 
@@ -243,7 +292,7 @@ class ChartHandler:
         self.status = status
         self._refresh()
 
-    def close(self, outcome: JobOutcome) -> None:
+    def close(self, outcome: JobOutcome | None) -> None:
         self._refresh()
         self.live.stop()
 

@@ -8,14 +8,22 @@ step that talks to someone else sits behind `JobClient` (the backend) or the hea
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from synth_deploy.env import Env, is_secret_name, load_env, mask, redact
-from synth_deploy.errors import JobError, UsageError
+from synth_deploy.env import (
+    ENVIRONMENT_API_KEY,
+    TASK_APP_URL,
+    Env,
+    is_secret_name,
+    load_env,
+    mask,
+    redact,
+)
+from synth_deploy.errors import JobError, JobHTTPError, UsageError
 from synth_deploy.jobs.backend import (
     JobClient,
     RetryPolicy,
@@ -26,14 +34,14 @@ from synth_deploy.jobs.configs import TrainConfig, load_config
 from synth_deploy.jobs.sft_data import truncated_copy, validate_sft_file
 from synth_deploy.jobs.stream import JobOutcome, StreamHandler, stream_job
 
-SYNTH_API_KEY, ENV_KEY, TASK_APP_URL = "SYNTH_API_KEY", "ENVIRONMENT_API_KEY", "TASK_APP_URL"
+SYNTH_API_KEY = "SYNTH_API_KEY"
 SYNTH_BACKEND_URL = "SYNTH_BACKEND_URL"
 _CHECKPOINT_PREFIXES = ("ft:", "rl:", "sft:", "peft:")
 _HOW_TO_SET = {
     SYNTH_API_KEY: "copy an API key from the Synth dashboard into .env as SYNTH_API_KEY=… "
                    "(or export it, or pass --env-file FILE)",
-    ENV_KEY: "run `synth-deploy setup` to mint ENVIRONMENT_API_KEY into .env "
-             "(or pass --env-file FILE that sets it)",
+    ENVIRONMENT_API_KEY: "run `synth-deploy setup` to mint ENVIRONMENT_API_KEY into .env "
+                         "(or pass --env-file FILE that sets it)",
     TASK_APP_URL: "pass --task-url URL, set TASK_APP_URL (printed by `synth-deploy tunnel` or "
                   "`synth-deploy deploy`), or set [services].task_url in the config",
 }
@@ -169,7 +177,7 @@ def masked(value: Any, secrets: Sequence[str] = ()) -> Any:
 
 def require_keys(env: Env, kind: str, *, task_url: str | None, dry_run: bool = False) -> None:
     """Say exactly which keys are missing and how to supply each, before anything else."""
-    needed = [] if dry_run else [SYNTH_API_KEY] + ([ENV_KEY] if kind == "rl" else [])
+    needed = [] if dry_run else [SYNTH_API_KEY] + ([ENVIRONMENT_API_KEY] if kind == "rl" else [])
     missing = [name for name in needed if not env.get(name)]
     if kind == "rl" and not task_url:
         missing.append(TASK_APP_URL)
@@ -193,7 +201,7 @@ def prepare(config: TrainConfig, options: TrainOptions, env: Env) -> PreparedJob
     base = backend_url(options.backend, env.get(SYNTH_BACKEND_URL))
     key = options.idempotency_key or new_idempotency_key()
     common = dict(config=config, kind=config.kind, backend_url=base, idempotency_key=key,
-                  synth_api_key=env.get(SYNTH_API_KEY), env_api_key=env.get(ENV_KEY))
+                  synth_api_key=env.get(SYNTH_API_KEY), env_api_key=env.get(ENVIRONMENT_API_KEY))
     if config.kind == "rl":
         return PreparedJob(payload=_rl_payload(config, options, task_url), task_url=task_url,
                            **common)
@@ -266,7 +274,7 @@ def preflight(job: PreparedJob, client: JobClient, ui: TrainUI, *,
     if check is None:
         from synth_deploy.health import check
     ui.info(f"checking {job.task_url}: auth, /health, /task_info")
-    report = check(job.task_url, job.env_api_key, seeds=(0,), key_source=ENV_KEY)
+    report = check(job.task_url, job.env_api_key, seeds=(0,), key_source=ENVIRONMENT_API_KEY)
     if not report.healthy:
         failure = report.failure
         what = (f"{failure.name}: expected {failure.expected}, got {failure.actual}"
@@ -333,12 +341,13 @@ def run_one(config: TrainConfig, options: TrainOptions, env: Env, ui: TrainUI, *
     if ui.confirm is not None and not ui.confirm(job):
         raise UsageError(f"{config.path.name}: not submitted (declined)",
                          hint="pass --yes to submit without asking")
-    with JobClient(job.backend_url, job.synth_api_key or "", timeout_s=options.request_timeout_s,
-                   retry=options.retry, transport=transport,
-                   on_retry=lambda n, why: ui.warn(f"retrying ({n}) after {why}")) as client:
+    with _masked_errors(job), JobClient(
+            job.backend_url, job.synth_api_key or "", timeout_s=options.request_timeout_s,
+            retry=options.retry, transport=transport,
+            on_retry=lambda n, why: ui.warn(f"retrying ({n}) after {why}")) as client:
         if job.kind == "rl":
             preflight(job, client, ui, check=check)
-        job_id = _with_masked_errors(job, lambda: submit(job, client, ui))
+        job_id = submit(job, client, ui)
         result.job_id = job_id
         ui.info(f"created {job.kind} job {job_id} (idempotency key {job.idempotency_key})")
         if options.poll:
@@ -350,14 +359,17 @@ def run_one(config: TrainConfig, options: TrainOptions, env: Env, ui: TrainUI, *
     return result
 
 
-def _with_masked_errors(job: PreparedJob, fn: Callable[[], str]) -> str:
-    from synth_deploy.errors import JobHTTPError
-
+@contextmanager
+def _masked_errors(job: PreparedJob) -> Iterator[None]:
+    """Backends quote requests back: no key leaves in an error's message, body or payload."""
     try:
-        return fn()
-    except JobHTTPError as exc:
-        exc.payload = masked(exc.payload, job.secrets)
-        exc.body = redact(exc.body, job.secrets)
+        yield
+    except JobError as exc:
+        exc.message = redact(exc.message, job.secrets)
+        exc.args = (exc.message,)
+        if isinstance(exc, JobHTTPError):
+            exc.payload = masked(exc.payload, job.secrets)
+            exc.body = redact(exc.body, job.secrets)
         raise
 
 
@@ -367,7 +379,7 @@ class _NullHandler:
     def on_event(self, event: dict[str, Any]) -> None: ...
     def on_metrics(self, points: list[dict[str, Any]]) -> None: ...
     def on_status(self, status: str, job: dict[str, Any]) -> None: ...
-    def close(self, outcome: JobOutcome) -> None: ...
+    def close(self, outcome: JobOutcome | None) -> None: ...
 
 
 def train(options: TrainOptions, ui: TrainUI | None = None, *, transport: Any = None,
@@ -380,7 +392,7 @@ def train(options: TrainOptions, ui: TrainUI | None = None, *, transport: Any = 
         raise UsageError("no config given", hint="pass --config FILE (repeatable)")
     if options.examples is not None and options.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {options.examples}")
-    env = load_env(options.env_files, environ=environ if environ is not None else os.environ)
+    env = load_env(options.env_files, environ=environ)
     results: list[TrainResult] = []
     for i, path in enumerate(options.configs):
         config = load_config(path, options.kind)

@@ -6,7 +6,8 @@ the stored environment keys), RL and SFT job creation honouring Idempotency-Key,
 with a "processing" phase, start, status, events?since_seq=&limit= and metrics — and lets a
 test inject: 502s on the first creates (after the job is recorded, as a proxy losing the
 answer would), creates that stall past the client's timeout, a job that fails, a slow event
-stream, and an upload that takes a while to become ready.
+stream, an upload that takes a while to become ready, event and error text full of rich
+markup, and a refusal on any path that echoes the caller's Authorization header back.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Faults:
     file_fails: bool = False
     reject_payload: bool = False   # creates answer 422 with a detail body
     verify_says_ok: bool = False   # verify_task_app answers ok without calling the app
+    step_message: str | None = None  # the text of every progress event, if set
+    error_message: str = "trainer crashed: CUDA OOM"  # a failed job's event and error
+    refuse_path_suffix: str | None = None  # requests whose path ends so answer refuse_status,
+    refuse_status: int = 400                # echoing the Authorization header in the body
 
 
 @dataclass
@@ -94,10 +99,11 @@ class StandinBackend:
         step_type = "rl.iteration.complete" if prefix == "rl" else "sft.epoch.complete"
         for i in range(self.faults.iterations):
             loss = round(2.0 / (i + 1), 4)
-            events.append({"type": step_type, "message": f"step {i + 1} loss={loss}",
+            events.append({"type": step_type,
+                           "message": self.faults.step_message or f"step {i + 1} loss={loss}",
                            "data": {"step": i + 1, "loss": loss}})
         if self.faults.job_fails:
-            events.append({"type": f"{prefix}.failed", "message": "trainer crashed: CUDA OOM",
+            events.append({"type": f"{prefix}.failed", "message": self.faults.error_message,
                            "data": {"status": "failed"}})
         else:
             events.append({"type": f"{prefix}.succeeded", "message": "done",
@@ -164,6 +170,12 @@ class StandinBackend:
         @app.middleware("http")
         async def log(request: Request, call_next):
             self.requests.append((request.method, request.url.path))
+            suffix = self.faults.refuse_path_suffix
+            if suffix and request.url.path.endswith(suffix):
+                # A careless backend quoting the request back, credentials included.
+                return JSONResponse({"detail": "refused request with Authorization "
+                                     f"{request.headers.get('authorization')!r}"},
+                                    self.faults.refuse_status)
             return await call_next(request)
 
         @app.post("/api/rl/verify_task_app")
@@ -251,7 +263,7 @@ class StandinBackend:
                 out.update(model_id=f"ft:standin:{job.id}", final_reward=0.75,
                            checkpoints=[{"step": self.faults.iterations}])
             elif out["status"] == "failed":
-                out["error"] = "trainer crashed: CUDA OOM"
+                out["error"] = self.faults.error_message
             return out
 
         @app.get(f"/api/{kind}/jobs/{{job_id}}/events")

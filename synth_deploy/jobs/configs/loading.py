@@ -25,6 +25,8 @@ JobKind = Literal["rl", "sft"]
 KINDS = ("auto", "rl", "sft")
 SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "__pycache__", ".mirror",
                        ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages"})
+DISCOVERY_MAX_DEPTH = 4
+DISCOVERY_MAX_DIRS = 2000
 
 # Old spelling -> (new spelling, note). Renamed ones are moved before validation.
 _RENAMED_SECTIONS = {"judge": "verifier"}
@@ -244,13 +246,23 @@ def looks_like_config(path: Path) -> JobKind | None:
     return infer_kind(raw)
 
 
-def discover_configs(root: str | os.PathLike[str] = ".", *, limit: int = 200) -> list[Path]:
-    """RL/SFT configs under ``root`` (skipping .git, virtualenvs, node_modules), sorted."""
+def discover_configs(root: str | os.PathLike[str] = ".", *, limit: int = 200,
+                     max_depth: int = DISCOVERY_MAX_DEPTH,
+                     max_dirs: int = DISCOVERY_MAX_DIRS) -> list[Path]:
+    """RL/SFT configs under ``root``, sorted by walk order.
+
+    The walk is bounded so that running from a home directory stays quick: at most
+    ``max_depth`` folder levels below ``root`` and ``max_dirs`` folders in all, skipping
+    hidden folders, virtualenvs, caches and node_modules.
+    """
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
-        )
+    base_depth = len(Path(root).parts)
+    for visited, (dirpath, dirnames, filenames) in enumerate(os.walk(root), 1):
+        if len(Path(dirpath).parts) - base_depth >= max_depth:
+            dirnames[:] = []
+        else:
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS
+                                 and not d.startswith(".") and not d.endswith(".egg-info"))
         for name in sorted(filenames):
             if name.endswith(".toml") and name != "pyproject.toml":
                 path = Path(dirpath) / name
@@ -258,6 +270,8 @@ def discover_configs(root: str | os.PathLike[str] = ".", *, limit: int = 200) ->
                     found.append(path)
                     if len(found) >= limit:
                         return found
+        if visited >= max_dirs:
+            break
     return found
 
 
