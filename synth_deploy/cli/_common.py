@@ -2,7 +2,8 @@
 
 Exit codes (documented in the README):
     0 success · 1 failure (unhealthy app, failed job...) · 2 usage error (bad flag, file, value)
-    3 unreachable (check: DNS, connect, TLS) · 130 interrupted
+    3 unreachable (check: DNS, connect, TLS) · 4 job still running at --poll-timeout (train)
+    130 interrupted
 """
 
 from __future__ import annotations

@@ -60,9 +60,9 @@ def serve(
         from synth_deploy.taskapp.serving import ensure_port_free
 
         env = load_env(env_file or ())
+        apply_env(env)  # vendor proxy keys and app settings are read from os.environ
         entry = load_app(app_ref)
         ensure_port_free(host, port)
-        apply_env(env)  # vendor proxy keys and app settings are read from os.environ
         keys = env.api_keys()
         if not keys:
             warn("no ENVIRONMENT_API_KEY is configured: authenticated endpoints answer 503. "

@@ -43,11 +43,6 @@ class TraceDbReport:
     def ok(self) -> bool:
         return self.error is None
 
-    @property
-    def summary(self) -> str:
-        """One line: ``traces → PATH (source)``."""
-        return f"traces → {self.url} ({self.source})"
-
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "ok": self.ok}
 

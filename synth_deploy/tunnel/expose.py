@@ -7,7 +7,6 @@ milliseconds, not an app import.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -153,18 +152,16 @@ def expose(app: str | None = None, *, url: str | None = None, port: int | None =
         served = None
         app_id = None
         if app is not None:
-            from synth_deploy.env import apply_env
+            from synth_deploy.env import applied_env
             from synth_deploy.taskapp import BackgroundServer, create_app, load_app
             from synth_deploy.taskapp.serving import ensure_port_free
 
+            # Vendor keys and app settings are read from os.environ (at import time too),
+            # as under `serve`.
+            stack.enter_context(applied_env(env))
             entry = load_app(app)
             if port:
                 ensure_port_free("127.0.0.1", port)
-            # Vendor keys and app settings are read from os.environ (as `serve` does); put
-            # back what was there when the block ends, so a library caller's process is as it was.
-            saved = {name: os.environ.get(name) for name in env.values}
-            stack.callback(_restore_environ, saved)
-            apply_env(env)
             served = create_app(entry.build_config(), api_keys=keys, trace_store=trace_store)
             server = BackgroundServer(served, port=port).start()
             stack.callback(server.stop)
@@ -197,14 +194,6 @@ def expose(app: str | None = None, *, url: str | None = None, port: int | None =
         if write_env:
             exposed.env_file = write_env_var(write_env, TASK_APP_URL, exposed.url)
         yield exposed
-
-
-def _restore_environ(saved: Mapping[str, str | None]) -> None:
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 __all__ = ["Exposed", "expose"]
