@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -14,6 +13,7 @@ import time
 
 import httpx
 import pytest
+from processes import clean_env, free_port, run_cli, wait_until_up
 
 SLOW_APP = textwrap.dedent('''
     import asyncio
@@ -32,37 +32,11 @@ SLOW_APP = textwrap.dedent('''
 ''')
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cli_env(tmp_path, **extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ENVIRONMENT_API_KEY", "SYNTH_"))}
-    env.update(extra)
-    return env
-
-
 def start_serve(tmp_path, app_ref, port, **env):
     return subprocess.Popen(
         [sys.executable, "-m", "synth_deploy.cli", "serve", app_ref, "--port", str(port),
-         "--no-trace"], cwd=tmp_path, env=cli_env(tmp_path, **env),
+         "--no-trace"], cwd=tmp_path, env=clean_env(**env),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_up(url: str, proc, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited early: {proc.stderr.read()}")
-        try:
-            httpx.get(url + "/", timeout=0.5)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    raise AssertionError("server did not come up")
 
 
 def stop(proc) -> None:
@@ -78,7 +52,7 @@ def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
     proc = start_serve(tmp_path, str(app_file), port, ENVIRONMENT_API_KEY=api_key)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_up(url, proc)
+        wait_until_up(url, proc)
         result = {}
 
         def slow_rollout():
@@ -107,7 +81,7 @@ def test_serve_without_a_key_starts_warns_once_and_answers_503(tmp_path):
     proc = start_serve(tmp_path, "math", port)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_up(url, proc)
+        wait_until_up(url, proc)
         resp = httpx.get(url + "/health", headers={"X-API-Key": "x"})
         assert resp.status_code == 503
     finally:
@@ -130,17 +104,11 @@ def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
 
 def test_serve_unknown_app_suggests_the_close_match(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "synth_deploy.cli", "serve", "maths"],
-                          cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True,
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
                           timeout=20)
     assert proc.returncode == 2
     assert "no task app with id 'maths'" in proc.stderr and "did you mean 'math'" in proc.stderr
     assert "Traceback" not in proc.stderr
-
-
-def run_cli(tmp_path, *args, **env):
-    return subprocess.run([sys.executable, "-m", "synth_deploy.cli", *args], cwd=tmp_path,
-                          env=cli_env(tmp_path, **env), capture_output=True, text=True,
-                          timeout=30)
 
 
 def test_setup_mints_a_key_keeping_every_other_line(tmp_path):

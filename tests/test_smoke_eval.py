@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 
 import pytest
+from processes import run_cli
 
 from synth_deploy.cli._common import parse_seeds
 from synth_deploy.errors import UsageError
 from synth_deploy.jobs.rollouts import PolicyTarget
 from synth_deploy.jobs.runs import RunTarget, run_seeds
-
-
-def run_cli(cwd, *args, timeout=120, **env):
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("ENVIRONMENT_API_KEY", "SYNTH_"))}
-    clean.update(env)
-    return subprocess.run([sys.executable, "-m", "synth_deploy.cli", *args], cwd=cwd, env=clean,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def sessions(db) -> list[dict]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from processes import free_port, wait_until_up
 
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import open_trace_store
@@ -86,23 +86,6 @@ serve(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stderr.read()[-2000:]}")
-        try:
-            httpx.get(url + "/", timeout=1.0)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    raise AssertionError("server did not come up")
 
 
 @pytest.mark.slow

@@ -1,0 +1,50 @@
+"""Helpers for tests that run the CLI or a server as a real child process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+# Variables a developer's shell may hold that would change what a child process does.
+_KIT_PREFIXES = ("ENVIRONMENT_API_KEY", "SYNTH_")
+
+
+def free_port() -> int:
+    """A port free right now on 127.0.0.1 (for children that must be told their port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the kit's own variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_KIT_PREFIXES)}
+    env.update(extra)
+    return env
+
+
+def run_cli(cwd: Path, *args: str, timeout: float = 120, **env: str):
+    """`synth-deploy ARGS` in ``cwd`` as a child process; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "synth_deploy.cli", *args], cwd=cwd,
+                          env=clean_env(**env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    """Poll ``url``/ until it answers; fail with the child's stderr if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early: {proc.stderr.read()[-2000:]}")
+        try:
+            httpx.get(url + "/", timeout=1.0)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise AssertionError(f"server at {url} did not come up within {timeout_s:g}s")
