@@ -12,13 +12,13 @@ import sqlite3
 import time
 
 import pytest
+from trace_files import make_schema_too_new
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app
 from synth_deploy.env import Env
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import (
-    SCHEMA_VERSION,
     TraceDbAuthError,
     TraceDbUnreachableError,
     describe_trace_db,
@@ -129,16 +129,6 @@ def test_where_reports_remote_source_and_counts(hrana):
     assert TOKEN not in str(report.to_dict())
 
 
-def too_new(path) -> None:
-    with open_trace_store(str(path)):
-        pass
-    conn = sqlite3.connect(path)
-    conn.execute("INSERT INTO synth_deploy_schema VALUES (?, 'x', 'from the future')",
-                 (SCHEMA_VERSION + 1,))
-    conn.commit()
-    conn.close()
-
-
 def foreign(path) -> None:
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE users (id INTEGER)")
@@ -146,7 +136,7 @@ def foreign(path) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize(("make", "words"), [(too_new, "newer than"),
+@pytest.mark.parametrize(("make", "words"), [(make_schema_too_new, "newer than"),
                                              (foreign, "not a trace store")])
 def test_where_says_a_server_that_answered_is_reachable(tmp_path, make, words):
     db = tmp_path / "remote.db"

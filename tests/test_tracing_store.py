@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trace_files import make_schema_too_new
 
 from synth_deploy.env import Env
 from synth_deploy.errors import TraceStoreError, UsageError
@@ -297,14 +298,7 @@ def test_migration_from_synth_ai_layout_keeps_data(tmp_path):
 
 def test_newer_schema_is_refused_and_left_untouched(tmp_path):
     path = tmp_path / "new.db"
-    with open_trace_store(str(path)):
-        pass
-    conn = sqlite3.connect(path)
-    conn.execute("INSERT INTO synth_deploy_schema VALUES (?, 'x', 'from the future')",
-                 (SCHEMA_VERSION + 1,))
-    conn.commit()
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
+    make_schema_too_new(path)
     before = sha(path)
     with pytest.raises(SchemaTooNewError, match=f"version {SCHEMA_VERSION + 1}") as info:
         open_trace_store(str(path))
