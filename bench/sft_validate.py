@@ -2,7 +2,7 @@
 
 Writes a synthetic file (default 50,000 chat examples), then times, in the same run:
   baseline  json.loads of every line (the least any validator must do)
-  validate  synth_deploy.jobs.sft_data.validate_sft_file (parse + schema, errors by line)
+  validate  synth_deploy.train.validate_sft_file (parse + schema, errors by line)
 and prints the ratio. Run: python bench/sft_validate.py [N]
 """
 
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from synth_deploy.jobs.sft_data import validate_sft_file
+from synth_deploy.train import validate_sft_file
 
 
 def make_file(path: Path, n: int) -> None:

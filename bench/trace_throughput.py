@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from synth_deploy.jobs.mock_policy import create_mock_policy_app
+from synth_deploy.runs import create_mock_policy_app
 from synth_deploy.taskapp import BackgroundServer, create_app, load_app
 from synth_deploy.tracing import export_sft, open_trace_store
 

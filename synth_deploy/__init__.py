@@ -2,7 +2,8 @@
 
 Import what you need from the capability packages: ``synth_deploy.taskapp`` (the SDK),
 ``synth_deploy.health``, ``synth_deploy.tracing``, ``synth_deploy.tunnel``,
-``synth_deploy.modal``, ``synth_deploy.jobs``. This top level stays import-light.
+``synth_deploy.modal``, ``synth_deploy.runs``, ``synth_deploy.train``. This top level stays
+import-light.
 """
 
 __version__ = "0.1.0"

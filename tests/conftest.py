@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from synth_deploy.jobs.mock_policy import create_mock_policy_app
+from synth_deploy.runs import create_mock_policy_app
 from synth_deploy.taskapp import BackgroundServer, TaskAppConfig, create_app, load_app
 
 

@@ -76,19 +76,31 @@ def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
         stop(proc)
 
 
-def test_serve_without_a_key_starts_warns_once_and_answers_503(tmp_path):
+def test_serve_without_a_key_refuses_to_start_and_says_how_to_fix_it(tmp_path):
+    result = run_cli(tmp_path, "serve", "math", "--port", str(free_port()), "--no-trace",
+                     timeout=30)
+    assert result.returncode == 2
+    assert "no ENVIRONMENT_API_KEY" in result.stderr and "synth-deploy setup" in result.stderr
+    assert "--no-auth" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_no_auth_answers_without_a_key_and_warns(tmp_path):
     port = free_port()
-    proc = start_serve(tmp_path, "math", port)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "synth_deploy.cli", "serve", "math", "--port", str(port),
+         "--no-trace", "--no-auth"], cwd=tmp_path, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(url, proc)
-        resp = httpx.get(url + "/health", headers={"X-API-Key": "x"})
-        assert resp.status_code == 503
+        health = httpx.get(url + "/health")
+        assert health.status_code == 200
+        assert health.json()["auth"] == {"required": False, "enabled": False}
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
         stderr = proc.stderr.read()
-    assert stderr.count("synth-deploy setup") == 1, stderr
+    assert stderr.count("never expose") == 1, stderr
 
 
 def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
@@ -104,8 +116,8 @@ def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
 
 def test_serve_unknown_app_suggests_the_close_match(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "synth_deploy.cli", "serve", "maths"],
-                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
-                          timeout=20)
+                          cwd=tmp_path, env=clean_env(ENVIRONMENT_API_KEY="k" * 20),
+                          capture_output=True, text=True, timeout=20)
     assert proc.returncode == 2
     assert "no task app with id 'maths'" in proc.stderr and "did you mean 'math'" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from synth_deploy.errors import UsageError
-from synth_deploy.jobs.configs import RLConfig, SFTConfig, discover_configs, load_config
+from synth_deploy.train import RLConfig, SFTConfig, discover_configs, load_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 APP_CONFIGS = Path(__file__).parent.parent / "apps" / "math" / "configs"

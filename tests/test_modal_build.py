@@ -137,7 +137,7 @@ def test_image_holds_the_serving_set_and_no_secrets_dbs_caches_or_git(api_key, t
     assert not {"uvicorn", "modal", "typer", "rich"} & set(dependency_closure(pip))
     remote = {r for _, r in modal_inspect.image_files(image)}
     assert remote >= {"/root/task_app/task_app.py", "/root/task_app/math_problems.py",
-                      "/root/task_app/data/keep.json", "/root/synth_deploy/taskapp/server.py",
+                      "/root/task_app/data/keep.json", "/root/synth_deploy/taskapp/_server.py",
                       "/root/synth_deploy/modal/_container.py"}
     app_files = {r for r in remote if r.startswith("/root/task_app/")}
     assert app_files == {"/root/task_app/task_app.py", "/root/task_app/math_problems.py",
@@ -145,7 +145,7 @@ def test_image_holds_the_serving_set_and_no_secrets_dbs_caches_or_git(api_key, t
     source = {r for r in remote if r.startswith("/root/synth_deploy/")}
     assert all(r.endswith(".py") for r in source)
     assert not any(r.startswith(f"/root/synth_deploy/{p}/") for r in source
-                   for p in ("cli", "jobs", "tunnel", "health"))
+                   for p in ("cli", "runs", "train", "tunnel", "health"))
 
 
 def test_local_function_serves_the_app_and_passes_the_health_checker(

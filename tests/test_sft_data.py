@@ -7,7 +7,7 @@ import json
 import pytest
 
 from synth_deploy.errors import UsageError
-from synth_deploy.jobs.sft_data import truncated_copy, validate_sft_example, validate_sft_file
+from synth_deploy.train import truncated_copy, validate_sft_example, validate_sft_file
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 

@@ -10,8 +10,7 @@ from processes import run_cli
 
 from synth_deploy.cli._common import parse_seeds
 from synth_deploy.errors import UsageError
-from synth_deploy.jobs.rollouts import PolicyTarget
-from synth_deploy.jobs.runs import RunTarget, run_seeds
+from synth_deploy.runs import PolicyTarget, RunTarget, run_seeds
 
 
 def sessions(db) -> list[dict]:
@@ -117,11 +116,11 @@ def test_parse_seeds_rejects_empty():
 def test_runner_caps_concurrency_for_a_quick_tunnel():
     target = RunTarget("https://calm-river-1234.trycloudflare.com", "k",
                        PolicyTarget("http://127.0.0.1:9/v1", "m"), local=False)
-    report = run_seeds(target, [], concurrency=500)
+    report = run_seeds(target, [], RunOptions(concurrency=500))
     assert report.concurrency < 500
     assert any("trycloudflare" in note or "quick tunnel" in note for note in report.notes)
     plain = run_seeds(RunTarget("http://127.0.0.1:9", "k", target.policy, local=False), [],
-                      concurrency=500)
+                      RunOptions(concurrency=500))
     assert plain.concurrency == 500
 
 

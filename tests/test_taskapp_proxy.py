@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from toy_apps import proxy_config
 
+from synth_deploy.env import Env
 from synth_deploy.taskapp import create_app
 
 VENDOR_KEY = "sk-vendor-secret-123456"
@@ -32,21 +33,26 @@ def upstream_app():
     return app
 
 
-@pytest.fixture
-def proxied(serve, api_key, monkeypatch):
-    upstream = serve(upstream_app())
-    server = serve(create_app(proxy_config(upstream.url), api_keys=[api_key]))
+VENDOR_ENV = Env({"OPENAI_API_KEY": VENDOR_KEY, "GROQ_API_KEY": VENDOR_KEY})
+
+
+def proxied_server(serve, api_key, env, upstream=None):
+    upstream = upstream or serve(upstream_app())
+    server = serve(create_app(proxy_config(upstream.url), api_keys=[api_key], env=env))
     return server, upstream
+
+
+@pytest.fixture
+def proxied(serve, api_key):
+    return proxied_server(serve, api_key, VENDOR_ENV)
 
 
 @pytest.mark.parametrize(("path", "upstream_path"), [
     ("/proxy/v1/chat/completions", "/chat/completions"),
     ("/proxy/groq/v1/chat/completions", "/groq/chat/completions"),
 ])
-def test_proxy_forwards_with_the_server_key(proxied, api_key, monkeypatch, path, upstream_path):
+def test_proxy_forwards_with_the_server_key(proxied, api_key, path, upstream_path):
     server, upstream = proxied
-    monkeypatch.setenv("OPENAI_API_KEY", VENDOR_KEY)
-    monkeypatch.setenv("GROQ_API_KEY", VENDOR_KEY)
     resp = httpx.post(server.url + path, headers={"X-API-Key": api_key},
                       json={"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status_code == 200
@@ -55,9 +61,9 @@ def test_proxy_forwards_with_the_server_key(proxied, api_key, monkeypatch, path,
     assert VENDOR_KEY not in resp.text and api_key not in str(upstream.app.state.seen)
 
 
-def test_proxy_without_vendor_key_is_503_with_the_variable_name(proxied, api_key, monkeypatch):
-    server, upstream = proxied
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+def test_proxy_without_vendor_key_is_503_with_the_variable_name(serve, api_key):
+    # The server's resolved settings hold no vendor key (the process environment may).
+    server, upstream = proxied_server(serve, api_key, Env())
     resp = httpx.post(server.url + "/proxy/v1/chat/completions",
                       headers={"X-API-Key": api_key}, json={"model": "m", "messages": []})
     assert resp.status_code == 503
@@ -65,9 +71,9 @@ def test_proxy_without_vendor_key_is_503_with_the_variable_name(proxied, api_key
     assert upstream.app.state.seen == []
 
 
-def test_proxy_with_unreachable_vendor_is_502(serve, api_key, monkeypatch):
-    monkeypatch.setenv("OPENAI_API_KEY", VENDOR_KEY)
-    server = serve(create_app(proxy_config("http://127.0.0.1:9"), api_keys=[api_key]))
+def test_proxy_with_unreachable_vendor_is_502(serve, api_key):
+    server = serve(create_app(proxy_config("http://127.0.0.1:9"), api_keys=[api_key],
+                              env=VENDOR_ENV))
     resp = httpx.post(server.url + "/proxy/v1/chat/completions",
                       headers={"X-API-Key": api_key}, json={"model": "m", "messages": []})
     assert resp.status_code == 502 and VENDOR_KEY not in resp.text

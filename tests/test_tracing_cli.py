@@ -10,8 +10,8 @@ from test_tracing_store import make_session
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app
-from synth_deploy.jobs.sft_data import validate_sft_file
 from synth_deploy.tracing import SessionTracer, open_trace_store
+from synth_deploy.train import validate_sft_file
 
 runner = CliRunner()
 

@@ -9,9 +9,9 @@ import pytest
 from test_tracing_server import fire, rollout_body
 
 from synth_deploy.errors import UsageError
-from synth_deploy.jobs.sft_data import validate_sft_file
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store
+from synth_deploy.train import validate_sft_file
 
 
 def test_rollouts_export_to_valid_sft(tmp_path, serve, math_config, api_key, mock_policy):

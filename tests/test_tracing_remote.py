@@ -24,6 +24,7 @@ from synth_deploy.tracing import (
     describe_trace_db,
     export_sft,
     open_trace_store,
+    parse_trace_db,
 )
 from synth_deploy.tracing._libsql import LibsqlBackend
 
@@ -56,7 +57,7 @@ def test_sessions_are_written_to_and_read_from_the_remote_server(hrana):
     async def main(store):
         await asyncio.gather(*(store.write_session(s) for s in sessions))
 
-    with open_trace_store(url, env=token_env()) as store:
+    with open_trace_store(parse_trace_db(url, env=token_env())) as store:
         assert store.setting.is_remote
         asyncio.run(main(store))
         assert store.count_sessions() == 40
@@ -71,10 +72,10 @@ def test_sessions_are_written_to_and_read_from_the_remote_server(hrana):
 
 def test_served_app_traces_to_remote_and_exports(hrana, serve, math_config, api_key,
                                                  mock_policy, tmp_path):
-    from synth_deploy.jobs.sft_data import validate_sft_file
+    from synth_deploy.train import validate_sft_file
 
     url, _ = hrana
-    with open_trace_store(url, env=token_env()) as store:
+    with open_trace_store(parse_trace_db(url, env=token_env())) as store:
         server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
         bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(12)]
         results = asyncio.run(fire(server.url, api_key, bodies, concurrency=6))
@@ -89,7 +90,7 @@ def test_wrong_token_is_a_clear_error_without_the_token(hrana):
     url, _ = hrana
     wrong = "wrong-token-" + "y" * 20
     with pytest.raises(TraceDbAuthError) as info:
-        open_trace_store(url, env=token_env(wrong))
+        open_trace_store(parse_trace_db(url, env=token_env(wrong)))
     assert "TURSO_AUTH_TOKEN" in info.value.hint
     assert wrong not in str(info.value)
     report = describe_trace_db(url, token_env(wrong))
@@ -100,7 +101,7 @@ def test_unreachable_server_fails_fast_and_clearly():
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(TraceDbUnreachableError, match="cannot reach") as info:
-        open_trace_store(url, env=Env())
+        open_trace_store(parse_trace_db(url, env=Env()))
     assert time.monotonic() - started < 10
     assert info.value.exit_code == 3
 

@@ -77,12 +77,12 @@ def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, moc
 
 SERVER_SCRIPT = """
 import sys
-from synth_deploy.taskapp import create_app, load_app
-from synth_deploy.taskapp.serving import serve
-from synth_deploy.tracing import open_trace_store
-store = open_trace_store(sys.argv[1])
-app = create_app(load_app("math").build_config(), api_keys=[sys.argv[2]], trace_store=store)
-serve(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
+from synth_deploy.env import Env
+from synth_deploy.taskapp import LocalRunner, ServeSettings, ServerKeys
+from synth_deploy.tracing import parse_trace_db
+LocalRunner(ServeSettings(app="math", env=Env(), keys=ServerKeys((sys.argv[2],), "argv"),
+                          traces=parse_trace_db(sys.argv[1]), port=int(sys.argv[3]),
+                          log_level="warning")).serve_forever()
 """
 
 

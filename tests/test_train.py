@@ -294,7 +294,7 @@ def test_bad_flags_are_usage_errors(work):
 
 def test_declining_the_confirmation_submits_nothing(backend, rl_env):
     from synth_deploy.errors import UsageError
-    from synth_deploy.jobs.train import TrainOptions, TrainUI, train
+    from synth_deploy.train import TrainOptions, TrainUI, train
 
     asked = []
     ui = TrainUI(confirm=lambda job: asked.append(job.payload) or False)

@@ -10,9 +10,16 @@ import httpx
 import pytest
 
 from synth_deploy.errors import JobError, JobHTTPError, UsageError
-from synth_deploy.jobs.backend import JobClient, RetryPolicy, backend_url, new_idempotency_key
-from synth_deploy.jobs.stream import JsonHandler, sparkline, stream_job
-from synth_deploy.jobs.train import masked
+from synth_deploy.train import (
+    JobClient,
+    JsonHandler,
+    RetryPolicy,
+    backend_url,
+    masked,
+    new_idempotency_key,
+    sparkline,
+    stream_job,
+)
 
 FAST = RetryPolicy(retries=3, backoff_s=0.01)
 RL_BODY = {"job_type": "rl", "compute": {}, "data": {"endpoint_base_url": "http://x"}}
@@ -222,7 +229,7 @@ def test_backend_error_mid_stream_writes_no_outcome_record(backend, client):
 def test_cli_handler_prints_event_text_verbatim():
     from rich.console import Console
 
-    from synth_deploy.jobs.stream import CliHandler
+    from synth_deploy.train import CliHandler
 
     console = Console(file=io.StringIO(), width=200, color_system=None)
     handler = CliHandler(console)

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from processes import run_cli
 from standins.cloudflared_helpers import (
     COMMAND,
     STANDIN,
@@ -24,7 +25,9 @@ from standins.cloudflared_helpers import (
     wait_gone,
 )
 
+from synth_deploy.env import load_env
 from synth_deploy.errors import UsageError
+from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
 from synth_deploy.tunnel import (
     CloudflaredNotFoundError,
     Tunnel,
@@ -388,7 +391,9 @@ def test_expose_serves_the_app_writes_env_and_counts(standin, tmp_path, api_key,
     env_file = tmp_path / ".env"
     env_file.write_text(f"ENVIRONMENT_API_KEY={api_key}\nOTHER=kept\n")
     options = {"command": COMMAND, "env": standin.env("ok"), "resolve": standin.resolve}
-    with expose("math", env_files=[env_file], write_env=env_file, verify_timeout_s=10,
+    env = load_env([env_file])
+    runner = LocalRunner(ServeSettings(app="math", env=env, keys=server_keys(env, "required")))
+    with expose(runner, write_env=env_file, verify_timeout_s=10,
                 tunnel_options=options) as exposed:
         assert exposed.app_id == "math" and exposed.local_url.startswith("http://127.0.0.1:")
         assert env_file.read_text() == (f"ENVIRONMENT_API_KEY={api_key}\nOTHER=kept\n"
@@ -413,14 +418,13 @@ def test_expose_serves_the_app_writes_env_and_counts(standin, tmp_path, api_key,
     assert wait_gone(standin.pids()) == []
 
 
-def test_expose_fails_fast_without_a_binary_or_a_key(tmp_path, api_key):
+def test_tunnel_fails_fast_without_a_binary_or_a_key(tmp_path, api_key):
     env_file = tmp_path / ".env"
     env_file.write_text(f"ENVIRONMENT_API_KEY={api_key}\nPATH={tmp_path}\n")
-    with pytest.raises(CloudflaredNotFoundError):
-        with expose("math", env_files=[env_file], write_env=None):
-            pass
+    result = run_cli(tmp_path, "tunnel", "math", "--env-file", str(env_file), timeout=30)
+    assert result.returncode != 0 and "cloudflared was not found" in result.stderr
     no_key = tmp_path / "nokey.env"
     no_key.write_text(f"CLOUDFLARED_PATH={STANDIN}\nENVIRONMENT_API_KEY=\n")
-    with pytest.raises(UsageError, match="ENVIRONMENT_API_KEY"):
-        with expose("math", env_files=[no_key], write_env=None):
-            pass
+    result = run_cli(tmp_path, "tunnel", "math", "--env-file", str(no_key), timeout=30)
+    assert result.returncode == 2 and "no ENVIRONMENT_API_KEY" in result.stderr
+    assert "Traceback" not in result.stderr

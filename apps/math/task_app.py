@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from math_problems import TEST_SEEDS, TIERS, TRAIN_SEEDS, make_problem, parse_answer
 
-from synth_deploy.modal import ModalSettings
+from synth_deploy.modal import ModalSettings, modal_app
 from synth_deploy.taskapp import (
     LimitsInfo,
     RolloutContext,
@@ -181,11 +181,4 @@ register_task_app(
 )
 
 
-def __getattr__(name: str):
-    # `modal deploy apps/math/task_app.py` looks up `app`; building it on first use keeps
-    # modal out of `synth-deploy serve math`.
-    if name == "app":
-        from synth_deploy.modal import modal_app_for
-
-        return modal_app_for(__file__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+app = modal_app(__file__)  # `modal deploy apps/math/task_app.py` deploys this

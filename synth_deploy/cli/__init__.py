@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from synth_deploy.cli import check, deploy, evaluate, taskapp, traces, train, tunnel
+from synth_deploy.cli import check, deploy, runs, taskapp, traces, train, tunnel
 
 app = typer.Typer(
     name="synth-deploy",
@@ -21,7 +21,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-for _module in (taskapp, check, tunnel, deploy, traces, train, evaluate):
+for _module in (taskapp, runs, check, tunnel, deploy, traces, train):
     _module.register(app)
 
 

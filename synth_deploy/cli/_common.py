@@ -83,14 +83,25 @@ def handling_errors(json_output: bool = False) -> Iterator[None]:
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-def open_traces(trace_db: str | None, no_trace: bool, env):
-    """The trace store for `--trace-db`/`--no-trace`, and where it is, said for humans."""
-    if no_trace:
-        return None, "off (--no-trace)"
-    from synth_deploy.tracing import open_trace_store, resolve_trace_db
+def resolve_env(env_files: list[Path] | None):
+    """The `Env` for ``--env-file`` (see `synth_deploy.env` for precedence)."""
+    from synth_deploy.env import load_env
 
-    setting = resolve_trace_db(trace_db, env)
-    return open_trace_store(setting.url, env=env), f"{setting.display} ({setting.source})"
+    return load_env(env_files or ())
+
+
+def resolve_traces(trace_db: str | None, no_trace: bool, env):
+    """The trace setting for ``--trace-db``/``--no-trace`` (None: not recorded)."""
+    if no_trace:
+        return None
+    from synth_deploy.tracing import resolve_trace_db
+
+    return resolve_trace_db(trace_db, env)
+
+
+def traces_where(setting) -> str:
+    """Where traces go, said for humans."""
+    return "off (--no-trace)" if setting is None else f"{setting.display} ({setting.source})"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -132,8 +143,10 @@ __all__ = [
     "console",
     "escape",
     "handling_errors",
-    "open_traces",
     "parse_seeds",
     "print_json",
+    "resolve_env",
+    "resolve_traces",
+    "traces_where",
     "warn",
 ]

@@ -42,7 +42,7 @@ def _open(trace_db: str | None, env_files: list[Path] | None):
     from synth_deploy.tracing import open_trace_store, resolve_trace_db
 
     env = _env(env_files)
-    return open_trace_store(resolve_trace_db(trace_db, env).url, env=env, create=False)
+    return open_trace_store(resolve_trace_db(trace_db, env), create=False)
 
 
 def _esc(value: Any) -> str:

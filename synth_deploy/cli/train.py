@@ -110,15 +110,16 @@ def train(
             raise UsageError(f"--stream-format must be cli, chart or json, got {stream_format!r}")
         if poll_timeout <= 0 or poll_interval <= 0:
             raise UsageError("--poll-timeout and --poll-interval must be positive")
-        from synth_deploy.jobs.configs import discover_configs
-        from synth_deploy.jobs.stream import (
+        from synth_deploy.train import (
             EXIT_POLL_TIMEOUT,
             ChartHandler,
             CliHandler,
             JsonHandler,
+            TrainOptions,
+            TrainUI,
+            discover_configs,
         )
-        from synth_deploy.jobs.train import TrainOptions, TrainUI
-        from synth_deploy.jobs.train import train as run_train
+        from synth_deploy.train import train as run_train
 
         paths = list(config or []) or _pick(discover_configs(Path.cwd()))
         out, err = console(), console(stderr=True)

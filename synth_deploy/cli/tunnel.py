@@ -24,7 +24,9 @@ from synth_deploy.cli._common import (
     console,
     escape,
     handling_errors,
-    open_traces,
+    resolve_env,
+    resolve_traces,
+    traces_where,
     warn,
 )
 from synth_deploy.errors import TunnelError, UsageError
@@ -65,6 +67,9 @@ def tunnel(
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", help="Restarts in a row before giving up when cloudflared dies.")
     ] = 3,
+    no_auth: Annotated[bool, typer.Option(
+        "--no-auth", help="Serve APP without an API key (anyone with the URL may call it).")
+    ] = False,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
     json_output: JsonOption = False,
@@ -74,28 +79,42 @@ def tunnel(
     Serves APP (or uses --url) and stays up until Ctrl+C.
     """
     with handling_errors(json_output):
-        from synth_deploy.tunnel import expose
+        from synth_deploy.env import ENVIRONMENT_API_KEY
+        from synth_deploy.tunnel import TUNNEL_TOKEN, expose, find_cloudflared
 
         if mode not in ("quick", "named"):
             raise UsageError(f"--mode {mode!r} is not quick or named",
                              hint="use --mode quick (no account) or --mode named")
+        if url is not None and port is not None:
+            raise UsageError("--port and --url both name the origin", hint="give one of them")
+        env = resolve_env(env_file)
+        binary = find_cloudflared(env.values)  # before anything is served: fail in ms
+        token = token or (env.get(TUNNEL_TOKEN) if mode == "named" else None)
+        runner, api_key = None, env.get(ENVIRONMENT_API_KEY)
+        if url is not None and not api_key:
+            raise UsageError(f"no {ENVIRONMENT_API_KEY} to check {url} through the tunnel with",
+                             hint="run `synth-deploy setup` or put ENVIRONMENT_API_KEY in .env")
+        if app_ref is not None:  # with --url, the running server records its own traces
+            from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+
+            traces = resolve_traces(trace_db, no_trace, env)
+            keys = server_keys(env, "open" if no_auth else "required")
+            if no_auth:
+                warn("--no-auth: the tunnel's public URL answers anyone, with no key")
+            runner = LocalRunner(ServeSettings(
+                app=app_ref, env=env, keys=keys, traces=traces,
+                port=port if port is not None else (8001 if mode == "named" else 0)))
         out = console(stderr=True)
         if not json_output:
-            what = app_ref or url
-            out.print(f"opening a {mode} tunnel to {what}…")
-        store = None
-        if app_ref is not None:  # with --url, the running server records its own traces
-            from synth_deploy.env import load_env
-
-            store, where = open_traces(trace_db, no_trace, load_env(env_file or ()))
-            if not json_output:
-                out.print(f"traces → {where}")
+            out.print(f"opening a {mode} tunnel to {escape(app_ref or url)}…")
+            if runner is not None:
+                out.print(f"traces → {escape(traces_where(runner.settings.traces))}")
         try:
             with _signals_interrupt(), expose(
-                    app_ref, url=url, port=port, mode=mode, token=token, hostname=hostname,
-                    env_files=env_file or (), write_env=write_env or None,
-                    verify=not no_verify, verify_timeout_s=timeout,
-                    max_restarts=max_restarts, trace_store=store) as exposed:
+                    runner, url=url, api_key=api_key, mode=mode,
+                    token=token, hostname=hostname, binary=binary,
+                    write_env=write_env or None, verify=not no_verify,
+                    verify_timeout_s=timeout, max_restarts=max_restarts) as exposed:
                 _announce(exposed, json_output)
                 _stay_up(exposed, json_output)
         except TunnelError as exc:
@@ -104,9 +123,6 @@ def tunnel(
                 for line in exc.logs[-8:]:
                     out.print(f"  [dim]{escape(line)}[/dim]", markup=True, highlight=False)
             raise
-        finally:
-            if store is not None:
-                store.close()
 
 
 @contextmanager

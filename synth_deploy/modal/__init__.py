@@ -5,7 +5,7 @@
 Importing this package does not import modal; the builder and deployer import it when used.
 """
 
-from synth_deploy.modal.builder import build_modal_app, modal_app_for, web_function
+from synth_deploy.modal.builder import build_modal_app, modal_app, modal_app_for, web_function
 from synth_deploy.modal.credentials import has_modal_token, require_modal_token
 from synth_deploy.modal.deploy import (
     DeployResult,
@@ -35,6 +35,7 @@ __all__ = [
     "deploy",
     "find_web_url",
     "has_modal_token",
+    "modal_app",
     "modal_app_for",
     "require_modal_token",
     "serve_dev",

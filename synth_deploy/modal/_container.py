@@ -2,18 +2,21 @@
 
 Modal imports this module by name in the container (the function is defined at module level
 and decorated by the builder, so no pickling is involved) and calls `web()` once per container.
-Secrets arrive as environment variables; `SYNTH_DEPLOY_TASK_APP` names the app file relative to
-the folder that holds ``synth_deploy`` (``/root`` in the container).
+This is a process entry point: the environment Modal gives the container (secrets included)
+is resolved here, once, and the app is built by the same runner `serve` uses.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from synth_deploy.env import load_env
-from synth_deploy.errors import TaskAppError
+from synth_deploy.errors import TaskAppError, TraceStoreError
+from synth_deploy.handoff import TASK_APP_VAR
 
 logger = logging.getLogger("synth_deploy.modal")
 
@@ -25,32 +28,24 @@ def _app_file(ref: str) -> Path:
     return path
 
 
-def _trace_store(env: Any) -> Any:
-    """The remote libSQL store when SYNTH_TRACES_DB names one; else a SQLite file inside this
-    container (kept only as long as the container lives, as the deploy plan says)."""
-    from synth_deploy.errors import TraceStoreError
-    from synth_deploy.tracing import open_trace_store, resolve_trace_db
-
-    setting = resolve_trace_db(None, env)  # env carries TURSO_AUTH_TOKEN
-    try:
-        return open_trace_store(setting.url, env=env)
-    except TraceStoreError as exc:
-        if setting.is_remote:
-            raise  # a configured shared store that fails is a deployment error, not a detail
-        logger.warning("traces are not recorded in this container: %s", exc)
-        return None
-
-
 def web() -> Any:
     """Build the task app's FastAPI app from the environment Modal gives the container."""
-    from synth_deploy.modal.plan import TASK_APP_ENV
-    from synth_deploy.taskapp import create_app, load_app
+    from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+    from synth_deploy.tracing import resolve_trace_db
 
-    env = load_env()
-    ref = env.get(TASK_APP_ENV)
+    env = load_env(environ=os.environ)
+    ref = env.get(TASK_APP_VAR)
     if not ref:
-        raise TaskAppError(f"{TASK_APP_ENV} is not set in the container",
+        raise TaskAppError(f"{TASK_APP_VAR} is not set in the container",
                            hint="deploy with `synth-deploy deploy` or `modal deploy <app file>`")
-    entry = load_app(str(_app_file(ref)))
-    return create_app(entry.build_config(), api_keys=env.api_keys(),
-                      trace_store=_trace_store(env))
+    # The remote libSQL store when SYNTH_TRACES_DB names one; else a SQLite file inside this
+    # container (kept only as long as the container lives, as the deploy plan says).
+    settings = ServeSettings(app=str(_app_file(ref)), env=env, keys=server_keys(env, "required"),
+                             traces=resolve_trace_db(None, env))
+    try:
+        return LocalRunner(settings).build()
+    except TraceStoreError as exc:
+        if settings.traces is not None and settings.traces.is_remote:
+            raise  # a configured shared store that fails is a deployment error, not a detail
+        logger.warning("traces are not recorded in this container: %s", exc)
+        return LocalRunner(replace(settings, traces=None)).build()

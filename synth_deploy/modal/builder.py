@@ -7,17 +7,15 @@ and inspect the same App that `modal deploy` would send.
 from __future__ import annotations
 
 import os
+import sys
 import weakref
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from synth_deploy.env import load_env
+from synth_deploy.env import Env
 from synth_deploy.errors import DeployError, SynthDeployError, TaskAppError
 from synth_deploy.modal.plan import DeployPlan, build_plan
 
-# Set by `synth-deploy deploy` for the `modal deploy` child: which env files to resolve.
-ENV_FILES_VAR = "SYNTH_DEPLOY_ENV_FILES"
 MODAL_ENV_VAR = "MODAL_ENVIRONMENT"
 
 _APPS: dict[Path, Any] = {}
@@ -65,13 +63,9 @@ def build_modal_app(plan: DeployPlan) -> Any:
     return app
 
 
-def modal_app_for(app_file: str | Path, env_files: Iterable[str | Path] | None = None) -> Any:
-    """The ``modal.App`` for the task app registered in ``app_file`` (built once, cached).
-
-    Called from the app file's module ``__getattr__`` so plain ``modal deploy app.py`` works.
-    Env files come from ``env_files``, else from ``SYNTH_DEPLOY_ENV_FILES`` (set by
-    ``synth-deploy deploy``), else ``./.env``.
-    """
+def modal_app_for(app_file: str | Path, env: Env) -> Any:
+    """The ``modal.App`` for the task app registered in ``app_file`` (built once, cached),
+    with secrets and settings from ``env``."""
     from synth_deploy.taskapp import registered_apps
 
     path = Path(app_file).resolve()
@@ -81,13 +75,30 @@ def modal_app_for(app_file: str | Path, env_files: Iterable[str | Path] | None =
     if len(entries) != 1:
         raise TaskAppError(f"{path} registers {len(entries)} task apps; expected exactly one",
                            hint="call register_task_app(...) once, at module level")
-    if env_files is None:
-        listed = load_env().get(ENV_FILES_VAR) or ""
-        env_files = [p for p in listed.split(os.pathsep) if p]
-    env = load_env(env_files)
     plan = build_plan(entries[0], env, modal_environment=env.get(MODAL_ENV_VAR))
     _APPS[path] = build_modal_app(plan)
     return _APPS[path]
+
+
+def modal_app(app_file: str | Path) -> Any:
+    """The `modal deploy` entry of a task app file, one line after its registration::
+
+        app = modal_app(__file__)  # `modal deploy apps/math/task_app.py` deploys this
+
+    When Modal's CLI imports the app file (`modal deploy`, `modal serve`, and the `modal`
+    child of `synth-deploy deploy`) this is the ``modal.App``, its secrets and settings
+    resolved from the env files `synth-deploy deploy` handed over (else ./.env). Anywhere
+    else it is None and costs nothing: `synth-deploy serve`, smoke runs and the container
+    running the app never build an App, nor import modal for one.
+    """
+    modal = sys.modules.get("modal")
+    if "modal.cli.import_refs" not in sys.modules or modal is None or not modal.is_local():
+        return None
+    from synth_deploy.env import load_env
+    from synth_deploy.handoff import env_files_from
+
+    # The `modal` child is a process entry point: its settings are resolved here, once.
+    return modal_app_for(app_file, load_env(env_files_from(os.environ)))
 
 
 def web_function(app: Any) -> Any:
@@ -98,4 +109,4 @@ def web_function(app: Any) -> Any:
         raise DeployError("this Modal app was not built by synth_deploy.modal") from None
 
 
-__all__ = ["ENV_FILES_VAR", "build_modal_app", "modal_app_for", "web_function"]
+__all__ = ["MODAL_ENV_VAR", "build_modal_app", "modal_app", "modal_app_for", "web_function"]

@@ -20,13 +20,12 @@ from synth_deploy.env import (
     DEFAULT_ENV_FILE,
     TASK_APP_URL,
     Env,
-    applied_env,
     load_env,
-    mint_key,
     write_env_var,
 )
 from synth_deploy.errors import DeployError
-from synth_deploy.modal.builder import ENV_FILES_VAR, build_modal_app
+from synth_deploy.handoff import env_files_for_child
+from synth_deploy.modal.builder import build_modal_app
 from synth_deploy.modal.credentials import require_modal_token
 from synth_deploy.modal.plan import DeployPlan, build_plan
 from synth_deploy.modal.runner import (
@@ -38,7 +37,6 @@ from synth_deploy.modal.runner import (
 )
 
 DEFAULT_HEALTH_TIMEOUT_S = 300.0
-_MODAL_CREDENTIALS = ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "MODAL_OAUTH_REFRESH_TOKEN")
 
 Progress = Callable[[str, str], None]
 
@@ -77,32 +75,29 @@ class DeployResult:
 
 def validate_locally(entry: Any, env: Env | None = None, *, seed: int = 0,
                      timeout_s: float = 30.0) -> Any:
-    """Serve the app on 127.0.0.1 with a throwaway key and health-check it, rollout included.
+    """Serve the app on 127.0.0.1 with an ephemeral key and health-check it, rollout included.
 
-    The deployment's variables are in ``os.environ`` while it runs, as they will be in the
-    container; the rollout runs against the kit's mock policy, so no model endpoint is needed.
+    The deployment's variables are applied while it runs, as they will be in the container;
+    the rollout runs against the kit's mock policy, so no model endpoint is needed.
     """
     from synth_deploy.health import check
-    from synth_deploy.jobs.mock_policy import MOCK_MODEL, create_mock_policy_app
-    from synth_deploy.taskapp import BackgroundServer, create_app
+    from synth_deploy.runs import MOCK_MODEL, create_mock_policy_app
+    from synth_deploy.taskapp import BackgroundServer, LocalRunner, ServeSettings, server_keys
 
-    key = mint_key()
-    with applied_env(env or Env()), BackgroundServer(create_mock_policy_app()) as policy, \
-            BackgroundServer(create_app(entry.build_config(), api_keys=[key])) as server:
-        return check(server.url, key, seeds=(seed,), rollout=True,
+    env = env or Env()
+    settings = ServeSettings(app=str(entry.source or entry.app_id), env=env,
+                             keys=server_keys(env, "ephemeral"))
+    with BackgroundServer(create_mock_policy_app()) as policy, LocalRunner(settings) as server:
+        return check(server.url, settings.keys.primary, seeds=(seed,), rollout=True,
                      inference_url=policy.url + "/v1", model=MOCK_MODEL, timeout_s=timeout_s,
-                     key_source="a throwaway key for local validation")
+                     key_source="an ephemeral key for local validation")
 
 
 def _child_env(env: Env, env_files: Sequence[Path]) -> dict[str, str]:
-    # The `modal deploy` child rebuilds the same App from the app file: tell it which env
-    # files to resolve, and hand it credentials that came from those files.
-    child = dict(os.environ)
-    child[ENV_FILES_VAR] = os.pathsep.join(str(p) for p in env_files)
-    for name in _MODAL_CREDENTIALS:
-        if env.get(name):
-            child[name] = env.get(name) or ""
-    return child
+    # The `modal deploy` child sees the resolved variables (Modal's credentials among them,
+    # wherever they came from) and is told which env files to resolve when it rebuilds the
+    # same App from the app file.
+    return {**env.values, **env_files_for_child(env_files)}
 
 
 def deploy(

@@ -25,8 +25,9 @@ SERVING_PACKAGES = ("fastapi", "pydantic", "httpx")
 # A remote trace store (libsql://) needs the libSQL client in the container.
 REMOTE_TRACING_PACKAGES = ("libsql",)
 
-# synth_deploy subpackages that serving never imports: the CLI, tunnels, jobs, health probes.
-SOURCE_EXCLUDED_PACKAGES = ("cli", "tunnel", "jobs", "health")
+# synth_deploy subpackages that serving never imports: the CLI, tunnels, runs, training,
+# health probes.
+SOURCE_EXCLUDED_PACKAGES = ("cli", "tunnel", "runs", "train", "health")
 
 # Kept out of the app folder: secrets, trace databases, VCS data, caches and environments.
 APP_DIR_IGNORE = (

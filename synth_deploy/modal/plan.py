@@ -13,16 +13,15 @@ from typing import Any
 
 from synth_deploy.env import ENVIRONMENT_API_KEY, Env
 from synth_deploy.errors import TaskAppError, UsageError
+from synth_deploy.handoff import TASK_APP_VAR
 from synth_deploy.modal.image import ImageRecipe, app_remote_file
 from synth_deploy.modal.secrets import (
     SecretSource,
     resolve_secrets,
 )
 from synth_deploy.modal.settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
-from synth_deploy.tracing.config import deploy_notice, resolve_trace_db
+from synth_deploy.tracing import deploy_notice, resolve_trace_db
 
-# Read by the container function: the app file, relative to the folder holding synth_deploy.
-TASK_APP_ENV = "SYNTH_DEPLOY_TASK_APP"
 _DNS_LABEL_MAX = 63
 
 
@@ -106,11 +105,11 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         settings=settings,
         image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
         secrets=tuple(resolve_secrets(settings, env, source.parent)),
-        env={**settings.env, TASK_APP_ENV: app_remote_file(source)},
+        env={**settings.env, TASK_APP_VAR: app_remote_file(source)},
         tracing=tracing,
         remote_tracing=remote,
         modal_environment=modal_environment or env.get("MODAL_ENVIRONMENT"),
     )
 
 
-__all__ = ["DeployPlan", "TASK_APP_ENV", "build_plan"]
+__all__ = ["DeployPlan", "build_plan"]

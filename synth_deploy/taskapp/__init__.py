@@ -1,9 +1,14 @@
 """The task app SDK: declare a task app once, serve it anywhere.
 
     from synth_deploy.taskapp import TaskAppConfig, register_task_app, create_app
+
+Declaring (contracts, config, registry) is light; serving (`create_app`, `LocalRunner`,
+`call_policy`: fastapi, uvicorn, httpx) loads on first use, so `synth-deploy check` and
+`apps` can import the contracts without paying for a server.
 """
 
-from synth_deploy.taskapp.config import (
+from synth_deploy.taskapp._auth import KeyRule, ServerKeys, server_keys
+from synth_deploy.taskapp._config import (
     ProxyConfig,
     RolloutContext,
     RubricBundle,
@@ -11,7 +16,7 @@ from synth_deploy.taskapp.config import (
     TaskDataset,
     TaskDatasetRegistry,
 )
-from synth_deploy.taskapp.contracts import (
+from synth_deploy.taskapp._contracts import (
     DatasetInfo,
     InferenceInfo,
     LimitsInfo,
@@ -30,7 +35,8 @@ from synth_deploy.taskapp.contracts import (
     TaskDescriptor,
     TaskInfo,
 )
-from synth_deploy.taskapp.registry import (
+from synth_deploy.taskapp._registry import (
+    BUNDLED_APPS_DIR,
     AppInfo,
     TaskAppEntry,
     discover_apps,
@@ -39,18 +45,19 @@ from synth_deploy.taskapp.registry import (
     registered_apps,
 )
 
-# The server half (fastapi, httpx) loads on first use, so importing the contracts or the
-# registry (as `synth-deploy check` and `apps` do) stays light.
 _LAZY = {
-    "create_app": "synth_deploy.taskapp.server",
-    "TraceSink": "synth_deploy.taskapp.server",
-    "BackgroundServer": "synth_deploy.taskapp.serving",
-    "serve": "synth_deploy.taskapp.serving",
-    "call_policy": "synth_deploy.taskapp.policy",
-    "chat_completions_url": "synth_deploy.taskapp.policy",
-    "PolicyError": "synth_deploy.taskapp.policy",
-    "PolicyReply": "synth_deploy.taskapp.policy",
-    "ApiKeyAuth": "synth_deploy.taskapp.auth",
+    "create_app": "_server",
+    "stats_of": "_server",
+    "TraceSink": "_server",
+    "error_response": "_responses",
+    "BackgroundServer": "_runner",
+    "LocalRunner": "_runner",
+    "ServeSettings": "_runner",
+    "call_policy": "_policy",
+    "chat_completions_url": "_policy",
+    "PolicyError": "_policy",
+    "PolicyReply": "_policy",
+    "ApiKeyAuth": "_auth",
 }
 
 
@@ -58,7 +65,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'synth_deploy.taskapp' has no attribute {name!r}")
@@ -67,10 +74,13 @@ def __getattr__(name: str):
 __all__ = [
     "ApiKeyAuth",
     "AppInfo",
+    "BUNDLED_APPS_DIR",
     "BackgroundServer",
     "DatasetInfo",
     "InferenceInfo",
+    "KeyRule",
     "LimitsInfo",
+    "LocalRunner",
     "PolicyError",
     "PolicyReply",
     "ProxyConfig",
@@ -88,6 +98,8 @@ __all__ = [
     "RubricCriterion",
     "RubricInfo",
     "RubricSection",
+    "ServeSettings",
+    "ServerKeys",
     "TaskAppConfig",
     "TaskAppEntry",
     "TaskDataset",
@@ -99,8 +111,10 @@ __all__ = [
     "chat_completions_url",
     "create_app",
     "discover_apps",
+    "error_response",
     "load_app",
     "register_task_app",
     "registered_apps",
-    "serve",
+    "server_keys",
+    "stats_of",
 ]

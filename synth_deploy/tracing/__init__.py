@@ -1,7 +1,7 @@
 """Traces of rollouts: what a rollout records (`SessionTracer`) and where it is stored.
 
     setting = resolve_trace_db(flag, env)          # --trace-db > SYNTH_TRACES_DB > default
-    with open_trace_store(setting.url, env=env) as store:
+    with open_trace_store(setting) as store:
         await store.write_session(session)         # durable on return
 
 Heavy or optional parts load on use: ``libsql`` only for a remote URL (in a child process).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 import threading
 import time
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from synth_deploy.env import Env
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _rows, schema
 from synth_deploy.tracing.config import TraceDbSetting, parse_trace_db
@@ -342,15 +342,19 @@ class TraceStore:
         return f"TraceStore({self.display!r}, schema_version={self.schema_version})"
 
 
-def open_trace_store(url: str, *, env: Env | None = None, create: bool = True) -> TraceStore:
-    """Open (creating and migrating as needed) the trace database at ``url``.
+def open_trace_store(setting: TraceDbSetting | str | os.PathLike[str], *,
+                     create: bool = True) -> TraceStore:
+    """Open (creating and migrating as needed) the trace database ``setting`` names.
 
-    ``env`` supplies ``TURSO_AUTH_TOKEN`` for remote URLs. With ``create=False`` a missing
-    local file is an error instead of being created (what read-only commands want).
+    ``setting`` is what `resolve_trace_db` resolved at the entry point; a plain path or URL
+    is parsed as given (a remote token must then be in the URL). With ``create=False`` a
+    missing local file is an error instead of being created (what read-only commands want).
     Raises `TraceStoreError` (with a hint) for bad URLs, corrupt or foreign files, newer
     schemas, read-only folders and unreachable servers; nothing is overwritten.
     """
-    return TraceStore(parse_trace_db(url, env=env), create=create)
+    if not isinstance(setting, TraceDbSetting):
+        setting = parse_trace_db(os.fspath(setting))
+    return TraceStore(setting, create=create)
 
 
 def since_timestamp(text: str, *, now: float | None = None) -> str:

@@ -56,13 +56,10 @@ def install_hint(system: str | None = None, os_release: Mapping[str, str] | None
 def find_cloudflared(env: Mapping[str, str] | None = None) -> str:
     """The path of the cloudflared executable: ``CLOUDFLARED_PATH`` if set, else PATH.
 
-    ``env`` holds resolved settings (an :class:`synth_deploy.env.Env`'s values); it defaults to
-    the process environment via :func:`synth_deploy.env.load_env`.
+    ``env`` holds resolved settings (an :class:`synth_deploy.env.Env`'s values, resolved by
+    the caller); without it, cloudflared is looked for on this process's PATH.
     """
-    if env is None:
-        from synth_deploy.env import load_env
-
-        env = load_env().values
+    env = env or {}
     explicit = (env.get(CLOUDFLARED_PATH) or "").strip()
     if explicit:
         path = Path(explicit).expanduser()
@@ -71,7 +68,7 @@ def find_cloudflared(env: Mapping[str, str] | None = None) -> str:
         problem = "does not exist" if not path.exists() else "is not an executable file"
         raise CloudflaredNotFoundError(f"{CLOUDFLARED_PATH}={explicit} {problem}",
                                        hint=install_hint())
-    found = shutil.which("cloudflared", path=env.get("PATH") or os.defpath)
+    found = shutil.which("cloudflared", path=env.get("PATH"))
     if found:
         return found
     raise CloudflaredNotFoundError("cloudflared was not found on PATH", hint=install_hint())

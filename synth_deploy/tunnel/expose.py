@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +25,11 @@ from synth_deploy.tunnel.tunnel import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_START_TIMEOUT_S,
     DEFAULT_VERIFY_TIMEOUT_S,
-    TUNNEL_TOKEN,
     Mode,
     Tunnel,
     TunnelConfig,
     TunnelEvent,
 )
-
-NAMED_DEFAULT_PORT = 8001
 
 
 @dataclass
@@ -45,7 +42,7 @@ class Exposed:
     env_file: Path | None = None
     warnings: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
-    _app: Any = None
+    _runner: Any = None
     _events: list[TunnelEvent] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -74,16 +71,10 @@ class Exposed:
         included), ``rollouts`` (completed) and errors are the app's counts when we serve it.
         """
         edge = self.tunnel.counters()
-        app: Mapping[str, int] = {}
-        if self._app is not None:
-            from synth_deploy.taskapp.server import stats_of
-
-            app = stats_of(self._app)
-        # The server's key was "requests" before it was named for what it counts.
-        rollout_requests = app.get("rollout_requests", app.get("requests", 0))
+        app: Mapping[str, int] = self._runner.stats() if self._runner is not None else {}
         return {
             "requests": edge.get("requests", 0),
-            "rollout_requests": rollout_requests,
+            "rollout_requests": app.get("rollout_requests", 0),
             "rollouts": app.get("rollouts", 0),
             "errors": app.get("errors", 0) + edge.get("errors", 0),
             "in_flight": max(app.get("in_flight", 0), edge.get("in_flight", 0)),
@@ -107,65 +98,42 @@ class Exposed:
 
 
 @contextmanager
-def expose(app: str | None = None, *, url: str | None = None, port: int | None = None,
+def expose(runner: Any = None, *, url: str | None = None, api_key: str | None = None,
            mode: Mode = "quick", token: str | None = None, hostname: str | None = None,
-           env_files: Sequence[str | Path] = (), write_env: str | Path | None = ".env",
+           binary: str | None = None, write_env: str | Path | None = ".env",
            verify: bool = True, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
            verify_timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S,
            max_restarts: int = DEFAULT_MAX_RESTARTS,
            on_event: Callable[[TunnelEvent], None] | None = None,
-           trace_store: Any = None,
            tunnel_options: Mapping[str, Any] | None = None) -> Iterator[Exposed]:
-    """Serve ``app`` (an app id or file) on 127.0.0.1, or take the server at ``url``, and
-    open a tunnel to it; write ``TASK_APP_URL`` into ``write_env``; stop both on exit.
+    """Serve ``runner`` (a `synth_deploy.taskapp.LocalRunner`) on 127.0.0.1, or take the
+    server at ``url``, and open a tunnel to it; write ``TASK_APP_URL`` into ``write_env``;
+    stop both on exit.
 
-    ``trace_store`` records the served app's rollouts (see `synth_deploy.tracing`);
+    ``api_key`` is what the tunnel's health check sends (default: the runner's key);
     ``tunnel_options`` go to `Tunnel` unchanged (``command``, ``env``, ``resolve`` seams).
     """
-    from synth_deploy.env import load_env, write_env_var
+    from synth_deploy.env import write_env_var
 
-    if (app is None) == (url is None):
+    if (runner is None) == (url is None):
         raise UsageError("name a task app to serve, or --url of a server already running",
                          hint="synth-deploy tunnel math   or   synth-deploy tunnel --url "
                               "http://127.0.0.1:8001")
-    if url is not None and port is not None:
-        raise UsageError("--port and --url both name the origin", hint="give one of them")
-    env = load_env(env_files)
     options = dict(tunnel_options or {})
-    if "command" not in options and "binary" not in options:
+    if "command" not in options:
         from synth_deploy.tunnel.binary import find_cloudflared
 
-        options["binary"] = find_cloudflared(env.values)
-    if mode == "named" and not token:
-        token = env.get(TUNNEL_TOKEN)
-    if port is None:
-        port = NAMED_DEFAULT_PORT if mode == "named" else 0
+        options["binary"] = binary or find_cloudflared()
     # Validate the tunnel settings now, before an app is imported and served.
     TunnelConfig(origin_url=url or "http://127.0.0.1:1", mode=mode, token=token,
                  hostname=hostname, max_restarts=max_restarts)
-    keys = env.api_keys()
-    if not keys:
-        raise UsageError("no ENVIRONMENT_API_KEY is set, and a tunnel makes the app public",
-                         hint="run `synth-deploy setup` or put ENVIRONMENT_API_KEY in .env")
 
     with ExitStack() as stack:
-        served = None
         app_id = None
-        if app is not None:
-            from synth_deploy.env import applied_env
-            from synth_deploy.taskapp import BackgroundServer, create_app, load_app
-            from synth_deploy.taskapp.serving import ensure_port_free
-
-            # Vendor keys and app settings are read from os.environ (at import time too),
-            # as under `serve`.
-            stack.enter_context(applied_env(env))
-            entry = load_app(app)
-            if port:
-                ensure_port_free("127.0.0.1", port)
-            served = create_app(entry.build_config(), api_keys=keys, trace_store=trace_store)
-            server = BackgroundServer(served, port=port).start()
-            stack.callback(server.stop)
-            url, app_id = server.url, entry.app_id
+        if runner is not None:
+            stack.enter_context(runner)
+            url, app_id = runner.url, runner.entry.app_id
+            api_key = api_key or runner.settings.keys.primary
         assert url is not None
         holder: list[Exposed] = []
 
@@ -175,11 +143,11 @@ def expose(app: str | None = None, *, url: str | None = None, port: int | None =
             if on_event is not None:
                 on_event(event)
 
-        tunnel = Tunnel(url=url, mode=mode, token=token, hostname=hostname, api_key=keys[0],
+        tunnel = Tunnel(url=url, mode=mode, token=token, hostname=hostname, api_key=api_key,
                         verify=verify, start_timeout_s=start_timeout_s,
                         verify_timeout_s=verify_timeout_s, max_restarts=max_restarts,
                         on_event=record, **options)
-        exposed = Exposed(tunnel, url.rstrip("/"), app_id, _app=served)
+        exposed = Exposed(tunnel, url.rstrip("/"), app_id, _runner=runner)
         holder.append(exposed)
         stack.enter_context(tunnel)
         if mode == "quick":

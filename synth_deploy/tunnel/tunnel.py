@@ -130,10 +130,6 @@ class Tunnel:
             raise UsageError(f"orphan_guard {orphan_guard!r} is not one of "
                              f"{', '.join(ORPHAN_GUARDS)}",
                              hint="leave it at 'auto' unless the platform's guard misbehaves")
-        if mode == "named" and not token:
-            from synth_deploy.env import load_env
-
-            token = load_env().get(TUNNEL_TOKEN)
         hostname = (hostname or "").removeprefix("https://").strip("/") or None
         self.config = TunnelConfig(
             origin_url=url.rstrip("/") if url else f"http://127.0.0.1:{port}", mode=mode,

@@ -10,6 +10,10 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+from synth_deploy.env import ENVIRONMENT_API_KEY, Env, mask, mint_key
+from synth_deploy.errors import UsageError
 
 MISSING_KEY_MESSAGE = (
     "the server has no ENVIRONMENT_API_KEY configured: run `synth-deploy setup` to mint one "
@@ -48,11 +52,68 @@ def presented_keys(headers: Mapping[str, str]) -> list[str]:
     return [k for k in keys if k]
 
 
-class ApiKeyAuth:
-    """Accepts a request when any presented key equals any configured key."""
+KeyRule = Literal["required", "ephemeral", "open"]
 
-    def __init__(self, keys: Sequence[str]) -> None:
-        self._keys = [k.encode() for k in keys if k]
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """The keys a served task app accepts and where they came from.
+
+    ``values is None`` means authentication is off (``--no-auth``); an empty tuple means keys
+    are required but none is configured (every authenticated endpoint answers 503).
+    """
+
+    values: tuple[str, ...] | None
+    source: str
+
+    @property
+    def primary(self) -> str | None:
+        """The key clients should send (the first one), or None when there is none."""
+        return self.values[0] if self.values else None
+
+    def describe(self) -> str:
+        """How the key is shown to people: masked, with its source."""
+        if self.values is None:
+            return "none: authentication is off (--no-auth)"
+        return f"{mask(self.primary)} ({self.source})"
+
+    def __repr__(self) -> str:
+        return f"ServerKeys({self.describe()!r})"
+
+
+def server_keys(env: Env, rule: KeyRule) -> ServerKeys:
+    """The one rule for a missing ``ENVIRONMENT_API_KEY``, by the context serving the app.
+
+    - ``"required"`` (serve, tunnel, deploy, the Modal container): the configured key and its
+      aliases; none configured is a `UsageError` that says how to mint one.
+    - ``"ephemeral"`` (smoke, eval and deploy's local validation, which serve an app for one
+      run of their own): a key minted now and forgotten when the run ends.
+    - ``"open"`` (``--no-auth``, asked for explicitly): no key; every endpoint answers anyone.
+    """
+    if rule == "open":
+        return ServerKeys(None, "--no-auth")
+    if rule == "ephemeral":
+        return ServerKeys((mint_key(),), "an ephemeral key for this run")
+    keys = env.api_keys()
+    if not keys:
+        raise UsageError(
+            f"no {ENVIRONMENT_API_KEY} is configured, so the task app would refuse every "
+            "request",
+            hint="run `synth-deploy setup` to mint one into .env (or pass --env-file F); "
+                 "pass --no-auth to serve without authentication on purpose")
+    return ServerKeys(tuple(keys), f"{ENVIRONMENT_API_KEY} from "
+                                   f"{env.source(ENVIRONMENT_API_KEY) or 'the environment'}")
+
+
+class ApiKeyAuth:
+    """Accepts a request when any presented key equals any configured key.
+
+    ``keys=None`` accepts every request (authentication off); no keys at all answers 503.
+    """
+
+    def __init__(self, keys: Sequence[str] | None) -> None:
+        self.enabled = keys is not None
+        self._keys = [k.encode() for k in keys or () if k]
 
     @property
     def configured(self) -> bool:
@@ -62,6 +123,8 @@ class ApiKeyAuth:
         return f"ApiKeyAuth(keys=<{len(self._keys)} hidden>)"
 
     def check(self, headers: Mapping[str, str]) -> AuthFailure | None:
+        if not self.enabled:
+            return None
         if not self._keys:
             return AuthFailure(503, "missing_environment_api_key", MISSING_KEY_MESSAGE)
         sent = presented_keys(headers)
@@ -86,4 +149,5 @@ class ApiKeyAuth:
         )
 
 
-__all__ = ["ApiKeyAuth", "AuthFailure", "MISSING_KEY_MESSAGE", "presented_keys"]
+__all__ = ["ApiKeyAuth", "AuthFailure", "KeyRule", "MISSING_KEY_MESSAGE", "ServerKeys",
+           "presented_keys", "server_keys"]

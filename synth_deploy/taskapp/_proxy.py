@@ -6,7 +6,6 @@ without ever holding the vendor key.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -14,9 +13,12 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from synth_deploy.env import redact
-from synth_deploy.taskapp.config import ProxyConfig
+from synth_deploy.env import Env, redact
+from synth_deploy.taskapp._config import ProxyConfig
+from synth_deploy.taskapp._responses import error_response
 
+OPENAI_API_KEY, GROQ_API_KEY = "OPENAI_API_KEY", "GROQ_API_KEY"
+VENDOR_KEYS = (OPENAI_API_KEY, GROQ_API_KEY)
 # Hop-by-hop and auth headers are never copied from the upstream answer.
 _DROP = {"content-length", "transfer-encoding", "connection", "content-encoding", "set-cookie"}
 
@@ -24,18 +26,17 @@ _DROP = {"content-length", "transfer-encoding", "connection", "content-encoding"
 def add_proxy_routes(
     app: FastAPI,
     proxy: ProxyConfig,
+    env: Env,
     denied: Callable[[Request], Response | None],
     *,
     read_body: Callable[[Request], Awaitable[bytes]],
     too_large: type[Exception],
 ) -> None:
-    from synth_deploy.taskapp.server import error_response
-
     def route(path: str, vendor: str, base_url: str, key_name: str) -> None:
         async def forward(request: Request) -> Response:
             if (resp := denied(request)) is not None:
                 return resp
-            key = os.environ.get(key_name)
+            key = env.get(key_name)
             if not key:
                 return error_response(503, "missing_vendor_key",
                                       f"the {vendor} proxy is enabled but {key_name} is not set "
@@ -64,9 +65,9 @@ def add_proxy_routes(
         app.add_route(path, forward, methods=["POST"])
 
     if proxy.enable_openai:
-        route("/proxy/v1/chat/completions", "OpenAI", proxy.openai_base_url, "OPENAI_API_KEY")
+        route("/proxy/v1/chat/completions", "OpenAI", proxy.openai_base_url, OPENAI_API_KEY)
     if proxy.enable_groq:
-        route("/proxy/groq/v1/chat/completions", "Groq", proxy.groq_base_url, "GROQ_API_KEY")
+        route("/proxy/groq/v1/chat/completions", "Groq", proxy.groq_base_url, GROQ_API_KEY)
 
 
-__all__ = ["add_proxy_routes"]
+__all__ = ["GROQ_API_KEY", "OPENAI_API_KEY", "VENDOR_KEYS", "add_proxy_routes"]

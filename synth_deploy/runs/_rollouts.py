@@ -31,6 +31,16 @@ class PolicyTarget:
         return f"PolicyTarget(inference_url={self.inference_url!r}, model={self.model!r})"
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run drives the task app: the same for every seed of a smoke or eval run."""
+
+    mode: str = "rl"  # "rl" (smoke) or "eval"
+    concurrency: int = 8  # rollouts in flight
+    max_time_s: float = 300.0  # each rollout's safety.max_time_s
+    split: str | None = None  # env.config.split sent with each seed
+
+
 @dataclass
 class RolloutOutcome:
     """One seed's result, success or not."""
@@ -112,20 +122,20 @@ class RunReport:
                 "rollouts": [o.to_dict() for o in self.outcomes]}
 
 
-def rollout_request(seed: int, policy: PolicyTarget, *, mode: str, max_time_s: float,
-                    split: str | None = None, return_trace: bool = False) -> dict[str, Any]:
+def rollout_request(seed: int, policy: PolicyTarget, options: RunOptions = RunOptions(), *,
+                    return_trace: bool = False) -> dict[str, Any]:
     """The RolloutRequest body a trainer would send for ``seed``."""
     config: dict[str, Any] = {"model": policy.model, "inference_url": policy.inference_url}
     if policy.api_key:
         config["api_key"] = policy.api_key
-    env_config: dict[str, Any] = {"split": split} if split else {}
+    env_config: dict[str, Any] = {"split": options.split} if options.split else {}
     return {
-        "run_id": f"{mode}-{seed}-{uuid.uuid4().hex[:8]}",
+        "run_id": f"{options.mode}-{seed}-{uuid.uuid4().hex[:8]}",
         "env": {"seed": seed, "config": env_config},
         "policy": {"policy_name": policy.model, "config": config},
         "record": {"return_trace": return_trace},
-        "mode": mode,
-        "safety": {"max_time_s": max_time_s},
+        "mode": options.mode,
+        "safety": {"max_time_s": options.max_time_s},
     }
 
 
@@ -134,16 +144,15 @@ async def run_rollouts(
     api_key: str,
     seeds: Sequence[int],
     policy: PolicyTarget,
+    options: RunOptions = RunOptions(),
     *,
-    mode: str = "rl",
-    concurrency: int = 8,
-    max_time_s: float = 300.0,
-    split: str | None = None,
     return_trace: bool = False,
     on_outcome: Callable[[RolloutOutcome], None] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[RolloutOutcome]:
-    """Run one rollout per seed, at most ``concurrency`` at a time; outcomes in seed order."""
+    """Run one rollout per seed, at most ``options.concurrency`` at a time; outcomes in seed
+    order."""
+    concurrency, max_time_s = options.concurrency, options.max_time_s
     limit = asyncio.Semaphore(max(1, concurrency))
     secrets = [api_key] + ([policy.api_key] if policy.api_key else [])
     timeout = httpx.Timeout(max_time_s + 30.0, connect=10.0)
@@ -155,8 +164,7 @@ async def run_rollouts(
                                  follow_redirects=True) as client:
 
         async def one(seed: int) -> RolloutOutcome:
-            body = rollout_request(seed, policy, mode=mode, max_time_s=max_time_s, split=split,
-                                   return_trace=return_trace)
+            body = rollout_request(seed, policy, options, return_trace=return_trace)
             async with limit:
                 started = time.perf_counter()
                 try:
@@ -201,4 +209,5 @@ def _error_message(resp: httpx.Response, data: Any) -> str:
     return f"HTTP {resp.status_code}: {resp.text[:200]}"
 
 
-__all__ = ["PolicyTarget", "RolloutOutcome", "RunReport", "rollout_request", "run_rollouts"]
+__all__ = ["PolicyTarget", "RolloutOutcome", "RunOptions", "RunReport", "rollout_request",
+           "run_rollouts"]

@@ -18,8 +18,8 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from synth_deploy.errors import UsageError
-from synth_deploy.jobs.configs.rl import RLConfig
-from synth_deploy.jobs.configs.sft import SFTConfig
+from synth_deploy.train._configs.rl import RLConfig
+from synth_deploy.train._configs.sft import SFTConfig
 
 JobKind = Literal["rl", "sft"]
 KINDS = ("auto", "rl", "sft")

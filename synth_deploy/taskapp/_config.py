@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from synth_deploy.taskapp.contracts import (
+from synth_deploy.taskapp._contracts import (
     DatasetInfo,
     RolloutRequest,
     RolloutResponse,
@@ -18,7 +18,7 @@ from synth_deploy.taskapp.contracts import (
 if TYPE_CHECKING:
     import httpx
 
-    from synth_deploy.tracing.session import SessionTracer
+    from synth_deploy.tracing import SessionTracer
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_ROLLOUT_SECONDS = 3600.0

@@ -24,15 +24,15 @@ from synth_deploy.env import (
     redact,
 )
 from synth_deploy.errors import JobError, JobHTTPError, UsageError
-from synth_deploy.jobs.backend import (
+from synth_deploy.train._backend import (
     JobClient,
     RetryPolicy,
     backend_url,
     new_idempotency_key,
 )
-from synth_deploy.jobs.configs import TrainConfig, load_config
-from synth_deploy.jobs.sft_data import truncated_copy, validate_sft_file
-from synth_deploy.jobs.stream import JobOutcome, StreamHandler, stream_job
+from synth_deploy.train._configs import TrainConfig, load_config
+from synth_deploy.train._sft_data import truncated_copy, validate_sft_file
+from synth_deploy.train._stream import JobOutcome, StreamHandler, stream_job
 
 SYNTH_API_KEY = "SYNTH_API_KEY"
 SYNTH_BACKEND_URL = "SYNTH_BACKEND_URL"

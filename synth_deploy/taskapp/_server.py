@@ -11,7 +11,6 @@ import asyncio
 import inspect
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -26,10 +25,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from synth_deploy.env import Env, is_secret_name, mask, redact
-from synth_deploy.taskapp.auth import ApiKeyAuth
-from synth_deploy.taskapp.config import RolloutContext, TaskAppConfig
-from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse, TaskInfo
-from synth_deploy.tracing.session import SessionTrace, SessionTracer
+from synth_deploy.taskapp._auth import ApiKeyAuth
+from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
+from synth_deploy.taskapp._contracts import RolloutRequest, RolloutResponse, TaskInfo
+from synth_deploy.taskapp._proxy import VENDOR_KEYS
+from synth_deploy.taskapp._responses import error_response, validation_errors
+from synth_deploy.tracing import SessionTrace, SessionTracer
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
@@ -75,42 +76,27 @@ class TaskApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
-    """The error body shape used throughout synth-ai: {"detail": {"error": {...}}}."""
-    return JSONResponse({"detail": {"error": {"code": code, "message": message, **extra}}},
-                        status_code=status)
-
-
-def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
-    """Pydantic errors as field paths ("env.seed") with messages; inputs are not echoed."""
-    return [
-        {"path": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"],
-         "type": err["type"]}
-        for err in exc.errors(include_url=False, include_input=False)
-    ]
-
-
 def create_app(
     config: TaskAppConfig,
     *,
-    api_keys: Sequence[str] | None = None,
+    api_keys: Sequence[str] | None,
     trace_store: TraceSink | None = None,
+    env: Env | None = None,
 ) -> FastAPI:
     """Build the FastAPI app for ``config``.
 
-    ``api_keys``: accepted keys; when None, read from ENVIRONMENT_API_KEY (+ aliases) in the
-    process environment now. ``trace_store``: when given, every rollout is committed to it
-    before its response is sent.
+    ``api_keys``: the keys clients must send (see `server_keys` for where they come from);
+    ``None`` turns authentication off, an empty list answers 503 on authenticated endpoints.
+    ``trace_store``: when given, every rollout is committed to it before its response is sent.
+    ``env``: resolved settings; the vendor proxies take their keys from it.
     """
-    if api_keys is None:
-        api_keys = Env(dict(os.environ)).api_keys()
+    env = env or Env()
     auth = ApiKeyAuth(api_keys)
     call_executor = _executor_caller(config.rollout)
     # Values that must never leave in an error or a trace: our keys and the vendor keys.
-    secret_values = list(api_keys)
+    secret_values = list(api_keys or ())
     if config.proxy is not None:
-        secret_values += [v for v in (os.environ.get("OPENAI_API_KEY"),
-                                      os.environ.get("GROQ_API_KEY")) if v]
+        secret_values += [v for v in (env.get(name) for name in VENDOR_KEYS) if v]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -152,7 +138,7 @@ def create_app(
             return resp
         return JSONResponse({
             "healthy": True, "service": config.app_id, "version": config.version,
-            "auth": {"required": True, "enabled": True},
+            "auth": {"required": auth.enabled, "enabled": auth.enabled},
             "tracing": {"enabled": trace_store is not None},
         })
 
@@ -243,9 +229,9 @@ def create_app(
     ])
 
     if config.proxy is not None:
-        from synth_deploy.taskapp.proxy import add_proxy_routes
+        from synth_deploy.taskapp._proxy import add_proxy_routes
 
-        add_proxy_routes(app, config.proxy, denied, read_body=lambda r: _read_body(
+        add_proxy_routes(app, config.proxy, env, denied, read_body=lambda r: _read_body(
             r, config.max_body_bytes), too_large=_BodyTooLarge)
 
     for router in config.routers:
@@ -381,4 +367,4 @@ def stats_of(app: Any) -> Mapping[str, int]:
     return dict(app.state.stats)
 
 
-__all__ = ["TraceSink", "create_app", "error_response", "stats_of", "validation_errors"]
+__all__ = ["TraceSink", "create_app", "stats_of"]

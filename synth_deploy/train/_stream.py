@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from synth_deploy.jobs.backend import SUCCESS_STATUSES, TERMINAL_STATUSES, JobClient, JobKindPath
+from synth_deploy.train._backend import SUCCESS_STATUSES, TERMINAL_STATUSES, JobClient, JobKindPath
 
 EXIT_JOB_SUCCEEDED, EXIT_JOB_FAILED, EXIT_POLL_TIMEOUT = 0, 1, 4
 LOSS_NAMES = ("loss", "train.loss", "train_loss")

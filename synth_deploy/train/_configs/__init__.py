@@ -1,6 +1,6 @@
 """RL and SFT training configs (TOML): schemas, loading with clear errors, discovery."""
 
-from synth_deploy.jobs.configs.loading import (
+from synth_deploy.train._configs.loading import (
     KINDS,
     JobKind,
     TrainConfig,
@@ -9,8 +9,8 @@ from synth_deploy.jobs.configs.loading import (
     load_config,
     read_toml,
 )
-from synth_deploy.jobs.configs.rl import RLConfig
-from synth_deploy.jobs.configs.sft import SFTConfig
+from synth_deploy.train._configs.rl import RLConfig
+from synth_deploy.train._configs.sft import SFTConfig
 
 __all__ = [
     "KINDS",

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from synth_deploy.errors import TaskAppError
-from synth_deploy.taskapp.config import RolloutContext
+from synth_deploy.taskapp._config import RolloutContext
 
 
 class PolicyError(TaskAppError):

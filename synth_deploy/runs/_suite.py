@@ -1,5 +1,5 @@
-"""Smoke and eval runs: resolve the target (an app id served here, or a URL), the policy
-(the built-in mock unless a real one is given), run the seeds, and return a `RunReport`.
+"""Smoke and eval runs: open the target (an app id served here, or a URL), the policy (the
+built-in mock unless a real one is given), run the seeds, and return a `RunReport`.
 """
 
 from __future__ import annotations
@@ -9,12 +9,23 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from synth_deploy.env import ENVIRONMENT_API_KEY, Env, applied_env, mint_key
+from synth_deploy.env import ENVIRONMENT_API_KEY, Env
 from synth_deploy.errors import UsageError
-from synth_deploy.jobs.rollouts import PolicyTarget, RolloutOutcome, RunReport, run_rollouts
+from synth_deploy.runs._rollouts import (
+    PolicyTarget,
+    RolloutOutcome,
+    RunOptions,
+    RunReport,
+    run_rollouts,
+)
+
+if TYPE_CHECKING:
+    from synth_deploy.tracing import TraceDbSetting
+
+POLICY_API_KEY = "POLICY_API_KEY"
 
 
 @dataclass
@@ -26,7 +37,7 @@ class RunTarget:
     policy: PolicyTarget
     local: bool
     notes: list[str] = field(default_factory=list)
-    trace_store: Any = None
+    trace_store: Any = None  # set for a remote app: its returned traces are stored here
 
 
 def is_url(ref: str) -> bool:
@@ -46,6 +57,18 @@ def check_url(url: str) -> None:
         raise UsageError(f"{url!r} has no host", hint="write it as http(s)://HOST[:PORT]")
 
 
+def policy_target(inference_url: str | None, model: str | None, env: Env
+                  ) -> PolicyTarget | None:
+    """A real policy from ``--inference-url``/``--model`` (None: the built-in mock)."""
+    if not inference_url:
+        return None
+    if not is_url(inference_url):
+        raise UsageError(f"--inference-url must be an http(s) URL, got {inference_url!r}")
+    if not model:
+        raise UsageError("--inference-url needs --model (the model name to request)")
+    return PolicyTarget(inference_url, model, env.get(POLICY_API_KEY))
+
+
 def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
     """The default seeds a task app advertises for ``split`` (its registry, or its /info)."""
     if is_url(app_or_url):
@@ -62,7 +85,7 @@ def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
                              f"{app_or_url}/info: {type(exc).__name__}: {exc}",
                              hint="pass --seeds") from None
     else:
-        from synth_deploy.taskapp.registry import load_app
+        from synth_deploy.taskapp import load_app
 
         datasets = load_app(app_or_url).build_config().dataset_registry.describe()
     for dataset in datasets:
@@ -74,38 +97,33 @@ def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
                      hint=f"splits with seeds: {', '.join(known) or 'none'}; or pass --seeds")
 
 
-def run_suite(app_or_url: str, seeds: Sequence[int], env: Env, *, mode: str = "rl",
-              concurrency: int = 8, inference_url: str | None = None,
-              model: str | None = None, split: str | None = None, max_time_s: float = 300.0,
-              trace_store: Any = None,
+def run_suite(app_or_url: str, seeds: Sequence[int], env: Env, *,
+              options: RunOptions = RunOptions(), policy: PolicyTarget | None = None,
+              traces: TraceDbSetting | None = None,
               on_outcome: Callable[[RolloutOutcome], None] | None = None) -> RunReport:
     """`smoke` and `eval` as one call: open the target, run the seeds, close everything."""
-    with open_target(app_or_url, env, inference_url=inference_url, model=model,
-                     trace_store=trace_store) as target:
-        return run_seeds(target, seeds, mode=mode, concurrency=concurrency, split=split,
-                         max_time_s=max_time_s, on_outcome=on_outcome)
+    with open_target(app_or_url, env, policy=policy, traces=traces) as target:
+        return run_seeds(target, seeds, options, on_outcome=on_outcome)
 
 
 @contextmanager
-def open_target(app_or_url: str, env: Env, *, inference_url: str | None = None,
-                model: str | None = None, trace_store: Any = None) -> Iterator[RunTarget]:
-    """Serve the app (when given an id or path) and the mock policy (when no URL is given)."""
-    from synth_deploy.taskapp.serving import BackgroundServer
+def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None,
+                traces: TraceDbSetting | None = None) -> Iterator[RunTarget]:
+    """Serve the app (when given an id or path, with an ephemeral key) and the mock policy
+    (when no policy is given); ``traces`` records every rollout either way."""
+    from synth_deploy.taskapp import BackgroundServer
 
     notes: list[str] = []
     with ExitStack() as stack:
-        if inference_url:
-            if not is_url(inference_url):
-                raise UsageError(f"--inference-url must be an http(s) URL, got {inference_url!r}")
-            if not model:
-                raise UsageError("--inference-url needs --model (the model name to request)")
-            policy = PolicyTarget(inference_url, model, env.get("POLICY_API_KEY"))
-        else:
-            from synth_deploy.jobs.mock_policy import MOCK_MODEL, create_mock_policy_app
+        if policy is None:
+            from synth_deploy.runs._mock_policy import MOCK_MODEL, create_mock_policy_app
 
             mock = stack.enter_context(BackgroundServer(create_mock_policy_app()))
-            policy = PolicyTarget(mock.url + "/v1", model or MOCK_MODEL)
+            policy = PolicyTarget(mock.url + "/v1", MOCK_MODEL)
             notes.append(f"policy: built-in mock at {mock.url}/v1")
+            mocked = True
+        else:
+            mocked = False
 
         if is_url(app_or_url):
             check_url(app_or_url)
@@ -115,54 +133,48 @@ def open_target(app_or_url: str, env: Env, *, inference_url: str | None = None,
                     f"no {ENVIRONMENT_API_KEY} to call {app_or_url} with",
                     hint="set it in the environment or .env, or pass --env-file F")
             host = urlsplit(app_or_url).hostname or ""
-            if not inference_url and host not in ("127.0.0.1", "localhost", "::1"):
+            if mocked and host not in ("127.0.0.1", "localhost", "::1"):
                 notes.append("the mock policy listens on 127.0.0.1: a remote task app cannot "
                              "reach it; pass --inference-url and --model")
+            store = None
+            if traces is not None:
+                from synth_deploy.tracing import open_trace_store
+
+                store = open_trace_store(traces)
+                stack.callback(store.close)
             yield RunTarget(app_or_url.rstrip("/"), key, policy, local=False, notes=notes,
-                            trace_store=trace_store)
+                            trace_store=store)
             return
 
-        from synth_deploy.taskapp.registry import load_app
-        from synth_deploy.taskapp.server import create_app
+        from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
 
-        # The app reads vendor keys and settings from os.environ, as under `serve`.
-        stack.enter_context(applied_env(env))
-        config = load_app(app_or_url).build_config()
-        keys = env.api_keys()
-        if not keys:
-            keys = [mint_key()]
-            notes.append("no ENVIRONMENT_API_KEY configured: using an ephemeral key for this run")
-        app = create_app(config, api_keys=keys, trace_store=trace_store)
-        server = stack.enter_context(BackgroundServer(app))
-        notes.append(f"task app {config.app_id!r} served at {server.url}")
-        yield RunTarget(server.url, keys[0], policy, local=True, notes=notes,
-                        trace_store=trace_store)
+        runner = stack.enter_context(LocalRunner(ServeSettings(
+            app=app_or_url, env=env, keys=server_keys(env, "ephemeral"), traces=traces)))
+        notes.append(f"task app {runner.entry.app_id!r} served at {runner.url} with an "
+                     "ephemeral key")
+        yield RunTarget(runner.url, runner.settings.keys.primary or "", policy, local=True,
+                        notes=notes)
 
 
-def run_seeds(
-    target: RunTarget,
-    seeds: Sequence[int],
-    *,
-    mode: str = "rl",
-    concurrency: int = 8,
-    split: str | None = None,
-    max_time_s: float = 300.0,
-    on_outcome: Callable[[RolloutOutcome], None] | None = None,
-) -> RunReport:
+def run_seeds(target: RunTarget, seeds: Sequence[int], options: RunOptions = RunOptions(), *,
+              on_outcome: Callable[[RolloutOutcome], None] | None = None) -> RunReport:
     """Run ``seeds`` against ``target`` and collect a report (blocking)."""
+    from dataclasses import replace
+
     from synth_deploy.tunnel import concurrency_cap
 
     notes = list(target.notes)
-    concurrency, capped = concurrency_cap(target.url, concurrency)
+    concurrency, capped = concurrency_cap(target.url, options.concurrency)
     if capped:
         notes.append(capped)
+    options = replace(options, concurrency=concurrency)
     # A remote app's traces come back in the response and are stored here; a local app's
     # server stores them itself.
-    store_here = target.trace_store is not None and not target.local
+    store_here = target.trace_store is not None
     started = time.perf_counter()
-    outcomes = asyncio.run(run_rollouts(
-        target.url, target.api_key, seeds, target.policy, mode=mode, concurrency=concurrency,
-        max_time_s=max_time_s, split=split, return_trace=store_here, on_outcome=on_outcome))
+    outcomes = asyncio.run(run_rollouts(target.url, target.api_key, seeds, target.policy,
+                                        options, return_trace=store_here,
+                                        on_outcome=on_outcome))
     elapsed = time.perf_counter() - started
     if store_here:
         from synth_deploy.tracing import SessionTrace
@@ -170,15 +182,17 @@ def run_seeds(
         for outcome in outcomes:
             if outcome.trace:
                 target.trace_store.write_session_sync(SessionTrace.from_dict(outcome.trace))
-    return RunReport(target.url, mode, concurrency, outcomes, elapsed, notes)
+    return RunReport(target.url, options.mode, concurrency, outcomes, elapsed, notes)
 
 
 __all__ = [
+    "POLICY_API_KEY",
     "RunTarget",
     "check_url",
     "default_seeds",
     "is_url",
     "open_target",
+    "policy_target",
     "run_seeds",
     "run_suite",
 ]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import AppNotFoundError, TaskAppError
-from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp._config import TaskAppConfig
 
 # The kit's own example apps, next to the package in a source checkout.
 BUNDLED_APPS_DIR = Path(__file__).resolve().parents[2] / "apps"

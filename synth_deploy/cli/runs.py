@@ -1,0 +1,198 @@
+"""CLI: `smoke` and `eval` — rollouts against a task app, a per-seed table and a summary."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from synth_deploy.cli._common import (
+    EXIT_FAILURE,
+    EnvFilesOption,
+    JsonOption,
+    NoTraceOption,
+    TraceDbOption,
+    console,
+    escape,
+    handling_errors,
+    parse_seeds,
+    print_json,
+    resolve_env,
+    resolve_traces,
+    traces_where,
+)
+
+AppOrUrlArg = Annotated[str, typer.Argument(help="An app id or path (served here), or the "
+                                                 "URL of a running task app.")]
+ConcurrencyOption = Annotated[int, typer.Option(min=1, max=512, help="Rollouts in flight.")]
+PolicyOption = Annotated[str, typer.Option(help="'mock' for the built-in mock policy.")]
+InferenceUrlOption = Annotated[str | None, typer.Option(
+    help="OpenAI-compatible base URL of a real policy (replaces the mock).")]
+ModelOption = Annotated[str | None, typer.Option(help="Model name sent to the policy.")]
+MaxTimeOption = Annotated[float, typer.Option(help="Per-rollout bound in seconds.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("smoke")(smoke)
+    app.command("eval")(evaluate)
+
+
+def smoke(
+    app_or_url: AppOrUrlArg,
+    seeds: Annotated[str, typer.Option(help="Seeds: 0-9, 1,3,5 or mixes.")] = "0-9",
+    concurrency: ConcurrencyOption = 8,
+    policy: PolicyOption = "mock",
+    inference_url: InferenceUrlOption = None,
+    model: ModelOption = None,
+    max_time: MaxTimeOption = 300.0,
+    env_file: EnvFilesOption = None,
+    trace_db: TraceDbOption = None,
+    no_trace: NoTraceOption = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Run rollouts against a task app.
+
+    Serves the app here when given an id, uses the built-in mock policy unless
+    --inference-url is given, and prints a per-seed table and a summary.
+    """
+    with handling_errors(json_output):
+        from synth_deploy.runs import RunOptions
+
+        env = resolve_env(env_file)
+        _run_and_report(app_or_url, parse_seeds(seeds), env,
+                        RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time),
+                        policy=_policy(policy, inference_url, model, env),
+                        traces=resolve_traces(trace_db, no_trace, env), json_output=json_output)
+
+
+def evaluate(
+    app_or_url: AppOrUrlArg,
+    seeds: Annotated[str | None, typer.Option(
+        help="Seeds: 0-9, 1,3,5 or mixes (default: the split's default seeds, else 0-9).")
+    ] = None,
+    split: Annotated[str | None, typer.Option(help="Dataset split, e.g. train or test.")] = None,
+    model: ModelOption = None,
+    inference_url: InferenceUrlOption = None,
+    policy: PolicyOption = "mock",
+    concurrency: ConcurrencyOption = 8,
+    max_time: MaxTimeOption = 300.0,
+    env_file: EnvFilesOption = None,
+    trace_db: TraceDbOption = None,
+    no_trace: NoTraceOption = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Evaluate a policy on a task app.
+
+    Rollouts in eval mode: per-seed rewards, judge scores, a summary; traces stored.
+    """
+    with handling_errors(json_output):
+        from synth_deploy.runs import RunOptions, default_seeds
+
+        env = resolve_env(env_file)
+        target_policy = _policy(policy, inference_url, model, env)
+        if seeds is not None:
+            seed_list = parse_seeds(seeds)
+        elif split is not None:
+            seed_list = default_seeds(app_or_url, split, env)
+        else:
+            seed_list = parse_seeds("0-9")
+        _run_and_report(app_or_url, seed_list, env,
+                        RunOptions(mode="eval", concurrency=concurrency, max_time_s=max_time,
+                                   split=split),
+                        policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
+                        json_output=json_output)
+
+
+def _policy(policy: str, inference_url: str | None, model: str | None, env):
+    """The policy the flags name: None for the built-in mock."""
+    from synth_deploy.errors import UsageError
+    from synth_deploy.runs import policy_target
+
+    if policy != "mock" and not inference_url:
+        raise UsageError(f"unknown --policy {policy!r}",
+                         hint="use --policy mock, or --inference-url U --model M")
+    return policy_target(inference_url, model, env)
+
+
+def _run_and_report(app_or_url: str, seeds: list[int], env, options, *, policy, traces,
+                    json_output: bool) -> None:
+    """Run the seeds with a progress bar, render the report, exit 1 on any rollout error."""
+    from synth_deploy.runs import run_suite
+
+    with _progress(len(seeds), enabled=not json_output) as advance:
+        report = run_suite(app_or_url, seeds, env, options=options, policy=policy,
+                           traces=traces, on_outcome=advance)
+    if json_output:
+        print_json({**report.to_dict(), "traces": traces_where(traces)})
+    else:
+        _render_report(report, traces_where(traces))
+    if report.errors:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+class _progress:
+    """A rich progress bar on stderr; yields a callback that advances it by one rollout."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self._progress = total, enabled, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda outcome: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self._progress = Progress("rollouts", BarColumn(), MofNCompleteColumn(),
+                                  "[red]{task.fields[errors]} errors", TimeElapsedColumn(),
+                                  console=console(stderr=True), transient=True)
+        self._progress.start()
+        task = self._progress.add_task("rollouts", total=self.total, errors=0)
+        errors = 0
+
+        def advance(outcome) -> None:
+            nonlocal errors
+            errors += not outcome.ok
+            self._progress.update(task, advance=1, errors=errors)
+
+        return advance
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _render_report(report, where: str) -> None:
+    from rich.table import Table
+
+    out = console()
+    for note in report.notes:
+        out.print(f"[dim]{escape(note)}[/dim]")
+    from rich import box
+
+    table = Table(box=box.SIMPLE_HEAD)
+    for name in ("seed", "status", "reward", "outcome", "events", "latency s"):
+        table.add_column(name, no_wrap=True, min_width=len(name))
+    # The one column that gives way when the terminal is narrow.
+    table.add_column("details", overflow="ellipsis", no_wrap=True,
+                     max_width=max(12, out.width - 62))
+    for o in report.outcomes:
+        if o.ok:
+            detail = escape(" ".join(f"{k}={v}" for k, v in list(o.details.items())[:3]))
+            table.add_row(str(o.seed), "[green]ok[/green]", _fmt(o.reward),
+                          _fmt(o.outcome_score), _fmt(o.events_score), _fmt(o.latency_s, 3),
+                          detail)
+        else:
+            table.add_row(str(o.seed), f"[red]{o.status or 'error'}[/red]", "-", "-", "-",
+                          _fmt(o.latency_s, 3), f"[red]{escape(o.error)}[/red]")
+    out.print(table)
+    s = report.summary()
+    out.print(
+        f"{s['rollouts']} rollouts ({report.mode}), {s['errors']} errors · mean reward "
+        f"{_fmt(s['mean_reward'], 3)} · outcome {_fmt(s['mean_outcome_score'], 3)} · events "
+        f"{_fmt(s['mean_events_score'], 3)} · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 "
+        f"{_fmt(s['latency_p95_s'], 3)}s · {s['elapsed_s']:.2f}s at concurrency "
+        f"{report.concurrency}", soft_wrap=True)
+    out.print(f"traces → {escape(where)}", soft_wrap=True)
