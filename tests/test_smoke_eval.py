@@ -10,7 +10,7 @@ from processes import run_cli
 
 from synth_deploy.cli._common import parse_seeds
 from synth_deploy.errors import UsageError
-from synth_deploy.runs import PolicyTarget, RunTarget, run_seeds
+from synth_deploy.runs import PolicyTarget, RunOptions, RunTarget, run_seeds
 
 
 def sessions(db) -> list[dict]:
