@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from synth_deploy.env import load_env  # noqa: E402
-from synth_deploy.modal import build_plan  # noqa: E402
-from synth_deploy.modal.image import dependency_closure  # noqa: E402
+from synth_deploy.handoff import TASK_APP_VAR  # noqa: E402
+from synth_deploy.modal import build_plan, dependency_closure  # noqa: E402
 from synth_deploy.taskapp import load_app  # noqa: E402
 
 # synth-ai 0.9.0 pyproject.toml [project].dependencies (github.com/synth-laboratories/synth-ai).
@@ -45,7 +45,7 @@ SYNTH_AI_STYLE_IMPORTS = ["modal", "uvicorn", "rich", "click", "requests", "open
                           "sqlalchemy", "aiohttp", "datasets", "jsonschema", "PIL", "tqdm",
                           "nacl", "typer", "dotenv"]
 
-SERVE = ("import synth_deploy.modal._container as c; c.web()")
+SERVE = "from synth_deploy.modal import container_app; container_app()"
 
 
 def _installed(requirement: str) -> bool:
@@ -85,7 +85,7 @@ def main() -> None:
     print(f"  ratio              : {len(theirs) / len(ours):.1f}x fewer in ours (lower bound)")
 
     env = {**os.environ, "ENVIRONMENT_API_KEY": key,
-           "SYNTH_DEPLOY_TASK_APP": str(ROOT / "apps" / "math" / "task_app.py"),
+           TASK_APP_VAR: str(ROOT / "apps" / "math" / "task_app.py"),
            "PYTHONPATH": str(ROOT)}
     heavy = [m for m in SYNTH_AI_STYLE_IMPORTS if find_spec(m) is not None]
     baseline_code = "".join(f"import {m}; " for m in heavy) + SERVE

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from synth_deploy.tracing import open_trace_store
-from synth_deploy.tracing.schema import SCHEMA_VERSION
+from synth_deploy.tracing import SCHEMA_VERSION, open_trace_store
 
 
 def make_schema_too_new(path: Path) -> None:

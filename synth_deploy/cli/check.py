@@ -1,12 +1,15 @@
 """`synth-deploy check URL`: verify a task app at any URL and explain what is wrong.
 
 Exit codes: 0 healthy · 1 unhealthy · 2 usage error (bad flag or URL) · 3 unreachable.
-The ``--json`` shape is documented in `synth_deploy.health.report`.
+The ``--json`` shape is documented in the docstring of ``synth_deploy/health/_report.py``.
+The key is resolved here, once: ``--api-key``, else ENVIRONMENT_API_KEY from the `Env`
+(``--env-file``, the process environment, ./.env); the checker is told where it came from.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,6 +22,7 @@ from synth_deploy.cli._common import (
     handling_errors,
     parse_seeds,
     print_json,
+    resolve_env,
 )
 from synth_deploy.errors import UsageError
 
@@ -67,22 +71,42 @@ def check_command(
             raise UsageError("--rollout needs --inference-url",
                              hint="pass an OpenAI-compatible base URL, e.g. "
                                   "--inference-url https://api.openai.com/v1 --model gpt-4o-mini")
-        from synth_deploy.health import check, resolve_api_key, wait_until_healthy
+        from synth_deploy.health import (
+            CheckOptions,
+            RolloutOptions,
+            check,
+            wait_until_healthy,
+        )
 
-        key, source = resolve_api_key(api_key, env_file or ())
-        kwargs: dict[str, Any] = dict(seeds=seed_list, rollout=rollout,
-                                      inference_url=inference_url, model=model,
-                                      key_source=source)
+        key, source = _api_key(api_key, env_file)
+        asked = RolloutOptions(inference_url, model) if rollout and inference_url else None
+        options = CheckOptions(seeds=seed_list, rollout=asked, timeout_s=timeout)
         if wait is None:
-            report = check(url, key, timeout_s=timeout, **kwargs)
+            report = check(url, key, options, key_source=source)
         else:
-            report = wait_until_healthy(url, key, timeout_s=wait, request_timeout_s=timeout,
-                                        on_attempt=_progress(url, wait), **kwargs)
+            report = wait_until_healthy(url, key, options, key_source=source, timeout_s=wait,
+                                        on_attempt=_progress(url, wait))
     if json_output:
         print_json(report.to_dict())
     else:
         _render(report)
     raise typer.Exit(report.exit_code)
+
+
+def _api_key(api_key: str | None, env_files: list[Path] | None
+             ) -> tuple[str | None, str | None]:
+    """The key to check with and where it came from (said in the report, never the key)."""
+    if api_key:
+        return api_key, "--api-key"
+    from synth_deploy.env import ENVIRONMENT_API_KEY
+
+    env = resolve_env(env_files)
+    key = env.get(ENVIRONMENT_API_KEY)
+    if key is None:
+        return None, None
+    source = env.source(ENVIRONMENT_API_KEY)
+    where = "the environment" if source == "environment" else source
+    return key, f"{ENVIRONMENT_API_KEY} from {where}"
 
 
 def _progress(url: str, wait: float):

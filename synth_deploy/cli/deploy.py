@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +15,7 @@ from synth_deploy.cli._common import (
     escape,
     handling_errors,
     print_json,
+    resolve_env,
 )
 
 NameOption = Annotated[str | None, typer.Option("--name", help="Modal app name "
@@ -24,6 +26,11 @@ ModalEnvOption = Annotated[str | None, typer.Option("--modal-env", help="Modal e
                                                     "profile's).", show_default=False)]
 # A seam for tests and unusual installs: the command that runs Modal's CLI.
 ModalCLIOption = Annotated[str | None, typer.Option("--modal-cli", hidden=True)]
+
+
+def _env_files(env_file: list[Path] | None) -> tuple[Path, ...]:
+    # Absolute: the `modal` child is told these files and must find the same ones.
+    return tuple(p.resolve() for p in env_file or ())
 
 
 def _cli(command: str | None) -> Any:
@@ -104,12 +111,13 @@ def register(app: typer.Typer) -> None:
         Validates locally, deploys, checks the URL, writes TASK_APP_URL.
         """
         with handling_errors(json_output):
-            from synth_deploy.modal import deploy
+            from synth_deploy.modal import DeployOptions, deploy
 
-            result = deploy(app_ref, name=name, env_files=env_file or [],
-                            modal_environment=modal_env, dry_run=dry_run, check=not no_check,
-                            cli=_cli(modal_cli), deploy_timeout_s=timeout,
-                            health_timeout_s=check_timeout,
+            files = _env_files(env_file)
+            options = DeployOptions(name=name, modal_environment=modal_env, env_files=files,
+                                    check=not no_check, dry_run=dry_run,
+                                    deploy_timeout_s=timeout, health_timeout_s=check_timeout)
+            result = deploy(app_ref, resolve_env(list(files)), options, cli=_cli(modal_cli),
                             on_progress=_progress())
         if json_output:
             print_json(result.to_dict())
@@ -135,6 +143,7 @@ def register(app: typer.Typer) -> None:
         with handling_errors():
             from synth_deploy.modal import serve_dev
 
-            code = serve_dev(app_ref, env_files=env_file or [], modal_environment=modal_env,
-                             cli=_cli(modal_cli))
+            files = _env_files(env_file)
+            code = serve_dev(app_ref, resolve_env(list(files)), env_files=files,
+                             modal_environment=modal_env, cli=_cli(modal_cli))
         raise typer.Exit(code)

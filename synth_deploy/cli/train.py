@@ -14,6 +14,7 @@ from synth_deploy.cli._common import (
     console,
     escape,
     handling_errors,
+    resolve_env,
     warn,
 )
 from synth_deploy.errors import JobHTTPError, UsageError
@@ -108,8 +109,6 @@ def train(
     with handling_errors(json_output):
         if stream_format not in ("cli", "chart", "json"):
             raise UsageError(f"--stream-format must be cli, chart or json, got {stream_format!r}")
-        if poll_timeout <= 0 or poll_interval <= 0:
-            raise UsageError("--poll-timeout and --poll-interval must be positive")
         from synth_deploy.train import (
             EXIT_POLL_TIMEOUT,
             ChartHandler,
@@ -147,12 +146,13 @@ def train(
         ui = TrainUI(info=info, warn=warn, show_dry_run=show_plan, handler=handler,
                      confirm=None if (yes or not sys.stdin.isatty()) else confirm)
         options = TrainOptions(
-            configs=paths, kind=type_, env_files=list(env_files or []), task_url=task_url,
-            dataset=dataset, backend=backend, model=model, allow_experimental=allow_experimental,
-            idempotency_key=idempotency, poll=poll, poll_timeout_s=poll_timeout,
-            poll_interval_s=poll_interval, examples=examples, dry_run=dry_run)
+            configs=paths, kind=type_, task_url=task_url, dataset=dataset, backend=backend,
+            model=model, allow_experimental=allow_experimental, idempotency_key=idempotency,
+            poll=poll, poll_timeout_s=poll_timeout, poll_interval_s=poll_interval,
+            examples=examples, dry_run=dry_run)
+        env = resolve_env(env_files)
         try:
-            results = run_train(options, ui)
+            results = run_train(options, env, ui)
         except JobHTTPError as exc:
             _render_http_error(exc, json_output)
             raise typer.Exit(exc.exit_code) from None

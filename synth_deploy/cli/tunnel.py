@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,6 +30,9 @@ from synth_deploy.cli._common import (
     warn,
 )
 from synth_deploy.errors import TunnelError, UsageError
+
+if TYPE_CHECKING:
+    from synth_deploy.tunnel import Exposed, TunnelEvent
 
 
 def register(app: typer.Typer) -> None:
@@ -80,20 +83,27 @@ def tunnel(
     """
     with handling_errors(json_output):
         from synth_deploy.env import ENVIRONMENT_API_KEY
-        from synth_deploy.tunnel import TUNNEL_TOKEN, expose, find_cloudflared
+        from synth_deploy.tunnel import TUNNEL_TOKEN, TunnelConfig, expose, find_cloudflared
 
-        if mode not in ("quick", "named"):
-            raise UsageError(f"--mode {mode!r} is not quick or named",
-                             hint="use --mode quick (no account) or --mode named")
+        if (app_ref is None) == (url is None):
+            raise UsageError("name a task app to serve, or --url of a server already running",
+                             hint="synth-deploy tunnel math   or   synth-deploy tunnel --url "
+                                  "http://127.0.0.1:8001")
         if url is not None and port is not None:
             raise UsageError("--port and --url both name the origin", hint="give one of them")
         env = resolve_env(env_file)
-        binary = find_cloudflared(env.values)  # before anything is served: fail in ms
-        token = token or (env.get(TUNNEL_TOKEN) if mode == "named" else None)
-        runner, api_key = None, env.get(ENVIRONMENT_API_KEY)
+        # The one config, checked as it is built; cloudflared is found before anything is
+        # served, so a missing binary fails in milliseconds.
+        config = TunnelConfig(
+            origin_url=url, mode=mode, hostname=hostname,
+            token=token or (env.get(TUNNEL_TOKEN) if mode == "named" else None),
+            verify=not no_verify, verify_timeout_s=timeout, max_restarts=max_restarts,
+            binary=find_cloudflared(env.values))
+        api_key = env.get(ENVIRONMENT_API_KEY)
         if url is not None and not api_key:
             raise UsageError(f"no {ENVIRONMENT_API_KEY} to check {url} through the tunnel with",
                              hint="run `synth-deploy setup` or put ENVIRONMENT_API_KEY in .env")
+        runner = None
         if app_ref is not None:  # with --url, the running server records its own traces
             from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
 
@@ -103,18 +113,16 @@ def tunnel(
                 warn("--no-auth: the tunnel's public URL answers anyone, with no key")
             runner = LocalRunner(ServeSettings(
                 app=app_ref, env=env, keys=keys, traces=traces,
-                port=port if port is not None else (8001 if mode == "named" else 0)))
+                port=port if port is not None else (8001 if config.mode == "named" else 0)))
         out = console(stderr=True)
         if not json_output:
-            out.print(f"opening a {mode} tunnel to {escape(app_ref or url)}…")
+            out.print(f"opening a {config.mode} tunnel to {escape(app_ref or url)}…")
             if runner is not None:
                 out.print(f"traces → {escape(traces_where(runner.settings.traces))}")
         try:
-            with _signals_interrupt(), expose(
-                    runner, url=url, api_key=api_key, mode=mode,
-                    token=token, hostname=hostname, binary=binary,
-                    write_env=write_env or None, verify=not no_verify,
-                    verify_timeout_s=timeout, max_restarts=max_restarts) as exposed:
+            origin = runner if runner is not None else config.origin_url
+            with _signals_interrupt(), expose(origin, config, api_key=api_key,
+                                              write_env=write_env or None) as exposed:
                 _announce(exposed, json_output)
                 _stay_up(exposed, json_output)
         except TunnelError as exc:
@@ -146,7 +154,7 @@ def _emit_json(data: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _announce(exposed: Any, json_output: bool) -> None:
+def _announce(exposed: Exposed, json_output: bool) -> None:
     if json_output:
         _emit_json({"event": "ready", "ok": True, **exposed.to_dict()})
         return
@@ -158,7 +166,7 @@ def _announce(exposed: Any, json_output: bool) -> None:
     console(stderr=True).print(f"local server {exposed.local_url} · Ctrl+C to stop")
 
 
-def _stay_up(exposed: Any, json_output: bool) -> None:
+def _stay_up(exposed: Exposed, json_output: bool) -> None:
     err = console(stderr=True)
     live_view = err.is_terminal and not json_output
     if live_view:
@@ -183,7 +191,7 @@ def _stay_up(exposed: Any, json_output: bool) -> None:
             time.sleep(0.5)
 
 
-def _render_event(event: Any, json_output: bool) -> None:
+def _render_event(event: TunnelEvent, json_output: bool) -> None:
     if event.kind == "ready":  # announced already
         return
     if json_output:

@@ -1,24 +1,32 @@
 """Hosted health checks: probe a task app at any URL and explain exactly what is wrong.
 
-    from synth_deploy.health import check, wait_until_healthy
+    from synth_deploy.health import CheckOptions, check, wait_until_healthy
 
-    report = check("https://my-app.modal.run", api_key, seeds=range(5))
+    report = check("https://my-app.modal.run", api_key, CheckOptions(seeds=range(5)))
     if not report.healthy:
         print(report.failure.actual, report.failure.hint)
 
-`serve`, `tunnel` and `deploy` use `wait_until_healthy` to decide that an app is ready.
-The JSON shape of a report is documented in `synth_deploy.health.report`.
+The caller resolves the key (the CLI: ``--api-key``, else ENVIRONMENT_API_KEY from the `Env`)
+and says where it came from with ``key_source``; this package never reads the environment.
+`deploy` and `tunnel` use `wait_until_healthy` / `check` to decide that an app is ready.
+The JSON shape of a report (``HealthReport.to_dict()``, ``check --json``) is documented in
+the docstring of ``synth_deploy/health/_report.py``.
+
+Modules (private; import from here): ``_check`` runs the steps in order, ``_options`` holds
+what to try, ``_network`` the steps below HTTP (url, dns, tcp, tls), ``_endpoints`` the HTTP
+steps through ``_http``'s small client, ``_diagnosis`` turns symptoms into fixes, ``_schema``
+validates answers against the wire models, ``_report`` holds the result.
 """
 
-from synth_deploy.health.checker import (
+from synth_deploy.health._check import STEPS, check, wait_until_healthy
+from synth_deploy.health._options import (
+    DEFAULT_ROLLOUT_TIMEOUT_S,
     DEFAULT_SLOW_S,
     DEFAULT_TIMEOUT_S,
-    STEPS,
-    check,
-    resolve_api_key,
-    wait_until_healthy,
+    CheckOptions,
+    RolloutOptions,
 )
-from synth_deploy.health.report import (
+from synth_deploy.health._report import (
     EXIT_BAD_URL,
     EXIT_HEALTHY,
     EXIT_UNHEALTHY,
@@ -29,6 +37,7 @@ from synth_deploy.health.report import (
 )
 
 __all__ = [
+    "DEFAULT_ROLLOUT_TIMEOUT_S",
     "DEFAULT_SLOW_S",
     "DEFAULT_TIMEOUT_S",
     "EXIT_BAD_URL",
@@ -36,10 +45,11 @@ __all__ = [
     "EXIT_UNHEALTHY",
     "EXIT_UNREACHABLE",
     "STEPS",
+    "CheckOptions",
     "CheckResult",
     "HealthReport",
+    "RolloutOptions",
     "Verdict",
     "check",
-    "resolve_api_key",
     "wait_until_healthy",
 ]

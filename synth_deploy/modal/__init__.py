@@ -1,26 +1,54 @@
 """Modal deployment: declare settings next to a task app, build a ``modal.App``, deploy it.
 
-    from synth_deploy.modal import ModalSettings, build_plan, build_modal_app, deploy
+    from synth_deploy.modal import DeployOptions, ModalSettings, deploy, modal_app
 
-Importing this package does not import modal; the builder and deployer import it when used.
+    task_app = TaskApp("math", ..., modal=ModalSettings(memory=512))   # in the app file
+    app = modal_app(__file__)          # its last line: `modal deploy FILE` finds this App
+
+    result = deploy("math", load_env(files), DeployOptions(env_files=files))  # from Python
+
+Importing this package does not import modal; building and deploying import it when used.
+The modules, one concept each:
+
+    _settings      ModalSettings     how an app runs on Modal, declared next to it
+    _image         ImageRecipe       what goes into the image (and what stays out)
+    _secrets       SecretSource      which secrets reach the container, from where
+    _plan          DeployPlan        everything a deployment will do, resolved offline
+    _modal_app     build_modal_app   the plan as a modal.App; modal_app(__file__)
+    _container     container_app     what Modal runs in the container
+    _modal_cli     ModalCLI          Modal's command line as a bounded child process
+    _credentials   has_modal_token   is there a Modal token, answered locally
+    _deployment    deploy            plan ▸ validate ▸ modal deploy ▸ URL ▸ healthy ▸ .env
 """
 
-from synth_deploy.modal.builder import build_modal_app, modal_app, modal_app_for, web_function
-from synth_deploy.modal.credentials import has_modal_token, require_modal_token
-from synth_deploy.modal.deploy import (
+from synth_deploy.modal._container import web as container_app
+from synth_deploy.modal._credentials import has_modal_token, require_modal_token
+from synth_deploy.modal._deployment import (
+    DeployOptions,
     DeployResult,
     LocalValidationError,
     deploy,
     serve_dev,
     validate_locally,
 )
-from synth_deploy.modal.image import ImageRecipe, LocalDir
-from synth_deploy.modal.plan import DeployPlan, build_plan
-from synth_deploy.modal.runner import ModalCLI, ModalCLIError, find_web_url
-from synth_deploy.modal.secrets import SecretSource
-from synth_deploy.modal.settings import ModalSettings
+from synth_deploy.modal._image import (
+    SERVING_PACKAGES,
+    SOURCE_EXCLUDED_PACKAGES,
+    ImageRecipe,
+    LocalDir,
+    dependency_closure,
+)
+from synth_deploy.modal._modal_app import build_modal_app, modal_app, modal_app_for, web_function
+from synth_deploy.modal._modal_cli import CLIResult, ModalCLI, ModalCLIError, find_web_url
+from synth_deploy.modal._plan import DeployPlan, build_plan
+from synth_deploy.modal._secrets import SecretSource
+from synth_deploy.modal._settings import ModalSettings
 
 __all__ = [
+    "SERVING_PACKAGES",
+    "SOURCE_EXCLUDED_PACKAGES",
+    "CLIResult",
+    "DeployOptions",
     "DeployPlan",
     "DeployResult",
     "ImageRecipe",
@@ -32,6 +60,8 @@ __all__ = [
     "SecretSource",
     "build_modal_app",
     "build_plan",
+    "container_app",
+    "dependency_closure",
     "deploy",
     "find_web_url",
     "has_modal_token",

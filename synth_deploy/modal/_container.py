@@ -1,9 +1,12 @@
 """What runs inside the Modal container: the task app's ASGI app.
 
 Modal imports this module by name in the container (the function is defined at module level
-and decorated by the builder, so no pickling is involved) and calls `web()` once per container.
-This is a process entry point: the environment Modal gives the container (secrets included)
-is resolved here, once, and the app is built by the same runner `serve` uses.
+and decorated by `build_modal_app`, so no pickling is involved) and calls `web()` once per
+container; the package exports it as `container_app`. This is a process entry point: the
+environment Modal gives the container (secrets included) is resolved here, once, and the app
+is built by the same runner `serve` uses. Only the serving packages are in the image (see
+`SOURCE_EXCLUDED_PACKAGES`), so nothing here may import the CLI, tunnels, runs, training or
+the health checker.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from synth_deploy.taskapp._registry import (
     register_task_app,
     registered_apps,
 )
+from synth_deploy.taskapp._task_app import TaskApp
 
 _LAZY = {
     "create_app": "_server",
@@ -100,6 +101,7 @@ __all__ = [
     "RubricSection",
     "ServeSettings",
     "ServerKeys",
+    "TaskApp",
     "TaskAppConfig",
     "TaskAppEntry",
     "TaskDataset",

@@ -1,8 +1,9 @@
 """Registering task apps and finding them again by id or by file path.
 
 Discovery reads the ``apps/`` folders without importing anything: it parses each file and
-looks for ``register_task_app(app_id="...")`` calls, so `synth-deploy apps` stays fast and a
-broken app cannot break the listing. Loading imports only the one file asked for.
+looks for ``TaskApp("...")`` and ``register_task_app(app_id="...")`` calls, so `synth-deploy
+apps` stays fast and a broken app cannot break the listing. Loading imports only the one file
+asked for.
 """
 
 from __future__ import annotations
@@ -71,14 +72,21 @@ def register_task_app(
     description: str = "",
     modal: Any = None,
 ) -> TaskAppEntry:
-    """Register a task app under ``app_id``; call it at module level in the app's file."""
-    source = _caller_file()
-    existing = _REGISTRY.get(app_id)
-    if existing is not None and existing.source != source:
-        raise TaskAppError(f"task app id {app_id!r} is registered twice: in {existing.source} "
-                           f"and {source}", hint="give one of them another app_id")
-    entry = TaskAppEntry(app_id, config_factory, description, modal, source)
-    _REGISTRY[app_id] = entry
+    """Register a task app under ``app_id``; call it at module level in the app's file.
+
+    (`TaskApp(...)` declares and registers in one step; this is the lower-level form.)
+    """
+    return add_entry(TaskAppEntry(app_id, config_factory, description, modal,
+                                  caller_file(1)))
+
+
+def add_entry(entry: TaskAppEntry) -> TaskAppEntry:
+    existing = _REGISTRY.get(entry.app_id)
+    if existing is not None and existing.source != entry.source:
+        raise TaskAppError(f"task app id {entry.app_id!r} is registered twice: in "
+                           f"{existing.source} and {entry.source}",
+                           hint="give one of them another app_id")
+    _REGISTRY[entry.app_id] = entry
     return entry
 
 
@@ -187,17 +195,18 @@ def _scan_file(path: Path) -> list[AppInfo]:
             continue
         func = node.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-        if name != "register_task_app":
+        if name not in ("register_task_app", "TaskApp"):
             continue
         kw = {k.arg: k.value for k in node.keywords}
-        app_id = literal(kw.get("app_id"))
+        app_id = literal(kw.get("app_id") or (node.args[0] if node.args else None))
         if app_id:
             apps.append(AppInfo(app_id, path, literal(kw.get("description")) or ""))
     return apps
 
 
-def _caller_file() -> Path | None:
-    frame = sys._getframe(2)
+def caller_file(depth: int) -> Path | None:
+    """The file of the code ``depth`` frames above the caller (the task app's module)."""
+    frame = sys._getframe(depth + 1)
     filename = frame.f_globals.get("__file__") or frame.f_code.co_filename
     return Path(filename).resolve() if filename else None
 

@@ -27,7 +27,12 @@ from starlette.routing import Route
 from synth_deploy.env import Env, is_secret_name, mask, redact
 from synth_deploy.taskapp._auth import ApiKeyAuth
 from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
-from synth_deploy.taskapp._contracts import RolloutRequest, RolloutResponse, TaskInfo
+from synth_deploy.taskapp._contracts import (
+    RolloutMetrics,
+    RolloutRequest,
+    RolloutResponse,
+    TaskInfo,
+)
 from synth_deploy.taskapp._proxy import VENDOR_KEYS
 from synth_deploy.taskapp._responses import error_response, validation_errors
 from synth_deploy.tracing import SessionTrace, SessionTracer
@@ -45,7 +50,7 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class TaskApp(FastAPI):
+class _ProtocolApp(FastAPI):
     """FastAPI, with the protocol's own endpoints served on a lean path.
 
     FastAPI wraps every request in telemetry, body-limit and exit-stack middleware; on a
@@ -117,7 +122,7 @@ def create_app(
                     logger.exception("shutdown hook failed")
             await app.state.http.aclose()
 
-    app = TaskApp(title=config.name, description=config.description, version=config.version,
+    app = _ProtocolApp(title=config.name, description=config.description, version=config.version,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
     app.state.auth = auth
@@ -263,7 +268,7 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
     try:
         async with asyncio.timeout(bound):
             raw = await call_executor(req, ctx)
-        result = raw if isinstance(raw, RolloutResponse) else RolloutResponse.model_validate(raw)
+        result = _completed(raw, req.run_id, tracer.session)
     except TimeoutError:
         error = error_response(
             504, "rollout_timeout",
@@ -318,6 +323,53 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
     app.state.stats["rollouts"] += 1
     # Bytes straight from pydantic-core: no str round trip on the hot path.
     return Response(result.__pydantic_serializer__.to_json(result), media_type="application/json")
+
+
+_REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",
+                "mean_return")
+
+
+def _completed(raw: Any, run_id: str, session: SessionTrace) -> RolloutResponse:
+    """The rollout's result as a response, with what the kit fills in itself.
+
+    An author states a reward once, in metrics or with ``ctx.tracer.record_outcome_reward``:
+    every protocol spelling (``episode_rewards``/``reward_mean``, ``episode_returns``/
+    ``mean_return``, ``outcome_reward``, ``outcome_score``) follows from it, as do
+    ``event_rewards``/``events_score`` from the recorded event rewards and ``num_steps`` from
+    the timesteps. A rollout may return a `RolloutResponse`, a dict, or nothing.
+    """
+    if isinstance(raw, RolloutResponse):
+        metrics = raw.metrics
+        stated = metrics.model_dump(exclude_unset=True)
+        if not (metrics.episode_rewards or metrics.outcome_reward is not None):
+            for name in _REWARD_KEYS:  # zeros the model filled in, not rewards the author gave
+                stated.pop(name, None)
+        raw.metrics = RolloutMetrics.model_validate(_filled_metrics(stated, session))
+        return raw
+    data = dict(raw or {})
+    data.setdefault("run_id", run_id)
+    data["metrics"] = _filled_metrics(dict(data.get("metrics") or {}), session)
+    return RolloutResponse.model_validate(data)
+
+
+def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str, Any]:
+    if not any(metrics.get(k) not in (None, []) for k in _REWARD_KEYS) \
+            and session.outcome_rewards:
+        metrics["outcome_reward"] = session.outcome_rewards[-1].total_reward
+    if metrics.get("outcome_reward") is None:
+        rewards = metrics.get("episode_rewards") or metrics.get("episode_returns")
+        if rewards:
+            metrics["outcome_reward"] = sum(rewards) / len(rewards)
+    if metrics.get("outcome_score") is None and metrics.get("outcome_reward") is not None:
+        metrics["outcome_score"] = metrics["outcome_reward"]
+    event_values = [r.reward_value for r in session.event_rewards]
+    if event_values:
+        metrics.setdefault("event_rewards", event_values)
+        if metrics.get("events_score") is None:
+            metrics["events_score"] = sum(event_values) / len(event_values)
+    if not metrics.get("num_steps"):
+        metrics["num_steps"] = len(session.timesteps)
+    return metrics
 
 
 def _executor_caller(executor: Any) -> Any:

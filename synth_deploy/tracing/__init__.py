@@ -7,14 +7,16 @@
 Heavy or optional parts load on use: ``libsql`` only for a remote URL (in a child process).
 """
 
-from synth_deploy.tracing.config import (
+from synth_deploy.tracing._config import (
     DEFAULT_TRACE_DB,
+    TOKEN_VAR,
+    TRACES_DB_VAR,
     TraceDbSetting,
     deploy_notice,
     parse_trace_db,
     resolve_trace_db,
 )
-from synth_deploy.tracing.errors import (
+from synth_deploy.tracing._errors import (
     NotATraceDbError,
     SchemaTooNewError,
     SessionNotFoundError,
@@ -23,10 +25,10 @@ from synth_deploy.tracing.errors import (
     TraceDbUnreachableError,
     TraceDbUrlError,
 )
-from synth_deploy.tracing.export import ExportResult, export_sft, sft_examples
-from synth_deploy.tracing.report import TraceDbReport, describe_trace_db, init_trace_db
-from synth_deploy.tracing.schema import SCHEMA_VERSION
-from synth_deploy.tracing.session import (
+from synth_deploy.tracing._export import ExportResult, export_sft, sft_examples
+from synth_deploy.tracing._report import TraceDbReport, describe_trace_db, init_trace_db
+from synth_deploy.tracing._schema import SCHEMA_VERSION
+from synth_deploy.tracing._session import (
     Event,
     EventReward,
     Message,
@@ -35,7 +37,7 @@ from synth_deploy.tracing.session import (
     SessionTracer,
     Timestep,
 )
-from synth_deploy.tracing.store import (
+from synth_deploy.tracing._store import (
     SessionSummary,
     TraceStats,
     TraceStore,
@@ -46,6 +48,8 @@ from synth_deploy.tracing.store import (
 __all__ = [
     "DEFAULT_TRACE_DB",
     "SCHEMA_VERSION",
+    "TOKEN_VAR",
+    "TRACES_DB_VAR",
     "Event",
     "EventReward",
     "ExportResult",

@@ -21,7 +21,7 @@ from typing import Any
 
 from synth_deploy.env import redact
 from synth_deploy.errors import TraceStoreError
-from synth_deploy.tracing.errors import TraceDbAuthError, TraceDbUnreachableError
+from synth_deploy.tracing._errors import TraceDbAuthError, TraceDbUnreachableError
 
 CONNECT_TIMEOUT_S = 15.0
 CALL_TIMEOUT_S = 30.0

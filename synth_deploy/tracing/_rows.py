@@ -12,7 +12,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from synth_deploy.tracing.session import (
+from synth_deploy.tracing._session import (
     Event,
     EventReward,
     Message,

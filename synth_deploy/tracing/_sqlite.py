@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import TraceStoreError
-from synth_deploy.tracing.errors import NotATraceDbError, TraceDbMissingError
+from synth_deploy.tracing._errors import NotATraceDbError, TraceDbMissingError
 
 _MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0

@@ -1,7 +1,18 @@
 """Training jobs: RL/SFT configs (synth-ai's TOML schema), the backend client, job streaming,
 and SFT data validation.
 
-    from synth_deploy.train import train, TrainOptions, JobClient, validate_sft_file
+    from synth_deploy.env import load_env
+    from synth_deploy.train import TrainOptions, train
+
+    results = train(TrainOptions(configs=["rl.toml"], poll=False), load_env([".env"]))
+
+The caller resolves the `Env` (keys and URLs are read from it, never from the process) and the
+`TrainOptions`; both are passed down unchanged.
+
+Modules (private; import from here): ``_submission`` runs `train()` (preflight, submit,
+follow), ``_options`` holds `TrainOptions`, ``_job`` turns one config into a `PreparedJob`,
+``_backend`` is the HTTP client of the training backend, ``_stream`` follows a job and renders
+it, ``_configs`` reads and checks the TOML, ``_sft_data`` validates SFT JSONL.
 """
 
 from synth_deploy.train._backend import (
@@ -17,6 +28,8 @@ from synth_deploy.train._configs import (
     discover_configs,
     load_config,
 )
+from synth_deploy.train._job import PreparedJob, masked
+from synth_deploy.train._options import TrainOptions
 from synth_deploy.train._sft_data import (
     SFTError,
     SFTValidation,
@@ -34,14 +47,7 @@ from synth_deploy.train._stream import (
     sparkline,
     stream_job,
 )
-from synth_deploy.train._submit import (
-    PreflightError,
-    TrainOptions,
-    TrainResult,
-    TrainUI,
-    masked,
-    train,
-)
+from synth_deploy.train._submission import PreflightError, TrainResult, TrainUI, train
 
 __all__ = [
     "EXIT_POLL_TIMEOUT",
@@ -51,6 +57,7 @@ __all__ = [
     "JobOutcome",
     "JsonHandler",
     "PreflightError",
+    "PreparedJob",
     "RLConfig",
     "RetryPolicy",
     "SFTConfig",

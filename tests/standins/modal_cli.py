@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 import modal_inspect  # noqa: E402
 
-from synth_deploy.modal.image import dependency_closure  # noqa: E402
+from synth_deploy.modal import dependency_closure  # noqa: E402
 
 
 def _out(line: str = "") -> None:
@@ -75,7 +75,8 @@ def deploy(args: argparse.Namespace) -> int:
             _out(f"└── ✓ Created web function {fn_name}")
             _out(f"    └── {url} (unauthenticated)")
     else:
-        _out("└── 🔨 Created function web.")
+        for fn_name in functions:
+            _out(f"└── 🔨 Created function {fn_name}.")
     _out(f"✓ App deployed in {time.monotonic() - started:.3f}s! 🎉")
     _out("")
     env = f"/{args.env}" if args.env else "/main"

@@ -7,8 +7,12 @@ on the path, looks up QUALNAME (a function decorated elsewhere, Modal's "case 2"
 for the ASGI app and serves that — here with uvicorn on 127.0.0.1. The project's editable
 install is taken off the import path, so only code the image mounts can be imported, and
 site-packages is fenced to the distributions the image's pip layer installs (plus the
-server runtime): importing anything else fails as it would in the real container. Refused
-imports are listed in ROOT/../blocked.json (optional imports may be refused harmlessly).
+server runtime): importing anything else fails as it would in the real container.
+
+ROOT/../imports.json says what the container asked for, kept current as it runs:
+``{"refused": [...], "synth_deploy": [...]}`` — the site-packages modules refused (optional
+imports may be refused harmlessly), and every ``synth_deploy`` module it tried to import,
+found or not (an import caught by a ``try`` shows here too).
 """
 
 from __future__ import annotations
@@ -29,26 +33,36 @@ def _isolate(root: Path) -> None:
 
 
 class _InstalledOnly(importlib.abc.MetaPathFinder):
-    """Refuse top-level modules whose distribution the image does not install."""
+    """Refuse top-level modules whose distribution the image does not install; note every
+    ``synth_deploy`` module asked for."""
 
-    def __init__(self, allowed: set[str], root: Path, blocked_file: Path) -> None:
+    def __init__(self, allowed: set[str], root: Path, record_file: Path) -> None:
         from importlib import metadata
 
         norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
         self.owner = {mod: {norm(d) for d in dists}
                       for mod, dists in metadata.packages_distributions().items()}
         self.allowed = {norm(a) for a in allowed}
-        self.blocked: list[str] = []
-        self.blocked_file = blocked_file
+        self.refused: list[str] = []
+        self.requested: list[str] = []
+        self.record_file = record_file
         self.root = root
+
+    def _record(self) -> None:
+        self.record_file.write_text(json.dumps({"refused": sorted(set(self.refused)),
+                                                "synth_deploy": sorted(set(self.requested))}))
 
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.partition(".")[0]
+        if top == "synth_deploy":
+            self.requested.append(fullname)
+            self._record()
+            return None  # found (or not) in ROOT, like any mounted source
         owners = self.owner.get(top)
         mounted = (self.root / top).exists() or (self.root / f"{top}.py").exists()
         if path is None and not mounted and owners and not owners & self.allowed:
-            self.blocked.append(fullname)
-            self.blocked_file.write_text(json.dumps(sorted(set(self.blocked))))
+            self.refused.append(fullname)
+            self._record()
             raise ModuleNotFoundError(f"No module named {fullname!r} (not in the image)",
                                       name=fullname)
         return None
@@ -59,7 +73,7 @@ def main() -> int:
     root_path = Path(root).resolve()
     _isolate(root_path)
     sys.meta_path.insert(0, _InstalledOnly(set(json.loads(allowed)), root_path,
-                                           root_path.parent / "blocked.json"))
+                                           root_path.parent / "imports.json"))
     module = importlib.import_module(module_name)
     import synth_deploy
 

@@ -1,6 +1,10 @@
-"""RL and SFT training configs (TOML): schemas, loading with clear errors, discovery."""
+"""RL and SFT training configs (TOML): schemas, loading with clear errors, discovery.
 
-from synth_deploy.train._configs.loading import (
+``file`` holds `TrainConfig` (one config file, read and checked) and the discovery walk;
+``rl`` and ``sft`` the two schemas; ``sections`` the tables both share.
+"""
+
+from synth_deploy.train._configs.file import (
     KINDS,
     JobKind,
     TrainConfig,

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
-from synth_deploy.train._configs._shared import (
+from synth_deploy.train._configs.sections import (
     AlgorithmConfig,
     ComputeConfig,
     LoraConfig,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from synth_deploy.train._configs._shared import (
+from synth_deploy.train._configs.sections import (
     AlgorithmConfig,
     ComputeConfig,
     LoraConfig,

@@ -1,0 +1,371 @@
+"""The HTTP steps of a check: `/`, `/health`, auth enforcement, `/info`, `/task_info`, `/rollout`.
+
+Each step records one `CheckResult`; a step after which later ones cannot mean anything
+(no HTTP answer, a gateway failure, a refused key) raises `Stop` with the reason.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from synth_deploy.env import mask
+from synth_deploy.health import _diagnosis as dx
+from synth_deploy.health._http import HTTPClient, RequestFailed
+from synth_deploy.health._options import CheckOptions, RolloutOptions
+from synth_deploy.health._report import CheckResult, HealthReport
+from synth_deploy.health._schema import short_repr, validate
+
+
+class Stop(Exception):
+    """Raised by a step after recording a result that makes later steps meaningless."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EndpointSteps:
+    """The protocol's endpoints probed through one `HTTPClient`; results go to ``report``."""
+
+    def __init__(self, report: HealthReport, client: HTTPClient, options: CheckOptions, *,
+                 api_key: str | None, key_source: str | None) -> None:
+        self.report = report
+        self.client = client
+        self.base = report.url
+        self.api_key = api_key
+        self.key_label = f"{key_source or 'the key given'}, {mask(api_key)}"
+        self.seeds = list(options.seeds)
+        self.timeout_s = options.timeout_s
+        self.slow_ms = options.slow_s * 1000
+        # A random wrong key: a server that echoes it back is leaking what it is sent.
+        self.wrong_key = "sk_env_wrong_" + secrets.token_hex(8)
+
+    def add(self, result: CheckResult) -> CheckResult:
+        self.report.checks.append(result)
+        return result
+
+    # --- HTTP helpers -----------------------------------------------------------------
+
+    def request(self, method: str, path: str, *, key: str | None, timeout: float | None = None,
+                **kwargs: Any) -> tuple[Any, float, dx.Diagnosis | None]:
+        """(response, latency ms, None), or (None, latency ms, diagnosis) when no answer came."""
+        headers = {"X-API-Key": key} if key else {}
+        started = time.perf_counter()
+        try:
+            response = self.client.request(method, self.base + path, headers=headers,
+                                           timeout=timeout or self.timeout_s, **kwargs)
+        except RequestFailed as exc:
+            return None, (time.perf_counter() - started) * 1000, dx.transport_failure(exc)
+        return response, (time.perf_counter() - started) * 1000, None
+
+    def fail(self, name: str, expected: str, diagnosis: dx.Diagnosis, latency: float,
+             stop: str | None = None) -> None:
+        self.add(CheckResult(name, "fail", expected, diagnosis.actual, latency, diagnosis.hint,
+                             diagnosis.code))
+        if stop:
+            raise Stop(stop)
+
+    def passed(self, name: str, expected: str, actual: str, latency: float) -> None:
+        if latency > self.slow_ms:
+            self.add(CheckResult(
+                name, "warn", expected, actual, latency, code="slow",
+                hint=f"answered in {latency / 1000:.1f}s: a cold start (Modal), an overloaded "
+                     f"app or a slow network; trainers time out on slow task apps, so keep a "
+                     f"container warm (min_containers) or find what blocks the app"))
+        else:
+            self.add(CheckResult(name, "pass", expected, actual, latency))
+
+    def unexpected(self, name: str, expected: str, response: Any, latency: float,
+                   stop: str | None = None) -> None:
+        """Any answer not handled by the step: gateway failures first, then 404, then others."""
+        diagnosis = dx.gateway_failure(response)
+        if diagnosis is not None:
+            stop = stop or "the app is not reachable"
+        elif response.status_code in (404, 405):
+            diagnosis = dx.Diagnosis(
+                "wrong_base_url", dx.describe(response),
+                f"no such endpoint under {self.base}: this is not the task app's base URL "
+                f"(a path prefix missing or extra?)")
+        else:
+            message = dx.error_message(dx.body_json(response))
+            diagnosis = dx.Diagnosis(
+                "unexpected_status", dx.describe(response),
+                "the app answered with an error" + (f": {message}" if message else "")
+                + "; read the app's logs")
+        self.fail(name, expected, diagnosis, latency, stop)
+
+    # --- steps ------------------------------------------------------------------------
+
+    def root(self) -> None:
+        expected = '200 {"status": "ok"} without a key'
+        response, latency, failure = self.request("GET", "/", key=None)
+        if failure is not None:
+            self.fail("root", expected, failure, latency, "no HTTP answer")
+        data = dx.body_json(response)
+        if response.status_code == 200:
+            if isinstance(data, dict) and data.get("status") == "ok":
+                self.passed("root", expected, dx.describe(response), latency)
+            else:
+                self.add(CheckResult(
+                    "root", "warn", expected, dx.describe(response), latency, code="unusual_root",
+                    hint="a task app answers / with {\"status\": \"ok\"}: is this the app's "
+                         "base URL?"))
+            return
+        if dx.gateway_failure(response) is not None or response.status_code >= 500:
+            self.unexpected("root", expected, response, latency, stop="the app is not serving")
+        hint = ("no / at this URL: is it the app's base URL? continuing with /health"
+                if response.status_code in (404, 405) else
+                "task apps answer / without a key; continuing with /health")
+        self.add(CheckResult("root", "warn", expected, dx.describe(response), latency,
+                             code="unusual_root", hint=hint))
+
+    def health(self) -> bool:
+        """/health with the key; True when the key is accepted (the later steps can run)."""
+        expected = '200 {"healthy": true} with the key'
+        if not self.api_key:
+            response, latency, failure = self.request("GET", "/health", key=None)
+            seen = failure.actual if failure else f"the app answered {response.status_code}"
+            self.add(CheckResult(
+                "health", "fail", expected, f"no key given ({seen})", latency, code="no_key",
+                hint="pass --api-key, or set ENVIRONMENT_API_KEY in the environment or in .env "
+                     "(--env-file to pick a file)"))
+            return False
+        response, latency, failure = self.request("GET", "/health", key=self.api_key)
+        if failure is not None:
+            self.fail("health", expected, failure, latency, "no HTTP answer")
+        refusal = dx.auth_refusal(response)
+        if refusal == "missing":
+            self.fail("health", expected, dx.Diagnosis(
+                "key_not_received", dx.describe(response),
+                "the app says no key was sent, but one was (X-API-Key): a proxy in between "
+                "strips the header, or the app reads another one"), latency)
+            return False
+        if refusal is not None:
+            synth_ai = (" (a synth-ai app: it answers a bad key with 400)"
+                        if refusal == "synth_ai" else "")
+            self.fail("health", expected, dx.Diagnosis(
+                "key_mismatch", f"{response.status_code}: the key was refused{synth_ai}",
+                f"the key sent ({self.key_label}) is not one the app accepts: give the server "
+                f"and this check the same ENVIRONMENT_API_KEY (the Modal Secret when deployed, "
+                f"the server's .env locally) and restart the server; the sha256 fingerprint "
+                f"tells keys apart without showing them"), latency)
+            return False
+        if response.status_code != 200:
+            self.unexpected("health", expected, response, latency, stop="/health fails")
+        data = dx.body_json(response)
+        if not isinstance(data, dict):
+            self.fail("health", expected, dx.Diagnosis(
+                "not_json", dx.describe(response),
+                "/health did not answer JSON: this URL is not a task app (check the base URL)"),
+                latency, "the URL does not serve a task app")
+        if data.get("healthy") is not True:
+            self.fail("health", expected, dx.Diagnosis(
+                "reports_unhealthy", dx.describe(response),
+                "the app says it is not healthy: read its logs (a failed startup hook or "
+                "dataset?)"), latency)
+            return True
+        self.passed("health", expected, dx.describe(response), latency)
+        return True
+
+    def auth(self) -> None:
+        """Requests without a key and with a wrong key must be refused."""
+        expected = "no key → 401, wrong key → 403 (refused)"
+        probes = [("no key", "GET", "/health", None, {}),
+                  ("wrong key", "GET", "/health", self.wrong_key, {}),
+                  ("/rollout without key", "POST", "/rollout", None, {"json": {}})]
+        seen, open_, odd, leak, latency = [], [], [], False, 0.0
+        for label, method, path, key, extra in probes:
+            response, ms, failure = self.request(method, path, key=key, **extra)
+            latency = max(latency, ms)
+            if failure is not None:
+                seen.append(f"{label} → {failure.actual}")
+                odd.append(label)
+                continue
+            status = response.status_code
+            seen.append(f"{label} → {status}")
+            data = dx.body_json(response)
+            leak |= dx.leaks_key_prefix(data) or self.wrong_key[:15] in response.text
+            # A 422 means the body was validated, which auth dependencies run before: the
+            # request got past auth.
+            if 200 <= status < 300 or (status == 422 and method == "POST"):
+                open_.append(label)
+            elif dx.auth_refusal(response) is None and dx.error_code(data) != \
+                    "missing_environment_api_key":
+                odd.append(label)
+        actual = ", ".join(seen)
+        if open_:
+            self.add(CheckResult(
+                "auth", "fail", expected, actual, latency, code="open_to_anyone",
+                hint="the app is open to anyone: it answered a request without a valid key "
+                     f"({', '.join(open_)}), so anyone with the URL can run rollouts on your "
+                     "inference budget. Require ENVIRONMENT_API_KEY (create_app does) and set "
+                     "it on the server"))
+        elif leak:
+            self.add(CheckResult(
+                "auth", "warn", expected, actual + " (key material in the refusal body)",
+                latency, code="key_leak",
+                hint="the app refuses bad keys but echoes key material in its error body "
+                     "(synth-ai's allowed_first15: the first 15 characters of the valid key): "
+                     "anyone can read part of the key. Serve it with synth-deploy (401/403, no "
+                     "key material) and rotate the key"))
+        elif odd:
+            self.add(CheckResult(
+                "auth", "warn", expected, actual, latency, code="auth_unverified",
+                hint=f"could not confirm that {', '.join(odd)} is refused: the app answered "
+                     "neither 2xx nor 401/403"))
+        else:
+            self.add(CheckResult("auth", "pass", expected, actual, latency))
+
+    def info(self) -> None:
+        expected = "200 with service.task {id, name}"
+        response, latency, failure = self.request("GET", "/info", key=self.api_key)
+        if failure is not None:
+            self.fail("info", expected, failure, latency)
+            return
+        if response.status_code != 200:
+            self.unexpected("info", expected, response, latency)
+            return
+        data = dx.body_json(response)
+        service = data.get("service") if isinstance(data, dict) else None
+        if not isinstance(service, dict):
+            self.schema_failure("info", "/info", "service", "an object with task {id, name}",
+                                short_repr(service) if isinstance(data, dict) else
+                                dx.excerpt(response), latency)
+            return
+        task, problem = validate("TaskDescriptor", service.get("task"))
+        if problem is not None:
+            path = "service.task" + ("." + problem["path"] if problem["path"] != "(document)"
+                                     else "")
+            self.schema_failure("info", "/info", path, problem["expected"],
+                                problem["actual"] + problem["more"], latency)
+            return
+        version = service.get("version")
+        self.passed("info", expected, f"task {task.id!r} ({task.name})"
+                    + (f", version {version}" if version else ""), latency)
+
+    def task_info(self) -> None:
+        expected = '200 {"taskset": ...}'
+        response, latency, failure = self.request("GET", "/task_info", key=self.api_key)
+        if failure is not None:
+            self.fail("task_info", expected, failure, latency)
+            return
+        if response.status_code != 200:
+            self.unexpected("task_info", expected, response, latency)
+            return
+        data = dx.body_json(response)
+        if not isinstance(data, dict) or "taskset" not in data:
+            self.schema_failure("task_info", "/task_info", "taskset", "present", "missing"
+                                if isinstance(data, dict) else dx.excerpt(response), latency)
+            return
+        taskset = data["taskset"]
+        label = (taskset.get("id") or taskset.get("name")) if isinstance(taskset, dict) else None
+        self.passed("task_info", expected, f"taskset {label!r}" if label else "taskset present",
+                    latency)
+
+    def task_info_seeds(self) -> None:
+        shown = _seed_text(self.seeds)
+        expected = f"a valid TaskInfo for seed {shown}"
+        params = [("seed", str(s)) for s in self.seeds]
+        response, latency, failure = self.request("GET", "/task_info", key=self.api_key,
+                                                  params=params)
+        name = "task_info_seeds"
+        if failure is not None:
+            self.fail(name, expected, failure, latency)
+            return
+        if response.status_code != 200:
+            if response.status_code in (404, 422) and dx.error_code(dx.body_json(response)):
+                message = dx.error_message(dx.body_json(response)) or ""
+                self.fail(name, expected, dx.Diagnosis(
+                    "bad_seed", dx.describe(response),
+                    f"the app has no task instance for seed {shown}: {message} — pass --seeds "
+                    f"from the app's dataset"), latency)
+                return
+            self.unexpected(name, expected, response, latency)
+            return
+        data = dx.body_json(response)
+        items = data if isinstance(data, list) else [data]
+        if len(items) != len(self.seeds):
+            self.schema_failure(name, "/task_info", "(document)",
+                                f"{len(self.seeds)} TaskInfo object(s)",
+                                f"{len(items)}", latency)
+            return
+        ids = set()
+        for seed, item in zip(self.seeds, items, strict=True):
+            info, problem = validate("TaskInfo", item)
+            if problem is not None:
+                self.schema_failure(name, f"/task_info?seed={seed}", problem["path"],
+                                    problem["expected"], problem["actual"] + problem["more"],
+                                    latency)
+                return
+            ids.add(info.task.id)
+        self.passed(name, expected, f"{len(items)} valid TaskInfo (task {', '.join(sorted(ids))})",
+                    latency)
+
+    def rollout(self, options: RolloutOptions) -> None:
+        seed = self.seeds[0]
+        expected = f"200 RolloutResponse for an eval rollout of seed {seed}"
+        run_id = "synth-deploy-check-" + secrets.token_hex(4)
+        timeout_s = max(options.timeout_s, self.timeout_s)
+        policy_config: dict[str, Any] = {"inference_url": options.inference_url}
+        if options.model:
+            policy_config["model"] = options.model
+        body = {"run_id": run_id, "mode": "eval", "env": {"seed": seed, "config": {}},
+                "policy": {"policy_name": "synth-deploy-check", "config": policy_config},
+                "record": {"return_trace": False}, "safety": {"max_time_s": timeout_s}}
+        response, latency, failure = self.request("POST", "/rollout", key=self.api_key,
+                                                  json=body, timeout=timeout_s)
+        if failure is not None:
+            self.fail("rollout", expected, failure, latency)
+            return
+        if response.status_code != 200:
+            data = dx.body_json(response)
+            code, message = dx.error_code(data), dx.error_message(data) or dx.excerpt(response)
+            if response.status_code == 422:
+                self.fail("rollout", expected, dx.Diagnosis(
+                    "rollout_rejected", f"422 {message}",
+                    "the app rejected a protocol RolloutRequest: its request model is stricter "
+                    "than the protocol (shared/spec/task-app-protocol.md)"), latency)
+            elif code in ("rollout_failed", "rollout_timeout", "invalid_rollout_result",
+                          "trace_write_failed"):
+                self.fail("rollout", expected, dx.Diagnosis(
+                    code, f"{response.status_code} {message}",
+                    "the rollout failed inside the app: read the message and the app's logs; "
+                    "check that the app can reach the inference URL and that the model exists"),
+                    latency)
+            else:
+                self.unexpected("rollout", expected, response, latency)
+            return
+        result, problem = validate("RolloutResponse", dx.body_json(response))
+        if problem is not None:
+            self.schema_failure("rollout", "/rollout", problem["path"], problem["expected"],
+                                problem["actual"] + problem["more"], latency)
+            return
+        actual = (f"reward_mean={result.metrics.reward_mean:g}, steps={result.metrics.num_steps}"
+                  f", {latency / 1000:.2f}s")
+        if result.run_id != run_id:
+            self.add(CheckResult("rollout", "warn", expected, actual + f", run_id "
+                                 f"{result.run_id!r}", latency, code="run_id_mismatch",
+                                 hint="the app must echo the request's run_id: trainers match "
+                                      "responses to requests by it"))
+            return
+        self.add(CheckResult("rollout", "pass", expected, actual, latency))
+
+    def schema_failure(self, name: str, where: str, path: str, expected: str, actual: str,
+                       latency: float) -> None:
+        self.add(CheckResult(
+            name, "fail", f"{path}: {expected}", f"{path}: {actual}", latency,
+            code="schema_mismatch",
+            hint=f"{where} breaks the protocol at {path} (expected {expected}); fix the app's "
+                 f"answer (see shared/spec/task-app-protocol.md)"))
+
+
+def _seed_text(seeds: list[int]) -> str:
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    text = ",".join(str(s) for s in seeds[:8])
+    return text + ("…" if len(seeds) > 8 else "")
+
+
+__all__ = ["EndpointSteps", "Stop"]

@@ -1,0 +1,239 @@
+"""`deploy()`: a task app from a file to a healthy URL on Modal, in one call.
+
+    plan ─► build the modal.App offline ─► Modal token? ─► validate locally (real server +
+    health check with a rollout against the mock policy) ─► `modal deploy` (bounded, streamed)
+    ─► find the URL ─► wait until healthy (cold start included) ─► TASK_APP_URL in .env
+
+    env = load_env(["prod.env"])                   # resolved once, by the caller
+    deploy("math", env, DeployOptions(env_files=("prod.env",), name="synth-math-prod"))
+
+A broken app stops at local validation and never reaches the cloud. `serve_dev()` runs
+`modal serve` (Modal's hot-reload mode) on the same file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.env import DEFAULT_ENV_FILE, TASK_APP_URL, Env, write_env_var
+from synth_deploy.errors import DeployError, UsageError
+from synth_deploy.handoff import env_files_for_child
+from synth_deploy.modal._credentials import require_modal_token
+from synth_deploy.modal._modal_app import build_modal_app
+from synth_deploy.modal._modal_cli import (
+    DEFAULT_DEPLOY_TIMEOUT_S,
+    ModalCLI,
+    ModalCLIError,
+    find_web_url,
+)
+from synth_deploy.modal._plan import DeployPlan, build_plan
+
+DEFAULT_HEALTH_TIMEOUT_S = 300.0
+
+Progress = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """How `deploy` runs, resolved once by the caller (the CLI) and passed down.
+
+    ``name``: the Modal app name (default: the app's ModalSettings, else ``synth-<app id>``);
+    ``modal_environment``: default MODAL_ENVIRONMENT, else the Modal profile's;
+    ``env_files``: the files the `Env` was resolved from, handed to the `modal` child so it
+    rebuilds the same App (empty: it reads ./.env, as the caller did); ``check``: health-check
+    locally before and at the URL after (False skips both); ``dry_run``: stop after the plan
+    and an offline build; ``deploy_timeout_s``: the bound on `modal deploy`;
+    ``health_timeout_s``: how long the deployed app may take to become healthy (cold start
+    included); ``env_out``: the .env that receives TASK_APP_URL (default: the last env file,
+    else ./.env).
+    """
+
+    name: str | None = None
+    modal_environment: str | None = None
+    env_files: tuple[Path, ...] = ()
+    check: bool = True
+    dry_run: bool = False
+    deploy_timeout_s: float = DEFAULT_DEPLOY_TIMEOUT_S
+    health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S
+    env_out: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env_files", tuple(Path(p) for p in self.env_files))
+        if self.env_out is not None:
+            object.__setattr__(self, "env_out", Path(self.env_out))
+        for name in ("deploy_timeout_s", "health_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"DeployOptions.{name}: must be more than 0 seconds, "
+                                 f"got {getattr(self, name)!r}")
+
+    @property
+    def env_out_file(self) -> Path:
+        """Where TASK_APP_URL is written."""
+        if self.env_out is not None:
+            return self.env_out
+        return self.env_files[-1] if self.env_files else Path(DEFAULT_ENV_FILE)
+
+
+class LocalValidationError(DeployError):
+    """The app failed its health check locally; ``report`` is the HealthReport."""
+
+    def __init__(self, message: str, *, report: Any, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.report = report
+
+
+@dataclass
+class DeployResult:
+    """What a deployment did: the plan, the URL, both health reports, the .env written."""
+
+    plan: DeployPlan
+    dry_run: bool = False
+    url: str | None = None
+    local_report: Any = None
+    remote_report: Any = None
+    env_file: Path | None = None
+    output: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "dry_run": self.dry_run,
+            "url": self.url,
+            "plan": self.plan.to_dict(),
+            "local_check": self.local_report.to_dict() if self.local_report else None,
+            "remote_check": self.remote_report.to_dict() if self.remote_report else None,
+            "env_file": str(self.env_file) if self.env_file else None,
+        }
+
+
+def validate_locally(entry: Any, env: Env | None = None, *, seed: int = 0,
+                     timeout_s: float = 30.0) -> Any:
+    """Serve the app on 127.0.0.1 with an ephemeral key and health-check it, rollout included.
+
+    The deployment's variables are applied while it runs, as they will be in the container;
+    the rollout runs against the kit's mock policy, so no model endpoint is needed.
+    """
+    from synth_deploy.health import CheckOptions, RolloutOptions, check
+    from synth_deploy.runs import MOCK_MODEL, create_mock_policy_app
+    from synth_deploy.taskapp import BackgroundServer, LocalRunner, ServeSettings, server_keys
+
+    env = env or Env()
+    settings = ServeSettings(app=str(entry.source or entry.app_id), env=env,
+                             keys=server_keys(env, "ephemeral"))
+    with BackgroundServer(create_mock_policy_app()) as policy, LocalRunner(settings) as server:
+        rollout = RolloutOptions(inference_url=policy.url + "/v1", model=MOCK_MODEL)
+        return check(server.url, settings.keys.primary,
+                     CheckOptions(seeds=(seed,), rollout=rollout, timeout_s=timeout_s),
+                     key_source="an ephemeral key for local validation")
+
+
+def _child_env(env: Env, env_files: Sequence[Path]) -> dict[str, str]:
+    # The `modal` child sees the resolved variables (Modal's credentials among them, wherever
+    # they came from) and is told which env files to resolve when it rebuilds the same App
+    # from the app file.
+    return {**env.values, **env_files_for_child(env_files)}
+
+
+def deploy(app: str, env: Env, options: DeployOptions = DeployOptions(), *,
+           cli: ModalCLI | None = None, on_progress: Progress | None = None) -> DeployResult:
+    """Deploy task app ``app`` (an id or a file) to Modal and verify it is healthy.
+
+    ``env`` supplies ENVIRONMENT_API_KEY, the other secrets and Modal's credentials;
+    ``options`` say how (see `DeployOptions`). ``cli`` runs Modal's CLI (tests pass a
+    stand-in); ``on_progress(stage, message)`` hears each step and Modal's output lines.
+    """
+    from synth_deploy.taskapp import load_app
+
+    say = on_progress or (lambda stage, message: None)
+    entry = load_app(app)
+    plan = build_plan(entry, env, name=options.name,
+                      modal_environment=options.modal_environment)
+    build_modal_app(plan)  # settings, secrets and image must build before anything is sent
+    say("plan", f"{plan.app_id} -> Modal app {plan.app_name!r} ({plan.source})")
+    result = DeployResult(plan=plan, dry_run=options.dry_run)
+    if options.dry_run:
+        return result
+
+    require_modal_token(env)
+    if options.check:
+        say("validate", "serving the app locally and running the health checker")
+        report = validate_locally(entry, env)
+        result.local_report = report
+        if not report.healthy:
+            failure = report.failure
+            detail = (f"{failure.name}: expected {failure.expected}, got {failure.actual}"
+                      if failure else "unhealthy")
+            raise LocalValidationError(f"local validation failed, nothing was deployed "
+                                       f"({detail})", report=report,
+                                       hint=failure.hint if failure else None)
+        say("validate", "healthy locally")
+
+    say("deploy", f"modal deploy {plan.source.name} --name {plan.app_name}")
+    args = ["deploy", str(plan.source), "--name", plan.app_name]
+    if plan.modal_environment:
+        args += ["-e", plan.modal_environment]
+    run = (cli or ModalCLI()).run(args, env=_child_env(env, options.env_files),
+                                  timeout_s=options.deploy_timeout_s,
+                                  secrets=plan.secret_values(),
+                                  on_line=lambda line: say("modal", line))
+    result.output = run.output
+    if run.returncode != 0:
+        raise run.error("modal deploy")
+    url = find_web_url(run.output)
+    if url is None:
+        raise ModalCLIError("Modal finished, but its output names no web URL for the app",
+                            hint="look for the URL in the Modal dashboard and pass it to "
+                                 "`synth-deploy check --url`", output=run.output)
+    result.url = url
+    say("url", url)
+
+    if options.check:
+        result.remote_report = _wait_until_healthy(plan, url, options.health_timeout_s, say)
+
+    result.env_file = write_env_var(options.env_out_file, TASK_APP_URL, url)
+    say("env", f"{TASK_APP_URL}={url} written to {result.env_file}")
+    return result
+
+
+def _wait_until_healthy(plan: DeployPlan, url: str, timeout_s: float, say: Progress) -> Any:
+    from synth_deploy.health import wait_until_healthy
+
+    say("check", f"waiting for {url} to be healthy (up to {timeout_s:g}s)")
+    report = wait_until_healthy(
+        url, plan.api_key, timeout_s=timeout_s, interval_s=2.0,
+        key_source="ENVIRONMENT_API_KEY",
+        on_attempt=lambda n, r: say("check", f"attempt {n}: {r.summary()}"))
+    if not report.healthy:
+        failure = report.failure
+        raise DeployError(
+            f"deployed to {url}, but it is not healthy after {timeout_s:g}s"
+            + (f" ({failure.name}: {failure.actual})" if failure else ""),
+            hint=(failure.hint if failure and failure.hint else
+                  f"see `modal app logs {plan.app_name}`") + f"; {TASK_APP_URL} not written")
+    return report
+
+
+def serve_dev(app: str, env: Env, *, env_files: Sequence[str | os.PathLike[str]] = (),
+              modal_environment: str | None = None, cli: ModalCLI | None = None) -> int:
+    """`modal serve` the app file (hot reload, ``-dev`` URLs) until interrupted; exit code.
+
+    ``env`` and ``env_files`` as for `deploy` (see `DeployOptions`).
+    """
+    from synth_deploy.taskapp import load_app
+
+    plan = build_plan(load_app(app), env, modal_environment=modal_environment)
+    build_modal_app(plan)
+    require_modal_token(env)
+    args = ["serve", str(plan.source)]
+    if plan.modal_environment:
+        args += ["-e", plan.modal_environment]
+    files = [Path(p) for p in env_files]
+    return (cli or ModalCLI()).run_foreground(args, env=_child_env(env, files))
+
+
+__all__ = ["DEFAULT_HEALTH_TIMEOUT_S", "DeployOptions", "DeployResult", "LocalValidationError",
+           "deploy", "serve_dev", "validate_locally"]

@@ -1,0 +1,117 @@
+"""`DeployPlan`: everything a deployment will do, resolved before anything is sent.
+
+`--dry-run` prints it; the builder turns it into a ``modal.App``. Secret values live only in
+its `SecretSource` objects and are shown masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.env import ENVIRONMENT_API_KEY, Env
+from synth_deploy.errors import TaskAppError, UsageError
+from synth_deploy.handoff import TASK_APP_VAR
+from synth_deploy.modal._image import ImageRecipe, app_remote_file
+from synth_deploy.modal._secrets import SecretSource, resolve_secrets
+from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
+from synth_deploy.tracing import deploy_notice, resolve_trace_db
+
+MODAL_ENV_VAR = "MODAL_ENVIRONMENT"  # Modal's own variable: the environment to deploy into
+_DNS_LABEL_MAX = 63
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    """A resolved deployment: app, image recipe, secrets (masked when shown), resources."""
+
+    app_id: str
+    source: Path
+    app_name: str
+    settings: ModalSettings
+    image: ImageRecipe
+    secrets: tuple[SecretSource, ...]
+    env: Mapping[str, str] = field(hash=False)
+    tracing: str
+    remote_tracing: bool
+    modal_environment: str | None = None
+    function_name: str = FUNCTION_NAME
+
+    @property
+    def api_key(self) -> str:
+        """The ENVIRONMENT_API_KEY the deployed app will accept (for the health check)."""
+        for source in self.secrets:
+            if ENVIRONMENT_API_KEY in source.values:
+                return source.values[ENVIRONMENT_API_KEY]
+        raise TaskAppError("the plan holds no ENVIRONMENT_API_KEY")  # resolve_secrets ensures
+
+    def secret_values(self) -> list[str]:
+        """Every secret value in the plan, for redacting output."""
+        return [v for s in self.secrets for v in s.values.values()]
+
+    def expected_url(self, workspace: str | None = None) -> str:
+        """The web URL Modal gives this function (workspace unknown offline)."""
+        ws = workspace or "<workspace>"
+        env = self.modal_environment
+        if env and env != "main":
+            ws = f"{ws}-{env}"
+        label = f"{self.app_name}-{self.function_name}".lower().replace("_", "-")
+        note = "" if len(label) <= _DNS_LABEL_MAX else " (label over 63 chars: Modal shortens it)"
+        return f"https://{ws}--{label}.modal.run{note}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "app_id": self.app_id,
+            "source": str(self.source),
+            "modal_app": self.app_name,
+            "function": self.function_name,
+            "modal_environment": self.modal_environment,
+            "expected_url": self.expected_url(),
+            "image": self.image.to_dict(),
+            "secrets": [s.describe() for s in self.secrets],
+            "env": dict(self.env),
+            "resources": self.settings.resources(),
+            "tracing": self.tracing,
+        }
+
+
+def build_plan(entry: Any, env: Env, *, name: str | None = None,
+               modal_environment: str | None = None) -> DeployPlan:
+    """Resolve ``entry`` (a registered TaskAppEntry) into a plan; nothing is sent anywhere.
+
+    ``name`` overrides the settings' Modal app name; ``modal_environment`` defaults to
+    MODAL_ENVIRONMENT in ``env`` (else Modal uses the profile's).
+    """
+    settings = entry.modal if entry.modal is not None else ModalSettings()
+    if not isinstance(settings, ModalSettings):
+        raise TaskAppError(f"task app {entry.app_id!r}: modal= must be a ModalSettings, got "
+                           f"{type(settings).__name__}")
+    if entry.source is None:
+        raise TaskAppError(f"task app {entry.app_id!r} has no source file to deploy")
+    source = Path(entry.source)
+    app_name = name or settings.app_name(entry.app_id)
+    if not APP_NAME_PATTERN.match(app_name):
+        raise UsageError(f"--name: {app_name!r} is not a valid Modal app name",
+                         hint="use letters, digits, '-', '_' or '.', at most 64 characters")
+    traces = resolve_trace_db(None, env)
+    remote = traces.is_remote
+    tracing = deploy_notice(traces) or (
+        f"traces go to the remote libSQL database {traces.display} (SYNTH_TRACES_DB, passed as a "
+        "secret)")
+    return DeployPlan(
+        app_id=entry.app_id,
+        source=source,
+        app_name=app_name,
+        settings=settings,
+        image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
+        secrets=tuple(resolve_secrets(settings, env, source.parent, traces)),
+        env={**settings.env, TASK_APP_VAR: app_remote_file(source)},
+        tracing=tracing,
+        remote_tracing=remote,
+        modal_environment=modal_environment or env.get(MODAL_ENV_VAR),
+    )
+
+
+__all__ = ["MODAL_ENV_VAR", "DeployPlan", "build_plan"]

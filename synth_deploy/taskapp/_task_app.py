@@ -1,0 +1,99 @@
+"""`TaskApp`: a task app declared once, at the top of its file, the way a Modal app is.
+
+    task_app = TaskApp("math", name="Arithmetic", description="...", datasets=[DATASET],
+                       rubrics=RUBRICS, modal=ModalSettings(name="synth-math"))
+
+    @task_app.instances
+    def instances(seeds): ...           # seeds -> TaskInfo (optional)
+
+    @task_app.rollout
+    async def rollout(request, ctx): ...  # one episode; record the reward with ctx.tracer
+
+    app = modal_app(__file__)             # the `modal deploy` entry
+
+Declaring registers it (by id, for `synth-deploy serve ID`); `build_config()` turns the
+declaration into the `TaskAppConfig` the server runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from synth_deploy.errors import TaskAppError
+from synth_deploy.taskapp._config import (
+    RolloutExecutor,
+    RubricBundle,
+    TaskAppConfig,
+    TaskDataset,
+    TaskDatasetRegistry,
+)
+from synth_deploy.taskapp._contracts import LimitsInfo, TaskDescriptor, TaskInfo
+from synth_deploy.taskapp._registry import TaskAppEntry, add_entry, caller_file
+
+
+class TaskApp:
+    """A task app's identity, datasets, rubrics and deployment settings, stated once."""
+
+    def __init__(self, app_id: str, *, name: str, description: str, version: str = "1",
+                 datasets: Sequence[TaskDataset] = (), rubrics: RubricBundle = RubricBundle(),
+                 limits: LimitsInfo | None = None, environment: str | None = None,
+                 modal: Any = None, **settings: Any) -> None:
+        """``settings`` are the rest of `TaskAppConfig` (proxy, routers, startup_hooks,
+        app_state, max_body_bytes, max_rollout_seconds...)."""
+        self.app_id, self.name, self.description, self.version = (
+            app_id, name, description, version)
+        self.datasets = tuple(datasets)
+        self.rubrics = rubrics
+        self.settings = settings
+        dataset_info = self.datasets[0].to_info() if self.datasets else None
+        self.task_info = TaskInfo(
+            task=TaskDescriptor(id=app_id, name=name, version=version, description=description),
+            environment=environment or app_id, rubric=rubrics.to_info(),
+            limits=limits or LimitsInfo(), **({"dataset": dataset_info} if dataset_info else {}))
+        self._rollout: RolloutExecutor | None = None
+        self._instances: Callable[[Sequence[int]], Iterable[TaskInfo]] | None = None
+        self._taskset: Callable[[], Mapping[str, Any]] | None = None
+        self.entry: TaskAppEntry = add_entry(TaskAppEntry(
+            app_id, self.build_config, description, modal, caller_file(1)))
+
+    def rollout(self, fn: RolloutExecutor) -> RolloutExecutor:
+        """Decorator: the episode function ``(request, ctx) -> result`` (sync or async)."""
+        self._rollout = fn
+        return fn
+
+    def instances(self, fn: Callable[[Sequence[int]], Iterable[TaskInfo]]
+                  ) -> Callable[[Sequence[int]], Iterable[TaskInfo]]:
+        """Decorator: seeds -> task instances for `/task_info?seed=N` (default: the app's
+        task info with ``{"seed": N}`` as metadata)."""
+        self._instances = fn
+        return fn
+
+    def taskset(self, fn: Callable[[], Mapping[str, Any]]) -> Callable[[], Mapping[str, Any]]:
+        """Decorator: what `/task_info` without seeds describes (default: id, name, text)."""
+        self._taskset = fn
+        return fn
+
+    def instance(self, seed: int, **metadata: Any) -> TaskInfo:
+        """This app's task info for one seed (a copy, ready for per-seed changes)."""
+        info = self.task_info.model_copy(deep=True)
+        info.task_metadata = {"seed": seed, **metadata}
+        return info
+
+    def build_config(self) -> TaskAppConfig:
+        if self._rollout is None:
+            raise TaskAppError(f"task app {self.app_id!r} declares no rollout",
+                               hint="decorate its episode function with @task_app.rollout")
+        return TaskAppConfig(
+            app_id=self.app_id, name=self.name, description=self.description,
+            version=self.version, base_task_info=self.task_info, rollout=self._rollout,
+            provide_task_instances=self._instances or (
+                lambda seeds: [self.instance(seed) for seed in seeds]),
+            describe_taskset=self._taskset, rubrics=self.rubrics,
+            dataset_registry=TaskDatasetRegistry(self.datasets), **self.settings)
+
+    def __repr__(self) -> str:
+        return f"TaskApp({self.app_id!r}, source={self.entry.source})"
+
+
+__all__ = ["TaskApp"]

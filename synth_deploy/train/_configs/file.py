@@ -1,0 +1,289 @@
+"""`TrainConfig`: one training TOML, read and checked (syntax, schema, deprecated
+spellings, paths, RL or SFT), and the walk that discovers config files.
+
+Every problem is reported before any network call, as ``file: section.key: problem`` with a
+did-you-mean for misspelt keys, so one run shows everything to fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from synth_deploy.errors import UsageError
+from synth_deploy.train._configs.rl import RLConfig
+from synth_deploy.train._configs.sft import SFTConfig
+
+JobKind = Literal["rl", "sft"]
+KINDS = ("auto", "rl", "sft")
+SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "__pycache__", ".mirror",
+                       ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages"})
+DISCOVERY_MAX_DEPTH = 4
+DISCOVERY_MAX_DIRS = 2000
+
+# Old spelling -> (new spelling, note). Renamed ones are moved before validation.
+_RENAMED_SECTIONS = {"judge": "verifier"}
+_DEPRECATED_SECTIONS = {
+    "lora": "use [training.lora]",
+    "topology": "use [compute.topology]",
+    "reference": "use [compute.topology] reference_placement",
+    "rubric": "use [verifier] enabled / reward_blend",
+}
+_TYPE_WORDS = {
+    "int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
+    "str": "a string", "dict": "a table", "model": "a table", "list": "an array",
+}
+
+
+@dataclass
+class TrainConfig:
+    """A validated config file: its kind, the parsed schema and the TOML as a dict."""
+
+    path: Path
+    kind: JobKind
+    model: RLConfig | SFTConfig
+    raw: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def resolve_path(self, value: str | os.PathLike[str] | None) -> Path | None:
+        """A path from the config, relative to the config's folder (``~`` expanded)."""
+        if value in (None, ""):
+            return None
+        p = Path(os.path.expanduser(os.fspath(value)))
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    @property
+    def dataset_path(self) -> Path | None:
+        return self.resolve_path(self.model.job.dataset) if self.kind == "sft" else None
+
+    @property
+    def validation_path(self) -> Path | None:
+        data = getattr(self.model, "data", None) if self.kind == "sft" else None
+        return self.resolve_path(data.validation_path) if data is not None else None
+
+    @property
+    def task_url(self) -> str | None:
+        if self.kind != "rl" or self.model.services is None:
+            return None
+        return self.model.services.task_url
+
+    def backend_dict(self) -> dict[str, Any]:
+        """The TOML as the backend receives it: ``[smoke]`` removed (it is CLI-only)."""
+        data = copy.deepcopy(self.raw)
+        data.pop("smoke", None)
+        return data
+
+
+def infer_kind(raw: dict[str, Any]) -> JobKind | None:
+    """RL or SFT from ``[algorithm]``, else from the sections present; None if unclear."""
+    algorithm = raw.get("algorithm")
+    if isinstance(algorithm, dict):
+        if algorithm.get("type") == "online" or algorithm.get("method") == "policy_gradient":
+            return "rl"
+        if algorithm.get("type") == "offline" or algorithm.get("method") == "sft":
+            return "sft"
+    if isinstance(raw.get("job"), dict) or isinstance(raw.get("hyperparameters"), dict):
+        return "sft"
+    if any(isinstance(raw.get(k), dict) for k in ("services", "rollout")):
+        return "rl"
+    return None
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error becomes ``file:line: message``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"config not found: {p}", hint="check the --config path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read config {p}: {exc}") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+        where = f"{p}:{m.group(1)}" if m else str(p)
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg) or "invalid TOML"
+        col = f" (column {m.group(2)})" if m else ""
+        raise UsageError(f"{where}: TOML syntax error: {reason}{col}",
+                         hint="fix the line shown; strings need quotes, tables [name]") from None
+
+
+def load_config(path: str | os.PathLike[str], kind: str = "auto") -> TrainConfig:
+    """Read, check and classify one config file. Raises UsageError listing every problem."""
+    if kind not in KINDS:
+        raise UsageError(f"--type must be one of {', '.join(KINDS)}, got {kind!r}")
+    p = Path(path).expanduser().resolve()
+    raw = read_toml(p)
+    inferred = infer_kind(raw)
+    if kind == "auto":
+        if inferred is None:
+            raise UsageError(
+                f"{p}: cannot tell whether this is an RL or an SFT config",
+                hint='add [algorithm] type = "online" (RL) or "offline" (SFT), or pass --type',
+            )
+        kind = inferred
+    elif inferred is not None and inferred != kind:
+        raise UsageError(f"{p}: --type {kind} given, but the config is an {inferred} config",
+                         hint=f"drop --type or pass --type {inferred}")
+    raw, warnings = _upgrade(raw, p)
+    schema = RLConfig if kind == "rl" else SFTConfig
+    try:
+        model = schema.model_validate(raw)
+    except ValidationError as exc:
+        problems = format_validation_error(exc, schema)
+        raise UsageError(
+            f"{p}: {len(problems)} problem(s) in the {kind.upper()} config:\n"
+            + "\n".join(f"  {p.name}: {line}" for line in problems),
+            hint="fix the keys listed; see the example configs in apps/math/configs/",
+        ) from None
+    return TrainConfig(path=p, kind=kind, model=model, raw=raw, warnings=warnings)
+
+
+def _upgrade(raw: dict[str, Any], path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Move renamed spellings to their new place; warn about the deprecated ones."""
+    data = copy.deepcopy(raw)
+    warnings: list[str] = []
+    for old, new in _RENAMED_SECTIONS.items():
+        if old in data:
+            if new in data:
+                raise UsageError(f"{path}: both [{old}] and [{new}] are set",
+                                 hint=f"[{old}] was renamed [{new}]: keep only [{new}]")
+            data[new] = data.pop(old)
+            warnings.append(f"{path.name}: [{old}] is deprecated, read as [{new}]")
+    services = data.get("services")
+    if isinstance(services, dict) and "judge_url" in services:
+        if "verifier_url" not in services:
+            services["verifier_url"] = services.pop("judge_url")
+        else:
+            services.pop("judge_url")
+        warnings.append(f"{path.name}: services.judge_url is deprecated, read as verifier_url")
+    for old, advice in _DEPRECATED_SECTIONS.items():
+        if old in data:
+            warnings.append(f"{path.name}: [{old}] is deprecated ({advice})")
+    return data, warnings
+
+
+def format_validation_error(exc: ValidationError, schema: type[BaseModel]) -> list[str]:
+    """One ``section.key: problem`` line per pydantic error, with a did-you-mean for typos."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-after", "literal"))]
+        where = ".".join(loc) or "(top level)"
+        etype, value = err["type"], err.get("input")
+        if etype == "extra_forbidden":
+            fields = _fields_at(schema, loc[:-1])
+            close = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.6)
+            hint = f" (did you mean {'.'.join([*loc[:-1], close[0]])}?)" if close else ""
+            lines.append(f"{where}: unknown key{hint}")
+        elif etype == "missing":
+            lines.append(f"{where}: required")
+        elif etype == "literal_error":
+            expected = err.get("ctx", {}).get("expected", "")
+            lines.append(f"{where}: expected one of {expected}, got {value!r}")
+        elif etype.split("_")[0] in _TYPE_WORDS and etype.endswith(("_type", "_parsing")):
+            word = _TYPE_WORDS[etype.split("_")[0]]
+            lines.append(f"{where}: expected {word}, got {_show(value)}")
+        elif etype == "value_error":
+            lines.append(f"{where}: {str(err.get('ctx', {}).get('error', err['msg']))}"
+                         if loc else str(err.get("ctx", {}).get("error", err["msg"])))
+        else:
+            lines.append(f"{where}: {err['msg']}")
+    return lines
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value)
+
+
+def _fields_at(schema: type[BaseModel], loc: list[str]) -> list[str]:
+    """Field names of the section at ``loc`` (for did-you-mean), [] when not a model."""
+    current: Any = schema
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        info = current.model_fields.get(part)
+        if info is None:
+            return []
+        current = _model_in(info.annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation) if get_origin(annotation) is not None else ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def looks_like_config(path: Path) -> JobKind | None:
+    """The kind of a TOML file that reads as a training config, else None."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return infer_kind(raw)
+
+
+def discover_configs(root: str | os.PathLike[str] = ".", *, limit: int = 200,
+                     max_depth: int = DISCOVERY_MAX_DEPTH,
+                     max_dirs: int = DISCOVERY_MAX_DIRS) -> list[Path]:
+    """RL/SFT configs under ``root``, sorted by walk order.
+
+    The walk is bounded so that running from a home directory stays quick: at most
+    ``max_depth`` folder levels below ``root`` and ``max_dirs`` folders in all, skipping
+    hidden folders, virtualenvs, caches and node_modules.
+    """
+    found: list[Path] = []
+    base_depth = len(Path(root).parts)
+    for visited, (dirpath, dirnames, filenames) in enumerate(os.walk(root), 1):
+        if len(Path(dirpath).parts) - base_depth >= max_depth:
+            dirnames[:] = []
+        else:
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS
+                                 and not d.startswith(".") and not d.endswith(".egg-info"))
+        for name in sorted(filenames):
+            if name.endswith(".toml") and name != "pyproject.toml":
+                path = Path(dirpath) / name
+                if looks_like_config(path):
+                    found.append(path)
+                    if len(found) >= limit:
+                        return found
+        if visited >= max_dirs:
+            break
+    return found
+
+
+__all__ = [
+    "KINDS",
+    "JobKind",
+    "TrainConfig",
+    "discover_configs",
+    "format_validation_error",
+    "infer_kind",
+    "load_config",
+    "looks_like_config",
+    "read_toml",
+]

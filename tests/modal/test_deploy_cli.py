@@ -1,0 +1,236 @@
+"""`synth-deploy deploy` end to end against a stand-in `modal` CLI, and the real one without a
+token. Nothing here can reach Modal: the stand-in never connects anywhere, every run points
+MODAL_SERVER_URL at a closed loopback port, and the real CLI only runs without credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from synth_deploy.cli import app as cli_app
+from synth_deploy.env import parse_env_file
+from synth_deploy.handoff import env_files_for_child
+from synth_deploy.health import CheckOptions, RolloutOptions, check
+from synth_deploy.modal import SOURCE_EXCLUDED_PACKAGES, ModalCLI
+
+ROOT = Path(__file__).resolve().parents[2]
+MATH_FILE = ROOT / "apps" / "math" / "task_app.py"
+STANDIN = f"{sys.executable} {ROOT / 'tests' / 'standins' / 'modal_cli.py'}"
+CLOSED_PORT_URL = "http://127.0.0.1:9"
+
+BROKEN_APP = '''
+from synth_deploy.taskapp import TaskApp
+
+task_app = TaskApp("brokenmath", name="Broken math", description="Its rollout always fails.")
+
+
+@task_app.rollout
+async def rollout(request, ctx):
+    raise RuntimeError("rollout is broken")
+'''
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """cwd with a .env, fake credentials (never valid anywhere), the stand-in's state dir;
+    stops every "container" the stand-in started, by pid."""
+    state = tmp_path / "modal-state"
+    state.mkdir()
+    key = "sk_env_deploytest_" + os.urandom(8).hex()
+    (tmp_path / ".env").write_text(f"ENVIRONMENT_API_KEY={key}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-standin")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-standin")
+    monkeypatch.setenv("MODAL_SERVER_URL", CLOSED_PORT_URL)
+    monkeypatch.setenv("STANDIN_MODAL_STATE_DIR", str(state))
+    monkeypatch.delenv("STANDIN_MODAL_MODE", raising=False)
+    monkeypatch.delenv("ENVIRONMENT_API_KEY", raising=False)
+    monkeypatch.delenv("SYNTH_TRACES_DB", raising=False)
+    yield {"key": key, "state": state, "dir": tmp_path}
+    pids = state / "pids"
+    for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _run(*args: str):
+    return CliRunner().invoke(cli_app, ["deploy", *args, "--modal-cli", STANDIN],
+                              catch_exceptions=False)
+
+
+def test_deploy_end_to_end(standin, mock_policy):
+    result = _run("math", "--check-timeout", "30", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    url = doc["url"]
+    assert url.startswith("http://127.0.0.1:")
+    assert doc["local_check"]["healthy"] and doc["remote_check"]["healthy"]
+    assert parse_env_file(standin["dir"] / ".env")["TASK_APP_URL"] == url
+    assert standin["key"] not in result.output
+    # The "container" serves from the image's files only, fenced to its pip set: a real
+    # rollout through it must work, and a wrong key must be refused.
+    report = check(url, standin["key"], CheckOptions(
+        seeds=(3,), rollout=RolloutOptions(inference_url=mock_policy.url + "/v1", model="mock")))
+    assert report.healthy, report.to_dict()
+    assert httpx.get(url + "/task_info", headers={"X-API-Key": "sk_env_nope_000000000"},
+                     timeout=5).status_code == 403
+    # No SYNTH_TRACES_DB: the rollout's trace lands in a SQLite file inside the container,
+    # as the plan says (and nowhere shared).
+    [db] = list(standin["state"].rglob("traces/v3/synth_ai.db"))
+    with sqlite3.connect(db) as conn:
+        seeds = [json.loads(m)["seed"] for (m,) in conn.execute(
+            "SELECT metadata FROM session_traces")]
+    assert seeds == [3]
+    # Serving (a rollout included) asked for no synth_deploy package the image leaves out,
+    # not even in an import that would have been caught.
+    [imports] = list(standin["state"].rglob("imports.json"))
+    asked = json.loads(imports.read_text())["synth_deploy"]
+    assert {"synth_deploy.modal._container", "synth_deploy.taskapp"} <= set(asked)
+    assert [m for m in asked if _subpackage(m) in SOURCE_EXCLUDED_PACKAGES] == []
+
+
+def _subpackage(module: str) -> str:
+    """"synth_deploy.health._check" -> "health"."""
+    return module.partition(".")[2].partition(".")[0]
+
+
+def test_modal_app_is_an_app_only_when_modals_cli_imports_the_file(standin):
+    # A plain import, modal loaded or not, gives None: `serve`, smoke runs and the container
+    # never build an App.
+    code = ("import importlib.util, sys; import modal; "
+            f"sys.path.insert(0, {str(MATH_FILE.parent)!r}); "
+            f"spec = importlib.util.spec_from_file_location('math_app', {str(MATH_FILE)!r}); "
+            "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+            "print(module.app, 'modal.cli.import_refs' in sys.modules)")
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, env=os.environ)
+    assert plain.stdout.split() == ["None", "False"], plain.stderr
+    # Modal's own import code (the stand-in `modal deploy` uses it) finds a real App, with
+    # the web function, built from ./.env.
+    found = _standin_modal(["deploy", str(MATH_FILE)], STANDIN_MODAL_MODE="no-url")
+    assert found.returncode == 0, found.stdout
+    assert "Created function web." in found.stdout
+
+
+def test_modal_child_resolves_the_env_files_it_is_handed(standin):
+    (standin["dir"] / ".env").unlink()
+    prod = standin["dir"] / "prod.env"
+    prod.write_text("ENVIRONMENT_API_KEY=sk_env_from_prod_file_0000\n")
+    # "fail" prints the App's secret values: they came from the handed-over file.
+    run = _standin_modal(["deploy", str(MATH_FILE)], STANDIN_MODAL_MODE="fail",
+                         **env_files_for_child([prod]))
+    assert "sk_env_from_prod_file_0000" in run.stdout, run.stdout
+    missing = _standin_modal(["deploy", str(MATH_FILE)], STANDIN_MODAL_MODE="fail")
+    assert missing.returncode != 0
+    assert "ENVIRONMENT_API_KEY is not set" in missing.stdout + missing.stderr
+
+
+def _standin_modal(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*shlex.split(STANDIN), *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+
+
+def test_dry_run_prints_the_plan_and_sends_nothing(standin):
+    result = _run("math", "--dry-run", "--name", "synth-math-staging")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "synth-math-staging" in out and "expected URL" in out
+    assert "ENVIRONMENT_API_KEY = **** (sha256:" in out and standin["key"] not in out
+    assert "pip_install fastapi==" in out and "lost when it stops" in out
+    assert not (standin["state"] / "pids").exists()
+    assert "TASK_APP_URL" not in (standin["dir"] / ".env").read_text()
+
+
+def test_a_broken_app_never_reaches_modal(standin):
+    app_dir = standin["dir"] / "apps" / "brokenmath"
+    app_dir.mkdir(parents=True)
+    (app_dir / "task_app.py").write_text(BROKEN_APP)
+    result = _run(str(app_dir / "task_app.py"))
+    assert result.exit_code == 1
+    assert "local validation failed, nothing was deployed" in result.output
+    assert "RuntimeError: rollout is broken" in result.output
+    assert not (standin["state"] / "pids").exists()
+
+
+def test_deploy_step_is_bounded(standin, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODAL_MODE", "hang")
+    started = time.monotonic()
+    result = _run("math", "--no-check", "--timeout", "2")
+    assert result.exit_code == 1
+    assert time.monotonic() - started < 15
+    assert "did not finish within 2s" in result.output
+    assert "Connecting to Modal" in result.output
+
+
+def test_no_url_in_output_says_so_and_shows_it(standin, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODAL_MODE", "no-url")
+    result = _run("math", "--no-check")
+    assert result.exit_code == 1
+    assert "names no web URL" in result.output
+    assert "App deployed in" in result.output  # Modal's output is shown
+    assert "TASK_APP_URL" not in (standin["dir"] / ".env").read_text()
+
+
+def test_modal_failure_output_is_redacted(standin, monkeypatch):
+    monkeypatch.setenv("STANDIN_MODAL_MODE", "fail")
+    result = _run("math", "--no-check")
+    assert result.exit_code == 1
+    assert "modal deploy failed (exit 1)" in result.output
+    assert "bad environment" in result.output
+    assert standin["key"] not in result.output
+
+
+def _no_token_env(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MODAL_") and k != "STANDIN_MODAL_MODE"}
+    # No credentials anywhere (empty HOME: no ~/.modal.toml), and a closed loopback port as
+    # the server, so even a bug could not reach Modal.
+    return {**env, "HOME": str(home), "MODAL_SERVER_URL": CLOSED_PORT_URL}
+
+
+def test_no_token_gives_the_fix_within_seconds(tmp_path):
+    (tmp_path / ".env").write_text("ENVIRONMENT_API_KEY=sk_env_notoken_1234567890\n")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", "from synth_deploy.cli import main; main()",
+                           "deploy", "math"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=_no_token_env(tmp_path))
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    assert "modal token new" in proc.stderr and "MODAL_TOKEN_ID" in proc.stderr
+    assert elapsed < 10
+
+
+def test_real_modal_cli_without_token_maps_to_the_fix(tmp_path):
+    (tmp_path / ".env").write_text("ENVIRONMENT_API_KEY=sk_env_notoken_1234567890\n")
+    result = ModalCLI().run(["deploy", str(ROOT / "apps" / "math" / "task_app.py")],
+                            env=_no_token_env(tmp_path), cwd=str(tmp_path), timeout_s=60)
+    assert result.returncode != 0
+    error = result.error("modal deploy")
+    assert "Token missing" in "\n".join(result.output)
+    assert "Modal has no token" in error.message
+    assert "modal token new" in error.hint and "MODAL_TOKEN_ID" in error.hint

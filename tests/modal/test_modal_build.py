@@ -1,0 +1,203 @@
+"""Building the modal.App offline and inspecting what a deploy would send (no network)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from standins import modal_inspect
+
+from synth_deploy.env import load_env, mask
+from synth_deploy.errors import UsageError
+from synth_deploy.health import CheckOptions, RolloutOptions, check
+from synth_deploy.modal import (
+    SERVING_PACKAGES,
+    SOURCE_EXCLUDED_PACKAGES,
+    DeployOptions,
+    ModalSettings,
+    build_modal_app,
+    build_plan,
+    dependency_closure,
+    find_web_url,
+    web_function,
+)
+from synth_deploy.taskapp import load_app
+
+MATH_DIR = Path(__file__).resolve().parents[2] / "apps" / "math"
+
+
+def _env(api_key: str, **extra: str):
+    return load_env(environ={"ENVIRONMENT_API_KEY": api_key, **extra})
+
+
+def _math(**settings):
+    entry = load_app("math")
+    return dataclasses.replace(entry, modal=ModalSettings(**settings)) if settings else entry
+
+
+def test_settings_validate_with_field_paths():
+    with pytest.raises(UsageError, match=r"ModalSettings.memory: must be a positive"):
+        ModalSettings(memory=0)
+    with pytest.raises(UsageError, match=r"ModalSettings.min_containers: 3 is more than"):
+        ModalSettings(min_containers=3, max_containers=1)
+    with pytest.raises(UsageError, match=r"ModalSettings.env.OPENAI_API_KEY: looks like a secret"):
+        ModalSettings(env={"OPENAI_API_KEY": "sk-x"})
+    with pytest.raises(UsageError, match=r"ModalSettings.volumes.data: mount paths must be abs"):
+        ModalSettings(volumes={"data": "vol"})
+    with pytest.raises(UsageError, match=r"ModalSettings.python_version"):
+        ModalSettings(python_version="311")
+    assert ModalSettings(pip_packages="numpy").pip_packages == ("numpy",)
+
+
+def test_deploy_options_say_where_task_app_url_goes():
+    assert DeployOptions().env_out_file == Path(".env")
+    assert DeployOptions(env_files=("a.env", "b.env")).env_out_file == Path("b.env")
+    assert DeployOptions(env_files=("a.env",), env_out="out.env").env_out_file == Path("out.env")
+    with pytest.raises(UsageError, match="DeployOptions.deploy_timeout_s: must be more than 0"):
+        DeployOptions(deploy_timeout_s=0)
+
+
+def test_settings_and_package_import_without_modal():
+    code = ("import sys; from synth_deploy.modal import ModalSettings; ModalSettings(cpu=2); "
+            "from synth_deploy.taskapp import load_app; load_app('math'); "
+            "print(sorted(m for m in ('modal', 'uvicorn', 'libsql') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_math_app_builds_with_its_function_resources_and_secrets(api_key):
+    plan = build_plan(load_app("math"), _env(api_key))
+    app = build_modal_app(plan)
+    assert app.name == "synth-math"
+    info = web_function(app).info()
+    math_settings = load_app("math").modal
+    assert (info.cpu, info.memory_mib, info.timeout) == (
+        math_settings.cpu, math_settings.memory, math_settings.timeout)
+    assert info.concurrency_info.max_inputs == math_settings.concurrent_inputs
+    spec = modal_inspect.function_spec(web_function(app))
+    envs = [modal_inspect.secret_env(s) for s in spec.secrets]
+    assert {"ENVIRONMENT_API_KEY": api_key} in envs
+    assert {"SYNTH_DEPLOY_TASK_APP": "task_app/task_app.py"} in envs
+
+
+def test_resources_volumes_named_secrets_and_forwarded_env(api_key, tmp_path):
+    (tmp_path / "extra.env").write_text("VENDOR_TOKEN=vt-123456\n")
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    entry = dataclasses.replace(
+        load_app("math"),
+        modal=ModalSettings(name="custom", cpu=2.0, memory=2048, timeout=120, min_containers=1,
+                            max_containers=3, concurrent_inputs=4, volumes={"/data": "vol-a"},
+                            secret_names=["openai-prod"], forward_env=["OPENAI_API_KEY"],
+                            env_files=[str(tmp_path / "extra.env")], env={"LOG_LEVEL": "debug"},
+                            pip_packages=["numpy==2.0.0"], apt_packages=["git"]))
+    plan = build_plan(entry, _env(api_key, OPENAI_API_KEY="sk-openai-999999"), name="over")
+    assert plan.app_name == "over"
+    app = build_modal_app(plan)
+    fn = web_function(app)
+    info = fn.info()
+    assert (info.cpu, info.memory_mib, info.timeout) == (2.0, 2048, 120)
+    assert info.concurrency_info.max_inputs == 4
+    assert list(info.volumes) == ["/data"] and info.volumes["/data"].name == "vol-a"
+    spec = modal_inspect.function_spec(fn)
+    assert [modal_inspect.secret_name(s) for s in spec.secrets
+            if modal_inspect.secret_env(s) is None] == ["openai-prod"]
+    merged = {k: v for s in spec.secrets for k, v in (modal_inspect.secret_env(s) or {}).items()}
+    assert merged["OPENAI_API_KEY"] == "sk-openai-999999"
+    assert merged["VENDOR_TOKEN"] == "vt-123456"
+    assert merged["LOG_LEVEL"] == "debug"
+    commands = modal_inspect.image_commands(spec.image)
+    assert "RUN apt-get install -y git" in commands
+    assert any("numpy==2.0.0" in c for c in commands)
+
+
+def test_missing_forwarded_variable_is_a_clear_error(api_key):
+    entry = _math(forward_env=["GROQ_API_KEY"])
+    with pytest.raises(UsageError, match="forward_env: GROQ_API_KEY is not set") as exc:
+        build_plan(entry, _env(api_key))
+    assert "--env-file" in exc.value.hint
+
+
+def test_missing_environment_api_key_stops_the_plan():
+    with pytest.raises(UsageError, match="ENVIRONMENT_API_KEY is not set"):
+        build_plan(load_app("math"), load_env(environ={}))
+
+
+def test_image_holds_the_serving_set_and_no_secrets_dbs_caches_or_git(api_key, tmp_path):
+    # A copy of the math app with everything that must stay out of an image next to it.
+    app_dir = tmp_path / "mathcopy"
+    app_dir.mkdir()
+    for f in ("task_app.py", "math_problems.py"):
+        (app_dir / f).write_text((MATH_DIR / f).read_text().replace('"math"', '"mathcopy"'))
+    for junk in (".env", ".env.local", "traces/v3/synth_ai.db", "local.db", "x.db-wal",
+                 "__pycache__/task_app.cpython-311.pyc", ".git/HEAD", ".venv/bin/python",
+                 "data/keep.json"):
+        (app_dir / junk).parent.mkdir(parents=True, exist_ok=True)
+        (app_dir / junk).write_text("SECRET=should-not-ship\n")
+    entry = load_app(str(app_dir / "task_app.py"))
+    app = build_modal_app(build_plan(entry, _env(api_key)))
+    image = modal_inspect.function_spec(web_function(app)).image
+    commands = modal_inspect.image_commands(image)
+    assert commands[0].startswith("FROM python:3.11")
+    pip = modal_inspect.pip_requirements(image)
+    assert sorted(p.split("==")[0] for p in pip) == sorted(SERVING_PACKAGES)
+    assert not {"uvicorn", "modal", "typer", "rich"} & set(dependency_closure(pip))
+    remote = {r for _, r in modal_inspect.image_files(image)}
+    assert remote >= {"/root/task_app/task_app.py", "/root/task_app/math_problems.py",
+                      "/root/task_app/data/keep.json", "/root/synth_deploy/taskapp/_server.py",
+                      "/root/synth_deploy/modal/_container.py"}
+    app_files = {r for r in remote if r.startswith("/root/task_app/")}
+    assert app_files == {"/root/task_app/task_app.py", "/root/task_app/math_problems.py",
+                         "/root/task_app/data/keep.json"}
+    source = {r for r in remote if r.startswith("/root/synth_deploy/")}
+    assert all(r.endswith(".py") for r in source)
+    assert set(SOURCE_EXCLUDED_PACKAGES) == {"cli", "runs", "train", "tunnel", "health"}
+    assert not any(r.startswith(f"/root/synth_deploy/{p}/") for r in source
+                   for p in SOURCE_EXCLUDED_PACKAGES)
+
+
+def test_local_function_serves_the_app_and_passes_the_health_checker(
+        api_key, serve, mock_policy, monkeypatch):
+    app = build_modal_app(build_plan(load_app("math"), _env(api_key)))
+    # What Modal's container gets: the function's env and the secret, as variables.
+    monkeypatch.setenv("SYNTH_DEPLOY_TASK_APP", str(MATH_DIR / "task_app.py"))
+    monkeypatch.setenv("ENVIRONMENT_API_KEY", api_key)
+    asgi = web_function(app).local()
+    server = serve(asgi)
+    report = check(server.url, api_key, CheckOptions(
+        seeds=(0, 1), rollout=RolloutOptions(inference_url=mock_policy.url + "/v1", model="mock")))
+    assert report.healthy, report.to_dict()
+    assert not check(server.url, "sk_env_wrong_key_000000").healthy
+
+
+def test_plan_shows_names_and_masked_values_only(api_key):
+    plan = build_plan(load_app("math"), _env(api_key, SYNTH_TRACES_DB="libsql://db.example.io",
+                                             TURSO_AUTH_TOKEN="turso-secret-7777"))
+    text = repr(plan.to_dict()) + repr(plan)
+    assert api_key not in text and "turso-secret-7777" not in text
+    assert mask(api_key) in text and mask("turso-secret-7777") in text
+    assert "remote libSQL" in plan.tracing
+    assert any(p.startswith("libsql") for p in plan.image.pip_packages)
+    local = build_plan(load_app("math"), _env(api_key, SYNTH_TRACES_DB="traces/x.db"))
+    assert "lost when it stops" in local.tracing
+    assert "SYNTH_TRACES_DB" not in repr(local.to_dict()["secrets"])
+
+
+@pytest.mark.parametrize("output, url", [
+    (["✓ Created objects.", "└── ✓ Created web function web",
+      "    └── https://ws--synth-math-web.modal.run (unauthenticated)", "",
+      "View Deployment: https://modal.com/apps/ws/main/deployed/synth-math"],
+     "https://ws--synth-math-web.modal.run"),
+    (["└── 🔨 Created web function web => https://ws-dev--synth-math-web.modal.run"],
+     "https://ws-dev--synth-math-web.modal.run"),
+    (["\x1b[32m✓\x1b[0m Created web function \x1b[32mweb\x1b[0m",
+      "    └── \x1b]8;;https://a--b-web.modal.run\x1b\\https://a--b-web.modal.run\x1b]8;;\x1b\\"],
+     "https://a--b-web.modal.run"),
+    (["✓ App deployed in 1.0s! 🎉", "View Deployment: https://modal.com/apps/ws/main/x"], None),
+])
+def test_find_web_url(output, url):
+    assert find_web_url(output) == url

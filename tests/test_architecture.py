@@ -1,0 +1,162 @@
+"""The layout's promises, checked on the source: one owner per concept, surfaces respected,
+no cycles. Each rule names what it protects; a failure lists the offending file:line."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "synth_deploy"
+
+# Process entry points: the only code that may read the process environment, each with why.
+ENVIRONMENT_READERS = {
+    "env.py": "resolves .env files and the environment into an Env",
+    "handoff.py": "documents the variables a parent hands a child process",
+    "modal/_container.py": "entry of the Modal container process",
+    "modal/_modal_app.py": "entry of the `modal deploy` child (modal_app)",
+    "taskapp/_runner.py": "entry of each `serve --reload` server process (reloaded_app)",
+    "tunnel/_process.py": "passes this process's environment on to cloudflared",
+}
+
+
+@functools.cache
+def modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(PACKAGE)): ast.parse(p.read_text(), filename=str(p))
+            for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_names(tree: ast.Module) -> list[tuple[int, str, bool]]:
+    """(line, dotted module name, at module level) for every synth_deploy import."""
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("synth_deploy"):
+                found.append((node.lineno, name, id(node) in top))
+    return found
+
+
+def package_of(path: str) -> str:
+    return path.split("/")[0] if "/" in path else path.removesuffix(".py")
+
+
+def test_no_module_imports_another_packages_private_module():
+    offenders = []
+    for path, tree in modules().items():
+        for line, name, _ in imported_names(tree):
+            parts = name.split(".")
+            private = next((i for i, p in enumerate(parts) if p.startswith("_")), None)
+            if private is not None and private >= 2 and parts[1] != package_of(path):
+                offenders.append(f"{path}:{line} imports {name}")
+    assert offenders == []
+
+
+def test_tests_and_benchmarks_use_package_surfaces():
+    root = PACKAGE.parent
+    offenders = []
+    for folder in ("tests", "bench"):
+        for p in sorted((root / folder).rglob("*.py")):
+            if p.name == Path(__file__).name:
+                continue
+            for line, name, _ in imported_names(ast.parse(p.read_text())):
+                private = any(part.startswith("_") for part in name.split(".")[1:])
+                # The CLI's shared helpers (seed ranges, exit codes) are tested directly.
+                if private and not name.startswith("synth_deploy.cli._common"):
+                    offenders.append(f"{p.relative_to(root)}:{line} imports {name}")
+    assert offenders == []
+
+
+def test_no_import_cycles_between_modules():
+    graph: dict[str, set[str]] = defaultdict(set)
+    known = {p.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+             for p in modules()}
+    for path, tree in modules().items():
+        me = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for _, name, at_top in imported_names(tree):
+            target = name.removeprefix("synth_deploy.")
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if at_top and target and target != me and not me.startswith(target + "."):
+                graph[me].add(target)
+    cycles, done = [], set()
+
+    def visit(node: str, stack: list[str]) -> None:  # depth-first, each module once
+        for nxt in sorted(graph[node]):
+            if nxt in stack:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in done:
+                visit(nxt, stack + [nxt])
+        done.add(node)
+
+    for start in sorted(graph):
+        if start not in done:
+            visit(start, [start])
+    assert cycles == []
+
+
+def test_cli_modules_do_not_import_each_other():
+    offenders = []
+    for path, tree in modules().items():
+        if not path.startswith("cli/"):
+            continue
+        for line, name, _ in imported_names(tree):
+            module = name.removeprefix("synth_deploy.").replace(".", "/") + ".py"
+            if module.startswith("cli/") and module in modules() and path != "cli/__init__.py" \
+                    and module != "cli/_common.py":
+                offenders.append(f"{path}:{line} imports {name}")
+    assert offenders == []
+
+
+def test_only_entry_points_read_the_environment():
+    offenders = []
+    for path, tree in modules().items():
+        if path.startswith("cli/") or path in ENVIRONMENT_READERS:
+            continue
+        for node in ast.walk(tree):
+            reads_environ = (isinstance(node, ast.Attribute) and node.attr in ("environ",
+                                                                               "getenv")
+                             and isinstance(node.value, ast.Name) and node.value.id == "os")
+            calls_load_env = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                              and node.func.id == "load_env")
+            if reads_environ or calls_load_env:
+                offenders.append(f"{path}:{node.lineno}")
+    assert offenders == []
+
+
+def calls_to(name: str) -> list[str]:
+    found = []
+    for path, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called == name:
+                    found.append(path)
+    return sorted(set(found))
+
+
+def test_one_place_builds_a_local_server():
+    uvicorn_users = [path for path, tree in modules().items()
+                     if any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                            and n.value.id == "uvicorn" for n in ast.walk(tree))]
+    assert uvicorn_users == ["taskapp/_runner.py"]
+    assert calls_to("create_app") == ["taskapp/_runner.py"]
+
+
+def test_one_place_decides_the_missing_key_rule():
+    assert calls_to("api_keys") == ["taskapp/_auth.py"]
+    # Minting: the rule's ephemeral keys, and `setup` writing a key into .env.
+    assert calls_to("mint_key") == ["cli/taskapp.py", "taskapp/_auth.py"]
+
+
+def test_only_the_tracing_package_opens_the_trace_store():
+    # Everyone else calls open_trace_store(setting) with the setting resolved at the entry.
+    assert all(path.startswith("tracing/") for path in calls_to("TraceStore"))
