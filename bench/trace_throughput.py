@@ -1,87 +1,126 @@
-"""Rollout throughput with tracing on vs off, in one run, and the SFT export rate.
+"""What tracing costs a served task app: rollouts with tracing on vs off, in one run.
 
-    python bench/trace_throughput.py [--rollouts 400] [--concurrency 32] [--rounds 3]
+    python bench/trace_throughput.py [--seconds 3] [--rounds 5] [--concurrency 32]
 
-Serves the math app twice on 127.0.0.1 (real uvicorn, the kit's mock policy), once without a
-trace store and once writing every rollout to a fresh SQLite file, fires the same rollouts
-at each (rounds alternate, so drift hits both equally) and prints rollouts/s and the ratio
-(target: tracing on ≥ 0.5× off). Then exports the traced sessions as SFT JSONL.
+Each app is served the way `synth-deploy serve` serves it (`LocalRunner`, uvicorn, its own
+process), once without a trace store and once writing every rollout to a fresh SQLite
+file; closed-loop clients in this process load both in alternating rounds, so noise hits
+both alike. Ratios are taken within a round, then the median over rounds.
+
+- trivial: a rollout that returns at once (tracing is all the work there is).
+  Targets: throughput on/off >= 0.80x, p99 on/off <= 2.00x.
+- math: the bundled math app asking the kit's mock policy (its own process).
+  Target: throughput on/off >= 0.95x.
+
+Afterwards every traced file must pass `integrity_check` and hold a session for every
+rollout that was answered 200.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import statistics
+import json
+import sqlite3
+import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
-from synth_deploy.runs import create_mock_policy_app
-from synth_deploy.taskapp import BackgroundServer, create_app, load_app
-from synth_deploy.tracing import export_sft, open_trace_store
+from _harness import child_server, paired_ratio, paired_rounds, print_rounds
 
 KEY = "sk_env_bench"
 
+SERVE = """
+from synth_deploy.env import Env
+from synth_deploy.taskapp import LocalRunner, ServeSettings, ServerKeys
+from synth_deploy.tracing import parse_trace_db
+db = %(db)r
+LocalRunner(ServeSettings(app=%(app)r, env=Env(), keys=ServerKeys((%(key)r,), "bench"),
+                          traces=parse_trace_db(db) if db else None, port=%(port)d,
+                          log_level="warning")).serve_forever()
+"""
 
-async def fire(url: str, inference_url: str, n: int, concurrency: int, tag: str) -> float:
-    limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=60.0, limits=httpx.Limits(
-            max_connections=concurrency)) as client:
-        async def one(i: int) -> None:
-            body = {"run_id": f"{tag}-{i}", "env": {"seed": i % 100}, "mode": "eval",
-                    "policy": {"config": {"model": "mock", "inference_url": inference_url}}}
-            async with limit:
-                resp = await client.post(url + "/rollout", json=body,
-                                         headers={"X-API-Key": KEY})
-                if resp.status_code != 200:
-                    raise SystemExit(f"{url} answered {resp.status_code}: {resp.text[:400]}")
+MOCK_POLICY = """
+import uvicorn
+from synth_deploy.runs import create_mock_policy_app
+uvicorn.run(create_mock_policy_app(), host="127.0.0.1", port=%(port)d, log_level="warning",
+            access_log=False)
+"""
 
-        started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(n)))
-        return n / (time.perf_counter() - started)
+TRIVIAL_APP = '''
+from synth_deploy.taskapp import TaskApp
+
+task_app = TaskApp("bench-trivial", name="trivial", description="returns at once")
+
+
+@task_app.rollout
+async def rollout(request, ctx):
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0], "num_steps": 1}}
+'''
+
+
+def trivial_body(i: int) -> bytes:
+    return json.dumps({"run_id": f"r{i}", "env": {"seed": i % 100, "config": {}},
+                       "policy": {"policy_name": "p", "config": {
+                           "model": "m", "inference_url": "http://127.0.0.1:1/v1"}},
+                       "mode": "rl", "safety": {"max_time_s": 60}}).encode()
+
+
+def math_body(inference_url: str):
+    def body(i: int) -> bytes:
+        return json.dumps({"run_id": f"m{i}", "env": {"seed": i % 9000}, "mode": "rl",
+                           "policy": {"config": {"model": "mock",
+                                                 "inference_url": inference_url}}}).encode()
+    return body
+
+
+def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
+            targets: str) -> tuple[float, float, int]:
+    db = tmp / f"{name}.db"
+    with child_server(SERVE, ready_path="/", app=app, db="", key=KEY) as off, \
+            child_server(SERVE, ready_path="/", app=app, db=str(db), key=KEY) as on:
+        results = paired_rounds({"off": off, "on": on}, bodies, KEY, rounds=args.rounds,
+                                seconds=args.seconds, concurrency=args.concurrency)
+    rate, p99 = paired_ratio(results, "on", "off")
+    answered = sum(r.answered for r in results["on"])
+    print(f"{name}: tracing off vs on, {args.rounds} rounds of {args.seconds:g}s, "
+          f"{args.concurrency} connections")
+    print_rounds(results)
+    print(f"  throughput on/off {rate:5.2f}x   p99 on/off {p99:5.2f}x   ({targets})")
+    conn = sqlite3.connect(db)
+    stored = conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
+    check = conn.execute("PRAGMA integrity_check").fetchone()[0]
+    conn.close()
+    print(f"  traced file: {stored} sessions for {answered} answered rollouts (+ warm-up), "
+          f"integrity_check {check}")
+    if check != "ok" or stored < answered:
+        raise SystemExit("the traced file lost rollouts or is damaged")
+    return rate, p99, stored
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=400)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=("trivial", "math"))
     args = parser.parse_args()
 
-    config = load_app("math").build_config()
-    with tempfile.TemporaryDirectory() as tmp, \
-            BackgroundServer(create_mock_policy_app()) as policy, \
-            open_trace_store(str(Path(tmp) / "bench.db")) as store, \
-            BackgroundServer(create_app(config, api_keys=[KEY])) as plain, \
-            BackgroundServer(create_app(load_app("math").build_config(), api_keys=[KEY],
-                                        trace_store=store)) as traced:
-        inference = policy.url + "/v1"
-        asyncio.run(fire(plain.url, inference, 50, args.concurrency, "warm-off"))
-        asyncio.run(fire(traced.url, inference, 50, args.concurrency, "warm-on"))
-        off, on = [], []
-        for r in range(args.rounds):
-            off.append(asyncio.run(fire(plain.url, inference, args.rollouts,
-                                        args.concurrency, f"off{r}")))
-            on.append(asyncio.run(fire(traced.url, inference, args.rollouts,
-                                       args.concurrency, f"on{r}")))
-        off_rate, on_rate = statistics.median(off), statistics.median(on)
-        print(f"rollouts: {args.rollouts} × {args.rounds} rounds, concurrency "
-              f"{args.concurrency}, math app + mock policy on 127.0.0.1")
-        print(f"  tracing off : {off_rate:8.1f} rollouts/s   (rounds: "
-              f"{', '.join(f'{x:.0f}' for x in off)})")
-        print(f"  tracing on  : {on_rate:8.1f} rollouts/s   (rounds: "
-              f"{', '.join(f'{x:.0f}' for x in on)})")
-        print(f"  ratio on/off: {on_rate / off_rate:8.2f}×  (target ≥ 0.50×)")
-
-        sessions = store.count_sessions()
-        result = export_sft(store, Path(tmp) / "sft.jsonl")
-        print(f"export: {result.examples} SFT examples from {result.sessions} of {sessions} "
-              f"sessions in {result.seconds:.2f}s = {result.examples / result.seconds:.0f} "
-              f"examples/s, {sessions / result.seconds:.0f} sessions/s")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        summary = []
+        if args.only in (None, "trivial"):
+            app = tmp / "trivial_app.py"
+            app.write_text(TRIVIAL_APP)
+            rate, p99, _ = compare("trivial", str(app), trivial_body, tmp, args,
+                                   "targets >= 0.80x, <= 2.00x")
+            summary.append(f"trivial on/off {rate:.2f}x (>= 0.80), p99 {p99:.2f}x (<= 2.00)")
+        if args.only in (None, "math"):
+            with child_server(MOCK_POLICY, ready_path="/") as policy:
+                rate, p99, _ = compare("math", "math", math_body(policy + "/v1"), tmp, args,
+                                       "target >= 0.95x")
+            summary.append(f"math on/off {rate:.2f}x (>= 0.95), p99 {p99:.2f}x")
+        print("summary: " + "; ".join(summary))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,6 +29,7 @@ DEFAULT_ENV_FILE = ".env"
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|AUTH)", re.IGNORECASE)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_LEADING_NAME = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]{0,63})(?![A-Za-z0-9_.-])")
 
 
 def is_secret_name(name: str) -> bool:
@@ -55,6 +56,15 @@ def redact(text: str, secret_values: Iterable[str]) -> str:
     return text
 
 
+# scheme://userinfo@ : the userinfo (a user and password, or a token) is never shown.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
+
+
+def redact_userinfo(text: str) -> str:
+    """``text`` with the userinfo of every URL in it replaced: ``libsql://****@host``."""
+    return _URL_USERINFO.sub(r"\1****@", text)
+
+
 def mint_key() -> str:
     """A new ENVIRONMENT_API_KEY: 256 bits from the OS's CSPRNG."""
     return "sk_env_" + secrets.token_urlsafe(32)
@@ -78,17 +88,20 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
     import io
 
     for binding in parse_stream(io.StringIO(text)):
+        # Errors name the file, the line and the variable, never anything after the name: a
+        # line gone wrong ("OPENAI_API_KEY sk-...", no "=") may hold a secret anywhere else.
         if binding.error:
             line = binding.original.line
-            # Name only what precedes "=": the rest of a bad line may be a secret.
-            name = binding.original.string.strip().split("=", 1)[0][:40]
+            name = _LEADING_NAME.match(binding.original.string)
+            what = f"the line for {name.group(1)}" if name else "the line"
             raise EnvFileError(
-                f"{path}:{line}: cannot parse the line starting {name!r}",
+                f"{path}:{line}: cannot parse {what} (its value is not shown)",
                 hint="each line must be NAME=value (quote values with spaces or #)",
             )
         if binding.key is not None and not _NAME.match(binding.key):
             raise EnvFileError(
-                f"{path}:{binding.original.line}: {binding.key!r} is not a valid variable name",
+                f"{path}:{binding.original.line}: the name before '=' is not a valid variable "
+                f"name (it is not shown: it may be a pasted value)",
                 hint="names are letters, digits and underscores, not starting with a digit",
             )
     values = DotEnv(path, interpolate=True).dict()
@@ -224,5 +237,6 @@ __all__ = [
     "mint_key",
     "parse_env_file",
     "redact",
+    "redact_userinfo",
     "write_env_var",
 ]

@@ -5,7 +5,9 @@
      │    ├── EnvFileError           a .env line that cannot be parsed
      │    └── AppNotFoundError       an app id or path that names no task app
      ├── TaskAppError                a task app that fails to load or build
+     ├── BadRequest                  a task app refusing one request: answered 4xx, not 500
      ├── HealthError                 the health checker could not run
+     ├── UnreachableError            nothing answers at a task app's URL (exit 3)
      ├── TunnelError                 cloudflared missing, failing or dying (carries its logs)
      ├── DeployError                 Modal deployment failures
      ├── TraceStoreError             the trace database cannot be opened, read or written
@@ -51,8 +53,31 @@ class TaskAppError(SynthDeployError):
     """A task app module failed to import or its config failed to build."""
 
 
+class BadRequest(SynthDeployError):
+    """Raise it from a rollout or `@task_app.instances` to refuse a request the client got
+    wrong (a seed the dataset lacks, a config value out of range): the server answers
+    ``status`` (4xx) with ``code``, the message and ``field`` (where in the request, e.g.
+    ``"env.seed"``), instead of the 500 an unexpected exception gets.
+
+        raise BadRequest("max_turns must be 1-5", field="env.config.max_turns")
+    """
+
+    def __init__(self, message: str, *, status: int = 422, code: str = "bad_request",
+                 field: str | None = None, hint: str | None = None) -> None:
+        if not 400 <= status <= 499:
+            raise ValueError(f"BadRequest status must be 4xx, got {status}")
+        super().__init__(message, hint=hint)
+        self.status, self.code, self.field = status, code, field
+
+
 class HealthError(SynthDeployError):
     """The health checker itself could not run (not: the app is unhealthy)."""
+
+
+class UnreachableError(SynthDeployError):
+    """Nothing answers at the task app's URL (DNS, connect or TLS failed)."""
+
+    exit_code = 3
 
 
 class TunnelError(SynthDeployError):
@@ -95,6 +120,7 @@ class JobHTTPError(JobError):
 
 __all__ = [
     "AppNotFoundError",
+    "BadRequest",
     "DeployError",
     "EnvFileError",
     "HealthError",
@@ -104,5 +130,6 @@ __all__ = [
     "TaskAppError",
     "TraceStoreError",
     "TunnelError",
+    "UnreachableError",
     "UsageError",
 ]

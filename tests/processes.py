@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 # Variables a developer's shell may hold that would change what a child process does.
-_KIT_PREFIXES = ("ENVIRONMENT_API_KEY", "SYNTH_")
+_KIT_PREFIXES = ("ENVIRONMENT_API_KEY", "SYNTH_", "OTEL_")
 
 
 def free_port() -> int:

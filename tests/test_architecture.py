@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -160,3 +161,26 @@ def test_one_place_decides_the_missing_key_rule():
 def test_only_the_tracing_package_opens_the_trace_store():
     # Everyone else calls open_trace_store(setting) with the setting resolved at the entry.
     assert all(path.startswith("tracing/") for path in calls_to("TraceStore"))
+
+
+def test_every_variable_the_kit_reads_is_in_env_example():
+    """README: "Every variable the kit reads is in .env.example, with a comment"."""
+    read: dict[str, str] = {}
+    for path, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                value = node.value.value
+                for target in node.targets:  # NAME = "NAME" or SOMETHING_VAR = "NAME"
+                    if isinstance(target, ast.Name) and isinstance(value, str) and (
+                            target.id == value or target.id.endswith("_VAR")):
+                        read[value] = f"{path}:{node.lineno}"
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "get" and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id == "env" and node.args
+                  and isinstance(node.args[0], ast.Constant)):
+                read[str(node.args[0].value)] = f"{path}:{node.lineno}"
+    listed = set(re.findall(r"^([A-Z][A-Z0-9_]+)=", (PACKAGE.parent / ".env.example").read_text(),
+                            re.M))
+    missing = [f"{name} ({where})" for name, where in sorted(read.items())
+               if name.isupper() and name != "PATH" and name not in listed]
+    assert missing == []

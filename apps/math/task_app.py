@@ -19,6 +19,7 @@ from math_problems import TEST_SEEDS, TIERS, TRAIN_SEEDS, make_problem, parse_an
 
 from synth_deploy.modal import ModalSettings, modal_app
 from synth_deploy.taskapp import (
+    BadRequest,
     LimitsInfo,
     RolloutContext,
     RolloutRequest,
@@ -43,7 +44,8 @@ task_app = TaskApp(
         id="math-arith-v1", display_name="Arithmetic word problems", version="1",
         description="Seeded problems: easy (a ± b), medium (a × b ± c), hard (word problems).",
         splits=("train", "test"), default_split="train",
-        default_seeds={"train": list(range(0, 100)), "test": list(range(9000, 9050))})],
+        default_seeds={"train": list(range(0, 100)), "test": list(range(9000, 9050))},
+        seeds=range(TRAIN_SEEDS.start, TEST_SEEDS.stop))],
     rubrics=RubricBundle(
         outcome=RubricSection(name="correctness", criteria=[RubricCriterion(
             id="correct_answer", weight=1.0,
@@ -89,10 +91,21 @@ def taskset() -> dict:
 
 # -- one episode --------------------------------------------------------------------------------
 
+def _max_turns(value: object) -> int:
+    try:
+        turns = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        turns = 0
+    if not 1 <= turns <= 10:  # the client's mistake: a 422 naming the field, not a 500
+        raise BadRequest(f"env.config.max_turns must be an integer from 1 to 10, got "
+                         f"{str(value)[:40]!r}", field="env.config.max_turns")
+    return turns
+
+
 @task_app.rollout
 async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
     problem = make_problem(request.env.seed if request.env.seed is not None else 0)
-    max_turns = int(request.env.config.get("max_turns", 2))
+    max_turns = _max_turns(request.env.config.get("max_turns", 2))
     tracer = ctx.tracer
     messages = [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": problem.question}]

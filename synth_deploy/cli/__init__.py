@@ -6,9 +6,11 @@ only typer at the top; the library (and so fastapi, uvicorn, modal) loads inside
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from synth_deploy.cli import check, deploy, runs, taskapp, traces, train, tunnel
+from synth_deploy.cli import check, deploy, rehearse, runs, taskapp, traces, train, tunnel
 
 app = typer.Typer(
     name="synth-deploy",
@@ -21,7 +23,25 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-for _module in (taskapp, runs, check, tunnel, deploy, traces, train):
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from synth_deploy import __version__
+
+        typer.echo(f"synth-deploy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print the version and exit.")] = False,
+) -> None:
+    pass
+
+
+for _module in (taskapp, runs, rehearse, check, tunnel, deploy, traces, train):
     _module.register(app)
 
 

@@ -1,17 +1,19 @@
-"""What every command shares: error mapping, JSON output, consoles, seed ranges, options.
+"""What every command shares: error mapping, JSON output, consoles, tables, seed ranges,
+options.
 
 Exit codes (documented in the README):
     0 success · 1 failure (unhealthy app, failed job...) · 2 usage error (bad flag, file, value)
-    3 unreachable (check: DNS, connect, TLS) · 4 job still running at --poll-timeout (train)
-    130 interrupted
+    3 unreachable (check, rehearse: DNS, connect, TLS) · 4 job still running at
+    --poll-timeout (train) · 130 interrupted
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,6 +33,9 @@ TraceDbOption = Annotated[str | None, typer.Option(
     "--trace-db", help="Trace database URL or SQLite path (default: $SYNTH_TRACES_DB, else "
                        "traces/v3/synth_ai.db).", show_default=False)]
 NoTraceOption = Annotated[bool, typer.Option("--no-trace", help="Do not record traces.")]
+PricesOption = Annotated[Path | None, typer.Option(
+    "--prices", help="A price table (TOML: US dollars per million tokens, per model) for a cost "
+                     "estimate (default: $SYNTH_PRICES).", show_default=False, metavar="FILE")]
 
 
 def console(stderr: bool = False):
@@ -54,7 +59,69 @@ def escape(text: object) -> str:
 
 
 def warn(message: str) -> None:
-    console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(message)}", markup=True)
+    console(stderr=True).print(f"[yellow]Warning:[/yellow] {escape(message)}", markup=True,
+                               soft_wrap=True)
+
+
+def print_error(message: str, hint: str | None = None) -> None:
+    """The one way an error is shown: "Error: <what>" and "  hint: <fix>" on stderr, each kept
+    whole (soft wrap: a long file:line or URL stays on one line, greppable and clickable).
+    Click's own usage errors ("Error: No such option") read the same."""
+    from rich.text import Text
+
+    from synth_deploy.env import redact_userinfo
+
+    err = console(stderr=True)
+    # Text, not markup: messages hold brackets ("[signed-by=...]") that markup eats. A URL's
+    # userinfo (user:password@, token@) never reaches the screen, whoever built the message.
+    err.print(Text.assemble(("Error: ", "red"), redact_userinfo(message)), soft_wrap=True)
+    if hint:
+        err.print(Text.assemble(("  hint: ", "dim"), redact_userinfo(hint)), soft_wrap=True)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column. Its header is never cut; ``wrap`` cells fold onto more lines (no
+    narrower than ``min_width``) instead of being cut; ``optional`` columns are dropped (the
+    last first) when the terminal is too narrow to show every column whole."""
+
+    header: str
+    wrap: bool = False
+    optional: bool = False
+    justify: str = "left"
+    min_width: int = 0
+
+
+def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], *,
+                 width: int, **table_options: Any):
+    """A rich Table that fits ``width`` without cutting a cell: wrapping columns fold, and
+    optional columns go when even folding cannot make room. ``table_options`` go to
+    ``rich.table.Table`` (title, box...)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    def build(keep: list[int], *, probe: bool = False) -> Table:
+        table = Table(**table_options)
+        for i in keep:
+            c = columns[i]
+            table.add_column(c.header, justify=c.justify, no_wrap=not c.wrap, overflow="fold",
+                             min_width=max(len(c.header), c.min_width))
+        for row in rows:
+            # The probe measures what cannot shrink: unwrapped cells and every header.
+            table.add_row(*("" if probe and columns[i].wrap else row[i] for i in keep))
+        return table
+
+    keep = list(range(len(columns)))
+    # Measured unconstrained: rich clamps a measurement to the width it is given.
+    probe_console = Console(width=10_000)
+    while True:
+        needed = Measurement.get(probe_console, probe_console.options,
+                                 build(keep, probe=True)).minimum
+        optional = [i for i in keep if columns[i].optional]
+        if needed <= width or not optional:
+            return build(keep)
+        keep.remove(optional[-1])
 
 
 @contextmanager
@@ -65,18 +132,14 @@ def handling_errors(json_output: bool = False) -> Iterator[None]:
     except SynthDeployError as exc:
         if json_output:
             # One line: it may end an NDJSON stream (`train --stream-format json`).
-            print_json({"ok": False, "error": {"type": type(exc).__name__,
-                                               "message": exc.message, "hint": exc.hint}},
-                       one_line=True)
-        else:
-            err = console(stderr=True)
-            from rich.text import Text
+            from synth_deploy.env import redact_userinfo
 
-            # Text, not markup: messages hold brackets ("[signed-by=...]") that markup eats.
-            # soft_wrap keeps a long file:line or URL on one line, greppable and clickable.
-            err.print(Text.assemble(("error: ", "red"), exc.message), soft_wrap=True)
-            if exc.hint:
-                err.print(Text.assemble(("  hint: ", "dim"), exc.hint), soft_wrap=True)
+            hint = redact_userinfo(exc.hint) if exc.hint else exc.hint
+            print_json({"ok": False, "error": {"type": type(exc).__name__,
+                                               "message": redact_userinfo(exc.message),
+                                               "hint": hint}}, one_line=True)
+        else:
+            print_error(exc.message, exc.hint)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         console(stderr=True).print("interrupted")
@@ -102,6 +165,43 @@ def resolve_traces(trace_db: str | None, no_trace: bool, env):
 def traces_where(setting) -> str:
     """Where traces go, said for humans."""
     return "off (--no-trace)" if setting is None else f"{setting.display} ({setting.source})"
+
+
+def cost_lines(ledger, prices) -> tuple[str, dict[str, Any] | None]:
+    """A cost ledger in one line for humans, and its estimate (with a price table) for
+    ``--json``: `smoke`, `eval`, `rehearse` and `traces stats` say it the same way."""
+    estimate = prices.estimate(ledger) if prices is not None else None
+    line = (f"cost: {ledger.input_tokens} tokens in / {ledger.output_tokens} out in "
+            f"{ledger.lm_calls} LM calls · LM {ledger.lm_s:.2f}s · environment "
+            f"{ledger.env_s:.2f}s · wall {ledger.wall_s:.2f}s (summed over {ledger.rollouts} "
+            "rollouts)")
+    if ledger.cost_usd is not None:
+        line += f" · recorded ${ledger.cost_usd:.4f}"
+    if estimate is not None:
+        line += f" · est. ${estimate.usd:.{4 if estimate.usd >= 0.01 else 6}f} ({estimate.source})"
+        if estimate.unpriced:
+            line += f", without {', '.join(estimate.unpriced)} (no price)"
+    return line, estimate.to_dict() if estimate is not None else None
+
+
+def load_table(levels: Sequence[dict[str, Any]], *, width: int):
+    """The capacity ramp's levels (`CapacityReport.to_dict()["levels"]`) as a table:
+    `rehearse` and `check --load` show the same one."""
+    from rich import box
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    rows = [[str(level["concurrency"]), str(level["rollouts"]),
+             f"[red]{level['errors']}[/red]" if level["errors"] else "0",
+             seconds(level["p50_s"]), seconds(level["p99_s"]), f"{level['rollouts_per_s']:.1f}",
+             "[red]gave way[/red]" if level["problem"] else "[green]held[/green]"]
+            for level in levels]
+    columns = [Column("concurrency", justify="right"), Column("rollouts", justify="right"),
+               Column("errors", justify="right"), Column("p50 s", justify="right"),
+               Column("p99 s", justify="right"), Column("rollouts/s", justify="right"),
+               Column("", optional=True)]
+    return fitted_table(columns, rows, width=width, box=box.SIMPLE_HEAD)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -136,14 +236,20 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
+    "Column",
     "EnvFilesOption",
     "JsonOption",
     "NoTraceOption",
+    "PricesOption",
     "TraceDbOption",
     "console",
+    "cost_lines",
     "escape",
+    "fitted_table",
     "handling_errors",
+    "load_table",
     "parse_seeds",
+    "print_error",
     "print_json",
     "resolve_env",
     "resolve_traces",

@@ -2,14 +2,14 @@
 
 Exit codes: 0 healthy · 1 unhealthy · 2 usage error (bad flag or URL) · 3 unreachable.
 The ``--json`` shape is documented in the docstring of ``synth_deploy/health/_report.py``.
-The key is resolved here, once: ``--api-key``, else ENVIRONMENT_API_KEY from the `Env`
-(``--env-file``, the process environment, ./.env); the checker is told where it came from.
+The URL and key are resolved here, once: the URL argument, else TASK_APP_URL; ``--api-key``,
+else ENVIRONMENT_API_KEY; both from the `Env` (``--env-file``, the process environment,
+./.env). The checker is told where the key came from.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,6 +20,7 @@ from synth_deploy.cli._common import (
     console,
     escape,
     handling_errors,
+    load_table,
     parse_seeds,
     print_json,
     resolve_env,
@@ -35,8 +36,10 @@ def register(app: typer.Typer) -> None:
 
 
 def check_command(
-    url: Annotated[str, typer.Argument(help="The task app's base URL (local, tunnel or Modal).",
-                                       show_default=False)],
+    url: Annotated[str | None, typer.Argument(
+        metavar="URL", help="The task app's base URL (local, tunnel or Modal). Default: "
+                            "TASK_APP_URL from the environment or .env.",
+        show_default=False)] = None,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", help="The key to send. Default: ENVIRONMENT_API_KEY from the environment "
                           "or .env.", show_default=False)] = None,
@@ -56,11 +59,20 @@ def check_command(
         "--model", help="Model name for the rollout's policy.", show_default=False)] = None,
     timeout: Annotated[float, typer.Option(
         "--timeout", min=0.1, metavar="SECONDS", help="Timeout of each request.")] = 10.0,
+    load: Annotated[bool, typer.Option(
+        "--load", help="Then ramp rollout concurrency 1, 2, 4, … until the app gives way "
+                       "(mock policy unless --inference-url).")] = False,
+    max_concurrency: Annotated[int, typer.Option(
+        "--max-concurrency", min=1, max=1024, help="The --load ramp's last level.")] = 16,
+    max_time: Annotated[float, typer.Option(
+        "--max-time", min=0.1, metavar="SECONDS",
+        help="With --load: the rollout budget a level's p99 must stay under.")] = 300.0,
     json_output: JsonOption = False,
 ) -> None:
     """Verify a task app at a URL and explain faults.
 
-    Reachability, TLS, auth enforcement, protocol shapes and, if asked, a rollout.
+    Reachability, TLS, auth enforcement, protocol shapes and, if asked, a rollout; with
+    --load, the concurrency it sustains (exit 1 if not even one rollout at a time).
     """
     with handling_errors(json_output):
         seed_list = parse_seeds(seeds)
@@ -78,7 +90,10 @@ def check_command(
             wait_until_healthy,
         )
 
-        key, source = _api_key(api_key, env_file)
+        # Read only when something is taken from it: `check URL --api-key K` reads no file.
+        env = resolve_env(env_file) if url is None or not api_key or load else None
+        url = _url(url, env)
+        key, source = _api_key(api_key, env)
         asked = RolloutOptions(inference_url, model) if rollout and inference_url else None
         options = CheckOptions(seeds=seed_list, rollout=asked, timeout_s=timeout)
         if wait is None:
@@ -86,21 +101,81 @@ def check_command(
         else:
             report = wait_until_healthy(url, key, options, key_source=source, timeout_s=wait,
                                         on_attempt=_progress(url, wait))
+        capacity = None
+        if load and report.healthy:
+            from synth_deploy.runs import LoadOptions
+
+            capacity = _load(report.url, key, env, inference_url, model,
+                             LoadOptions(max_concurrency=max_concurrency, budget_s=max_time),
+                             quiet=json_output)
     if json_output:
-        print_json(report.to_dict())
+        print_json(report.to_dict() | ({"load": capacity.to_dict()} if capacity else {}))
     else:
         _render(report)
-    raise typer.Exit(report.exit_code)
+        if capacity is not None:
+            _render_load(capacity)
+    raise typer.Exit(1 if capacity is not None and not capacity.sustained
+                     else report.exit_code)
 
 
-def _api_key(api_key: str | None, env_files: list[Path] | None
-             ) -> tuple[str | None, str | None]:
+def _load(url: str, key: str | None, env: Any, inference_url: str | None, model: str | None,
+          options: Any, *, quiet: bool) -> Any:
+    """The capacity ramp (`synth_deploy.runs.probe_capacity`) against the checked URL."""
+    from synth_deploy.env import ENVIRONMENT_API_KEY, Env
+    from synth_deploy.runs import open_target, policy_target, probe_capacity
+
+    run_env = Env({**env.values, ENVIRONMENT_API_KEY: key or ""}, dict(env.sources))
+    err = console(stderr=True)
+
+    def level_started(concurrency: int, rollouts: int) -> None:
+        if not quiet:
+            err.print(f"[dim]load: {concurrency} concurrent, {rollouts} rollouts…[/dim]")
+
+    with open_target(url, run_env, policy=policy_target(inference_url, model, run_env)
+                     ) as target:
+        return probe_capacity(target, options, on_level_start=level_started)
+
+
+def _render_load(capacity: Any) -> None:
+    from rich.text import Text
+
+    out = console()
+    for note in capacity.notes:
+        out.print(Text(note, style="dim"))
+    out.print(load_table(capacity.to_dict()["levels"], width=min(out.width, 100)))
+    stopped, knee, rec = capacity.stopped_by, capacity.knee, capacity.recommend()
+    if stopped is not None:
+        out.print(Text(f"gave way at {stopped.concurrency}: {stopped.problem}", style="red"))
+    if knee is None:
+        out.print(Text("sustained 0: fails even one rollout at a time", style="bold red"))
+        return
+    out.print(f"sustained {capacity.sustained} concurrent rollouts; knee at "
+              f"{knee.concurrency} ({knee.rollouts_per_s:.1f} rollouts/s) → "
+              f"max_concurrent_rollouts ≤ {rec['max_concurrent_rollouts']}, Modal "
+              f"concurrent_inputs = {rec['concurrent_inputs']}")
+
+
+def _url(url: str | None, env: Any) -> str:
+    """The URL argument, else TASK_APP_URL (written by `tunnel` and `deploy`)."""
+    if url is not None:
+        return url
+    from synth_deploy.env import TASK_APP_URL
+
+    given = env.get(TASK_APP_URL)
+    if not given:
+        raise UsageError(f"no URL to check: none given and {TASK_APP_URL} is not set",
+                         hint="pass the task app's URL, e.g. synth-deploy check "
+                              "http://127.0.0.1:8001, or set TASK_APP_URL (`synth-deploy "
+                              "tunnel` and `synth-deploy deploy` write it to .env)")
+    return given
+
+
+def _api_key(api_key: str | None, env: Any) -> tuple[str | None, str | None]:
     """The key to check with and where it came from (said in the report, never the key)."""
     if api_key:
         return api_key, "--api-key"
     from synth_deploy.env import ENVIRONMENT_API_KEY
 
-    env = resolve_env(env_files)
     key = env.get(ENVIRONMENT_API_KEY)
     if key is None:
         return None, None
@@ -146,13 +221,15 @@ def _render(report: Any) -> None:
             label, style = _STYLES[result.verdict]
             line = Text(f"{label.split()[0]} {result.name}: ", style=style)
             line.append(result.hint)
-            out.print(line)
+            out.print(line, soft_wrap=True)  # whole: a fix is copied, never cut
     key = (f"key: {report.key_source}, sha256:{report.key_fingerprint}"
            if report.key_fingerprint else "key: none (pass --api-key or set ENVIRONMENT_API_KEY)")
     out.print(Text(key, style="dim"))
     verdict = Text("healthy" if report.healthy else "unhealthy",
                    style="bold green" if report.healthy else "bold red")
-    verdict.append(f" ({report.duration_ms:.0f} ms, exit {report.exit_code})", style="dim")
+    took = (f"{report.duration_ms / 1000:.1f} s, {report.attempts} attempts"
+            if report.attempts > 1 else f"{report.duration_ms:.0f} ms")
+    verdict.append(f" ({took}, exit {report.exit_code})", style="dim")
     out.print(verdict)
 
 

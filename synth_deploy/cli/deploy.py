@@ -51,7 +51,8 @@ def _render_plan(plan: Any) -> None:
     out.print("[bold]Image[/bold]")
     for step in d["image"]["steps"]:
         out.print(f"  {step}", markup=False)
-    out.print(f"  {d['image']['dependency_count']} Python distributions in the image")
+    out.print(f"  {d['image']['dependency_count']} Python distributions in the image: "
+              f"{', '.join(d['image']['dependencies'])}", markup=False)
     out.print("[bold]Secrets[/bold] (Modal Secrets, not in the image)")
     for secret in d["secrets"]:
         if secret["kind"] == "name":
@@ -65,9 +66,10 @@ def _render_plan(plan: Any) -> None:
         for key, value in d["env"].items():
             out.print(f"  {key}={value}", markup=False)
     containers = f"{res['min_containers']}..{res['max_containers'] or 'auto'}"
-    out.print(f"[bold]Resources[/bold]  timeout {res['timeout_s']}s · memory "
-              f"{res['memory_mib'] or 'default'} MiB · cpu {res['cpu'] or 'default'} · "
-              f"containers {containers} · {res['concurrent_inputs']} concurrent "
+    memory = f"{res['memory_mib']} MiB" if res["memory_mib"] else "Modal's default"
+    cpu = res["cpu"] or "Modal's default"
+    out.print(f"[bold]Resources[/bold]  timeout {res['timeout_s']}s · memory {memory} · "
+              f"cpu {cpu} · containers {containers} · {res['concurrent_inputs']} concurrent "
               f"inputs/container" + (f" · volumes {res['volumes']}" if res["volumes"] else ""))
     out.print(f"[bold]Tracing[/bold]  {escape(d['tracing'])}")
 
@@ -134,16 +136,45 @@ def register(app: typer.Typer) -> None:
         app_ref: Annotated[str, typer.Argument(metavar="APP", help="App id or task app file.")],
         env_file: EnvFilesOption = None,
         modal_env: ModalEnvOption = None,
+        json_output: Annotated[bool, typer.Option(
+            "--json", help="NDJSON for machines: one event a line (modal's output lines, "
+                           "ready with the URL, exit).")] = False,
         modal_cli: ModalCLIOption = None,
     ) -> None:
         """Run a task app in Modal's dev mode.
 
         `modal serve`: hot reload, a -dev URL.
         """
-        with handling_errors():
+        with handling_errors(json_output):
             from synth_deploy.modal import serve_dev
 
             files = _env_files(env_file)
             code = serve_dev(app_ref, resolve_env(list(files)), env_files=files,
-                             modal_environment=modal_env, cli=_cli(modal_cli))
+                             modal_environment=modal_env, cli=_cli(modal_cli),
+                             on_line=_ndjson_events() if json_output else None)
+        if json_output:
+            print_json({"event": "exit", "ok": code == 0, "exit_code": code}, one_line=True)
         raise typer.Exit(code)
+
+
+def _ndjson_events():
+    """`modal serve`'s lines as NDJSON events, plus one "ready" event when its URL appears."""
+    from collections import deque
+
+    from synth_deploy.modal import find_web_url
+
+    recent: deque[str] = deque(maxlen=3)  # modal prints the URL up to 2 lines after its label
+    announced = False
+
+    def on_line(line: str) -> None:
+        nonlocal announced
+        print_json({"event": "modal", "line": line}, one_line=True)
+        if announced:
+            return
+        recent.append(line)
+        url = find_web_url(recent)
+        if url is not None:
+            print_json({"event": "ready", "url": url}, one_line=True)
+            announced = True
+
+    return on_line

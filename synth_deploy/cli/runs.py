@@ -8,12 +8,16 @@ import typer
 
 from synth_deploy.cli._common import (
     EXIT_FAILURE,
+    Column,
     EnvFilesOption,
     JsonOption,
     NoTraceOption,
+    PricesOption,
     TraceDbOption,
     console,
+    cost_lines,
     escape,
+    fitted_table,
     handling_errors,
     parse_seeds,
     print_json,
@@ -22,7 +26,8 @@ from synth_deploy.cli._common import (
     traces_where,
 )
 
-AppOrUrlArg = Annotated[str, typer.Argument(help="An app id or path (served here), or the "
+AppOrUrlArg = Annotated[str, typer.Argument(metavar="APP_OR_URL",
+                                            help="An app id or path (served here), or the "
                                                  "URL of a running task app.")]
 ConcurrencyOption = Annotated[int, typer.Option(min=1, max=512, help="Rollouts in flight.")]
 PolicyOption = Annotated[str, typer.Option(help="'mock' for the built-in mock policy.")]
@@ -48,6 +53,7 @@ def smoke(
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
+    prices: PricesOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Run rollouts against a task app.
@@ -62,7 +68,8 @@ def smoke(
         _run_and_report(app_or_url, parse_seeds(seeds), env,
                         RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time),
                         policy=_policy(policy, inference_url, model, env),
-                        traces=resolve_traces(trace_db, no_trace, env), json_output=json_output)
+                        traces=resolve_traces(trace_db, no_trace, env), json_output=json_output,
+                        prices=_prices(prices, env))
 
 
 def evaluate(
@@ -79,6 +86,7 @@ def evaluate(
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
+    prices: PricesOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Evaluate a policy on a task app.
@@ -100,7 +108,7 @@ def evaluate(
                         RunOptions(mode="eval", concurrency=concurrency, max_time_s=max_time,
                                    split=split),
                         policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
-                        json_output=json_output)
+                        json_output=json_output, prices=_prices(prices, env))
 
 
 def _policy(policy: str, inference_url: str | None, model: str | None, env):
@@ -114,8 +122,15 @@ def _policy(policy: str, inference_url: str | None, model: str | None, env):
     return policy_target(inference_url, model, env)
 
 
+def _prices(flag, env):
+    """The price table of ``--prices``/``SYNTH_PRICES``, read before any rollout runs."""
+    from synth_deploy.tracing import resolve_price_table
+
+    return resolve_price_table(flag, env)
+
+
 def _run_and_report(app_or_url: str, seeds: list[int], env, options, *, policy, traces,
-                    json_output: bool) -> None:
+                    json_output: bool, prices=None) -> None:
     """Run the seeds with a progress bar, render the report, exit 1 on any rollout error."""
     from synth_deploy.runs import run_suite
 
@@ -123,9 +138,11 @@ def _run_and_report(app_or_url: str, seeds: list[int], env, options, *, policy, 
         report = run_suite(app_or_url, seeds, env, options=options, policy=policy,
                            traces=traces, on_outcome=advance)
     if json_output:
-        print_json({**report.to_dict(), "traces": traces_where(traces)})
+        ledger = report.ledger
+        print_json({**report.to_dict(), "traces": traces_where(traces),
+                    "cost_estimate": cost_lines(ledger, prices)[1] if ledger else None})
     else:
-        _render_report(report, traces_where(traces))
+        _render_report(report, traces_where(traces), prices)
     if report.errors:
         raise typer.Exit(EXIT_FAILURE)
 
@@ -164,35 +181,45 @@ def _fmt(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _render_report(report, where: str) -> None:
-    from rich.table import Table
+def _render_report(report, where: str, prices=None) -> None:
+    from rich import box
 
     out = console()
     for note in report.notes:
         out.print(f"[dim]{escape(note)}[/dim]")
-    from rich import box
-
-    table = Table(box=box.SIMPLE_HEAD)
-    for name in ("seed", "status", "reward", "outcome", "events", "latency s"):
-        table.add_column(name, no_wrap=True, min_width=len(name))
-    # The one column that gives way when the terminal is narrow.
-    table.add_column("details", overflow="ellipsis", no_wrap=True,
-                     max_width=max(12, out.width - 62))
+    columns = [Column("seed", justify="right"), Column("status"), Column("reward"),
+               Column("outcome", optional=True), Column("events", optional=True),
+               Column("latency s"), Column("details", wrap=True, min_width=20)]
+    rows = []
     for o in report.outcomes:
         if o.ok:
             detail = escape(" ".join(f"{k}={v}" for k, v in list(o.details.items())[:3]))
-            table.add_row(str(o.seed), "[green]ok[/green]", _fmt(o.reward),
-                          _fmt(o.outcome_score), _fmt(o.events_score), _fmt(o.latency_s, 3),
-                          detail)
-        else:
-            table.add_row(str(o.seed), f"[red]{o.status or 'error'}[/red]", "-", "-", "-",
-                          _fmt(o.latency_s, 3), f"[red]{escape(o.error)}[/red]")
-    out.print(table)
+            rows.append([str(o.seed), "[green]ok[/green]", _fmt(o.reward), _fmt(o.outcome_score),
+                         _fmt(o.events_score), _fmt(o.latency_s, 3), detail])
+        else:  # the cause is printed whole below the table, never cut to fit a cell
+            rows.append([str(o.seed), f"[red]{o.status or 'error'}[/red]", "-", "-", "-",
+                         _fmt(o.latency_s, 3), "[red]failed, see below[/red]"])
+    out.print(fitted_table(columns, rows, width=out.width, box=box.SIMPLE_HEAD))
+    failed = [o for o in report.outcomes if not o.ok]
+    if failed:
+        out.print(f"[red]{len(failed)} failed rollout(s):[/red]")
+        for o in failed:
+            out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.error)}", soft_wrap=True,
+                      highlight=False)
+    warned = [o for o in report.outcomes if o.warning]
+    if warned:
+        out.print(f"[yellow]{len(warned)} warning(s):[/yellow]")
+        for o in warned:
+            out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.warning)}", soft_wrap=True,
+                      highlight=False)
     s = report.summary()
+    tokens = f" · {s['tokens']} tokens" if s["tokens"] is not None else ""
     out.print(
         f"{s['rollouts']} rollouts ({report.mode}), {s['errors']} errors · mean reward "
         f"{_fmt(s['mean_reward'], 3)} · outcome {_fmt(s['mean_outcome_score'], 3)} · events "
-        f"{_fmt(s['mean_events_score'], 3)} · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 "
+        f"{_fmt(s['mean_events_score'], 3)}{tokens} · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 "
         f"{_fmt(s['latency_p95_s'], 3)}s · {s['elapsed_s']:.2f}s at concurrency "
         f"{report.concurrency}", soft_wrap=True)
+    if (ledger := report.ledger) is not None:
+        out.print(escape(cost_lines(ledger, prices)[0]), soft_wrap=True)
     out.print(f"traces → {escape(where)}", soft_wrap=True)

@@ -8,12 +8,15 @@ from typing import Annotated
 import typer
 
 from synth_deploy.cli._common import (
+    EXIT_FAILURE,
+    Column,
     EnvFilesOption,
     JsonOption,
     NoTraceOption,
     TraceDbOption,
     console,
     escape,
+    fitted_table,
     handling_errors,
     print_json,
     resolve_env,
@@ -22,7 +25,8 @@ from synth_deploy.cli._common import (
     warn,
 )
 
-AppArg = Annotated[str, typer.Argument(help="An app id (see `synth-deploy apps`) or a path "
+AppArg = Annotated[str, typer.Argument(metavar="APP",
+                                       help="An app id (see `synth-deploy apps`) or a path "
                                             "to a task app file.", show_default=False)]
 NoAuthOption = Annotated[bool, typer.Option(
     "--no-auth", help="Serve without an API key: anyone who reaches the port may call it.")]
@@ -72,23 +76,28 @@ def serve(
 def apps(json_output: JsonOption = False) -> None:
     """List the task apps found here.
 
-    Looks under ./apps and the kit's bundled examples, without importing them.
+    Looks under ./apps and the kit's bundled examples, without importing them. Files that
+    cannot be read (a syntax error...) are listed on stderr with file:line, and exit 1.
     """
-    from synth_deploy.taskapp import discover_apps
+    from synth_deploy.taskapp import scan_apps
 
-    found = discover_apps()
+    found = scan_apps()
     if json_output:
-        print_json([a.to_dict() for a in found])
-        return
-    if not found:
+        print_json([a.to_dict() for a in found.apps])
+    elif not found.apps:
         console().print("no task apps found under ./apps")
-        return
-    from rich.table import Table
-
-    table = Table("id", "description", "file")
-    for a in found:
-        table.add_row(a.app_id, a.description, str(a.path))
-    console().print(table)
+    else:
+        rows = [[escape(a.app_id), escape(a.description), escape(a.path)] for a in found.apps]
+        console().print(fitted_table(
+            [Column("id"), Column("description", wrap=True, min_width=20),
+             Column("file", wrap=True, min_width=20)], rows, width=console().width))
+    if found.problems:
+        err = console(stderr=True)
+        err.print(f"[red]{len(found.problems)} app file(s) could not be read[/red] (the apps "
+                  "they declare are missing above):")
+        for problem in found.problems:
+            err.print(f"  {escape(problem)}", soft_wrap=True, highlight=False)
+        raise typer.Exit(EXIT_FAILURE)
 
 
 def setup(

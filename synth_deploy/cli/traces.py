@@ -6,6 +6,8 @@ stored messages, error text) is escaped: a Llama prompt's ``[/INST]`` is text, n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,12 +16,18 @@ import typer
 from synth_deploy.cli._common import (
     EXIT_FAILURE,
     EXIT_UNREACHABLE,
+    Column,
     EnvFilesOption,
     JsonOption,
+    PricesOption,
     TraceDbOption,
     console,
+    cost_lines,
+    fitted_table,
     handling_errors,
+    print_error,
     print_json,
+    warn,
 )
 from synth_deploy.errors import UsageError
 
@@ -38,11 +46,12 @@ def _env(env_files: list[Path] | None):
 
 
 def _open(trace_db: str | None, env_files: list[Path] | None):
-    # Not _common.open_traces: reads must not create a missing database.
+    # Not _common.open_traces: reads never create, migrate or otherwise change the database
+    # (synth-ai may keep writing to it); `traces init` migrates on purpose.
     from synth_deploy.tracing import open_trace_store, resolve_trace_db
 
     env = _env(env_files)
-    return open_trace_store(resolve_trace_db(trace_db, env), create=False)
+    return open_trace_store(resolve_trace_db(trace_db, env), read_only=True)
 
 
 def _esc(value: Any) -> str:
@@ -83,8 +92,8 @@ def where(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
         for table, count in report.counts.items():
             out.print(f"  {table:<19}{count}", markup=False)
         if report.error:
-            console(stderr=True).print(f"[red]error:[/red] {_esc(report.error)}", markup=True)
-        if report.hint:
+            print_error(report.error, report.hint)
+        elif report.hint:
             console(stderr=True).print(f"  [dim]hint:[/dim] {_esc(report.hint)}", markup=True)
     if report.error:
         raise typer.Exit(EXIT_UNREACHABLE if report.reachable is False else EXIT_FAILURE)
@@ -115,26 +124,35 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     """List the newest sessions."""
     with handling_errors(json_output), _open(trace_db, env_file) as store:
         rows = store.list_sessions(limit=limit, app=app, status=status)
+        # Counted only when the limit may hide some: then the title says how many are stored.
+        stored = (store.count_sessions(app=app, status=status) if len(rows) == limit
+                  else len(rows))
     if json_output:
         print_json([r.to_dict() for r in rows])
         return
-    from rich.table import Table
+    from rich import box
 
-    table = Table(title=f"{len(rows)} session(s) in {_esc(store.display)}",
-                  title_justify="left")
-    for column in ("session", "created (UTC)", "app", "seed", "model", "status", "reward",
-                   "steps", "events", "msgs"):
-        table.add_column(column, no_wrap=column in ("session", "created (UTC)"))
-    for r in rows:
-        table.add_row(*(_esc(cell) for cell in (
-            r.session_id[:12], r.created_at[5:19], r.app_id or "-", _num(r.seed),
-            r.model or "-", r.status or "-", _num(r.total_reward), r.num_timesteps,
-            r.num_events, r.num_messages)))
-    console().print(table)
+    title = (f"newest {len(rows)} of {stored} sessions in {_esc(store.display)} (--limit N "
+             "shows more)" if stored > len(rows)
+             else f"{len(rows)} session(s) in {_esc(store.display)}")
+    columns = [Column("session"), Column("created (UTC)"), Column("app", wrap=True),
+               Column("seed", justify="right"), Column("model", wrap=True, min_width=8),
+               Column("status"), Column("reward", justify="right"),
+               Column("steps", justify="right", optional=True),
+               Column("events", justify="right", optional=True),
+               Column("msgs", justify="right", optional=True)]
+    cells = [[_esc(cell) for cell in (
+        r.session_id[:12], r.created_at[5:19], r.app_id or "-", _num(r.seed), r.model or "-",
+        r.status or "-", _num(r.total_reward), r.num_timesteps, r.num_events, r.num_messages)]
+        for r in rows]
+    out = console()
+    out.print(fitted_table(columns, cells, width=out.width, title=title, title_justify="left",
+                           box=box.SIMPLE_HEAD))
 
 
 @traces_app.command("show")
-def show(session: Annotated[str, typer.Argument(help="Session id (or a unique prefix).")],
+def show(session: Annotated[str, typer.Argument(metavar="SESSION",
+                                                help="Session id (or a unique prefix).")],
          trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
          json_output: JsonOption = False) -> None:
     """Show one session: metadata, timesteps, messages, events and rewards."""
@@ -146,16 +164,22 @@ def show(session: Annotated[str, typer.Argument(help="Session id (or a unique pr
     out = console()
     meta = trace.metadata
     out.print(f"[bold]session {_esc(trace.session_id)}[/bold]", markup=True)
+    shown = {**meta, "app_id": meta.get("app_id") or meta.get("env_name")}  # synth-ai: env
     for key in ("app_id", "run_id", "seed", "model", "status", "duration_s"):
-        out.print(f"  {key:<12}{_num(meta.get(key), 6)}", markup=False)
+        out.print(f"  {key:<12}{_num(shown.get(key), 6)}", markup=False)
     if meta.get("error"):
         out.print(f"  error       {meta['error'].get('message')}", markup=False)
-    for step in trace.timesteps:
-        out.print(f"[bold]· {_esc(step.step_id)}[/bold] (turn {_num(step.turn_number)})",
-                  markup=True)
-        for m in step.messages:
-            text = m.content if isinstance(m.content, str) else str(m.content)
-            out.print(f"    [cyan]{_esc(f'{m.message_type:>9}')}[/cyan] {_esc(text[:300])}",
+    from synth_deploy.tracing import message_text, replay
+
+    for played in replay(trace):
+        step = played.step
+        out.print(f"[bold]· {_esc(step.step_id)}[/bold] (turn {_num(step.turn_number)})"
+                  + (f" [dim]({played.repeated} earlier messages not repeated)[/dim]"
+                     if played.repeated else ""), markup=True)
+        for m in played.messages:
+            text = message_text(m)
+            text = text if len(text) <= 2000 else text[:2000] + " …"
+            out.print(f"    [cyan]{_esc(f'{m.message_type:>9}')}[/cyan] {_esc(text)}",
                       markup=True, highlight=False)
         for e in step.events:
             if e.event_type == "cais":
@@ -163,8 +187,11 @@ def show(session: Annotated[str, typer.Argument(help="Session id (or a unique pr
                           f"out={_num(e.output_tokens)} {_num(e.latency_ms, 4)}ms[/dim]",
                           markup=True)
             else:
+                actions = e.metadata.get("actions")
                 out.print(f"    [dim]{_esc(e.event_type)} reward={_num(e.reward)} "
-                          f"terminated={e.terminated}[/dim]", markup=True)
+                          f"terminated={e.terminated}"
+                          + (f" actions={_esc(','.join(map(str, actions)))}"
+                             if isinstance(actions, list) else "") + "[/dim]", markup=True)
     for r in trace.event_rewards:
         out.print(f"  event reward {r.reward_type}={_num(r.reward_value)} ({r.source}, "
                   f"turn {_num(r.turn_number)})", markup=False)
@@ -174,12 +201,17 @@ def show(session: Annotated[str, typer.Argument(help="Session id (or a unique pr
 
 @traces_app.command("stats")
 def stats(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
-          json_output: JsonOption = False) -> None:
-    """Totals: sessions, errors, LM calls, tokens and cost, per app and model."""
-    with handling_errors(json_output), _open(trace_db, env_file) as store:
-        result = store.stats()
+          prices: PricesOption = None, json_output: JsonOption = False) -> None:
+    """Totals: sessions, errors, LM calls, tokens, time and cost, per app and model."""
+    with handling_errors(json_output):
+        from synth_deploy.tracing import resolve_price_table
+
+        table = resolve_price_table(prices, _env(env_file))
+        with _open(trace_db, env_file) as store:
+            result = store.stats()
+    cost_line, estimate = cost_lines(result.ledger, table)
     if json_output:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "cost_estimate": estimate})
         return
     out = console()
     out.print(f"[bold]{_esc(store.display)}[/bold]", markup=True)
@@ -187,6 +219,7 @@ def stats(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
               f"{result.first_at or '-'} to {result.last_at or '-'}", markup=False)
     out.print(f"  lm calls {result.lm_calls}, tokens in {result.input_tokens} / out "
               f"{result.output_tokens}, cost ${result.cost_usd:.4f}", markup=False)
+    out.print(f"  {cost_line}", markup=False, soft_wrap=True)
     for row in result.by_app:
         out.print(f"  app {row['app_id'] or '-'}: {row['sessions']} sessions, "
                   f"{row['errors'] or 0} errors, mean reward {_num(row['mean_reward'])}",
@@ -196,32 +229,147 @@ def stats(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
                   f"{_num(row['mean_latency_ms'], 4)} ms", markup=False)
 
 
+@contextmanager
+def _export_progress(json_output: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on a terminal's stderr; nothing when it is piped or for --json."""
+    err = console(stderr=True)
+    if json_output or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("exporting sessions"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.elapsed:.0f}s"), console=err, transient=True) as bar:
+        task = bar.add_task("export", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
 @traces_app.command("export")
 def export(
-    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
-    fmt: Annotated[str, typer.Option("--format", help="Only 'sft' for now.")] = "sft",
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="JSONL file to write (--format sft).")] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", help="sft: chat examples as JSONL; otlp: spans to an OpenTelemetry "
+                         "receiver (--endpoint).")] = "sft",
     min_reward: Annotated[float | None, typer.Option(
         "--min-reward", help="Keep sessions with outcome reward ≥ this.")] = None,
     app: Annotated[str | None, typer.Option("--app", help="Only this app id.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Only this policy model.")] = None,
     since: Annotated[str | None, typer.Option(
         "--since", help="Only newer sessions: 24h, 7d, or an ISO date/time (UTC).")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Max examples.")] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, help="Max examples (sft) or rollouts (otlp).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
+    endpoint: Annotated[str | None, typer.Option(
+        "--endpoint", help="OTLP/HTTP receiver (--format otlp): a base URL (/v1/traces is "
+                           "added) or the full traces URL.")] = None,
+    headers: Annotated[list[str] | None, typer.Option(
+        "--headers", help="A header for the receiver, K=V (repeatable), e.g. "
+                          "x-mlflow-experiment-id=1.", metavar="K=V")] = None,
+    include_content: Annotated[bool, typer.Option(
+        "--include-content", help="Put prompts and replies on LM spans (off: they may hold "
+                                  "private data).")] = False,
+    state: Annotated[Path | None, typer.Option(
+        "--state", help="Where sent sessions are remembered (default: beside the trace "
+                        "file).", show_default=False)] = None,
+    resend: Annotated[bool, typer.Option(
+        "--resend", help="Send every matching session, even those already sent.")] = False,
     trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Write SFT JSONL (one chat example per policy call) from stored rollouts."""
+    """Write SFT JSONL (one chat example per policy call), or send rollouts as OpenTelemetry
+    spans (--format otlp: one trace per rollout, resumable, idempotent)."""
     with handling_errors(json_output):
+        if fmt == "otlp":
+            _export_otlp(endpoint, headers or [], include_content, state, resend, trace_db,
+                         env_file, json_output, limit, app=app, model=model, since=since,
+                         min_reward=min_reward)
+            return
         if fmt != "sft":
-            raise UsageError(f"unknown --format {fmt!r}", hint="supported: sft")
-        with _open(trace_db, env_file) as store:
+            raise UsageError(f"unknown --format {fmt!r}", hint="supported: sft, otlp")
+        if out is None:
+            raise UsageError("--format sft needs --out FILE", hint="e.g. --out sft.jsonl")
+        with _open(trace_db, env_file) as store, _export_progress(json_output) as progress:
             from synth_deploy.tracing import export_sft
 
             result = export_sft(store, out, min_reward=min_reward, app=app, model=model,
-                                since=since, limit=limit, overwrite=force)
+                                since=since, limit=limit, overwrite=force, progress=progress)
     if json_output:
         print_json(result.to_dict())
     else:
         console().print(f"wrote {result.examples} example(s) from {result.sessions} session(s) "
                         f"to {result.path} in {result.seconds:.2f}s", markup=False)
+
+
+def _export_otlp(endpoint: str | None, headers: list[str], include_content: bool,
+                 state: Path | None, resend: bool, trace_db: str | None,
+                 env_file: list[Path] | None, json_output: bool, limit: int | None,
+                 **filters: Any) -> None:
+    """`traces export --format otlp`: stored rollouts as spans to an OTLP/HTTP receiver."""
+    if not endpoint:
+        raise UsageError("--format otlp needs --endpoint URL",
+                         hint="e.g. --endpoint http://127.0.0.1:5000 --headers "
+                              "x-mlflow-experiment-id=1 (MLflow), or http://127.0.0.1:6006 "
+                              "(Phoenix), http://127.0.0.1:4318 (a collector)")
+    from synth_deploy.otel import (
+        OTEL_EXTRA_HINT,
+        OtlpExportOptions,
+        export_otlp,
+        otel_installed,
+        otlp_setting,
+    )
+
+    setting = otlp_setting(endpoint, headers, capture_content=include_content)
+    if not otel_installed():
+        raise UsageError("the OpenTelemetry packages are not installed", hint=OTEL_EXTRA_HINT)
+    from synth_deploy.tracing import SessionFilter, since_timestamp
+
+    since = filters.pop("since")
+    where = SessionFilter(**filters, since=since_timestamp(since) if since else None)
+    options = OtlpExportOptions(where=where, limit=limit, state=state, resend=resend)
+    with _open(trace_db, env_file) as store, _export_progress(json_output) as progress:
+        result = export_otlp(store, setting, options, on_progress=(
+            None if progress is None else lambda done, total, spans: progress(done, total)))
+    if json_output:
+        print_json(result.to_dict())
+    else:
+        console().print(f"sent {result.sent} rollout(s) as {result.spans} span(s) to "
+                        f"{result.endpoint} in {result.seconds:.2f}s; {result.already_sent} "
+                        f"sent before were skipped (state: {result.state})", markup=False,
+                        soft_wrap=True)
+
+
+@traces_app.command("view")
+def view(
+    port: Annotated[int, typer.Option(
+        "--port", min=0, max=65535, help="Port to listen on (0: any free port).")] = 8765,
+    host: Annotated[str, typer.Option(
+        "--host", help="Address to bind. Anything but loopback shows the traces to everyone "
+                       "who can reach it.")] = "127.0.0.1",
+    no_browser: Annotated[bool, typer.Option(
+        "--no-browser", help="Do not open a browser tab.")] = False,
+    trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
+) -> None:
+    """Browse traces in a local web page: sessions, rewards, replays, compare, SFT export."""
+    with handling_errors(), _open(trace_db, env_file) as store:
+        from synth_deploy.viewer import ViewerOptions, serve_viewer
+
+        options = ViewerOptions(host=host, port=port, open_browser=not no_browser)
+
+        def ready(url: str) -> None:
+            out = console()
+            out.print(f"viewer on {url} (read-only over {store.display}); Ctrl-C stops it",
+                      markup=False, soft_wrap=True)
+            bound = url.rsplit(":", 1)[1]
+            if options.loopback:
+                out.print(f"  from another machine: ssh -N -L {bound}:127.0.0.1:{bound} "
+                          f"<this host>, then open http://127.0.0.1:{bound}", markup=False,
+                          soft_wrap=True)
+            else:
+                warn(f"listening on {host}: anyone who can reach port {bound} can read these "
+                     "traces")
+
+        try:
+            serve_viewer(store, options, on_ready=ready)
+        except KeyboardInterrupt:
+            console().print("viewer stopped", markup=False)

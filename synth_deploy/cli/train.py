@@ -14,6 +14,7 @@ from synth_deploy.cli._common import (
     console,
     escape,
     handling_errors,
+    print_error,
     resolve_env,
     warn,
 )
@@ -63,7 +64,7 @@ def _render_http_error(exc: JobHTTPError, json_output: bool) -> None:
     import json
 
     err = console(stderr=True)
-    err.print(f"[red]error:[/red] {escape(exc.message)}", markup=True, highlight=False)
+    print_error(exc.message)
     if exc.payload is not None:
         err.print("request payload (secrets masked):", markup=False, highlight=False)
         err.print(json.dumps(exc.payload, indent=2, default=str), markup=False, highlight=False)

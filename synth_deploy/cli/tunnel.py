@@ -6,6 +6,7 @@ Signal handling lives here, not in the library: SIGTERM and SIGHUP unwind like C
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -92,17 +93,18 @@ def tunnel(
         if url is not None and port is not None:
             raise UsageError("--port and --url both name the origin", hint="give one of them")
         env = resolve_env(env_file)
-        # The one config, checked as it is built; cloudflared is found before anything is
-        # served, so a missing binary fails in milliseconds.
+        # The one config, checked as it is built: what the user typed (URL, mode, token,
+        # hostname) is judged before this machine is (cloudflared); the binary is still found
+        # before anything is served, so a missing one fails in milliseconds.
         config = TunnelConfig(
             origin_url=url, mode=mode, hostname=hostname,
             token=token or (env.get(TUNNEL_TOKEN) if mode == "named" else None),
-            verify=not no_verify, verify_timeout_s=timeout, max_restarts=max_restarts,
-            binary=find_cloudflared(env.values))
+            verify=not no_verify, verify_timeout_s=timeout, max_restarts=max_restarts)
         api_key = env.get(ENVIRONMENT_API_KEY)
         if url is not None and not api_key:
             raise UsageError(f"no {ENVIRONMENT_API_KEY} to check {url} through the tunnel with",
                              hint="run `synth-deploy setup` or put ENVIRONMENT_API_KEY in .env")
+        config = dataclasses.replace(config, binary=find_cloudflared(env.values))
         runner = None
         if app_ref is not None:  # with --url, the running server records its own traces
             from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys

@@ -68,9 +68,11 @@ def wait_until_healthy(
     For Modal cold starts and tunnel propagation. ``on_attempt(n, report)`` is called after
     each attempt (1-based), e.g. to print a progress line. Each request is bounded by
     ``options.timeout_s`` and by the time left. A URL that cannot work (exit code 2) is not
-    retried. Check ``.healthy`` on the result: running out of time does not raise.
+    retried. Check ``.healthy`` on the result: running out of time does not raise. The result's
+    ``duration_ms`` is the whole wait and ``attempts`` the number of checks run.
     """
     options = options or CheckOptions()
+    started = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     attempt = 0
     while True:
@@ -78,10 +80,12 @@ def wait_until_healthy(
         left = deadline - time.monotonic()
         bounded = dataclasses.replace(options, timeout_s=max(0.2, min(options.timeout_s, left)))
         report = check(url, api_key, bounded, key_source=key_source)
+        report.attempts = attempt
         if on_attempt is not None:
             on_attempt(attempt, report)
         left = deadline - time.monotonic()
         if report.healthy or report.exit_code == EXIT_BAD_URL or left <= 0:
+            report.duration_ms = (time.perf_counter() - started) * 1000
             return report
         time.sleep(min(interval_s, left))
 

@@ -322,11 +322,21 @@ class EndpointSteps:
         if response.status_code != 200:
             data = dx.body_json(response)
             code, message = dx.error_code(data), dx.error_message(data) or dx.excerpt(response)
-            if response.status_code == 422:
+            if response.status_code == 422 and code in (None, "invalid_request"):
                 self.fail("rollout", expected, dx.Diagnosis(
                     "rollout_rejected", f"422 {message}",
                     "the app rejected a protocol RolloutRequest: its request model is stricter "
                     "than the protocol (shared/spec/task-app-protocol.md)"), latency)
+            elif response.status_code in (404, 422) and code:
+                self.fail("rollout", expected, dx.Diagnosis(
+                    code, f"{response.status_code} {message}",
+                    "the app refused the check's rollout (a BadRequest): read the message; "
+                    "a seed its datasets lack is fixed with --seeds"), latency)
+            elif code == "policy_failed":
+                self.fail("rollout", expected, dx.Diagnosis(
+                    code, f"{response.status_code} {message}",
+                    "the app could not get an answer from the policy: check that the app can "
+                    "reach the inference URL and that the model exists"), latency)
             elif code in ("rollout_failed", "rollout_timeout", "invalid_rollout_result",
                           "trace_write_failed"):
                 self.fail("rollout", expected, dx.Diagnosis(

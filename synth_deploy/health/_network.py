@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from synth_deploy.health._report import CheckResult
+from synth_deploy.urls import URLError, http_url
 
 # A base URL that ends in one of these was copied from an endpoint, not from the app's root.
 ENDPOINT_PATHS = ("health", "info", "task_info", "rollout", "done", "docs", "openapi.json",
@@ -57,27 +58,13 @@ def check_url(url: str) -> tuple[CheckResult, Target | None]:
     def bad(actual: str, hint: str, code: str = "invalid_url") -> tuple[CheckResult, None]:
         return CheckResult("url", "fail", expected, actual, hint=hint, code=code), None
 
-    if not text:
-        return bad("empty", "pass the task app's URL, e.g. http://127.0.0.1:8001")
     try:
-        parts = urlsplit(text)
-        host = parts.hostname
-    except ValueError as exc:  # e.g. "http://[::1" (an unclosed IPv6 bracket)
-        return bad(f"{text!r} is not a URL: {exc}", "write it as http(s)://HOST[:PORT]")
-    if "://" not in text:
-        return bad(f"{text!r} has no scheme",
-                   f"add the scheme: https://{text} (or http:// for a local server)",
-                   code="no_scheme")
-    if parts.scheme not in ("http", "https"):
-        return bad(f"scheme {parts.scheme!r}", "task apps speak HTTP: use http:// or https://",
-                   code="bad_scheme")
-    if not host:
-        return bad(f"{text!r} has no host", "write it as http(s)://HOST[:PORT]", code="no_host")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return bad(f"{text!r} has an invalid port", "a port is a number from 1 to 65535",
-                   code="bad_port")
+        base = http_url(text)  # the kit's one URL rule, as every command applies it
+    except URLError as exc:
+        return bad(exc.message, exc.hint or "", code=exc.code)
+    parts = urlsplit(base)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     if parts.username or parts.password:
         return bad("credentials in the URL", "remove user:password@ from the URL; pass the key "
                    "with --api-key or ENVIRONMENT_API_KEY instead", code="credentials_in_url")

@@ -19,7 +19,9 @@ JSON shape (`synth-deploy check --json`, ``HealthReport.to_dict()``)::
       "exit_code": 0,                         # 0 healthy, 1 unhealthy, 2 bad URL, 3 unreachable
       "key": {"source": "ENVIRONMENT_API_KEY from .env",   # where the key came from, or null
               "fingerprint": "sha256:1a2b3c4d"},           # never the key; null when no key
-      "duration_ms": 41.7,                    # whole check, wall clock
+      "duration_ms": 41.7,                    # whole check, wall clock (with --wait: the
+                                              # whole wait, every attempt included)
+      "attempts": 1,                          # checks run (more than 1 only with --wait)
       "failure": null | {...one check...},    # the first failed check
       "checks": [
         {
@@ -95,6 +97,7 @@ class HealthReport:
     key_source: str | None = None
     key_fingerprint: str | None = None
     duration_ms: float = 0.0
+    attempts: int = 1
 
     @property
     def healthy(self) -> bool:
@@ -143,6 +146,7 @@ class HealthReport:
                     "fingerprint": (f"sha256:{self.key_fingerprint}"
                                     if self.key_fingerprint else None)},
             "duration_ms": round(self.duration_ms, 1),
+            "attempts": self.attempts,
             "failure": failure.to_dict() if failure else None,
             "checks": [c.to_dict() for c in self.checks],
         }

@@ -39,14 +39,22 @@ from synth_deploy.modal._image import (
     dependency_closure,
 )
 from synth_deploy.modal._modal_app import build_modal_app, modal_app, modal_app_for, web_function
-from synth_deploy.modal._modal_cli import CLIResult, ModalCLI, ModalCLIError, find_web_url
+from synth_deploy.modal._modal_cli import (
+    MODAL_REQUIREMENT,
+    CLIResult,
+    ModalCLI,
+    ModalCLIError,
+    find_web_url,
+)
 from synth_deploy.modal._plan import DeployPlan, build_plan
 from synth_deploy.modal._secrets import SecretSource
-from synth_deploy.modal._settings import ModalSettings
+from synth_deploy.modal._settings import WEB_REQUEST_TIMEOUT_S, ModalSettings, is_modal_url
 
 __all__ = [
+    "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
     "SOURCE_EXCLUDED_PACKAGES",
+    "WEB_REQUEST_TIMEOUT_S",
     "CLIResult",
     "DeployOptions",
     "DeployPlan",
@@ -65,6 +73,7 @@ __all__ = [
     "deploy",
     "find_web_url",
     "has_modal_token",
+    "is_modal_url",
     "modal_app",
     "modal_app_for",
     "require_modal_token",

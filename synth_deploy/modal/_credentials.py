@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from synth_deploy.env import Env
 from synth_deploy.errors import DeployError
-from synth_deploy.modal._modal_cli import TOKEN_FIX
+from synth_deploy.modal._modal_cli import TOKEN_FIX, modal_missing
 
 
 def has_modal_token(env: Env) -> bool:
@@ -16,8 +16,7 @@ def has_modal_token(env: Env) -> bool:
     try:
         from modal.config import config
     except ImportError as exc:
-        raise DeployError("the modal package is not installed",
-                          hint="pip install 'synth-deploy[modal]'") from exc
+        raise modal_missing(exc) from exc
     except Exception as exc:  # a malformed ~/.modal.toml fails at import
         raise DeployError(f"cannot read Modal's configuration: {exc}",
                           hint="fix ~/.modal.toml, or run `modal token new`") from exc

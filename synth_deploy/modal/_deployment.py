@@ -1,7 +1,8 @@
 """`deploy()`: a task app from a file to a healthy URL on Modal, in one call.
 
-    plan ─► build the modal.App offline ─► Modal token? ─► validate locally (real server +
-    health check with a rollout against the mock policy) ─► `modal deploy` (bounded, streamed)
+    plan ─► build the modal.App offline ─► Modal token? ─► Modal's API reachable? ─► validate
+    locally (real server + health check with a rollout against the mock policy) ─► `modal
+    deploy` (bounded, streamed)
     ─► find the URL ─► wait until healthy (cold start included) ─► TASK_APP_URL in .env
 
     env = load_env(["prod.env"])                   # resolved once, by the caller
@@ -31,6 +32,7 @@ from synth_deploy.modal._modal_cli import (
     find_web_url,
 )
 from synth_deploy.modal._plan import DeployPlan, build_plan
+from synth_deploy.modal._reachability import DEFAULT_CONNECT_TIMEOUT_S, require_modal_reachable
 
 DEFAULT_HEALTH_TIMEOUT_S = 300.0
 
@@ -46,7 +48,8 @@ class DeployOptions:
     ``env_files``: the files the `Env` was resolved from, handed to the `modal` child so it
     rebuilds the same App (empty: it reads ./.env, as the caller did); ``check``: health-check
     locally before and at the URL after (False skips both); ``dry_run``: stop after the plan
-    and an offline build; ``deploy_timeout_s``: the bound on `modal deploy`;
+    and an offline build; ``connect_timeout_s``: how long Modal's API may take to accept a
+    connection before anything else is tried; ``deploy_timeout_s``: the bound on `modal deploy`;
     ``health_timeout_s``: how long the deployed app may take to become healthy (cold start
     included); ``env_out``: the .env that receives TASK_APP_URL (default: the last env file,
     else ./.env).
@@ -60,12 +63,13 @@ class DeployOptions:
     deploy_timeout_s: float = DEFAULT_DEPLOY_TIMEOUT_S
     health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S
     env_out: Path | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env_files", tuple(Path(p) for p in self.env_files))
         if self.env_out is not None:
             object.__setattr__(self, "env_out", Path(self.env_out))
-        for name in ("deploy_timeout_s", "health_timeout_s"):
+        for name in ("deploy_timeout_s", "health_timeout_s", "connect_timeout_s"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"DeployOptions.{name}: must be more than 0 seconds, "
                                  f"got {getattr(self, name)!r}")
@@ -153,12 +157,14 @@ def deploy(app: str, env: Env, options: DeployOptions = DeployOptions(), *,
     plan = build_plan(entry, env, name=options.name,
                       modal_environment=options.modal_environment)
     build_modal_app(plan)  # settings, secrets and image must build before anything is sent
-    say("plan", f"{plan.app_id} -> Modal app {plan.app_name!r} ({plan.source})")
     result = DeployResult(plan=plan, dry_run=options.dry_run)
-    if options.dry_run:
+    if options.dry_run:  # the caller shows the whole plan; no progress line repeats it
         return result
+    say("plan", f"{plan.app_id} -> Modal app {plan.app_name!r} ({plan.source})")
 
     require_modal_token(env)
+    say("connect", "checking that Modal's API can be reached")
+    require_modal_reachable(env, options.connect_timeout_s)
     if options.check:
         say("validate", "serving the app locally and running the health checker")
         report = validate_locally(entry, env)
@@ -218,21 +224,28 @@ def _wait_until_healthy(plan: DeployPlan, url: str, timeout_s: float, say: Progr
 
 
 def serve_dev(app: str, env: Env, *, env_files: Sequence[str | os.PathLike[str]] = (),
-              modal_environment: str | None = None, cli: ModalCLI | None = None) -> int:
+              modal_environment: str | None = None, cli: ModalCLI | None = None,
+              on_line: Callable[[str], None] | None = None,
+              connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
     """`modal serve` the app file (hot reload, ``-dev`` URLs) until interrupted; exit code.
 
-    ``env`` and ``env_files`` as for `deploy` (see `DeployOptions`).
+    ``env`` and ``env_files`` as for `deploy` (see `DeployOptions`). Modal's output goes to
+    this terminal, or, when ``on_line`` is given, to it line by line (secrets redacted).
     """
     from synth_deploy.taskapp import load_app
 
     plan = build_plan(load_app(app), env, modal_environment=modal_environment)
     build_modal_app(plan)
     require_modal_token(env)
+    require_modal_reachable(env, connect_timeout_s)  # `modal serve` would retry in silence
     args = ["serve", str(plan.source)]
     if plan.modal_environment:
         args += ["-e", plan.modal_environment]
-    files = [Path(p) for p in env_files]
-    return (cli or ModalCLI()).run_foreground(args, env=_child_env(env, files))
+    child_env = _child_env(env, [Path(p) for p in env_files])
+    if on_line is None:
+        return (cli or ModalCLI()).run_foreground(args, env=child_env)
+    return (cli or ModalCLI()).run(args, env=child_env, timeout_s=None,
+                                   secrets=plan.secret_values(), on_line=on_line).returncode
 
 
 __all__ = ["DEFAULT_HEALTH_TIMEOUT_S", "DeployOptions", "DeployResult", "LocalValidationError",

@@ -26,8 +26,9 @@ SERVING_PACKAGES = ("fastapi", "pydantic", "httpx")
 REMOTE_TRACING_PACKAGES = ("libsql",)
 
 # synth_deploy subpackages that serving never imports: the CLI, tunnels, runs, training,
-# health probes.
-SOURCE_EXCLUDED_PACKAGES = ("cli", "tunnel", "runs", "train", "health")
+# health probes, and the bundled example apps of an installed kit (an app's own folder is
+# added on its own).
+SOURCE_EXCLUDED_PACKAGES = ("cli", "tunnel", "runs", "train", "health", "_apps")
 
 # Kept out of the app folder: secrets, trace databases, VCS data, caches and environments.
 APP_DIR_IGNORE = (
@@ -37,6 +38,9 @@ APP_DIR_IGNORE = (
     "**/__pycache__", "**/*.pyc", "**/.pytest_cache", "**/.ruff_cache", "**/.mypy_cache",
     "**/.venv", "**/venv", "**/node_modules", "**/.DS_Store", "**/*.log",
 )
+
+
+_BARE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def pinned(package: str) -> str:
@@ -126,7 +130,10 @@ class ImageRecipe:
         packages = [pinned(p) for p in SERVING_PACKAGES]
         if remote_tracing:
             packages += [pinned(p) for p in REMOTE_TRACING_PACKAGES]
-        packages += [p for p in settings.pip_packages if p not in packages]
+        # A bare name is pinned like the serving set: the container runs the version the
+        # local validation ran (a crafter world, say, is only the same world on one version).
+        packages += [pinned(p) if _BARE_NAME.fullmatch(p) else p
+                     for p in settings.pip_packages if p not in packages]
         ignore = APP_DIR_IGNORE + tuple(settings.ignore)
         dirs = [LocalDir(app_dir, DEFAULT_APP_REMOTE_PATH, ignore)]
         for local, remote in settings.local_dirs.items():
@@ -157,8 +164,9 @@ class ImageRecipe:
         return dependency_closure(self.pip_packages)
 
     def to_dict(self) -> dict[str, Any]:
+        dependencies = self.dependencies()
         return {"python_version": self.python_version, "pip_packages": list(self.pip_packages),
-                "dependency_count": len(self.dependencies()),
+                "dependency_count": len(dependencies), "dependencies": dependencies,
                 "apt_packages": list(self.apt_packages),
                 "python_sources": list(self.python_sources),
                 "local_dirs": [{"local": str(d.local), "remote": d.remote,

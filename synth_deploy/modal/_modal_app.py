@@ -15,6 +15,7 @@ from typing import Any
 
 from synth_deploy.env import Env
 from synth_deploy.errors import DeployError, SynthDeployError, TaskAppError
+from synth_deploy.modal._modal_cli import modal_missing
 from synth_deploy.modal._plan import DeployPlan, build_plan
 
 _APPS: dict[Path, Any] = {}
@@ -27,8 +28,7 @@ def build_modal_app(plan: DeployPlan) -> Any:
     try:
         import modal
     except ImportError as exc:
-        raise DeployError("the modal package is not installed",
-                          hint="pip install 'synth-deploy[modal]'") from exc
+        raise modal_missing(exc) from exc
     from synth_deploy.modal import _container
 
     settings = plan.settings

@@ -9,6 +9,7 @@ past its deadline is terminated, then killed. Tests pass ``command=`` to run a s
 from __future__ import annotations
 
 import collections
+import math
 import os
 import queue
 import re
@@ -26,6 +27,8 @@ from synth_deploy.errors import DeployError
 DEFAULT_DEPLOY_TIMEOUT_S = 600.0
 MAX_OUTPUT_LINES = 400
 TOKEN_FIX = "run `modal token new` (or set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET)"
+# synth-deploy's own requirement on modal (pyproject.toml; a test keeps the two equal).
+MODAL_REQUIREMENT = "modal>=1.0,<2"
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _URL = re.compile(r"https?://[^\s\"'<>\]\[)]+")
@@ -39,6 +42,19 @@ class ModalCLIError(DeployError):
         tail = "\n".join(f"    {line}" for line in list(output)[-25:])
         super().__init__(message + (f"\n  modal said:\n{tail}" if tail else ""), hint=hint)
         self.output = list(output)
+
+
+def modal_missing(exc: ImportError) -> DeployError:
+    """modal is a dependency of the kit, so this environment lost it: install modal alone
+    (reinstalling the kit from PyPI would replace a checkout's version)."""
+    return DeployError(f"the modal package cannot be imported ({exc})",
+                       hint=f"modal is a dependency of synth-deploy that this environment "
+                            f"lacks: pip install '{MODAL_REQUIREMENT}'")
+
+
+def _cannot_run(program: str, exc: OSError) -> DeployError:
+    return DeployError(f"cannot run {program}: {exc.strerror or exc}",
+                       hint=f"check that {program} exists and is executable")
 
 
 def strip_ansi(text: str) -> str:
@@ -97,9 +113,12 @@ class ModalCLI:
         self.command = list(command) if command else [sys.executable, "-m", "modal"]
 
     def run(self, args: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None,
-            timeout_s: float = DEFAULT_DEPLOY_TIMEOUT_S, secrets: Sequence[str] = (),
+            timeout_s: float | None = DEFAULT_DEPLOY_TIMEOUT_S, secrets: Sequence[str] = (),
             on_line: Callable[[str], None] | None = None) -> CLIResult:
-        """Run ``modal ARGS`` to completion within ``timeout_s``; stream redacted lines."""
+        """Run ``modal ARGS`` to completion within ``timeout_s``; stream redacted lines.
+
+        ``timeout_s=None`` only for `modal serve`, which runs until interrupted (Ctrl-C stops
+        the child with us)."""
         # Wide, plain output: rich must not wrap a long URL across lines.
         child_env = {**env, "COLUMNS": "1000", "PYTHONUNBUFFERED": "1",
                      "PYTHONIOENCODING": "utf-8", "TERM": "dumb", "NO_COLOR": "1"}
@@ -109,8 +128,7 @@ class ModalCLI:
                 stdin=subprocess.DEVNULL, env=child_env, cwd=cwd, start_new_session=True,
                 text=True, encoding="utf-8", errors="replace", bufsize=1)
         except OSError as exc:
-            raise DeployError(f"cannot run {self.command[0]}: {exc}",
-                              hint="pip install 'synth-deploy[modal]'") from exc
+            raise _cannot_run(self.command[0], exc) from exc
         lines: collections.deque[str] = collections.deque(maxlen=MAX_OUTPUT_LINES)
         q: queue.Queue[str | None] = queue.Queue()
 
@@ -121,7 +139,7 @@ class ModalCLI:
             q.put(None)
 
         threading.Thread(target=pump, name="modal-cli-output", daemon=True).start()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else math.inf)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -142,7 +160,9 @@ class ModalCLI:
                 lines.append(line)
                 if on_line is not None:
                     on_line(line)
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            # Output closed: the child is exiting (unbounded runs get 30 s to do so).
+            proc.wait(timeout=max(1.0, left if math.isfinite(left) else 30.0))
         except subprocess.TimeoutExpired:
             self._stop(proc)
             raise ModalCLIError(f"`modal {args[0]}` closed its output but did not exit",
@@ -160,8 +180,7 @@ class ModalCLI:
         try:
             return subprocess.call([*self.command, *args], env=dict(env))
         except OSError as exc:
-            raise DeployError(f"cannot run {self.command[0]}: {exc}",
-                              hint="pip install 'synth-deploy[modal]'") from exc
+            raise _cannot_run(self.command[0], exc) from exc
 
     @staticmethod
     def _stop(proc: subprocess.Popen) -> None:
@@ -180,5 +199,5 @@ class ModalCLI:
                 continue
 
 
-__all__ = ["CLIResult", "DEFAULT_DEPLOY_TIMEOUT_S", "ModalCLI", "ModalCLIError", "TOKEN_FIX",
-           "find_web_url", "strip_ansi"]
+__all__ = ["CLIResult", "DEFAULT_DEPLOY_TIMEOUT_S", "MODAL_REQUIREMENT", "ModalCLI",
+           "ModalCLIError", "TOKEN_FIX", "find_web_url", "modal_missing", "strip_ansi"]

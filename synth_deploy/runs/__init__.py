@@ -1,25 +1,32 @@
-"""Runs against a task app: smoke and eval rollouts, and the mock policy they default to.
+"""Runs against a task app: smoke and eval rollouts, the rehearsal of a training run, and the
+mock policy they default to.
 
     from synth_deploy.runs import RunOptions, run_suite
 
     report = run_suite("math", range(10), env, options=RunOptions(concurrency=8))
+    report = rehearse(load_config("rl.toml"), "math", env)    # before renting GPUs
 
 An app id or file is served here (`synth_deploy.taskapp.LocalRunner`, with an ephemeral key);
 a URL is driven as it is, with the configured ``ENVIRONMENT_API_KEY``.
 """
 
+from synth_deploy.runs._capacity import CapacityReport, LoadLevel, LoadOptions, probe_capacity
+from synth_deploy.runs._idle import IdleResult, idle_probe
+from synth_deploy.runs._rehearsal import RehearsalOptions, RehearsalProgress, rehearse
+from synth_deploy.runs._rehearsal_report import RehearsalCheck, RehearsalReport
 from synth_deploy.runs._rollouts import (
     PolicyTarget,
     RolloutOutcome,
     RunOptions,
     RunReport,
+    rollout_ledger,
     rollout_request,
+    run_ledger,
     run_rollouts,
 )
 from synth_deploy.runs._suite import (
     POLICY_API_KEY,
     RunTarget,
-    check_url,
     default_seeds,
     is_url,
     open_target,
@@ -43,18 +50,30 @@ def __getattr__(name: str):
 __all__ = [
     "MOCK_MODEL",
     "POLICY_API_KEY",
+    "CapacityReport",
+    "IdleResult",
+    "LoadLevel",
+    "LoadOptions",
     "PolicyTarget",
+    "RehearsalCheck",
+    "RehearsalOptions",
+    "RehearsalProgress",
+    "RehearsalReport",
     "RolloutOutcome",
     "RunOptions",
     "RunReport",
     "RunTarget",
-    "check_url",
     "create_mock_policy_app",
     "default_seeds",
+    "idle_probe",
     "is_url",
     "open_target",
     "policy_target",
+    "probe_capacity",
+    "rehearse",
+    "rollout_ledger",
     "rollout_request",
+    "run_ledger",
     "run_rollouts",
     "run_seeds",
     "run_suite",

@@ -6,6 +6,15 @@ last user message holds an arithmetic expression it evaluates it and answers
 ``Answer: N``, wrong on purpose for about one prompt in six; otherwise it guesses from the
 numbers it sees. Rewards through it are therefore mixed, like a real small model's, and the
 same prompt always gets the same answer.
+
+Asked to sample (``temperature`` > 0, as a trainer does), it answers like a sampled model
+instead: each prompt has its own difficulty, and each sample is wrong with a probability that
+grows with it, so the members of a GRPO group (same prompt, different samples) disagree on
+some prompts and agree on the easy ones. A sample is keyed by the trainer's correlation id
+(``?cid=``): the same prompt and cid always get the same answer; without a cid it is random.
+
+Offered ``tools``, it calls one with arguments valid for the tool's schema (see `_mock_tools`),
+so a multi-turn tool-calling environment plays through it with no model at all.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import hashlib
 import json
 import operator
 import re
+import secrets
 import time
 from typing import Any
 
@@ -22,6 +32,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from synth_deploy.runs._mock_tools import mock_tool_reply
 
 MOCK_MODEL = "synth-deploy/mock-policy"
 _EXPRESSION = re.compile(r"-?\d+(?:\s*[-+*/]\s*-?\d+)+")
@@ -45,10 +57,22 @@ def _evaluate(expression: str) -> int | None:
         return None
 
 
-def mock_answer(prompt: str, *, error_rate: float = 1 / 6) -> str:
-    """The mock policy's reply to ``prompt`` (deterministic)."""
+def _unit(text: str) -> float:
+    """A number in [0, 1) that ``text`` always maps to."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % 1000 / 1000
+
+
+def mock_answer(prompt: str, *, error_rate: float = 1 / 6, temperature: float = 0.0,
+                sample: str | None = None) -> str:
+    """The mock policy's reply to ``prompt``: deterministic at temperature 0; above it, a
+    sample keyed by ``sample`` (random when None)."""
     digest = int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16)
     unlucky = (digest % 1000) / 1000 < error_rate
+    if temperature > 0:
+        # The prompt's own difficulty, scaled by how freely the model samples.
+        wrong_probability = min(0.9, temperature) * _unit("difficulty:" + prompt)
+        draw = _unit(f"{sample}:{prompt}") if sample else secrets.randbelow(1000) / 1000
+        unlucky = draw < wrong_probability
     match = _EXPRESSION.search(prompt)
     value = _evaluate(match.group(0)) if match else None
     if value is None:
@@ -75,16 +99,23 @@ async def _chat_completions(request: Request) -> JSONResponse:
     state.requests += 1
     if cid := request.query_params.get("cid"):
         state.correlation_ids.append(cid)
-    content = mock_answer(prompt)
+    temperature = body.get("temperature")
+    temperature = float(temperature) if isinstance(temperature, int | float) else 0.0
+    if isinstance(body.get("tools"), list) and body["tools"]:
+        message = mock_tool_reply(messages, body["tools"], tool_choice=body.get("tool_choice"),
+                                  sample=cid if temperature > 0 else None)
+    else:
+        message = {"role": "assistant",
+                   "content": mock_answer(prompt, sample=cid, temperature=temperature)}
     prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
-    completion_tokens = len(content.split())
+    completion_tokens = len(json.dumps(message.get("tool_calls") or message["content"]).split())
     return JSONResponse({
         "id": f"chatcmpl-mock-{state.requests}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model") or MOCK_MODEL,
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": content}}],
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     })

@@ -12,11 +12,15 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from synth_deploy.env import redact
+from synth_deploy.tls import client_ssl_context
+
+if TYPE_CHECKING:
+    from synth_deploy.tracing import CostLedger
 
 
 @dataclass(frozen=True)
@@ -56,12 +60,17 @@ class RolloutOutcome:
     details: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     trace: dict[str, Any] | None = None
+    tokens: int | None = None  # the rollout's LM tokens, when the app reports them
+    warning: str | None = None  # e.g. its returned trace could not be stored
+    ledger: CostLedger | None = None  # tokens in/out, LM, environment and wall time
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "run_id": self.run_id, "ok": self.ok, "status": self.status,
                 "latency_s": round(self.latency_s, 4), "reward": self.reward,
                 "outcome_score": self.outcome_score, "events_score": self.events_score,
-                "details": self.details, "error": self.error}
+                "tokens": self.tokens, "details": self.details, "error": self.error,
+                "warning": self.warning,
+                "ledger": self.ledger.to_dict() if self.ledger is not None else None}
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -97,6 +106,17 @@ class RunReport:
         return sum(values) / len(values) if values else None
 
     @property
+    def tokens(self) -> int | None:
+        """LM tokens of all rollouts that report them (None when none does)."""
+        counted = [o.tokens for o in self.outcomes if o.tokens is not None]
+        return sum(counted) if counted else None
+
+    @property
+    def ledger(self) -> CostLedger | None:
+        """The run's cost ledger: its rollouts' added up (None when none reports one)."""
+        return run_ledger(self.outcomes)
+
+    @property
     def latency_p50_s(self) -> float | None:
         return _percentile(sorted(o.latency_s for o in self.outcomes if o.ok), 50)
 
@@ -111,6 +131,8 @@ class RunReport:
             "mean_outcome_score": self._mean("outcome_score"),
             "mean_events_score": self._mean("events_score"),
             "latency_p50_s": self.latency_p50_s, "latency_p95_s": self.latency_p95_s,
+            "tokens": self.tokens, "warnings": sum(o.warning is not None for o in self.outcomes),
+            "ledger": ledger.to_dict() if (ledger := self.ledger) is not None else None,
             "elapsed_s": round(self.elapsed_s, 3),
             "rollouts_per_s": round(len(self.outcomes) / self.elapsed_s, 2)
             if self.elapsed_s > 0 else None,
@@ -149,9 +171,11 @@ async def run_rollouts(
     return_trace: bool = False,
     on_outcome: Callable[[RolloutOutcome], None] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    bodies: Sequence[dict[str, Any]] | None = None,
 ) -> list[RolloutOutcome]:
     """Run one rollout per seed, at most ``options.concurrency`` at a time; outcomes in seed
-    order."""
+    order. ``bodies[i]``, when given, is sent for ``seeds[i]`` as it is (a trainer's request:
+    `rehearse`); otherwise each body is `rollout_request(seed, ...)`."""
     concurrency, max_time_s = options.concurrency, options.max_time_s
     limit = asyncio.Semaphore(max(1, concurrency))
     secrets = [api_key] + ([policy.api_key] if policy.api_key else [])
@@ -161,10 +185,11 @@ async def run_rollouts(
 
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, limits=limits,
                                  headers={"X-API-Key": api_key}, transport=transport,
-                                 follow_redirects=True) as client:
+                                 follow_redirects=True, verify=client_ssl_context()) as client:
 
-        async def one(seed: int) -> RolloutOutcome:
-            body = rollout_request(seed, policy, options, return_trace=return_trace)
+        async def one(index: int, seed: int) -> RolloutOutcome:
+            body = bodies[index] if bodies is not None else rollout_request(
+                seed, policy, options, return_trace=return_trace)
             async with limit:
                 started = time.perf_counter()
                 try:
@@ -178,7 +203,7 @@ async def run_rollouts(
                 on_outcome(outcome)
             return outcome
 
-        return list(await asyncio.gather(*(one(s) for s in seeds)))
+        return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds))))
 
 
 def _outcome(seed: int, run_id: str, resp: httpx.Response, latency: float) -> RolloutOutcome:
@@ -189,14 +214,73 @@ def _outcome(seed: int, run_id: str, resp: httpx.Response, latency: float) -> Ro
     if resp.status_code != 200 or not isinstance(data, dict):
         return RolloutOutcome(seed, run_id, False, resp.status_code, latency,
                               error=_error_message(resp, data))
-    metrics = data.get("metrics") or {}
+    metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
     reward = metrics.get("outcome_reward")
     if reward is None:
         reward = metrics.get("reward_mean", metrics.get("mean_return"))
+    details = metrics.get("details") if isinstance(metrics.get("details"), dict) else {}
+    trace = data.get("trace") if isinstance(data.get("trace"), dict) else None
+    ledger = rollout_ledger(details.get("ledger"), trace)
+    details = {k: v for k, v in details.items() if k != "ledger"}
     return RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
                           outcome_score=metrics.get("outcome_score"),
-                          events_score=metrics.get("events_score"),
-                          details=metrics.get("details") or {}, trace=data.get("trace"))
+                          events_score=metrics.get("events_score"), details=details,
+                          trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger)
+
+
+def rollout_ledger(stated: Any, trace: dict[str, Any] | None) -> CostLedger | None:
+    """A rollout's cost ledger: what our server put in ``details.ledger``, else one read off
+    the trace it returned (any shape synth-ai apps return), else None."""
+    from synth_deploy.errors import SynthDeployError
+    from synth_deploy.tracing import CostLedger, ledger_of, session_from_trace
+
+    if (ledger := CostLedger.from_dict(stated)) is not None:
+        return ledger
+    if not trace:
+        return None
+    try:
+        return ledger_of(session_from_trace(trace))
+    except (SynthDeployError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def run_ledger(outcomes: Sequence[RolloutOutcome]) -> CostLedger | None:
+    """The ledgers of ``outcomes`` added up; None when none has one."""
+    from synth_deploy.tracing import CostLedger
+
+    ledgers = [o.ledger for o in outcomes if o.ledger is not None]
+    return CostLedger.total(ledgers) if ledgers else None
+
+
+def rollout_tokens(details: dict[str, Any], trace: dict[str, Any] | None) -> int | None:
+    """A rollout's LM tokens where synth-ai's eval runner finds them: ``details.tokens``,
+    else the trace's ``usage``, else the ``usage`` of its events (or their responses); and,
+    past what that runner reads, an event's own ``total_tokens`` (synth-ai's v3 events)."""
+    if _is_count(details.get("tokens")):
+        return int(details["tokens"])
+    if not trace:
+        return None
+    usage = trace.get("usage")
+    if isinstance(usage, dict) and _is_count(usage.get("total_tokens")) \
+            and usage["total_tokens"] > 0:
+        return int(usage["total_tokens"])
+    total = 0
+    for event in trace.get("event_history") or ():
+        if not isinstance(event, dict):
+            continue
+        for holder in (event, event.get("response"), event.get("llm_response")):
+            used = holder.get("usage") if isinstance(holder, dict) else None
+            if isinstance(used, dict) and _is_count(used.get("total_tokens")):
+                total += int(used["total_tokens"])
+                break  # one count an event: its response's usage is the same call
+        else:
+            if _is_count(event.get("total_tokens")):
+                total += int(event["total_tokens"])
+    return total or None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _error_message(resp: httpx.Response, data: Any) -> str:
@@ -209,5 +293,5 @@ def _error_message(resp: httpx.Response, data: Any) -> str:
     return f"HTTP {resp.status_code}: {resp.text[:200]}"
 
 
-__all__ = ["PolicyTarget", "RolloutOutcome", "RunOptions", "RunReport", "rollout_request",
-           "run_rollouts"]
+__all__ = ["PolicyTarget", "RolloutOutcome", "RunOptions", "RunReport", "rollout_ledger",
+           "rollout_request", "rollout_tokens", "run_ledger", "run_rollouts"]

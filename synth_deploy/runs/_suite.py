@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from synth_deploy.env import ENVIRONMENT_API_KEY, Env
-from synth_deploy.errors import UsageError
+from synth_deploy.errors import AppNotFoundError, UsageError
 from synth_deploy.runs._rollouts import (
     PolicyTarget,
     RolloutOutcome,
@@ -21,6 +21,7 @@ from synth_deploy.runs._rollouts import (
     RunReport,
     run_rollouts,
 )
+from synth_deploy.urls import http_url, looks_like_url
 
 if TYPE_CHECKING:
     from synth_deploy.tracing import TraceDbSetting
@@ -41,20 +42,20 @@ class RunTarget:
 
 
 def is_url(ref: str) -> bool:
-    return ref.startswith(("http://", "https://"))
+    """True when ``ref`` is given as a URL (any scheme: the URL rule then judges it)."""
+    return "://" in ref
 
 
-def check_url(url: str) -> None:
-    """A task app URL that httpx can use, or a UsageError that says what is wrong."""
-    import httpx
-
+@contextmanager
+def _url_without_scheme_told(ref: str) -> Iterator[None]:
+    """A ref that names no app but reads as a URL missing its scheme ("127.0.0.1:8001") gets
+    the URL rule's error, as `check` gives it, instead of "no task app with id"."""
     try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise UsageError(f"{url!r} is not a usable URL: {exc}",
-                         hint="write it as http(s)://HOST[:PORT]") from None
-    if not parsed.host:
-        raise UsageError(f"{url!r} has no host", hint="write it as http(s)://HOST[:PORT]")
+        yield
+    except AppNotFoundError:
+        if looks_like_url(ref):
+            http_url(ref)  # raises: a URL without "://" has no scheme
+        raise
 
 
 def policy_target(inference_url: str | None, model: str | None, env: Env
@@ -62,8 +63,7 @@ def policy_target(inference_url: str | None, model: str | None, env: Env
     """A real policy from ``--inference-url``/``--model`` (None: the built-in mock)."""
     if not inference_url:
         return None
-    if not is_url(inference_url):
-        raise UsageError(f"--inference-url must be an http(s) URL, got {inference_url!r}")
+    inference_url = http_url(inference_url, what="--inference-url")
     if not model:
         raise UsageError("--inference-url needs --model (the model name to request)")
     return PolicyTarget(inference_url, model, env.get(POLICY_API_KEY))
@@ -74,7 +74,7 @@ def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
     if is_url(app_or_url):
         import httpx
 
-        check_url(app_or_url)
+        app_or_url = http_url(app_or_url)
         try:
             info = httpx.get(app_or_url.rstrip("/") + "/info", timeout=15,
                              headers={"X-API-Key": env.get(ENVIRONMENT_API_KEY) or ""},
@@ -87,7 +87,9 @@ def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
     else:
         from synth_deploy.taskapp import load_app
 
-        datasets = load_app(app_or_url).build_config().dataset_registry.describe()
+        with _url_without_scheme_told(app_or_url):
+            entry = load_app(app_or_url)
+        datasets = entry.build_config().dataset_registry.describe()
     for dataset in datasets:
         seeds = (dataset.get("default_seeds") or {}).get(split)
         if seeds:
@@ -126,7 +128,7 @@ def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None
             mocked = False
 
         if is_url(app_or_url):
-            check_url(app_or_url)
+            app_or_url = http_url(app_or_url)
             key = env.get(ENVIRONMENT_API_KEY)
             if not key:
                 raise UsageError(
@@ -142,14 +144,20 @@ def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None
 
                 store = open_trace_store(traces)
                 stack.callback(store.close)
-            yield RunTarget(app_or_url.rstrip("/"), key, policy, local=False, notes=notes,
+            yield RunTarget(app_or_url, key, policy, local=False, notes=notes,
                             trace_store=store)
             return
 
         from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
 
-        runner = stack.enter_context(LocalRunner(ServeSettings(
-            app=app_or_url, env=env, keys=server_keys(env, "ephemeral"), traces=traces)))
+        with _url_without_scheme_told(app_or_url):
+            runner = stack.enter_context(LocalRunner(ServeSettings(
+                app=app_or_url, env=env, keys=server_keys(env, "ephemeral"), traces=traces)))
+        # Runs first on the way out: both servers begin stopping at once, then each is
+        # waited for (one after the other they would take twice as long).
+        stack.callback(runner.request_stop)
+        if mocked:
+            stack.callback(mock.request_stop)
         notes.append(f"task app {runner.entry.app_id!r} served at {runner.url} with an "
                      "ephemeral key")
         yield RunTarget(runner.url, runner.settings.keys.primary or "", policy, local=True,
@@ -176,23 +184,46 @@ def run_seeds(target: RunTarget, seeds: Sequence[int], options: RunOptions = Run
                                         options, return_trace=store_here,
                                         on_outcome=on_outcome))
     elapsed = time.perf_counter() - started
-    if store_here:
-        from synth_deploy.tracing import SessionTrace
-
-        for outcome in outcomes:
-            if outcome.trace:
-                target.trace_store.write_session_sync(SessionTrace.from_dict(outcome.trace))
+    store_returned_traces(target, outcomes)
     return RunReport(target.url, options.mode, concurrency, outcomes, elapsed, notes)
+
+
+def store_returned_traces(target: RunTarget, outcomes: Sequence[RolloutOutcome]) -> None:
+    """Store the traces a remote app returned (a local app's server stores its own).
+
+    Any trace shape a synth-ai task app returns is read; one that cannot be read or stored
+    becomes that rollout's ``warning``, never a lost run. A session the app's own server
+    stored already (same database) is left as it is.
+    """
+    if target.trace_store is None:
+        return
+    from synth_deploy.errors import SynthDeployError
+    from synth_deploy.tracing import session_from_trace
+
+    for outcome in outcomes:
+        if not outcome.trace:
+            continue
+        try:
+            session = session_from_trace(outcome.trace, session_id=outcome.run_id)
+            known = {"run_id": outcome.run_id, "seed": outcome.seed, "status": "ok",
+                     "model": target.policy.model}
+            if outcome.reward is not None:
+                known["metrics"] = {"outcome_reward": outcome.reward}
+            for key, value in known.items():
+                session.metadata.setdefault(key, value)
+            target.trace_store.write_session_sync(session)
+        except SynthDeployError as exc:
+            outcome.warning = f"its trace was not stored: {exc.message}"
 
 
 __all__ = [
     "POLICY_API_KEY",
     "RunTarget",
-    "check_url",
     "default_seeds",
     "is_url",
     "open_target",
     "policy_target",
     "run_seeds",
     "run_suite",
+    "store_returned_traces",
 ]

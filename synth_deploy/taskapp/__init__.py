@@ -7,6 +7,7 @@ Declaring (contracts, config, registry) is light; serving (`create_app`, `LocalR
 `apps` can import the contracts without paying for a server.
 """
 
+from synth_deploy.errors import BadRequest
 from synth_deploy.taskapp._auth import KeyRule, ServerKeys, server_keys
 from synth_deploy.taskapp._config import (
     ProxyConfig,
@@ -37,14 +38,27 @@ from synth_deploy.taskapp._contracts import (
 )
 from synth_deploy.taskapp._registry import (
     BUNDLED_APPS_DIR,
+    AppFileProblem,
     AppInfo,
+    Discovery,
     TaskAppEntry,
     discover_apps,
     load_app,
     register_task_app,
     registered_apps,
+    scan_apps,
 )
 from synth_deploy.taskapp._task_app import TaskApp
+from synth_deploy.taskapp._tools import (
+    ToolCall,
+    assistant_message,
+    function_tool,
+    image_part,
+    parse_tool_calls,
+    png_data_url,
+    text_part,
+    tool_message,
+)
 
 _LAZY = {
     "create_app": "_server",
@@ -52,13 +66,19 @@ _LAZY = {
     "TraceSink": "_server",
     "error_response": "_responses",
     "BackgroundServer": "_runner",
+    "ConnectionLimits": "_runner",
     "LocalRunner": "_runner",
     "ServeSettings": "_runner",
     "call_policy": "_policy",
+    "is_link_local": "_outbound",
     "chat_completions_url": "_policy",
     "PolicyError": "_policy",
     "PolicyReply": "_policy",
     "ApiKeyAuth": "_auth",
+    "RemoteObject": "_workers",
+    "WorkerError": "_workers",
+    "WorkerPool": "_workers",
+    "worker_object": "_workers",
 }
 
 
@@ -74,10 +94,14 @@ def __getattr__(name: str):
 
 __all__ = [
     "ApiKeyAuth",
+    "AppFileProblem",
     "AppInfo",
     "BUNDLED_APPS_DIR",
     "BackgroundServer",
+    "BadRequest",
+    "ConnectionLimits",
     "DatasetInfo",
+    "Discovery",
     "InferenceInfo",
     "KeyRule",
     "LimitsInfo",
@@ -85,6 +109,7 @@ __all__ = [
     "PolicyError",
     "PolicyReply",
     "ProxyConfig",
+    "RemoteObject",
     "RolloutContext",
     "RolloutEnvSpec",
     "RolloutMetrics",
@@ -108,15 +133,28 @@ __all__ = [
     "TaskDatasetRegistry",
     "TaskDescriptor",
     "TaskInfo",
+    "ToolCall",
     "TraceSink",
+    "WorkerError",
+    "WorkerPool",
+    "assistant_message",
     "call_policy",
     "chat_completions_url",
     "create_app",
     "discover_apps",
+    "is_link_local",
     "error_response",
+    "function_tool",
+    "image_part",
     "load_app",
+    "parse_tool_calls",
+    "png_data_url",
     "register_task_app",
     "registered_apps",
+    "scan_apps",
     "server_keys",
     "stats_of",
+    "text_part",
+    "tool_message",
+    "worker_object",
 ]

@@ -22,11 +22,17 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_ROLLOUT_SECONDS = 3600.0
+DEFAULT_MAX_SEEDS_PER_REQUEST = 1000
 
 
 @dataclass(frozen=True)
 class TaskDataset:
-    """One dataset a task app advertises: ids and URLs only, assets are fetched on demand."""
+    """One dataset a task app advertises: ids and URLs only, assets are fetched on demand.
+
+    ``seeds`` (a ``range``, or any container of ints) are the seeds it has: when the app's
+    datasets declare them, a rollout or `/task_info` for any other seed is refused (422/404)
+    before the app's code runs.
+    """
 
     id: str
     display_name: str | None = None
@@ -37,6 +43,7 @@ class TaskDataset:
     default_seeds: Mapping[str, Sequence[int]] = field(default_factory=dict)
     storage_uri: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    seeds: Sequence[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +92,21 @@ class TaskDatasetRegistry:
 
     def describe(self) -> list[dict[str, Any]]:
         return [ds.to_dict() for ds in self]
+
+    def unknown_seed(self, seed: int) -> str | None:
+        """Why ``seed`` is in none of the datasets that declare seeds (None: it is, or no
+        dataset declares them)."""
+        declared = [ds for ds in self if ds.seeds is not None]
+        if not declared or any(seed in ds.seeds for ds in declared):
+            return None
+        return f"seed {seed} is in none of this app's datasets (" + "; ".join(
+            f"{ds.id}: {_seed_text(ds.seeds)}" for ds in declared) + ")"
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    if isinstance(seeds, range) and seeds.step == 1 and len(seeds):
+        return f"seeds {seeds.start}-{seeds.stop - 1}"
+    return f"{len(seeds)} seeds"
 
 
 @dataclass(frozen=True)
@@ -140,7 +162,13 @@ class TaskAppConfig:
     """Everything a task app declares; `create_app(config)` turns it into a server.
 
     ``provide_task_instances(seeds)`` maps dataset seeds to `TaskInfo` (difficulty, tags...);
-    ``rollout(request, ctx)`` runs one episode and may be sync or async.
+    ``rollout(request, ctx)`` runs one episode and may be sync or async. Either may raise
+    `BadRequest` to refuse a request the client got wrong (answered 4xx, not 500).
+
+    ``max_seeds_per_request`` bounds `/task_info?seed=...` (422 beyond it);
+    ``allow_link_local``: let ``ctx.http`` and the policy call reach link-local addresses
+    (169.254.0.0/16, fe80::/10, fd00:ec2::254), where cloud metadata services answer; off by
+    default, because a key holder chooses the policy URL.
     """
 
     app_id: str
@@ -160,6 +188,8 @@ class TaskAppConfig:
     version: str = "0.1.0"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_rollout_seconds: float = DEFAULT_MAX_ROLLOUT_SECONDS
+    max_seeds_per_request: int = DEFAULT_MAX_SEEDS_PER_REQUEST
+    allow_link_local: bool = False
 
     def __post_init__(self) -> None:
         if not self.app_id or not self.app_id.replace("-", "").replace("_", "").isalnum():

@@ -2,11 +2,18 @@
 
 Trainers append a correlation query (``?cid=...``) to ``inference_url``; it must survive
 the path we add, or the trainer cannot match completions to rollouts.
+
+Whoever holds the app's key chooses that URL, so the call is made as to a stranger: no
+redirect is followed, link-local addresses are refused (`_outbound`), and what comes back
+reaches the client only as a status and a host; an answer's body goes to the server's log,
+truncated and with the request's secrets masked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -14,19 +21,34 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from synth_deploy.errors import TaskAppError
+from synth_deploy.env import is_secret_name, redact, redact_userinfo
+from synth_deploy.errors import BadRequest, TaskAppError
 from synth_deploy.taskapp._config import RolloutContext
+from synth_deploy.taskapp._outbound import ALLOW_LINK_LOCAL_HINT, refused_address
+from synth_deploy.taskapp._tools import ToolCall, assistant_message, parse_tool_calls
+
+logger = logging.getLogger("synth_deploy.taskapp")
+INFERENCE_URL_FIELD = "policy.config.inference_url"
+LOGGED_BODY_CHARS = 500
 
 
 class PolicyError(TaskAppError):
-    """The policy endpoint could not be called or answered badly."""
+    """The policy endpoint could not be called or answered badly (the server answers 502)."""
 
 
 def chat_completions_url(inference_url: str) -> str:
-    """``{base}/chat/completions`` with the base's query (``?cid=``) kept."""
-    parts = urlsplit(inference_url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise PolicyError(f"policy inference_url must be an http(s) URL, got {inference_url!r}")
+    """``{base}/chat/completions`` with the base's query (``?cid=``) kept; `BadRequest` when
+    ``inference_url`` is not an http(s) URL."""
+    try:
+        parts = urlsplit(inference_url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except (TypeError, ValueError, AttributeError):
+        valid = False
+    if not valid:
+        shown = redact_userinfo(repr(inference_url))[:120]
+        raise BadRequest(f"{INFERENCE_URL_FIELD} must be an http(s) URL, got {shown}",
+                         code="invalid_inference_url", field=INFERENCE_URL_FIELD)
     path = parts.path.rstrip("/")
     if not path.endswith("/chat/completions"):
         path += "/chat/completions"
@@ -40,6 +62,16 @@ class PolicyReply:
     raw: dict[str, Any]
     latency_ms: float
 
+    @property
+    def message(self) -> dict[str, Any]:
+        """The reply as the assistant turn to append to the conversation."""
+        return assistant_message(self.raw["choices"][0]["message"])
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The tool calls, decoded (`ToolCall.error` says what could not be read)."""
+        return parse_tool_calls({"tool_calls": self.tool_calls})
+
 
 async def call_policy(
     ctx: RolloutContext, messages: list[dict[str, Any]], **params: Any
@@ -48,41 +80,58 @@ async def call_policy(
     config = ctx.request.policy.config
     inference_url = config.get("inference_url")
     if not inference_url:
-        raise PolicyError("policy.config.inference_url is missing from the rollout request")
+        raise BadRequest(f"{INFERENCE_URL_FIELD} is missing from the rollout request",
+                         code="missing_inference_url", field=INFERENCE_URL_FIELD,
+                         hint="send the OpenAI-compatible base URL the app should call")
     body: dict[str, Any] = {"model": config.get("model"), "messages": messages}
     for name in ("temperature", "max_tokens", "max_completion_tokens", "top_p"):
         if name in config:
             body[name] = config[name]
     body.update(params)
+    # A copy, sent and recorded: the caller's list grows with later turns, and the record
+    # must show what this call sent.
+    body = copy.deepcopy(body)
     headers = {}
     if api_key := config.get("api_key"):
+        if not (isinstance(api_key, str) and api_key.isascii() and api_key.isprintable()):
+            raise BadRequest("policy.config.api_key must be printable ASCII",
+                             code="invalid_api_key_value", field="policy.config.api_key")
         headers["Authorization"] = f"Bearer {api_key}"
     url = chat_completions_url(inference_url)
     started = time.perf_counter()
     resp = await _post_with_retry(ctx.http, url, body, headers)
     latency_ms = (time.perf_counter() - started) * 1000
-    if resp.status_code >= 400:
-        raise PolicyError(f"policy at {_without_query(url)} answered HTTP {resp.status_code}: "
-                          f"{resp.text[:300]}")
+    if resp.status_code >= 300:
+        _log_answer(ctx, url, resp)
+        redirect = " (a redirect; redirects are not followed)" if resp.status_code < 400 else ""
+        raise PolicyError(f"policy at {_origin(url)} answered HTTP {resp.status_code}{redirect}")
     try:
         data = resp.json()
         message = data["choices"][0]["message"]
+        if not isinstance(message, dict):
+            raise TypeError("message is not an object")
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise PolicyError("policy answer is not an OpenAI chat completion: "
-                          f"{resp.text[:300]}") from exc
-    usage = data.get("usage") or {}
-    for m in messages:
-        ctx.tracer.record_message(m.get("role", "user"), m.get("content"))
+        _log_answer(ctx, url, resp)
+        raise PolicyError(f"policy at {_origin(url)} answered HTTP {resp.status_code} with "
+                          f"something that is not an OpenAI chat completion "
+                          f"({resp.headers.get('content-type', 'no content type')}, "
+                          f"{len(resp.content)} bytes)") from exc
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+    # Tool calls and tool call ids stay with their messages; a second call of the same turn
+    # (after a corrective message) records only what is new.
+    ctx.tracer.record_chat(body["messages"])
+    # The answer is copied too: the caller gets `raw` and may change it.
+    record: dict[str, Any] = {"request": body, "response": copy.deepcopy(message)}
+    if usage is not None:
+        record["usage"] = copy.deepcopy(usage)
     ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
-                              provider=urlsplit(url).hostname,
-                              input_tokens=usage.get("prompt_tokens"),
-                              output_tokens=usage.get("completion_tokens"),
-                              latency_ms=round(latency_ms, 3),
-                              call_records=[{"request": body, "response": message}])
+                              provider=urlsplit(url).hostname, usage=usage,
+                              latency_ms=round(latency_ms, 3), call_records=[record])
     content = message.get("content") or ""
-    ctx.tracer.record_message("assistant", content)
-    return PolicyReply(content=content, tool_calls=list(message.get("tool_calls") or []),
-                       raw=data, latency_ms=latency_ms)
+    tool_calls = list(message.get("tool_calls") or [])
+    ctx.tracer.record_chat([*body["messages"], assistant_message(copy.deepcopy(message))])
+    return PolicyReply(content=content, tool_calls=tool_calls, raw=data,
+                       latency_ms=latency_ms)
 
 
 # A pooled keep-alive connection the server closed a moment ago fails before any answer
@@ -96,20 +145,41 @@ async def _post_with_retry(client: httpx.AsyncClient, url: str, body: dict[str, 
                            headers: dict[str, str]) -> httpx.Response:
     for attempt in range(1, POLICY_ATTEMPTS + 1):
         try:
-            return await client.post(url, json=body, headers=headers)
+            return await client.post(url, json=body, headers=headers, follow_redirects=False)
         except _TRANSIENT as exc:
+            if (refused := refused_address(exc)) is not None:
+                raise BadRequest(f"{INFERENCE_URL_FIELD}: {refused.host} resolves to the "
+                                 f"link-local address {refused.address}; refused",
+                                 code="refused_inference_url", field=INFERENCE_URL_FIELD,
+                                 hint=ALLOW_LINK_LOCAL_HINT) from exc
             if attempt == POLICY_ATTEMPTS:
-                raise PolicyError(f"policy at {_without_query(url)} did not answer after "
-                                  f"{attempt} attempts: {type(exc).__name__}: {exc}") from exc
+                raise PolicyError(f"policy at {_origin(url)} did not answer after "
+                                  f"{attempt} attempts: {_failure(exc)}") from exc
             await asyncio.sleep(0.05 * attempt)
         except httpx.HTTPError as exc:
-            raise PolicyError(f"policy at {_without_query(url)} did not answer: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise PolicyError(f"policy at {_origin(url)} did not answer: "
+                              f"{_failure(exc)}") from exc
     raise AssertionError("unreachable")
 
 
-def _without_query(url: str) -> str:
-    return url.split("?", 1)[0]
+def _failure(exc: Exception) -> str:
+    # httpx's transport messages are the OS's ("Connection refused"), never an answer's body.
+    return f"{type(exc).__name__}: {str(exc)[:200]}" if str(exc) else type(exc).__name__
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port]: what a client may be told about where the policy is."""
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+
+
+def _log_answer(ctx: RolloutContext, url: str, resp: httpx.Response) -> None:
+    """The policy's answer, for the operator: truncated, the request's secrets masked."""
+    secrets = [str(v) for k, v in ctx.request.policy.config.items() if v and is_secret_name(k)]
+    text = redact(resp.text[:LOGGED_BODY_CHARS], secrets)
+    logger.warning("rollout %s: policy at %s answered HTTP %d; first %d chars: %r",
+                   ctx.request.run_id, _origin(url), resp.status_code, LOGGED_BODY_CHARS, text)
 
 
 __all__ = ["PolicyError", "PolicyReply", "call_policy", "chat_completions_url"]

@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from synth_deploy.env import Env, redact
 from synth_deploy.taskapp._config import ProxyConfig
+from synth_deploy.taskapp._request_guards import unsupported_media_type
 from synth_deploy.taskapp._responses import error_response
 
 OPENAI_API_KEY, GROQ_API_KEY = "OPENAI_API_KEY", "GROQ_API_KEY"
@@ -34,7 +35,8 @@ def add_proxy_routes(
 ) -> None:
     def route(path: str, vendor: str, base_url: str, key_name: str) -> None:
         async def forward(request: Request) -> Response:
-            if (resp := denied(request)) is not None:
+            if (resp := denied(request)) is not None or \
+                    (resp := unsupported_media_type(request)) is not None:
                 return resp
             key = env.get(key_name)
             if not key:

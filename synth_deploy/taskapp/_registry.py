@@ -2,8 +2,10 @@
 
 Discovery reads the ``apps/`` folders without importing anything: it parses each file and
 looks for ``TaskApp("...")`` and ``register_task_app(app_id="...")`` calls, so `synth-deploy
-apps` stays fast and a broken app cannot break the listing. Loading imports only the one file
-asked for.
+apps` stays fast and a broken app cannot break the listing. A file that cannot be read (a
+syntax error, bad encoding) is reported with file:line and the error, never skipped in
+silence: the apps it declares are unknown until it is fixed. Loading imports only the one
+file asked for.
 """
 
 from __future__ import annotations
@@ -22,8 +24,18 @@ from typing import Any
 from synth_deploy.errors import AppNotFoundError, TaskAppError
 from synth_deploy.taskapp._config import TaskAppConfig
 
-# The kit's own example apps, next to the package in a source checkout.
-BUNDLED_APPS_DIR = Path(__file__).resolve().parents[2] / "apps"
+
+def _bundled_apps_dir() -> Path:
+    """The kit's example apps: inside the package when installed from a wheel (pyproject maps
+    the checkout's apps/ to synth_deploy/_apps), the checkout's apps/ folder otherwise."""
+    package = Path(__file__).resolve().parents[1]
+    installed, checkout = package / "_apps", package.parent / "apps"
+    if not installed.is_dir() and (package.parent / "pyproject.toml").is_file():
+        return checkout
+    return installed
+
+
+BUNDLED_APPS_DIR = _bundled_apps_dir()
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,32 @@ class AppInfo:
 
     def to_dict(self) -> dict[str, str]:
         return {"app_id": self.app_id, "path": str(self.path), "description": self.description}
+
+
+@dataclass(frozen=True)
+class AppFileProblem:
+    """A file under an apps folder that discovery could not read: where, and why."""
+
+    path: Path
+    error: str  # "SyntaxError: '(' was never closed"
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = "".join(f":{n}" for n in (self.line, self.column) if n)
+        return f"{self.path}{where}: {self.error}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "line": self.line, "column": self.column,
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What the apps folders hold: the apps found, and the files that could not be read."""
+
+    apps: list[AppInfo]
+    problems: list[AppFileProblem]
 
 
 _REGISTRY: dict[str, TaskAppEntry] = {}
@@ -104,14 +142,24 @@ def app_search_paths(cwd: Path | None = None) -> list[Path]:
     return seen
 
 
-def discover_apps(search_paths: Iterable[Path] | None = None) -> list[AppInfo]:
-    """Apps under the search paths, found by reading (not importing) their files."""
+def scan_apps(search_paths: Iterable[Path] | None = None) -> Discovery:
+    """Apps under the search paths, found by reading (not importing) their files, and every
+    file that could not be read."""
     found: dict[str, AppInfo] = {}
+    problems: list[AppFileProblem] = []
     for root in search_paths if search_paths is not None else app_search_paths():
         for path in sorted(Path(root).glob("*/*.py")) + sorted(Path(root).glob("*.py")):
-            for info in _scan_file(path):
+            apps, problem = _scan_file(path)
+            for info in apps:
                 found.setdefault(info.app_id, info)  # earlier search paths win
-    return sorted(found.values(), key=lambda i: i.app_id)
+            if problem is not None:
+                problems.append(problem)
+    return Discovery(sorted(found.values(), key=lambda i: i.app_id), problems)
+
+
+def discover_apps(search_paths: Iterable[Path] | None = None) -> list[AppInfo]:
+    """Apps under the search paths (`scan_apps` also says which files could not be read)."""
+    return scan_apps(search_paths).apps
 
 
 def load_app(ref: str, search_paths: Iterable[Path] | None = None) -> TaskAppEntry:
@@ -131,14 +179,21 @@ def load_app(ref: str, search_paths: Iterable[Path] | None = None) -> TaskAppEnt
         return entries[0]
     if ref in _REGISTRY:
         return _REGISTRY[ref]
-    apps = discover_apps(search_paths)
-    match = next((a for a in apps if a.app_id == ref), None)
+    scan = scan_apps(search_paths)
+    match = next((a for a in scan.apps if a.app_id == ref), None)
     if match is None:
-        ids = [a.app_id for a in apps]
+        ids = [a.app_id for a in scan.apps]
         close = difflib.get_close_matches(ref, ids, n=1)
         hint = f"did you mean {close[0]!r}?" if close else (
             f"known apps: {', '.join(ids)}" if ids else "no apps found under ./apps")
-        raise AppNotFoundError(f"no task app with id {ref!r}", hint=hint)
+        message = f"no task app with id {ref!r}"
+        if scan.problems:
+            # The app may be declared in a file that cannot be read: say which, and why.
+            listing = "\n".join(f"  {p}" for p in scan.problems)
+            message += (f"; {len(scan.problems)} app file(s) could not be read, so the apps "
+                        f"they declare are unknown:\n{listing}")
+            hint = "fix the file(s) above" + (f"; or {hint}" if close else "")
+        raise AppNotFoundError(message, hint=hint)
     _import_file(match.path.resolve())
     if ref not in _REGISTRY:
         raise TaskAppError(f"{match.path} mentions app id {ref!r} but did not register it "
@@ -169,11 +224,16 @@ def _import_file(path: Path) -> list[TaskAppEntry]:
     return [e for e in _REGISTRY.values() if e.source == path]
 
 
-def _scan_file(path: Path) -> list[AppInfo]:
+def _scan_file(path: Path) -> tuple[list[AppInfo], AppFileProblem | None]:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError, OSError):
-        return []
+    except SyntaxError as exc:  # IndentationError and TabError included
+        return [], AppFileProblem(path, f"{type(exc).__name__}: {exc.msg}", exc.lineno,
+                                  exc.offset)
+    except UnicodeDecodeError as exc:
+        return [], AppFileProblem(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except OSError as exc:
+        return [], AppFileProblem(path, f"cannot be read: {exc.strerror or exc}")
     # Module-level string constants, so `app_id=APP_ID` resolves too.
     constants = {
         target.id: node.value.value
@@ -201,7 +261,7 @@ def _scan_file(path: Path) -> list[AppInfo]:
         app_id = literal(kw.get("app_id") or (node.args[0] if node.args else None))
         if app_id:
             apps.append(AppInfo(app_id, path, literal(kw.get("description")) or ""))
-    return apps
+    return apps, None
 
 
 def caller_file(depth: int) -> Path | None:
@@ -222,12 +282,15 @@ def _user_frame(exc: BaseException, source: Path | None) -> str:
 
 
 __all__ = [
+    "AppFileProblem",
     "AppInfo",
     "BUNDLED_APPS_DIR",
+    "Discovery",
     "TaskAppEntry",
     "app_search_paths",
     "discover_apps",
     "load_app",
     "register_task_app",
     "registered_apps",
+    "scan_apps",
 ]

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 
-def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+def error_response(status: int, code: str, message: str, *,
+                   headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     """The error body shape used throughout synth-ai: {"detail": {"error": {...}}}."""
     return JSONResponse({"detail": {"error": {"code": code, "message": message, **extra}}},
-                        status_code=status)
+                        status_code=status, headers=headers)
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, str]]:

@@ -15,11 +15,17 @@ config built, the trace store opened from its resolved setting, `create_app`.
 
 `BackgroundServer` runs any ASGI app with uvicorn on a thread (the runner, the mock policy);
 it binds port 0 and reads back the port the OS chose, so nothing races for a "free" port.
+
+uvicorn is configured here and nowhere else (`_uvicorn_config`): every server the kit starts
+has the same `ConnectionLimits` (request deadlines, a connection cap answered with 503; see
+`_connections`). The Modal container serves the app built by `build()` behind Modal's own
+front end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -36,11 +42,47 @@ if TYPE_CHECKING:
     from synth_deploy.tracing import TraceDbSetting, TraceStore
 
 DEFAULT_GRACEFUL_TIMEOUT_S = 30.0
+logger = logging.getLogger("synth_deploy.taskapp")
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What clients may hold of a served app: a connection beyond ``max_connections`` is
+    answered 503 and closed; a request's headers must arrive within ``header_timeout_s`` (of
+    the connection opening or the previous response) and its body within ``body_timeout_s``;
+    an idle keep-alive connection is closed after ``keep_alive_s``.
+
+    The default cap stays well below the usual limit of 1,024 open files, leaving room for
+    the trace store, the policy client and the app's own files.
+    """
+
+    max_connections: int = 512
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: float = 5.0
+
+
+def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
+                    graceful_timeout_s: float, limits: ConnectionLimits,
+                    **extra: Any) -> dict[str, Any]:
+    """The keyword arguments of ``uvicorn.Config`` (and ``uvicorn.run``) for every server."""
+    import functools
+
+    from synth_deploy.taskapp._connections import BoundedH11Protocol
+
+    return dict(app=app, host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=graceful_timeout_s,
+                timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
+                http=functools.partial(BoundedH11Protocol, limits=limits), **extra)
 
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """What to serve and how, resolved at the entry point (the CLI or the container)."""
+    """What to serve and how, resolved at the entry point (the CLI or the container).
+
+    The standard OTEL_* variables in ``env`` (OTEL_EXPORTER_OTLP_ENDPOINT...) turn on the live
+    export of each rollout as spans (`synth_deploy.otel`), read once when the app is built.
+    """
 
     app: str  # an app id or a task app file: what a reloaded process imports again
     env: Env
@@ -51,6 +93,7 @@ class ServeSettings:
     env_files: tuple[str, ...] = ()  # where ``env`` came from, for a reloaded process
     log_level: str = "info"
     graceful_timeout_s: float = DEFAULT_GRACEFUL_TIMEOUT_S
+    limits: ConnectionLimits = ConnectionLimits()
 
 
 class LocalRunner:
@@ -60,6 +103,7 @@ class LocalRunner:
         self.settings = settings
         self.app: Any = None
         self.store: TraceStore | None = None
+        self.live_export: Any = None  # synth_deploy.otel.LiveExporter, when OTEL_* ask for it
         self._entry: TaskAppEntry | None = None
         self._server: BackgroundServer | None = None
         self._restore_env: contextlib.ExitStack | None = None
@@ -91,8 +135,10 @@ class LocalRunner:
             from synth_deploy.tracing import open_trace_store
 
             self.store = open_trace_store(s.traces)
+        self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,
-                              env=s.env)
+                              env=s.env, on_session=self.live_export.offer
+                              if self.live_export is not None else None)
         return self.app
 
     def stats(self) -> Mapping[str, int]:
@@ -111,11 +157,17 @@ class LocalRunner:
         self._restore_env.enter_context(applied_env(s.env))
         try:
             self._server = BackgroundServer(self.build(), host=s.host, port=s.port,
-                                            graceful_timeout_s=5.0).start(timeout_s)
+                                            graceful_timeout_s=5.0,
+                                            limits=s.limits).start(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def request_stop(self) -> None:
+        """Begin stopping the server without waiting; `stop` finishes the job."""
+        if self._server is not None:
+            self._server.request_stop()
 
     def stop(self) -> None:
         """Stop serving, flush and close the trace store, put ``os.environ`` back."""
@@ -123,6 +175,8 @@ class LocalRunner:
             self._server.stop()
         if self.store is not None:
             self.store.close()
+        if self.live_export is not None:
+            self.live_export.close()
         if self._restore_env is not None:
             self._restore_env.close()
             self._restore_env = None
@@ -144,12 +198,14 @@ class LocalRunner:
         _ensure_port_free(s.host, s.port)
         apply_env(s.env)  # this process is the server: the app's variables stay for its life
         try:
-            uvicorn.Server(uvicorn.Config(self.build(), host=s.host, port=s.port,
-                                          log_level=s.log_level,
-                                          timeout_graceful_shutdown=s.graceful_timeout_s)).run()
+            uvicorn.Server(uvicorn.Config(**_uvicorn_config(
+                self.build(), host=s.host, port=s.port, log_level=s.log_level,
+                graceful_timeout_s=s.graceful_timeout_s, limits=s.limits))).run()
         finally:
             if self.store is not None:
                 self.store.close()
+            if self.live_export is not None:
+                self.live_export.close()
 
     def serve_with_reload(self) -> None:
         """Serve under uvicorn's reloader: on each change to the app's folder a new process
@@ -168,9 +224,32 @@ class LocalRunner:
             trace_source=s.traces.source if s.traces is not None else "--trace-db")
         apply_env(s.env)
         os.environ.update(handoff.to_environ())
-        uvicorn.run(f"{__name__}:reloaded_app", factory=True, host=s.host, port=s.port,
-                    reload=True, reload_dirs=[str(source.parent)] if source else None,
-                    log_level=s.log_level, timeout_graceful_shutdown=s.graceful_timeout_s)
+        uvicorn.run(**_uvicorn_config(
+            f"{__name__}:reloaded_app", host=s.host, port=s.port, log_level=s.log_level,
+            graceful_timeout_s=s.graceful_timeout_s, limits=s.limits, factory=True,
+            reload=True, reload_dirs=[str(source.parent)] if source else None))
+
+
+def _live_export(env: Env) -> Any:
+    """The live OTLP exporter the OTEL_* variables in ``env`` ask for (see `synth_deploy.otel`);
+    None when they do not, or when the OpenTelemetry packages are missing: then the app
+    serves without spans, and says so once."""
+    from synth_deploy.otel import (
+        OTEL_EXTRA_HINT,
+        LiveExporter,
+        otel_installed,
+        otlp_setting_from_env,
+    )
+
+    setting = otlp_setting_from_env(env)
+    if setting is None:
+        return None
+    if not otel_installed():
+        logger.warning("%s is set, but the OpenTelemetry packages are not installed: rollouts "
+                       "are served without spans; %s", setting.source, OTEL_EXTRA_HINT)
+        return None
+    logger.info("rollouts are sent as spans to %s", setting.display)
+    return LiveExporter(setting)
 
 
 def reloaded_app() -> Any:
@@ -196,14 +275,16 @@ class BackgroundServer:
     """
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning", graceful_timeout_s: float = 5.0) -> None:
+                 log_level: str = "warning", graceful_timeout_s: float = 5.0,
+                 limits: ConnectionLimits = ConnectionLimits()) -> None:
         import uvicorn
 
         self.app = app
         self.host = host
-        self._config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                      access_log=False, lifespan="on",
-                                      timeout_graceful_shutdown=graceful_timeout_s)
+        self._config = uvicorn.Config(**_uvicorn_config(
+            app, host=host, port=port, log_level=log_level,
+            graceful_timeout_s=graceful_timeout_s, limits=limits, access_log=False,
+            lifespan="on"))
         self._server = uvicorn.Server(self._config)
         self._thread: threading.Thread | None = None
         self.port: int | None = port or None
@@ -232,13 +313,23 @@ class BackgroundServer:
         self.port = sockets[0].getsockname()[1]
         return self
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def request_stop(self) -> None:
+        """Begin stopping without waiting (servers asked together stop in the same time)."""
         self._server.should_exit = True
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 self._server.force_exit = True
                 self._thread.join(2.0)
+
+    def wait(self) -> None:
+        """Block until the server stops: the foreground mode of a command that only serves
+        (`traces view`). Ctrl-C raises KeyboardInterrupt here, for the caller to stop it."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(0.5)
 
     def __enter__(self) -> BackgroundServer:
         return self.start() if self._thread is None else self
@@ -265,6 +356,7 @@ def _ensure_port_free(host: str, port: int) -> None:
 
 __all__ = [
     "BackgroundServer",
+    "ConnectionLimits",
     "DEFAULT_GRACEFUL_TIMEOUT_S",
     "LocalRunner",
     "ServeSettings",

@@ -12,19 +12,20 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import anyio
-import httpx
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from synth_deploy.env import Env, is_secret_name, mask, redact
+from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.taskapp._auth import ApiKeyAuth
 from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
 from synth_deploy.taskapp._contracts import (
@@ -33,9 +34,19 @@ from synth_deploy.taskapp._contracts import (
     RolloutResponse,
     TaskInfo,
 )
+from synth_deploy.taskapp._correlation import correlate, correlation_id, session_correlation
+from synth_deploy.taskapp._outbound import outbound_client
+from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._proxy import VENDOR_KEYS
+from synth_deploy.taskapp._request_guards import (
+    bad_request_response,
+    guarded,
+    http_error,
+    requested_seeds,
+    unsupported_media_type,
+)
 from synth_deploy.taskapp._responses import error_response, validation_errors
-from synth_deploy.tracing import SessionTrace, SessionTracer
+from synth_deploy.tracing import SessionTrace, SessionTracer, ledger_of
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
@@ -56,29 +67,44 @@ class _ProtocolApp(FastAPI):
     FastAPI wraps every request in telemetry, body-limit and exit-stack middleware; on a
     trivial rollout that costs about a third of the server's throughput. While no user
     middleware is installed, requests for the protocol's endpoints go straight to a plain
-    Starlette router (behind the same 500 handler); everything else, and every request once
+    Starlette router (behind the same 405 and 500 handlers); everything else, and every request once
     middleware is added, takes FastAPI's full path.
     """
 
     _core_paths: frozenset[str] = frozenset()
     _core_app: Any = None
+    _rollout_app: Any = None
 
     def serve_core_routes(self, routes: list[Any]) -> None:
-        from starlette.middleware.errors import ServerErrorMiddleware
         from starlette.routing import Router
 
         for route in routes:
             self.router.routes.append(route)
         self._core_paths = frozenset(route.path for route in routes)
-        self._core_app = ServerErrorMiddleware(Router(routes=routes))
+        self._core_app = guarded(Router(routes=routes))
+        # POST /rollout, the hot path, skips route matching and the per-route wrappers:
+        # the same handlers (HTTPException, 500) sit around it.
+        rollout = next(r.endpoint for r in routes if r.path == "/rollout")
+        self._rollout_app = guarded(_endpoint_app(rollout))
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and scope["path"] in self._core_paths
                 and not self.user_middleware and not self.root_path):
             scope["app"] = self
-            await self._core_app(scope, receive, send)
+            if scope["path"] == "/rollout" and scope["method"] == "POST":
+                await self._rollout_app(scope, receive, send)
+            else:
+                await self._core_app(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+def _endpoint_app(endpoint: Any) -> Any:
+    """A Request -> Response handler as a bare ASGI app."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+    return app
 
 
 def create_app(
@@ -87,6 +113,7 @@ def create_app(
     api_keys: Sequence[str] | None,
     trace_store: TraceSink | None = None,
     env: Env | None = None,
+    on_session: Callable[[SessionTrace], None] | None = None,
 ) -> FastAPI:
     """Build the FastAPI app for ``config``.
 
@@ -94,6 +121,8 @@ def create_app(
     ``None`` turns authentication off, an empty list answers 503 on authenticated endpoints.
     ``trace_store``: when given, every rollout is committed to it before its response is sent.
     ``env``: resolved settings; the vendor proxies take their keys from it.
+    ``on_session``: called with each finished rollout's session as it goes to the store (the
+    live OTLP export); it must return at once, and its failure never fails a rollout.
     """
     env = env or Env()
     auth = ApiKeyAuth(api_keys)
@@ -105,11 +134,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        # Idle connections expire before uvicorn's 5 s keep-alive does, so the pool rarely
-        # hands out one the policy server is closing.
-        app.state.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(600.0, connect=10.0), follow_redirects=True,
-            limits=httpx.Limits(max_connections=256, keepalive_expiry=3.0))
+        app.state.http = outbound_client(allow_link_local=config.allow_link_local)
+        _start_trace_writer(trace_store)
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
@@ -127,6 +153,7 @@ def create_app(
     app.state.config = config
     app.state.auth = auth
     app.state.trace_store = trace_store
+    app.state.on_session = on_session
     app.state.stats = {"rollout_requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
 
     def denied(request: Request) -> JSONResponse | None:
@@ -164,9 +191,20 @@ def create_app(
     async def task_info(request: Request) -> Response:
         if (resp := denied(request)) is not None:
             return resp
-        raw = request.query_params.getlist("seed") + request.query_params.getlist("seeds")
-        raw = [part for value in raw for part in value.split(",") if part.strip()]
-        if not raw:
+        try:
+            seeds = requested_seeds(request, config.max_seeds_per_request)
+            for seed in seeds:
+                if (why := config.dataset_registry.unknown_seed(seed)) is not None:
+                    raise BadRequest(why, status=404, code="unknown_seed", field="query.seed")
+            if seeds:
+                payload = await _task_instances(config, seeds)
+        except BadRequest as exc:
+            return bad_request_response(exc)
+        except (LookupError, ValueError) as exc:
+            if isinstance(exc, ValidationError):
+                raise
+            return error_response(404, "unknown_seed", f"no task instance for seeds {seeds}: {exc}")
+        if not seeds:
             taskset = dict(config.describe_taskset()) if config.describe_taskset else {}
             return JSONResponse({
                 "taskset": taskset or {"id": config.app_id, "name": config.name,
@@ -175,25 +213,13 @@ def create_app(
                 "task": config.base_task_info.task.model_dump(exclude_none=True),
                 "rubric": config.rubrics.to_info().model_dump(exclude_none=True),
             })
-        try:
-            seeds = [int(s) for s in raw]
-        except ValueError:
-            bad = next(s for s in raw if not s.strip().lstrip("-").isdigit())
-            return error_response(422, "invalid_seed", f"seed must be an integer, got {bad!r}",
-                                  errors=[{"path": "query.seed", "message": "not an integer"}])
-        try:
-            instances = [TaskInfo.model_validate(i) for i in config.provide_task_instances(seeds)]
-        except (LookupError, ValueError) as exc:
-            if isinstance(exc, ValidationError):
-                raise
-            return error_response(404, "unknown_seed", f"no task instance for seeds {seeds}: {exc}")
-        payload = [i.model_dump(mode="json") for i in instances]
         return JSONResponse(payload[0] if len(seeds) == 1 and len(payload) == 1 else payload)
 
     async def rollout(request: Request) -> Response:
         stats = app.state.stats
         stats["rollout_requests"] += 1
-        if (resp := denied(request)) is not None:
+        if (resp := denied(request)) is not None or \
+                (resp := unsupported_media_type(request)) is not None:
             return resp
         try:
             body = await _read_body(request, config.max_body_bytes)
@@ -210,6 +236,10 @@ def create_app(
             summary = "; ".join(f"{e['path']}: {e['message']}" for e in errors[:5])
             return error_response(422, "invalid_request", f"invalid rollout request: {summary}",
                                   errors=errors)
+        seed = req.env.seed
+        if seed is not None and (why := config.dataset_registry.unknown_seed(seed)) is not None:
+            return bad_request_response(BadRequest(why, code="unknown_seed", field="env.seed"),
+                                        run_id=req.run_id)
         stats["in_flight"] += 1
         try:
             return await _run_rollout(app, config, call_executor, req, trace_store,
@@ -222,6 +252,15 @@ def create_app(
             return resp
         return JSONResponse({"ok": True, "service": config.app_id})
 
+    async def openapi(request: Request) -> Response:
+        if (resp := denied(request)) is not None:
+            return resp
+        if app.openapi_schema is None:  # built once: the routes are fixed by now
+            from synth_deploy.taskapp._openapi import protocol_openapi
+
+            app.openapi_schema = protocol_openapi(config, app.routes)
+        return JSONResponse(app.openapi_schema)
+
     # Plain Starlette routes: these handlers take a Request and return a Response, so
     # FastAPI's dependency solving and response encoding would be pure overhead.
     app.serve_core_routes([
@@ -231,6 +270,7 @@ def create_app(
         Route("/info", info, methods=["GET"]),
         Route("/task_info", task_info, methods=["GET"]),
         Route("/done", done, methods=["POST"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ])
 
     if config.proxy is not None:
@@ -242,12 +282,7 @@ def create_app(
     for router in config.routers:
         app.include_router(router)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> Response:
-        if isinstance(exc.detail, dict):
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
-        return error_response(exc.status_code, "http_error", str(exc.detail))
-
+    app.add_exception_handler(HTTPException, http_error)
     return app
 
 
@@ -255,9 +290,11 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
                        req: RolloutRequest,
                        trace_store: TraceSink | None, secret_values: list[str]) -> Response:
     seed = req.env.seed
+    cid = correlation_id(req.policy.config)
     tracer = SessionTracer(metadata={
         "app_id": config.app_id, "run_id": req.run_id, "mode": req.mode, "seed": seed,
         "model": req.policy.config.get("model"), "env_name": req.env.env_name,
+        **session_correlation(cid),
     })
     ctx = RolloutContext(request=req, config=config, tracer=tracer, http=app.state.http,
                          app_state=config.app_state)
@@ -278,18 +315,27 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
         error = error_response(500, "invalid_rollout_result",
                                f"rollout {req.run_id} returned a malformed RolloutResponse",
                                run_id=req.run_id, errors=validation_errors(exc))
+    except BadRequest as exc:  # the client's mistake, said by the app or the kit: 4xx
+        exc.message = _redacted(exc.message, req, secret_values)
+        error = bad_request_response(exc, run_id=req.run_id)
+    except PolicyError as exc:  # the policy endpoint failed, not the app: 502
+        message = _redacted(exc.message, req, secret_values)
+        logger.warning("rollout %s: %s", req.run_id, message)
+        error = error_response(502, "policy_failed", f"rollout {req.run_id}: {message}",
+                               run_id=req.run_id)
     except Exception as exc:
         logger.exception("rollout %s failed", req.run_id)
-        # The request's own policy secrets too: a provider may echo a key in its error body.
-        request_secrets = [str(v) for k, v in req.policy.config.items()
-                           if v and is_secret_name(k)]
-        message = redact(f"{type(exc).__name__}: {exc}", secret_values + request_secrets)
+        message = _redacted(f"{type(exc).__name__}: {exc}", req, secret_values)
         error = error_response(500, "rollout_failed", f"rollout {req.run_id} failed: {message}",
                                run_id=req.run_id, exception=type(exc).__name__)
     elapsed = time.perf_counter() - started
 
     session = tracer.finish()
-    keep_session = trace_store is not None or req.record.return_trace
+    if result is not None:  # its tokens and time, summed by smoke/eval/rehearse summaries
+        result.metrics.details = {**result.metrics.details,
+                                  "ledger": ledger_of(session, wall_s=elapsed).to_dict()}
+    on_session = app.state.on_session
+    keep_session = trace_store is not None or req.record.return_trace or on_session is not None
     if keep_session:  # building the session's metadata is wasted work when nobody reads it
         session.metadata["duration_s"] = round(elapsed, 6)
         request_record = req.model_dump(mode="json")
@@ -306,9 +352,15 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
         result.run_id = req.run_id
         if req.record.return_trace and result.trace is None:
             result.trace = session.to_dict()
+        correlate(result, cid, req.policy.config.get("inference_url"))
     else:
         app.state.stats["errors"] += 1
 
+    if on_session is not None:
+        try:
+            on_session(session)
+        except Exception:  # spans are a view of the rollout: they never fail it
+            logger.exception("live export of rollout %s failed", req.run_id)
     if trace_store is not None:
         try:
             await trace_store.write_session(session)
@@ -323,6 +375,23 @@ async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
     app.state.stats["rollouts"] += 1
     # Bytes straight from pydantic-core: no str round trip on the hot path.
     return Response(result.__pydantic_serializer__.to_json(result), media_type="application/json")
+
+
+def _start_trace_writer(trace_store: TraceSink | None) -> None:
+    # A store that commits in a child process starts it with the server, so the first
+    # rollouts do not wait for it; a closed or read-only store refuses each write instead.
+    start = getattr(trace_store, "use_writer_process", None)
+    if start is not None:
+        try:
+            start()
+        except TraceStoreError:
+            pass
+
+
+def _redacted(text: str, req: RolloutRequest, secret_values: list[str]) -> str:
+    # The request's own policy secrets too: a provider may echo a key in its error body.
+    request_secrets = [str(v) for k, v in req.policy.config.items() if v and is_secret_name(k)]
+    return redact(text, secret_values + request_secrets)
 
 
 _REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",
@@ -369,6 +438,12 @@ def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str,
             metrics["events_score"] = sum(event_values) / len(event_values)
     if not metrics.get("num_steps"):
         metrics["num_steps"] = len(session.timesteps)
+    # Where synth-ai's eval runner looks first for a rollout's tokens (no trace needed).
+    tokens = [e.total_tokens for step in session.timesteps for e in step.events
+              if e.total_tokens is not None]
+    details = metrics.get("details") or {}
+    if tokens and isinstance(details, dict) and "tokens" not in details:
+        metrics["details"] = {**details, "tokens": sum(tokens)}
     return metrics
 
 
@@ -385,6 +460,19 @@ def _executor_caller(executor: Any) -> Any:
         return await _maybe_await(result)
 
     return in_thread
+
+
+async def _task_instances(config: TaskAppConfig, seeds: list[int]) -> list[dict[str, Any]]:
+    """``provide_task_instances(seeds)`` validated and dumped, a synchronous one on a worker
+    thread: a thousand seeds must not stall every other request on the event loop."""
+    provide = config.provide_task_instances
+
+    def dumped(items: Any) -> list[dict[str, Any]]:
+        return [TaskInfo.model_validate(i).model_dump(mode="json") for i in items]
+
+    if inspect.iscoroutinefunction(provide):
+        return dumped(await provide(seeds))
+    return await anyio.to_thread.run_sync(lambda: dumped(provide(seeds)))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

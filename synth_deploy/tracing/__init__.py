@@ -7,6 +7,15 @@
 Heavy or optional parts load on use: ``libsql`` only for a remote URL (in a child process).
 """
 
+from synth_deploy.tracing._browse import (
+    SORT_KEYS,
+    SessionFilter,
+    SessionPage,
+    SessionRow,
+    browse_sessions,
+    filter_choices,
+    matching_session_ids,
+)
 from synth_deploy.tracing._config import (
     DEFAULT_TRACE_DB,
     TOKEN_VAR,
@@ -19,14 +28,33 @@ from synth_deploy.tracing._config import (
 from synth_deploy.tracing._errors import (
     NotATraceDbError,
     SchemaTooNewError,
+    SessionConflictError,
     SessionNotFoundError,
     TraceDbAuthError,
     TraceDbMissingError,
     TraceDbUnreachableError,
     TraceDbUrlError,
+    TraceFormatError,
 )
 from synth_deploy.tracing._export import ExportResult, export_sft, sft_examples
+from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
+from synth_deploy.tracing._prices import (
+    PRICES_VAR,
+    CostEstimate,
+    ModelPrice,
+    PriceTable,
+    load_price_table,
+    resolve_price_table,
+)
+from synth_deploy.tracing._replay import ReplayStep, content_text, message_text, replay
 from synth_deploy.tracing._report import TraceDbReport, describe_trace_db, init_trace_db
+from synth_deploy.tracing._rewards import (
+    Comparison,
+    RewardSummary,
+    compare_by_seed,
+    reward_summary,
+)
+from synth_deploy.tracing._rows import session_reward
 from synth_deploy.tracing._schema import SCHEMA_VERSION
 from synth_deploy.tracing._session import (
     Event,
@@ -37,6 +65,7 @@ from synth_deploy.tracing._session import (
     SessionTracer,
     Timestep,
 )
+from synth_deploy.tracing._shapes import session_from_trace
 from synth_deploy.tracing._store import (
     SessionSummary,
     TraceStats,
@@ -48,16 +77,30 @@ from synth_deploy.tracing._store import (
 __all__ = [
     "DEFAULT_TRACE_DB",
     "SCHEMA_VERSION",
+    "SORT_KEYS",
     "TOKEN_VAR",
     "TRACES_DB_VAR",
+    "Comparison",
+    "CostEstimate",
+    "CostLedger",
     "Event",
     "EventReward",
     "ExportResult",
     "Message",
     "NotATraceDbError",
     "OutcomeReward",
+    "ReplayStep",
+    "ModelPrice",
+    "ModelTokens",
+    "PRICES_VAR",
+    "PriceTable",
+    "RewardSummary",
     "SchemaTooNewError",
+    "SessionConflictError",
+    "SessionFilter",
     "SessionNotFoundError",
+    "SessionPage",
+    "SessionRow",
     "SessionSummary",
     "SessionTrace",
     "SessionTracer",
@@ -68,15 +111,30 @@ __all__ = [
     "TraceDbSetting",
     "TraceDbUnreachableError",
     "TraceDbUrlError",
+    "TraceFormatError",
     "TraceStats",
     "TraceStore",
+    "browse_sessions",
+    "compare_by_seed",
+    "content_text",
+    "event_tokens",
+    "ledger_of",
+    "load_price_table",
     "deploy_notice",
     "describe_trace_db",
     "export_sft",
+    "filter_choices",
     "init_trace_db",
+    "matching_session_ids",
+    "message_text",
     "open_trace_store",
     "parse_trace_db",
+    "replay",
     "resolve_trace_db",
+    "resolve_price_table",
+    "reward_summary",
+    "session_reward",
+    "session_from_trace",
     "sft_examples",
     "since_timestamp",
 ]

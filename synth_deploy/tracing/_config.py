@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from synth_deploy.env import Env, mask
+from synth_deploy.env import Env, mask, redact_userinfo
 from synth_deploy.tracing._errors import TraceDbUrlError
 
 DEFAULT_TRACE_DB = "traces/v3/synth_ai.db"
@@ -42,7 +42,7 @@ class TraceDbSetting:
         """The URL with any token masked: safe to print and log."""
         if not self.is_remote:
             return str(self.path) if self.path is not None else self.url
-        shown = self.remote_url or self.url
+        shown = redact_userinfo(self.remote_url or self.url)
         return shown + (f" (token {mask(self.auth_token)})" if self.auth_token else "")
 
     def __repr__(self) -> str:
@@ -71,7 +71,7 @@ def parse_trace_db(url: str, *, source: str = "argument", env: Env | None = None
         remote = urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), rest, ""))
         if scheme != "http" and not token:
             raise TraceDbUrlError(
-                f"{remote} is a Turso URL but no auth token was found",
+                f"{redact_userinfo(remote)} is a Turso URL but no auth token was found",
                 hint=f"set {TOKEN_VAR} (turso db tokens create <db>) or append ?authToken=...")
         return TraceDbSetting(url=text, source=source, is_remote=True, remote_url=remote,
                               auth_token=token, token_source=token_source)

@@ -7,7 +7,9 @@
      ├── TraceDbMissingError    nothing at that path yet (a read asked for it)
      ├── TraceDbUnreachableError  a remote libSQL server did not answer in time (exit 3)
      ├── TraceDbAuthError       the remote server refused the token
-     └── SessionNotFoundError   no session with that id (or prefix)
+     ├── SessionNotFoundError   no session with that id (or prefix)
+     ├── SessionConflictError   a session id already stored with other content
+     └── TraceFormatError       a returned trace that cannot be read as a session
 """
 
 from __future__ import annotations
@@ -47,12 +49,22 @@ class SessionNotFoundError(TraceStoreError):
     """No session matches the given id or id prefix."""
 
 
+class SessionConflictError(TraceStoreError):
+    """A session with this id is already stored, with different content; nothing written."""
+
+
+class TraceFormatError(TraceStoreError):
+    """A trace (as a task app returned it) that cannot be read as a session."""
+
+
 __all__ = [
     "NotATraceDbError",
     "SchemaTooNewError",
+    "SessionConflictError",
     "SessionNotFoundError",
     "TraceDbAuthError",
     "TraceDbMissingError",
     "TraceDbUnreachableError",
     "TraceDbUrlError",
+    "TraceFormatError",
 ]

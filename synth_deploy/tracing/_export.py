@@ -4,24 +4,37 @@ An example is one policy call: the messages `call_policy` recorded in a timestep
 and user prompts, any earlier turns it was shown) up to and including the assistant's reply.
 Failed rollouts are never exported; ``min_reward`` keeps sessions whose outcome reward is at
 least that value.
+
+`export_sft` streams: a page of sessions at a time (keyset paging in creation order), with
+one query for their messages and one for the tools their policy calls offered, so memory
+stays flat from ten thousand sessions to millions and a remote store costs three round
+trips a page. `sft_examples` does the same for one `SessionTrace` in memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import UsageError
-from synth_deploy.tracing._session import SessionTrace
-from synth_deploy.tracing._store import TraceStore, since_timestamp
+from synth_deploy.tracing._browse import SessionFilter, SessionSql
+from synth_deploy.tracing._ledger import ledger_from_rows, ledger_of
+from synth_deploy.tracing._rows import _JSON_CONTENT, _loads, session_reward
+from synth_deploy.tracing._session import SessionTrace, Timestep
+from synth_deploy.tracing._store import TraceStore, _filters, since_timestamp
 
 _ROLES = {"system": "system", "user": "user", "assistant": "assistant",
           "tool_result": "tool", "tool": "tool"}
+PAGE_SESSIONS = 500
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False)
+_ORPHAN_STEP = "(no timestep)"  # where `build_session` puts rows without a timestep
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -40,28 +53,51 @@ class ExportResult:
 
 def sft_examples(session: SessionTrace) -> Iterator[dict[str, Any]]:
     """The SFT examples in one session (see the module docstring)."""
-    reward = _reward(session)
+    reward = session_reward(session)
     meta = session.metadata
+    fields = (meta.get("app_id"), meta.get("run_id"), meta.get("seed"), meta.get("model"))
+    ledger = ledger_of(session).to_dict()
     for step in session.timesteps:
-        messages = [m for m in step.messages if m.message_type in _ROLES]
-        last = max((i for i, m in enumerate(messages) if m.message_type == "assistant"),
-                   default=None)
-        if last is None or not any(m.message_type != "assistant" for m in messages[:last]):
-            continue
-        yield {
-            "messages": [{"role": _ROLES[m.message_type], "content": _content(m.content)}
-                         for m in messages[:last + 1]],
-            "metadata": {"session_id": session.session_id, "app_id": meta.get("app_id"),
-                         "run_id": meta.get("run_id"), "seed": meta.get("seed"),
-                         "model": meta.get("model"), "turn": step.turn_number,
-                         "step_id": step.step_id, "reward": reward},
-        }
+        example = _example(session.session_id, fields, reward, step.step_id,
+                           step.turn_number,
+                           [(m.message_type, m.content, m.metadata) for m in step.messages],
+                           lambda step=step: _tools_offered(step), ledger)
+        if example is not None:
+            yield example
+
+
+def _example(session_id: str, fields: tuple[Any, Any, Any, Any], reward: float | None,
+             step_id: str, turn: int | None, messages: list[tuple[str, Any, dict[str, Any]]],
+             tools: Callable[[], list[Any] | None],
+             ledger: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A timestep's example: its chat up to the last assistant reply (None without one, or
+    with nothing before it); ``messages`` as (type, content, metadata); ``ledger``: the
+    rollout's cost ledger (tokens, LM/environment/wall time), carried in the metadata."""
+    chat = [m for m in messages if m[0] in _ROLES]
+    last = max((i for i, m in enumerate(chat) if m[0] == "assistant"), default=None)
+    if last is None or not any(m[0] != "assistant" for m in chat[:last]):
+        return None
+    example: dict[str, Any] = {"messages": [_chat(*m) for m in chat[:last + 1]]}
+    if offered := tools():
+        example["tools"] = offered
+    app_id, run_id, seed, model = fields
+    example["metadata"] = {"session_id": session_id, "app_id": app_id, "run_id": run_id,
+                           "seed": seed, "model": model, "turn": turn, "step_id": step_id,
+                           "reward": reward}
+    if ledger is not None:
+        example["metadata"]["ledger"] = ledger
+    return example
 
 
 def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None = None,
                app: str | None = None, model: str | None = None, since: str | None = None,
-               limit: int | None = None, overwrite: bool = False) -> ExportResult:
+               limit: int | None = None, overwrite: bool = False,
+               where: SessionFilter | None = None,
+               progress: Progress | None = None) -> ExportResult:
     """Write SFT JSONL from the sessions that pass the filters; ``limit`` caps examples.
+
+    ``where`` (the viewer's filter) selects the sessions instead of the keyword filters.
+    ``progress(done, total)`` is called after each page of sessions.
 
     The file is written beside its target and renamed into place, so a failed export never
     leaves half a file; an existing file is kept unless ``overwrite``.
@@ -73,26 +109,43 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     if path.exists() and not overwrite:
         raise UsageError(f"{path} already exists; it was left as is",
                          hint="choose another --out or pass --force to replace it")
-    summaries = store.list_sessions(limit=None, app=app, status="ok", min_reward=min_reward,
-                                    model=model, newest_first=False,
-                                    since=since_timestamp(since) if since else None)
+    if where is not None:
+        selection = None if where.status == "error" else \
+            SessionSql(store).where(dataclasses.replace(where, status="ok"))[:2]
+    else:
+        selection = _filters(store._fields, app=app, status="ok", min_reward=min_reward,
+                             model=model, since=since_timestamp(since) if since else None)
+    total = 0
+    if progress is not None and selection is not None:
+        total = int(store._db.query(f"SELECT COUNT(*) AS n FROM session_traces s{selection[0]}",
+                                    selection[1])[0]["n"])
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     examples = sessions = skipped = 0
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tmp.open("w", encoding="utf-8") as fh:
-            for summary in summaries:
-                if limit is not None and examples >= limit:
-                    break
-                wrote = 0
-                for example in sft_examples(store.get_session(summary.session_id)):
-                    fh.write(json.dumps(example, ensure_ascii=False) + "\n")
-                    wrote += 1
-                    examples += 1
+            for page in _pages(store, selection):
+                for session_id, fields, reward, steps, tools, ledger in page:
                     if limit is not None and examples >= limit:
                         break
-                sessions += bool(wrote)
-                skipped += not wrote
+                    wrote = 0
+                    for step_key, step_id, turn, messages in steps:
+                        example = _example(session_id, fields, reward, step_id, turn, messages,
+                                           lambda key=step_key, offered=tools: offered.get(key),
+                                           ledger)
+                        if example is None:
+                            continue
+                        fh.write(_ENCODE(example) + "\n")
+                        wrote += 1
+                        examples += 1
+                        if limit is not None and examples >= limit:
+                            break
+                    sessions += bool(wrote)
+                    skipped += not wrote
+                if progress is not None:
+                    progress(sessions + skipped, total)
+                if limit is not None and examples >= limit:
+                    break
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -106,14 +159,120 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
                         skipped_sessions=skipped, seconds=time.perf_counter() - started)
 
 
-def _reward(session: SessionTrace) -> float | None:
-    from synth_deploy.tracing._rows import session_reward
+Page = list[tuple[str, tuple[Any, Any, Any, Any], float | None, list[Any], dict[Any, Any],
+                 dict[str, Any]]]
 
-    return session_reward(session)
+
+def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterator[Page]:
+    """The selected sessions, a page at a time: (id, (app, run, seed, model), reward,
+    [(step key, step id, turn, [(type, content, metadata)])], {step key: tools}, ledger)."""
+    if selection is None:
+        return
+    clause, params = selection
+    query = store._db.query
+    after: list[Any] = []
+    while True:
+        keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
+        where = clause + (" AND " if clause and keyset else " WHERE " if keyset else "") + keyset
+        # The metadata JSON is read once, in SQL, for the fields an example names.
+        rows = query(
+            "SELECT s.rowid AS rid, s.session_id, s.created_at, CASE WHEN "
+            "json_valid(s.metadata) THEN json_extract(s.metadata, '$.app_id', '$.run_id', "
+            "'$.seed', '$.model', '$.metrics.outcome_reward', '$.duration_s') END AS fields, "
+            "(SELECT o.total_reward FROM outcome_rewards o WHERE o.session_id = s.session_id "
+            f"ORDER BY o.id DESC LIMIT 1) AS outcome FROM session_traces s{where} "
+            f"ORDER BY s.created_at, s.rowid LIMIT {PAGE_SESSIONS}", params + after)
+        if not rows:
+            return
+        yield _page(query, rows)
+        after = [rows[-1]["created_at"], rows[-1]["rid"]]
+
+
+def _page(query: Any, rows: list[dict[str, Any]]) -> Page:
+    ids = [r["session_id"] for r in rows]
+    marks = ", ".join("?" * len(ids))
+    roles = ", ".join(f"'{role}'" for role in _ROLES)
+    steps: dict[str, dict[Any, tuple[Any, ...]]] = {sid: {} for sid in ids}
+    for m in query(
+            "SELECT m.session_id, t.id AS step, t.step_id, t.step_index, t.turn_number, "
+            "m.message_type, m.content, m.metadata FROM messages m LEFT JOIN "
+            f"session_timesteps t ON t.id = m.timestep_id WHERE m.session_id IN ({marks}) "
+            f"AND m.message_type IN ({roles}) ORDER BY m.id", ids):
+        metadata = _loads(m["metadata"], {}) if m["metadata"] not in ("{}", None) else {}
+        content = m["content"]
+        if metadata and metadata.pop(_JSON_CONTENT, False):
+            content = _loads(content)
+        step = steps[m["session_id"]].get(m["step"])
+        if step is None:  # rows without a timestep: one step of their own, after the others
+            order = (0, m["step_index"], m["step"]) if m["step"] is not None else (1, 0, 0)
+            step = steps[m["session_id"]][m["step"]] = (
+                order, m["step_id"] if m["step"] is not None else _ORPHAN_STEP,
+                m["turn_number"], [])
+        step[3].append((m["message_type"], content, metadata))
+    tools: dict[str, dict[Any, Any]] = {sid: {} for sid in ids}
+    # Only events whose call records mention tools are parsed, and by SQLite: the records
+    # hold whole requests. The last record of the last event that offered tools wins.
+    for e in query(
+            "SELECT e.session_id, t.id AS step, json_extract(r.value, '$.request.tools') AS "
+            "tools FROM events e LEFT JOIN session_timesteps t ON t.id = e.timestep_id, "
+            "json_each(CASE WHEN json_valid(e.call_records) THEN e.call_records ELSE '[]' END)"
+            f" r WHERE e.session_id IN ({marks}) AND e.call_records LIKE '%\"tools\"%' AND "
+            "json_type(r.value, '$.request.tools') = 'array' ORDER BY e.id, r.key", ids):
+        tools[e["session_id"]][e["step"]] = e["tools"]
+    lm_calls: dict[str, list[dict[str, Any]]] = {sid: [] for sid in ids}
+    for e in query(
+            "SELECT session_id, model_name, COUNT(*) AS calls, SUM(input_tokens) AS tokens_in, "
+            "SUM(output_tokens) AS tokens_out, SUM(latency_ms) AS lm_ms FROM events WHERE "
+            f"session_id IN ({marks}) AND event_type = 'cais' GROUP BY session_id, model_name",
+            ids):
+        lm_calls[e["session_id"]].append(e)
+    page: Page = []
+    for r in rows:
+        sid = r["session_id"]
+        values = _loads(r["fields"], None) if r["fields"] else None
+        app_id, run_id, seed, model, metric, wall_s = values if isinstance(values, list) \
+            else (None,) * 6
+        reward = r["outcome"]
+        if reward is None and isinstance(metric, int | float):
+            reward = float(metric)
+        ordered = sorted(steps[sid].items(), key=lambda item: item[1][0])
+        offered = {key: _flat_tools(json.loads(text)) for key, text in tools[sid].items()}
+        page.append((sid, (app_id, run_id, seed, model), reward,
+                     [(key, step_id, turn, msgs) for key, (_, step_id, turn, msgs) in ordered],
+                     offered, ledger_from_rows(lm_calls[sid], wall_s).to_dict()))
+    return page
+
+
+def _flat_tools(tools: list[Any]) -> list[Any]:
+    from synth_deploy.train import flat_tools  # the SFT format's owner
+
+    return flat_tools(tools)
 
 
 def _content(content: Any) -> Any:
     return content if isinstance(content, str | list | dict) or content is None else str(content)
+
+
+def _chat(message_type: str, content: Any, metadata: dict[str, Any]) -> dict[str, Any]:
+    """A recorded message as an OpenAI chat message, tool calls and tool call ids included."""
+    out = {"role": _ROLES[message_type], "content": _content(content)}
+    for name in ("tool_calls", "tool_call_id", "name"):
+        if metadata.get(name):
+            out[name] = metadata[name]
+    return out
+
+
+def _tools_offered(step: Timestep) -> list[Any] | None:
+    """The tools the step's last policy call offered (what the reply's tool calls refer to),
+    in the flat form synth-ai's SFT reader takes (it refuses OpenAI's nested one)."""
+    from synth_deploy.train import flat_tools  # the SFT format's owner
+
+    for event in reversed(step.events):
+        for record in reversed(event.call_records or []):
+            request = record.get("request") if isinstance(record, dict) else None
+            if isinstance(request, dict) and isinstance(request.get("tools"), list):
+                return flat_tools(request["tools"])
+    return None
 
 
 __all__ = ["ExportResult", "export_sft", "sft_examples"]

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from synth_deploy.env import redact
+from synth_deploy.env import redact, redact_userinfo
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing._errors import TraceDbAuthError, TraceDbUnreachableError
 
@@ -101,7 +101,7 @@ class LibsqlBackend:
                 pass
 
     def _clean(self, text: str) -> str:
-        return redact(text, [self._token] if self._token else [])
+        return redact_userinfo(redact(text, [self._token] if self._token else []))
 
     def _check(self, reply: dict[str, Any]) -> dict[str, Any]:
         if reply.get("ok"):
@@ -139,6 +139,12 @@ class LibsqlBackend:
             transaction: bool = True) -> None:
         self._call({"op": "run", "transaction": transaction,
                     "statements": [[sql, list(params)] for sql, params in statements]})
+
+    def insert_sessions(self, sessions: list[Any]) -> None:
+        """Insert every row of ``sessions`` in one transaction (all or nothing)."""
+        from synth_deploy.tracing._rows import insert_statements
+
+        self.run(insert_statements(sessions))
 
     def close(self) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ from synth_deploy.tracing._errors import (
     TraceDbMissingError,
     TraceDbUnreachableError,
 )
+from synth_deploy.tracing._schema import SCHEMA_VERSION
 
 # Errors that carry the remote server's answer, so it was reached.
 _ANSWERED = (TraceDbAuthError, SchemaTooNewError, NotATraceDbError)
@@ -47,20 +48,25 @@ class TraceDbReport:
         return {**self.__dict__, "ok": self.ok}
 
 
-def describe_trace_db(flag: str | None, env: Env, *, create: bool = False) -> TraceDbReport:
-    """Resolve the setting and look at the database; errors become part of the report."""
+def describe_trace_db(flag: str | None, env: Env) -> TraceDbReport:
+    """Resolve the setting and look at the database (read-only: nothing is created or
+    migrated); errors become part of the report."""
     from synth_deploy.tracing._store import TraceStore
 
     setting = resolve_trace_db(flag, env)
     base = _base(setting)
     try:
-        with TraceStore(setting, create=create) as store:
+        with TraceStore(setting, read_only=True) as store:
+            older = store.schema_version < SCHEMA_VERSION
             return TraceDbReport(**base, exists=True, reachable=True,
                                  schema_version=store.schema_version,
-                                 counts=store.table_counts())
-    except TraceDbMissingError as exc:
-        return TraceDbReport(**base, exists=False, reachable=None, schema_version=None,
-                             error=None, hint=exc.hint)
+                                 counts=store.table_counts(),
+                                 hint=f"read as it is; `synth-deploy traces init` (or the first "
+                                      f"traced run) migrates it to v{SCHEMA_VERSION}"
+                                 if older else None)
+    except TraceDbMissingError as exc:  # a remote server without trace tables answered
+        return TraceDbReport(**base, exists=False, reachable=True if setting.is_remote else None,
+                             schema_version=None, error=None, hint=exc.hint)
     except SynthDeployError as exc:
         reachable = _reachable(exc) if setting.is_remote else None
         return TraceDbReport(**base, exists=not setting.is_remote and bool(

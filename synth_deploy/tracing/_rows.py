@@ -1,15 +1,20 @@
 """Sessions ⇄ rows of the v3 tables.
 
-Writes are multi-row INSERTs that look ids up by natural keys (``(session_id, step_id)``,
-``event_uid``, ``message_uid``) instead of reading autoincrement ids back: a batch of
-sessions is then a fixed list of statements, which a remote libSQL server runs in a handful
-of round trips, and two writers never need to agree on ids.
+Two ways to write a batch of sessions, both inserting parents before children:
+
+- `insert_rows` (a local file): the writer holds the write lock, reads the next free ids
+  once and gives every row its own id and its parents' ids. One statement a table, run
+  with ``executemany``: the same SQL text every batch (the statement cache keeps it
+  prepared) and no lookup per row.
+- `insert_statements` (a remote libSQL server): multi-row INSERTs whose children look their
+  parents up by natural key (``(session_id, step_id)``, ``event_uid``, ``message_uid``), so
+  a batch is a fixed list of statements, run in a handful of round trips.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from synth_deploy.tracing._session import (
@@ -19,12 +24,17 @@ from synth_deploy.tracing._session import (
     OutcomeReward,
     SessionTrace,
     Timestep,
+    usage_from_counts,
 )
 
 Statement = tuple[str, tuple[Any, ...]]
 _ROWS_PER_INSERT = 200
 _JSON_CONTENT = "_content_json"
 
+_TABLES = ("session_traces", "session_timesteps", "events", "messages", "outcome_rewards",
+           "event_rewards")
+# The tables whose ids `insert_rows` assigns, in the order of its ``next_ids``.
+ID_TABLES = ("session_timesteps", "events", "messages")
 _STEP_ID = "(SELECT id FROM session_timesteps WHERE session_id = ? AND step_id = ?)"
 _EVENT_ID = "(SELECT id FROM events WHERE event_uid = ?)"
 _MESSAGE_ID = "(SELECT id FROM messages WHERE message_uid = ?)"
@@ -47,11 +57,16 @@ _EVENT_REWARD_COLS = ("event_id", "session_id", "message_id", "turn_number", "re
                       "reward_type", '"key"', "annotation", "source", "created_at")
 
 
+_EPOCH = datetime(1970, 1, 1)
+
+
 def iso(ts: float | None) -> str | None:
     """Epoch seconds → the sortable UTC text SQLAlchemy's DATETIME used in synth-ai."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    # What datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f") writes, with
+    # the same rounding, in a third of the time (a session has a dozen timestamps).
+    return (_EPOCH + timedelta(seconds=ts)).isoformat(" ", "microseconds")
 
 
 def epoch(text: Any) -> float | None:
@@ -66,8 +81,12 @@ def epoch(text: Any) -> float | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
+# json.dumps with options builds an encoder per call; one built once does the same work.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
 def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, default=str, separators=(",", ":"))
+    return None if value is None else _ENCODE(value)
 
 
 def _loads(text: Any, default: Any = None) -> Any:
@@ -91,75 +110,143 @@ def session_reward(session: SessionTrace) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def insert_statements(sessions: list[SessionTrace]) -> list[Statement]:
-    """Every row of ``sessions`` as multi-row INSERT statements, parents before children."""
-    tables: dict[str, tuple[tuple[str, ...], list[str], list[tuple[Any, ...]]]] = {
-        name: (cols, [], []) for name, cols in (
-            ("session_traces", _SESSION_COLS), ("session_timesteps", _STEP_COLS),
-            ("events", _EVENT_COLS), ("messages", _MESSAGE_COLS),
-            ("outcome_rewards", _OUTCOME_COLS), ("event_rewards", _EVENT_REWARD_COLS))}
-
-    def add(table: str, placeholders: str, values: tuple[Any, ...]) -> None:
-        tables[table][1].append(placeholders)
-        tables[table][2].append(values)
-
+def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | None
+                ) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of ``sessions``, by table. With ``next_ids`` (of `ID_TABLES`) rows lead with
+    their own id and children hold their parents' ids; without, children hold their parents'
+    natural keys (in the places `insert_statements` looks them up)."""
+    out: dict[str, list[tuple[Any, ...]]] = {t: [] for t in _TABLES}
+    sessions_out, steps_out, events_out, messages_out = (
+        out["session_traces"], out["session_timesteps"], out["events"], out["messages"])
+    explicit = next_ids is not None
+    step_pk, event_pk, message_pk = next_ids or (0, 0, 0)
     for s in sessions:
         sid, meta = s.session_id, s.metadata
-        events = s.events
         seed = meta.get("seed")
-        add("session_traces", _marks(len(_SESSION_COLS)), (
-            sid, iso(s.created_at), len(s.timesteps), len(events), len(s.messages),
+        num_events = num_messages = 0
+        for step in s.timesteps:
+            num_events += len(step.events)
+            num_messages += len(step.messages)
+        sessions_out.append((
+            sid, iso(s.created_at), len(s.timesteps), num_events, num_messages,
             _json(meta), s.experiment_id, meta.get("app_id"), meta.get("run_id"),
             meta.get("status"), meta.get("model"), seed if isinstance(seed, int) else None,
             session_reward(s)))
         seen: set[str] = set()
+        event_ids: dict[str, int] = {}
+        message_ids: dict[str, int] = {}
         for step in s.timesteps:
             step_id = step.step_id
             while step_id in seen:  # (session_id, step_id) is unique in the v3 schema
                 step_id += "+"
             seen.add(step_id)
-            add("session_timesteps", _marks(len(_STEP_COLS)), (
-                sid, step_id, step.step_index, step.turn_number, iso(step.timestamp),
-                iso(step.completed_at), len(step.events), len(step.messages),
-                _json(step.step_metadata)))
+            row = (sid, step_id, step.step_index, step.turn_number, iso(step.timestamp),
+                   iso(step.completed_at), len(step.events), len(step.messages),
+                   _json(step.step_metadata))
+            if explicit:
+                parent: tuple[Any, ...] = (sid, step_pk)
+                steps_out.append((step_pk, *row))
+                step_pk += 1
+            else:
+                parent = (sid, sid, step_id)
+                steps_out.append(row)
             for e in step.events:
-                add("events", _marks(1, _STEP_ID, len(_EVENT_COLS) - 2), (
-                    sid, sid, step_id, e.id, e.event_type, e.system_instance_id, e.event_time,
-                    step.step_index, iso(e.event_time), e.model_name, e.provider,
-                    e.input_tokens, e.output_tokens, e.total_tokens, e.cost_usd, e.latency_ms,
-                    _json(e.call_records), e.reward, _bool(e.terminated), _bool(e.truncated),
-                    _json(e.system_state_before), _json(e.system_state_after),
-                    _json(e.metadata), None))
+                row = (*parent, e.id, e.event_type, e.system_instance_id, e.event_time,
+                       step.step_index, iso(e.event_time), e.model_name, e.provider,
+                       e.input_tokens, e.output_tokens, e.total_tokens, e.cost_usd,
+                       e.latency_ms, _json(e.call_records), e.reward, _bool(e.terminated),
+                       _bool(e.truncated), _json(e.system_state_before),
+                       _json(e.system_state_after), _json(e.metadata), None)
+                if explicit:
+                    event_ids[e.id] = event_pk
+                    row = (event_pk, *row)
+                    event_pk += 1
+                events_out.append(row)
             for m in step.messages:
-                content, metadata = m.content, dict(m.metadata)
+                content, metadata = m.content, m.metadata
                 if not isinstance(content, str) and content is not None:
-                    content, metadata[_JSON_CONTENT] = _json(content), True
-                add("messages", _marks(1, _STEP_ID, len(_MESSAGE_COLS) - 2), (
-                    sid, sid, step_id, m.id, m.message_type, content, iso(m.timestamp),
-                    m.timestamp, step.step_index, _json(metadata)))
+                    content, metadata = _json(content), {**metadata, _JSON_CONTENT: True}
+                row = (*parent, m.id, m.message_type, content, iso(m.timestamp), m.timestamp,
+                       step.step_index, _json(metadata))
+                if explicit:
+                    message_ids[m.id] = message_pk
+                    row = (message_pk, *row)
+                    message_pk += 1
+                messages_out.append(row)
         for o in s.outcome_rewards:
-            add("outcome_rewards", _marks(len(_OUTCOME_COLS)), (
+            out["outcome_rewards"].append((
                 sid, o.total_reward, o.achievements_count, o.total_steps, iso(o.created_at),
                 _json(o.reward_metadata), _json(o.annotation)))
         for r in s.event_rewards:
-            add("event_rewards", f"({_EVENT_ID}, ?, {_MESSAGE_ID}, ?, ?, ?, ?, ?, ?, ?)", (
-                r.event_id, sid, r.message_id, r.turn_number, r.reward_value, r.reward_type,
-                r.key, _json(r.annotation), r.source, iso(r.created_at)))
+            rest = (sid, r.turn_number, r.reward_value, r.reward_type, r.key,
+                    _json(r.annotation), r.source, iso(r.created_at))
+            if explicit:  # an id from this batch, else looked up (another session's event)
+                out["event_rewards"].append((
+                    event_ids.get(r.event_id), r.event_id, rest[0],
+                    message_ids.get(r.message_id), r.message_id, *rest[1:]))
+            else:
+                out["event_rewards"].append((r.event_id, rest[0], r.message_id, *rest[1:]))
+    return out
 
+
+def _insert_sql(table: str, columns: tuple[str, ...], values: str) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values}"
+
+
+def _one_row(*parts: str) -> str:
+    return "(" + ", ".join(parts) + ")"
+
+
+def _looked_up(uid_column: str, table: str) -> str:
+    return f"COALESCE(?, (SELECT id FROM {table} WHERE {uid_column} = ?))"
+
+
+# One-row statements with explicit ids, for `insert_rows` (prepared once, run per row).
+_ROW_SQL = {
+    "session_traces": _insert_sql("session_traces", _SESSION_COLS,
+                                  _one_row(*"?" * len(_SESSION_COLS))),
+    "session_timesteps": _insert_sql("session_timesteps", ("id", *_STEP_COLS),
+                                     _one_row(*"?" * (len(_STEP_COLS) + 1))),
+    "events": _insert_sql("events", ("id", *_EVENT_COLS), _one_row(*"?" * (len(_EVENT_COLS) + 1))),
+    "messages": _insert_sql("messages", ("id", *_MESSAGE_COLS),
+                            _one_row(*"?" * (len(_MESSAGE_COLS) + 1))),
+    "outcome_rewards": _insert_sql("outcome_rewards", _OUTCOME_COLS,
+                                   _one_row(*"?" * len(_OUTCOME_COLS))),
+    "event_rewards": _insert_sql("event_rewards", _EVENT_REWARD_COLS, _one_row(
+        _looked_up("event_uid", "events"), "?", _looked_up("message_uid", "messages"),
+        *"?" * (len(_EVENT_REWARD_COLS) - 3))),
+}
+# Placeholders of one row for `insert_statements`, children looking their parents up.
+_LOOKUP_MARKS = {
+    "session_traces": _one_row(*"?" * len(_SESSION_COLS)),
+    "session_timesteps": _one_row(*"?" * len(_STEP_COLS)),
+    "events": _one_row("?", _STEP_ID, *"?" * (len(_EVENT_COLS) - 2)),
+    "messages": _one_row("?", _STEP_ID, *"?" * (len(_MESSAGE_COLS) - 2)),
+    "outcome_rewards": _one_row(*"?" * len(_OUTCOME_COLS)),
+    "event_rewards": _one_row(_EVENT_ID, "?", _MESSAGE_ID, *"?" * (len(_EVENT_REWARD_COLS) - 3)),
+}
+_COLUMNS = dict(zip(_TABLES, (_SESSION_COLS, _STEP_COLS, _EVENT_COLS, _MESSAGE_COLS,
+                               _OUTCOME_COLS, _EVENT_REWARD_COLS), strict=True))
+
+
+def insert_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int]
+                ) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """``(sql, rows)`` per table for ``executemany``; ``next_ids``: the first free id of each
+    of `ID_TABLES`, read inside the transaction that runs these."""
+    rows = _table_rows(sessions, next_ids)
+    return [(_ROW_SQL[table], rows[table]) for table in _TABLES if rows[table]]
+
+
+def insert_statements(sessions: list[SessionTrace]) -> list[Statement]:
+    """Every row of ``sessions`` as multi-row INSERT statements, parents before children."""
     statements: list[Statement] = []
-    for table, (cols, marks, rows) in tables.items():
+    for table, rows in _table_rows(sessions, None).items():
+        marks = _LOOKUP_MARKS[table]
         for start in range(0, len(rows), _ROWS_PER_INSERT):
-            chunk = slice(start, start + _ROWS_PER_INSERT)
-            sql = (f"INSERT INTO {table} ({', '.join(cols)}) VALUES "
-                   + ", ".join(marks[chunk]))
-            statements.append((sql, tuple(v for row in rows[chunk] for v in row)))
+            chunk = rows[start:start + _ROWS_PER_INSERT]
+            sql = _insert_sql(table, _COLUMNS[table], ", ".join([marks] * len(chunk)))
+            statements.append((sql, tuple(v for row in chunk for v in row)))
     return statements
-
-
-def _marks(n: int, middle: str | None = None, after: int = 0) -> str:
-    if middle is None:
-        return "(" + ", ".join("?" * n) + ")"
-    return "(" + ", ".join(["?"] * n + [middle] + ["?"] * after) + ")"
 
 
 def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
@@ -181,13 +268,15 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
     for ev in sorted(events, key=lambda r: r["id"]):
         uid = ev.get("event_uid") or str(ev["id"])
         event_uid[ev["id"]] = uid
+        call_records = _loads(ev["call_records"])
         event = Event(
             event_type=ev["event_type"], system_instance_id=ev["system_instance_id"] or "",
             event_time=ev["event_time"] or 0.0, metadata=_loads(ev["metadata"], {}),
             model_name=ev["model_name"], provider=ev["provider"],
             input_tokens=ev["input_tokens"], output_tokens=ev["output_tokens"],
-            total_tokens=ev["total_tokens"], cost_usd=ev["cost_usd"],
-            latency_ms=ev["latency_ms"], call_records=_loads(ev["call_records"]),
+            total_tokens=ev["total_tokens"], cost_usd=_cost_usd(ev),
+            latency_ms=ev["latency_ms"], call_records=call_records,
+            usage=_stored_usage(ev, call_records),
             reward=ev["reward"], terminated=_opt_bool(ev["terminated"]),
             truncated=_opt_bool(ev["truncated"]),
             system_state_before=_loads(ev["system_state_before"]),
@@ -225,6 +314,28 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
             for r in sorted(rewards, key=lambda r: r["id"])])
 
 
+def _cost_usd(ev: dict[str, Any]) -> float | None:
+    # synth-ai stores cents (int(cost_usd * 100)); its rows are those without our event_uid.
+    cost = ev["cost_usd"]
+    if cost is None or ev.get("event_uid"):
+        return cost
+    return cost / 100.0
+
+
+def _stored_usage(ev: dict[str, Any], call_records: Any) -> dict[str, Any] | None:
+    # The usage `call_policy` kept in its one call record, as the policy answered it; else
+    # (older rows, synth-ai's rows) one rebuilt from the token columns.
+    if ev["event_type"] != "cais":
+        return None
+    if isinstance(call_records, list) and len(call_records) == 1 \
+            and isinstance(call_records[0], dict) and isinstance(call_records[0].get("usage"),
+                                                                  dict):
+        usage = call_records[0]["usage"]
+        if "prompt_tokens" in usage:  # synth-ai's records say input_tokens: not OpenAI's
+            return dict(usage)
+    return usage_from_counts(ev["input_tokens"], ev["output_tokens"], ev["total_tokens"])
+
+
 def _step_for(timestep_id: Any, by_step: dict[Any, Timestep], timesteps: list[Timestep],
               orphan: Timestep | None) -> Timestep | None:
     # Rows written without a timestep (possible in synth-ai data) get one of their own.
@@ -239,4 +350,5 @@ def _opt_bool(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
 
-__all__ = ["build_session", "epoch", "insert_statements", "iso", "session_reward"]
+__all__ = ["ID_TABLES", "build_session", "epoch", "insert_rows", "insert_statements", "iso",
+           "session_reward"]

@@ -3,7 +3,17 @@
 Version 1 is the layout synth-ai's tracing v3 writes (no version table: recognised by its
 ``session_traces`` table). Version 2 adds ``synth_deploy_schema``, denormalised columns on
 ``session_traces`` (app, run, status, model, seed, reward) backfilled from the metadata JSON,
-stable ids for events and messages, and the indexes `traces ls/export` filter on.
+stable ids for events and messages, and the indexes `traces ls/export` filter on. Version 3
+adds triggers that fill those columns for rows another writer adds (synth-ai's tracer keeps
+writing into a file we migrated, and knows nothing of them), so reads can trust the columns.
+Version 4 indexes what `traces view` filters and summarises on: status, mode and split
+(the last two on expressions over the metadata, which serve every writer with no column to
+keep filled), and app · model · time with status and reward (every glance aggregate read
+from the index alone). Version 5 keeps running totals for `traces stats` (see `_totals`), so
+they cost the same at a million sessions as at ten.
+
+Reads never migrate: a version 1 or 2 file opened read-only is read through
+`session_fields`, which derives what its columns lack (or may lack) from the metadata.
 
 Migrations are plain statement lists run in one transaction by the store's backend, so an
 interrupted migration leaves the previous version intact.
@@ -14,7 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-SCHEMA_VERSION = 2
+from synth_deploy.tracing._totals import TOTALS_VERSION
+from synth_deploy.tracing._totals import migration as totals_migration
+
+SCHEMA_VERSION = TOTALS_VERSION  # 5
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -111,6 +124,132 @@ _V2_AFTER_COLUMNS = (
 )
 
 
+# What each session column holds, derived from the row's metadata JSON and its outcome
+# rewards, as SQL over the table (or alias) ``q``. json_valid guards: json_extract raises on
+# one malformed text and would fail the whole statement.
+def _meta(q: str, path: str) -> str:
+    return metadata_field(path, q)
+
+
+def metadata_field(path: str, q: str | None = None) -> str:
+    """SQL for the value at JSON ``path`` in a session's metadata (NULL where the metadata
+    is not JSON), over the table aliased ``q``. Spelled the same as the version 4 indexes
+    spell it (they take no alias), so SQLite uses them."""
+    column = f"{q}.metadata" if q else "metadata"
+    return f"json_extract(CASE WHEN json_valid({column}) THEN {column} END, '{path}')"
+
+
+def _derived(q: str) -> dict[str, str]:
+    return {
+        "app_id": f"COALESCE({_meta(q, '$.app_id')}, {_meta(q, '$.env_name')})",
+        "run_id": _meta(q, "$.run_id"),
+        "status": _meta(q, "$.status"),
+        "model_name": _meta(q, "$.model"),
+        "seed": f"CASE WHEN json_type(CASE WHEN json_valid({q}.metadata) THEN {q}.metadata "
+                f"END, '$.seed') = 'integer' THEN {_meta(q, '$.seed')} END",
+        "total_reward": f"COALESCE((SELECT o.total_reward FROM outcome_rewards o WHERE "
+                        f"o.session_id = {q}.session_id ORDER BY o.id DESC LIMIT 1), "
+                        f"{_meta(q, '$.metrics.outcome_reward')})",
+    }
+
+
+SESSION_FIELDS = ("app_id", "run_id", "status", "model_name", "seed", "total_reward")
+TRUSTED_COLUMNS_VERSION = 3
+
+
+def session_fields(columns: set[str], version: int, q: str = "s") -> dict[str, str]:
+    """SQL for each of `SESSION_FIELDS` over ``session_traces`` aliased ``q``.
+
+    From version 3 the columns are kept filled (the triggers) and indexed: they are used as
+    they are. Older files fall back to the metadata for rows whose column is NULL (written by
+    synth-ai after a version 2 migration), or entirely (version 1). A session without a
+    status is one that finished: synth-ai records none.
+    """
+    fields = {}
+    for name, derived in _derived(q).items():
+        if name == "status":
+            derived = f"COALESCE({derived}, 'ok')"
+        if name in columns and version >= TRUSTED_COLUMNS_VERSION:
+            fields[name] = f"{q}.{name}"
+        elif name in columns:
+            fields[name] = f"COALESCE({q}.{name}, {derived})"
+        else:
+            fields[name] = derived
+    return fields
+
+
+def _fill(q: str, *, metadata_first: bool) -> str:
+    derived = _derived(q)
+    derived["status"] = f"COALESCE({derived['status']}, 'ok')" if not metadata_first \
+        else derived["status"]
+    parts = []
+    for name in SESSION_FIELDS:
+        if metadata_first and name != "total_reward":
+            parts.append(f"{name} = COALESCE({derived[name]}, {name})")
+        else:
+            parts.append(f"{name} = COALESCE({name}, {derived[name]})")
+    return ", ".join(parts)
+
+
+_T = "session_traces"
+_V3_STATEMENTS = (
+    # Rows synth-ai wrote since a version 2 migration.
+    f"UPDATE {_T} SET {_fill(_T, metadata_first=False)} WHERE "
+    + " OR ".join(f"{name} IS NULL" for name in SESSION_FIELDS),
+    # synth-ai inserts a session row with its metadata, then rewrites the metadata when the
+    # session ends; our writer inserts rows with the columns set (and a status).
+    f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_session_added AFTER INSERT ON {_T}
+        WHEN NEW.status IS NULL BEGIN
+        UPDATE {_T} SET {_fill(_T, metadata_first=False)} WHERE session_id = NEW.session_id;
+        END""",
+    f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_session_metadata
+        AFTER UPDATE OF metadata ON {_T} BEGIN
+        UPDATE {_T} SET {_fill(_T, metadata_first=True)} WHERE session_id = NEW.session_id;
+        END""",
+    # The session's reward is its last outcome reward, whoever writes it and when.
+    f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_outcome_added AFTER INSERT ON outcome_rewards
+        BEGIN
+        UPDATE {_T} SET total_reward = NEW.total_reward
+         WHERE session_id = NEW.session_id AND total_reward IS NOT NEW.total_reward;
+        END""",
+)
+
+
+# Filters that stay in the metadata JSON (indexed from version 4).
+METADATA_FIELDS = {"mode": "$.mode", "split": "$.request.env.config.split"}
+INDEXED_METADATA_VERSION = 4
+# Each filter's index also holds what the glance aggregates (time, app, model, status,
+# reward; seed for per-seed comparisons), so a summary of a million filtered sessions reads
+# an index alone, never the rows. The wide indexes replace the narrow ones of version 2.
+_GLANCE = ("created_at", "app_id", "model_name", "status", "total_reward", "seed")
+
+
+def _wide(name: str, first: str, replaces: str | None = None) -> list[str]:
+    rest = ", ".join(c for c in _GLANCE if c != first)
+    drop = [f"DROP INDEX IF EXISTS {replaces}"] if replaces else []
+    return drop + [f"CREATE INDEX IF NOT EXISTS {name} ON {_T} ({first}, {rest})"]
+
+
+_V4_STATEMENTS = (
+    *_wide("idx_session_created_glance", "created_at", "idx_session_created"),
+    *_wide("idx_session_app_glance", "app_id", "idx_session_app_created"),
+    *_wide("idx_session_model_glance", "model_name", "idx_session_model"),
+    *_wide("idx_session_run_glance", "run_id", "idx_session_run"),
+    *_wide("idx_session_status_glance", "status"),
+    *(sql for name, path in METADATA_FIELDS.items()
+      for sql in _wide(f"idx_session_{name}_glance", metadata_field(path))),
+)
+
+
+# Every column `TraceStore.stats` reads, one index per table (the LM one holds LM calls only).
+_V5_STATEMENTS = (
+    f"CREATE INDEX IF NOT EXISTS idx_session_totals ON {_T} "
+    "(app_id, status, total_reward, num_timesteps, num_messages, created_at)",
+    "CREATE INDEX IF NOT EXISTS idx_event_lm_totals ON events "
+    "(model_name, input_tokens, output_tokens, cost_usd, latency_ms) WHERE event_type = 'cais'",
+)
+
+
 def detect_version(tables: Sequence[str], versions: Sequence[int]) -> int | None:
     """0 for an empty database, 1 for synth-ai's layout, N from the version table; None when
     the database holds tables that are not a trace store."""
@@ -142,6 +281,15 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
         stmts += [(sql, ()) for sql in _V2_AFTER_COLUMNS]
         steps.append((2, "version table, session columns, stable event/message ids, indexes",
                       stmts))
+    if current < 3:
+        steps.append((3, "triggers keep the session columns filled for rows other writers add",
+                      [(sql, ()) for sql in _V3_STATEMENTS]))
+    if current < 4:
+        steps.append((4, "indexes for the viewer: status, mode, split, app/model glance",
+                      [(sql, ()) for sql in _V4_STATEMENTS]))
+    if current < 5:
+        steps.append((5, "running totals for traces stats, kept by triggers",
+                      [(sql, ()) for sql in totals_migration()]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -149,4 +297,6 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     return steps
 
 
-__all__ = ["SCHEMA_VERSION", "V2_COLUMNS", "VERSION_TABLE", "detect_version", "migration_plan"]
+__all__ = ["INDEXED_METADATA_VERSION", "METADATA_FIELDS", "SCHEMA_VERSION", "SESSION_FIELDS",
+           "V2_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field", "migration_plan",
+           "session_fields"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
@@ -23,8 +23,11 @@ def _now() -> float:
 
 
 def _new_id() -> str:
-    # 128 random bits as hex, like uuid4().hex but several times cheaper per rollout.
-    return os.urandom(16).hex()
+    # 32 hex digits, as before: the second it was made (8), then 96 random bits (24). Ids
+    # made close in time sort close, so a store's id indexes grow at their right edge
+    # instead of taking inserts all over a B-tree that outgrows the cache; and the first
+    # 12 digits still tell apart the sessions of one second.
+    return f"{int(time.time()):08x}{os.urandom(12).hex()}"
 
 
 @dataclass
@@ -53,6 +56,8 @@ class Event:
     cost_usd: float | None = None
     latency_ms: float | None = None
     call_records: list[dict[str, Any]] | None = None
+    # OpenAI-style ``usage`` as the policy answered it (synth-ai's eval runner reads it)
+    usage: dict[str, Any] | None = None
     # environment
     reward: float | None = None
     terminated: bool | None = None
@@ -144,29 +149,31 @@ class SessionTrace:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionTrace:
-        """Invert `to_dict` (also reads traces a `/rollout` returned as ``trace``)."""
-        steps = []
-        for raw in data.get("session_time_steps") or []:
-            steps.append(Timestep(
-                step_id=raw["step_id"], step_index=raw.get("step_index", len(steps)),
-                turn_number=raw.get("turn_number"), timestamp=raw.get("timestamp") or 0.0,
-                completed_at=raw.get("completed_at"),
-                events=[_build(Event, e) for e in raw.get("events") or []],
-                messages=[_build(Message, m) for m in raw.get("markov_blanket_messages") or []],
-                step_metadata=dict(raw.get("step_metadata") or {})))
-        return cls(
-            session_id=data["session_id"], created_at=data.get("created_at") or 0.0,
-            timesteps=steps,
-            event_rewards=[_build(EventReward, r) for r in data.get("event_rewards") or []],
-            outcome_rewards=[_build(OutcomeReward, r) for r in data.get("outcome_rewards") or []],
-            metadata=dict(data.get("metadata") or data.get("session_metadata") or {}),
-            experiment_id=data.get("experiment_id"))
+        """Invert `to_dict`; also reads every trace shape synth-ai task apps return (see
+        `synth_deploy.tracing.session_from_trace`)."""
+        from synth_deploy.tracing._shapes import session_from_trace
+
+        return session_from_trace(data)
 
 
-def _build(kind: type, raw: dict[str, Any]) -> Any:
-    # Unknown keys are ignored so traces from newer writers still load.
-    names = {f.name for f in fields(kind)}
-    return kind(**{k: v for k, v in raw.items() if k in names})
+def usage_from_counts(input_tokens: int | None, output_tokens: int | None,
+                      total_tokens: int | None) -> dict[str, Any] | None:
+    """An OpenAI-style ``usage`` from token counts (None when there are none)."""
+    if input_tokens is None and output_tokens is None and total_tokens is None:
+        return None
+    if total_tokens is None:
+        total_tokens = (input_tokens or 0) + (output_tokens or 0)
+    return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
+            "total_tokens": total_tokens}
+
+
+def _count(usage: dict[str, Any], name: str) -> int | None:
+    value = usage.get(name)
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+_MESSAGE_TYPES = {"tool": "tool_result", "function": "tool_result"}
+_CHAT_FIELDS = ("tool_calls", "tool_call_id", "name")
 
 
 class SessionTracer:
@@ -186,6 +193,7 @@ class SessionTracer:
         self.session = SessionTrace(session_id=session_id or _new_id(),
                                     metadata=dict(metadata or {}))
         self._current: Timestep | None = None
+        self._chat: list[Any] = []  # the chat messages the current timestep holds, in order
 
     @property
     def session_id(self) -> str:
@@ -206,6 +214,7 @@ class SessionTracer:
                         turn_number=turn_number, step_metadata=dict(metadata or {}))
         self.session.timesteps.append(step)
         self._current = step
+        self._chat = []
         return step
 
     def end_timestep(self) -> None:
@@ -218,18 +227,52 @@ class SessionTracer:
         self.current_timestep.messages.append(msg)
         return msg
 
+    def record_chat(self, messages: list[dict[str, Any]]) -> list[Message]:
+        """Record a conversation (OpenAI chat messages) in the current timestep.
+
+        A timestep holds one conversation: when ``messages`` continues the one it holds (a
+        second policy call of the same turn, after a corrective message), only the new
+        messages are added. Tool calls, tool call ids and names go into each message's
+        metadata; content is kept as given (text, or parts with images).
+        """
+        known = len(self._chat)
+        if messages[:known] != self._chat:
+            known = 0  # a different conversation: record it whole
+        recorded = []
+        for m in messages[known:]:
+            role = m.get("role", "user")
+            extra = {k: m[k] for k in _CHAT_FIELDS if m.get(k)}
+            recorded.append(self.record_message(_MESSAGE_TYPES.get(role, role),
+                                                m.get("content"), extra))
+        self._chat = list(messages)
+        return recorded
+
     def record_lm_call(self, *, model_name: str | None, provider: str | None = None,
                        input_tokens: int | None = None, output_tokens: int | None = None,
                        latency_ms: float | None = None, cost_usd: float | None = None,
                        call_records: list[dict[str, Any]] | None = None,
+                       usage: dict[str, Any] | None = None,
                        system_instance_id: str = "policy",
                        metadata: dict[str, Any] | None = None) -> Event:
+        """Record one LM call. ``usage`` is the OpenAI-style object the model answered
+        (``prompt_tokens``/``completion_tokens``/``total_tokens``); the token counts default
+        to it, and without it a ``usage`` is built from the counts."""
+        usage = dict(usage) if isinstance(usage, dict) else None
+        if usage is not None:
+            input_tokens = _count(usage, "prompt_tokens") if input_tokens is None else input_tokens
+            output_tokens = (_count(usage, "completion_tokens") if output_tokens is None
+                             else output_tokens)
         total = None if input_tokens is None and output_tokens is None else (
             (input_tokens or 0) + (output_tokens or 0))
+        if usage is not None:
+            total = _count(usage, "total_tokens") if "total_tokens" in usage else total
+        elif total is not None:
+            usage = usage_from_counts(input_tokens, output_tokens, total)
         event = Event(event_type="cais", system_instance_id=system_instance_id,
                       model_name=model_name, provider=provider, input_tokens=input_tokens,
                       output_tokens=output_tokens, total_tokens=total, latency_ms=latency_ms,
-                      cost_usd=cost_usd, call_records=call_records, metadata=dict(metadata or {}))
+                      cost_usd=cost_usd, call_records=call_records, usage=usage,
+                      metadata=dict(metadata or {}))
         self.current_timestep.events.append(event)
         return event
 
@@ -281,4 +324,5 @@ __all__ = [
     "SessionTrace",
     "SessionTracer",
     "Timestep",
+    "usage_from_counts",
 ]

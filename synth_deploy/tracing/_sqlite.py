@@ -19,6 +19,8 @@ from synth_deploy.tracing._errors import NotATraceDbError, TraceDbMissingError
 
 _MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0
+WRITER_CACHE_KIB = 65536
+CHECKPOINT_EVERY_S = 0.5
 
 
 class SqliteBackend:
@@ -26,16 +28,18 @@ class SqliteBackend:
 
     is_remote = False
 
-    def __init__(self, path: Path | str, *, create: bool = True) -> None:
+    def __init__(self, path: Path | str, *, create: bool = True, read_only: bool = False) -> None:
         self.path = Path(path)
         self.display = str(self.path)
         self._lock = threading.Lock()
+        self._closed = threading.Event()
         memory = str(path) == ":memory:"
         if not memory:
             self._check_path(create)
+        target = _read_only_uri(self.path) if read_only and not memory else str(self.path)
         try:
-            self._conn = sqlite3.connect(str(self.path), isolation_level=None,
-                                         check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            self._conn = sqlite3.connect(target, isolation_level=None, uri=target != str(
+                self.path), check_same_thread=False, timeout=BUSY_TIMEOUT_S)
         except sqlite3.Error as exc:
             raise self._error(exc, "open") from exc
         try:
@@ -55,8 +59,31 @@ class SqliteBackend:
                     raise TraceStoreError(f"{self.path}: SQLite refused WAL mode ({mode})",
                                           hint="put the trace database on a local disk")
             self._conn.execute("PRAGMA synchronous=FULL")
+            # Up to 64 MiB of pages (taken as used): the index pages a million-session
+            # store's inserts touch stay in memory instead of being read back each batch.
+            self._conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
         except sqlite3.Error as exc:
             raise self._error(exc, "open") from exc
+
+    def checkpoint_in_background(self, every_s: float = CHECKPOINT_EVERY_S) -> None:
+        """Move WAL frames into the file from a thread of its own, every ``every_s``,
+        instead of inside whichever commit crosses SQLite's threshold (a pause of tens of
+        milliseconds for the rollouts waiting on that commit). PASSIVE: never waits for or
+        blocks a writer or reader. The thread ends with the connection."""
+        with self._lock:
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+
+        def run() -> None:
+            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S)
+            try:
+                while not self._closed.wait(every_s):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error:
+                pass  # the next opener (or the last connection to close) checkpoints
+            finally:
+                conn.close()
+
+        threading.Thread(target=run, daemon=True, name="synth-deploy-checkpoint").start()
 
     def _check_path(self, create: bool) -> None:
         try:
@@ -138,9 +165,52 @@ class SqliteBackend:
                     self._conn.execute("ROLLBACK")
                 raise self._error(exc, "write") from exc
 
+    def insert_sessions(self, sessions: list[Any]) -> None:
+        """Insert every row of ``sessions`` in one IMMEDIATE transaction (all or nothing).
+
+        Inside the transaction no other writer can take ids, so rows get theirs from the
+        current maximum: children carry their parents' ids instead of looking them up.
+        """
+        from synth_deploy.tracing._rows import ID_TABLES, insert_rows
+
+        with self._lock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                top = conn.execute("SELECT " + ", ".join(
+                    f"(SELECT MAX(id) FROM {t})" for t in ID_TABLES)).fetchone()
+                next_ids = tuple((n or 0) + 1 for n in top)
+                for sql, rows in insert_rows(sessions, next_ids):  # type: ignore[arg-type]
+                    conn.executemany(sql, rows)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise self._error(exc, "write") from exc
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+        self._closed.set()
+
+
+def _read_only_uri(path: Path) -> str:
+    """A URI SQLite opens read-only, leaving every file as it is.
+
+    ``mode=ro`` refuses writes. A WAL file with no ``-wal`` beside it has no connection open
+    (the last one to close removes it), yet a read-only connection would create ``-wal`` and
+    ``-shm`` and leave them behind: such a file is opened ``immutable`` instead.
+    """
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    try:
+        with path.open("rb") as fh:
+            header = fh.read(20)
+    except OSError:
+        return uri
+    wal_mode = len(header) == 20 and header[18] == 2
+    if wal_mode and not Path(f"{path}-wal").exists():
+        uri += "&immutable=1"
+    return uri
 
 
 __all__ = ["SqliteBackend"]

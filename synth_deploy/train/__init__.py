@@ -12,7 +12,9 @@ The caller resolves the `Env` (keys and URLs are read from it, never from the pr
 Modules (private; import from here): ``_submission`` runs `train()` (preflight, submit,
 follow), ``_options`` holds `TrainOptions`, ``_job`` turns one config into a `PreparedJob`,
 ``_backend`` is the HTTP client of the training backend, ``_stream`` follows a job and renders
-it, ``_configs`` reads and checks the TOML, ``_sft_data`` validates SFT JSONL.
+it, ``_configs`` reads and checks the TOML, ``_payloads`` builds job bodies as synth-ai's
+builders do, ``_sft_data`` validates SFT JSONL and ``_sft_tools`` checks and flattens its
+tools.
 """
 
 from synth_deploy.train._backend import (
@@ -20,6 +22,7 @@ from synth_deploy.train._backend import (
     RetryPolicy,
     backend_url,
     new_idempotency_key,
+    retry_after_s,
 )
 from synth_deploy.train._configs import (
     RLConfig,
@@ -30,13 +33,14 @@ from synth_deploy.train._configs import (
 )
 from synth_deploy.train._job import PreparedJob, masked
 from synth_deploy.train._options import TrainOptions
+from synth_deploy.train._payloads import POLICY_DEFAULTS, rl_payload, sft_payload
 from synth_deploy.train._sft_data import (
     SFTError,
     SFTValidation,
-    truncated_copy,
     validate_sft_example,
     validate_sft_file,
 )
+from synth_deploy.train._sft_tools import flat_tools, upload_copy
 from synth_deploy.train._stream import (
     EXIT_POLL_TIMEOUT,
     ChartHandler,
@@ -56,6 +60,7 @@ __all__ = [
     "JobClient",
     "JobOutcome",
     "JsonHandler",
+    "POLICY_DEFAULTS",
     "PreflightError",
     "PreparedJob",
     "RLConfig",
@@ -70,13 +75,17 @@ __all__ = [
     "TrainUI",
     "backend_url",
     "discover_configs",
+    "flat_tools",
     "load_config",
     "masked",
     "new_idempotency_key",
+    "retry_after_s",
+    "rl_payload",
+    "sft_payload",
     "sparkline",
     "stream_job",
     "train",
-    "truncated_copy",
+    "upload_copy",
     "validate_sft_example",
     "validate_sft_file",
 ]

@@ -1,13 +1,16 @@
 """The training backend's HTTP API (see shared/spec/backend-api.md), behind one client.
 
-Every call is bounded by a timeout. Connection errors, timeouts and 5xx answers are retried
-with exponential backoff; job creation sends the same ``Idempotency-Key`` on every attempt, so
-a create whose answer was lost (502 after the job was recorded, a stalled reply) yields one
-job, not two. Any other non-2xx answer raises JobHTTPError with the status and the body.
+Every call is bounded by a timeout. Connection errors, timeouts, 5xx, 408 and 429 answers are
+retried: after the wait the backend's ``Retry-After`` asks for (capped at
+``RetryPolicy.max_retry_after_s``), else with exponential backoff. Job creation sends the same
+``Idempotency-Key`` on every attempt, so a create whose answer was lost (502 after the job was
+recorded, a stalled reply) yields one job, not two. Any other non-2xx answer raises
+JobHTTPError with the status and the body.
 """
 
 from __future__ import annotations
 
+import email.utils
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -18,12 +21,16 @@ from typing import Any, Literal
 import httpx
 
 from synth_deploy.env import mask
-from synth_deploy.errors import JobError, JobHTTPError, UsageError
+from synth_deploy.errors import JobError, JobHTTPError
+from synth_deploy.urls import http_url
 
 DEFAULT_BACKEND_URL = "https://api.usesynth.ai"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRIES = 4
 DEFAULT_BACKOFF_S = 0.5
+DEFAULT_MAX_RETRY_AFTER_S = 60.0
+# Answers that mean "not now" rather than "no": the same request may succeed later.
+_RETRY_LATER = {408: "request timeout", 429: "rate limited"}
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "canceled", "completed"})
 SUCCESS_STATUSES = frozenset({"succeeded", "completed"})
 FILE_READY = frozenset({"ready", "processed", "succeeded", "completed", "uploaded"})
@@ -39,10 +46,8 @@ def new_idempotency_key() -> str:
 
 def backend_url(flag: str | None, env_value: str | None) -> str:
     """``--backend`` > ``SYNTH_BACKEND_URL`` > production; a trailing ``/api`` is tolerated."""
-    url = (flag or env_value or DEFAULT_BACKEND_URL).strip().rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"backend URL must start with http:// or https://, got {url!r}",
-                         hint="pass --backend https://… or set SYNTH_BACKEND_URL")
+    url = http_url(flag or env_value or DEFAULT_BACKEND_URL,
+                   what="--backend" if flag else "SYNTH_BACKEND_URL" if env_value else "")
     return url[: -len("/api")] if url.endswith("/api") else url
 
 
@@ -53,16 +58,43 @@ class RetryPolicy:
     retries: int = DEFAULT_RETRIES
     backoff_s: float = DEFAULT_BACKOFF_S
     max_backoff_s: float = 8.0
+    max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S
 
     def delay(self, attempt: int) -> float:
         return min(self.backoff_s * (2 ** attempt), self.max_backoff_s)
+
+    def wait_for(self, attempt: int, resp: httpx.Response | None) -> tuple[float, str]:
+        """How long to wait before the next attempt, and why (for the screen)."""
+        asked = retry_after_s(resp.headers.get("retry-after")) if resp is not None else None
+        if asked is None:
+            wait = self.delay(attempt)
+            return wait, f"waiting {wait:g}s"
+        wait = min(asked, self.max_retry_after_s)
+        capped = f", capped from {asked:g}s" if wait < asked else ""
+        return wait, f"waiting {wait:g}s as the backend's Retry-After asks{capped}"
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (delay-seconds or an HTTP date), else None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time()) if when.tzinfo is not None else None
 
 
 class JobClient:
     """Synchronous client for the training backend.
 
     ``transport`` is the test seam (an ``httpx`` transport, e.g. ``httpx.MockTransport``);
-    ``on_retry(attempt, reason)`` is told about every retry so a CLI can show it.
+    ``on_retry(attempt, reason)`` is told about every retry, before its wait, so a CLI can
+    show what failed and how long it waits (``reason``: "HTTP 429 (rate limited); waiting
+    2s as the backend's Retry-After asks").
     """
 
     def __init__(self, base_url: str, api_key: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -95,7 +127,8 @@ class JobClient:
                 params: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None,
                 files: Any = None, data: Any = None, payload_for_errors: Any = None,
                 timeout_s: float | None = None) -> Any:
-        """Send one request (retried on connect errors, timeouts and 5xx); return its JSON."""
+        """Send one request (retried on connect errors, timeouts, 5xx, 408 and 429); return
+        its JSON."""
         url = f"/api{path}"
         extra = {"timeout": timeout_s} if timeout_s is not None else {}
         last_reason = ""
@@ -111,15 +144,17 @@ class JobClient:
                 retryable = True
                 resp = None
             else:
-                retryable = resp.status_code >= 500
-                last_reason = f"HTTP {resp.status_code}"
+                later = _RETRY_LATER.get(resp.status_code)
+                retryable = resp.status_code >= 500 or later is not None
+                last_reason = f"HTTP {resp.status_code}" + (f" ({later})" if later else "")
             if resp is not None and not retryable:
                 return self._decode(resp, method, url, payload_for_errors)
             if attempt >= self.retry.retries:
                 break
+            wait, why = self.retry.wait_for(attempt, resp)
             if self.on_retry is not None:
-                self.on_retry(attempt + 1, last_reason)
-            time.sleep(self.retry.delay(attempt))
+                self.on_retry(attempt + 1, f"{last_reason}; {why}")
+            time.sleep(wait)
         if resp is not None:
             self._decode(resp, method, url, payload_for_errors)  # raises JobHTTPError
         raise JobError(
@@ -135,7 +170,10 @@ class JobClient:
                 401: "SYNTH_API_KEY was refused: copy a current key from the Synth dashboard",
                 403: "this SYNTH_API_KEY may not do this: check the organisation and plan",
                 404: "the backend does not know this path or id: check --backend",
+                408: "the backend timed out reading the request: check the network, retry",
                 422: "the backend rejected the payload: see its response body above",
+                429: "the backend is rate limiting this key: wait a minute and run the same "
+                     "command again (the same --idempotency key never creates a second job)",
             }.get(resp.status_code)
             raise JobHTTPError(f"{method} {self.base_url}{url} answered HTTP {resp.status_code}",
                                status=resp.status_code, body=resp.text[:4000], payload=payload,
@@ -229,4 +267,5 @@ __all__ = [
     "TERMINAL_STATUSES",
     "backend_url",
     "new_idempotency_key",
+    "retry_after_s",
 ]

@@ -24,10 +24,11 @@ from synth_deploy.errors import UsageError
 from synth_deploy.train._backend import backend_url, new_idempotency_key
 from synth_deploy.train._configs import TrainConfig
 from synth_deploy.train._options import TrainOptions
+from synth_deploy.train._payloads import rl_payload, sft_payload
+from synth_deploy.urls import http_url
 
 SYNTH_API_KEY = "SYNTH_API_KEY"
 SYNTH_BACKEND_URL = "SYNTH_BACKEND_URL"
-_CHECKPOINT_PREFIXES = ("ft:", "rl:", "sft:", "peft:")
 _HOW_TO_SET = {
     SYNTH_API_KEY: "copy an API key from the Synth dashboard into .env as SYNTH_API_KEY=… "
                    "(or export it, or pass --env-file FILE)",
@@ -107,10 +108,20 @@ def masked(value: Any, secrets: Sequence[str] = ()) -> Any:
     return value
 
 
+def missing_keys(env: Env, kind: str) -> list[str]:
+    """The keys a real submission of a ``kind`` job needs that ``env`` does not hold."""
+    needed = [SYNTH_API_KEY] + ([ENVIRONMENT_API_KEY] if kind == "rl" else [])
+    return [name for name in needed if not env.get(name)]
+
+
+def how_to_set(name: str) -> str:
+    """How to supply the key or URL called ``name``."""
+    return _HOW_TO_SET[name]
+
+
 def require_keys(env: Env, kind: str, *, task_url: str | None, dry_run: bool = False) -> None:
     """Say exactly which keys are missing and how to supply each, before anything else."""
-    needed = [] if dry_run else [SYNTH_API_KEY] + ([ENVIRONMENT_API_KEY] if kind == "rl" else [])
-    missing = [name for name in needed if not env.get(name)]
+    missing = [] if dry_run else missing_keys(env, kind)
     if kind == "rl" and not task_url:
         missing.append(TASK_APP_URL)
     if missing:
@@ -123,65 +134,29 @@ def prepare_job(config: TrainConfig, options: TrainOptions, env: Env) -> Prepare
     """Check keys, resolve URLs and paths, and build the body of the job for one config."""
     task_url = None
     if config.kind == "rl":
-        task_url = options.task_url or env.get(TASK_APP_URL) or config.task_url
-        task_url = task_url.rstrip("/") if task_url else None
+        # The first one given wins, and is read by the kit's one URL rule, named by its source.
+        given = [(options.task_url, "--task-url"), (env.get(TASK_APP_URL), TASK_APP_URL),
+                 (config.task_url, f"{config.path}: [services].task_url")]
+        url, source = next(((u, s) for u, s in given if u), (None, ""))
+        task_url = http_url(url, what=source) if url else None
     require_keys(env, config.kind, task_url=task_url, dry_run=options.dry_run)
     common = dict(config=config, options=options,
                   backend_url=backend_url(options.backend, env.get(SYNTH_BACKEND_URL)),
                   idempotency_key=options.idempotency_key or new_idempotency_key(),
                   synth_api_key=env.get(SYNTH_API_KEY), env_api_key=env.get(ENVIRONMENT_API_KEY))
     if config.kind == "rl":
-        return PreparedJob(payload=_rl_payload(config, options, task_url), task_url=task_url,
-                           **common)
+        payload = rl_payload(config, task_url or "", model=options.model,
+                             backend=common["backend_url"] if options.backend else None)
+        return PreparedJob(payload=_with_flags(payload, options), task_url=task_url, **common)
     dataset = options.dataset.expanduser().resolve() if options.dataset else config.dataset_path
     if dataset is None:
         raise UsageError(f"{config.path}: no training data: set [job].data_path or pass --dataset")
-    return PreparedJob(payload=_sft_payload(config, options, dataset), dataset=dataset, **common)
+    payload = _with_flags(sft_payload(config, model=options.model), options)
+    return PreparedJob(payload=payload, dataset=dataset, **common)
 
 
-def _model_fields(value: str) -> dict[str, str]:
-    return {"source": value} if value.startswith(_CHECKPOINT_PREFIXES) else {"base": value}
-
-
-def _rl_payload(config: TrainConfig, options: TrainOptions, task_url: str) -> dict[str, Any]:
-    cfg = config.backend_dict()
-    cfg.setdefault("services", {})["task_url"] = task_url
-    section = "policy" if "policy" in cfg else "model"
-    if options.model:
-        cfg[section] = {**{k: v for k, v in cfg.get(section, {}).items()
-                           if k not in ("source", "base")}, **_model_fields(options.model)}
-    policy = cfg.get(section, {})
-    data: dict[str, Any] = {"endpoint_base_url": task_url, "config": cfg}
-    if policy.get("source"):
-        data["model"] = policy["source"]
-    elif policy.get("base"):
-        data["base_model"] = policy["base"]
-    payload = {"job_type": "rl", "compute": cfg.get("compute", {}), "data": data,
-               "tags": {"source": "synth-deploy"}}
-    if options.allow_experimental is not None:
-        payload["allow_experimental"] = options.allow_experimental
-    return payload
-
-
-def _sft_payload(config: TrainConfig, options: TrainOptions, dataset: Path) -> dict[str, Any]:
-    cfg = config.backend_dict()
-    model = options.model or config.model.job.model
-    job = cfg.setdefault("job", {})
-    job["model"] = model
-    job.pop("data", None)
-    job["data_path"] = str(dataset)
-    if config.validation_path:
-        cfg.setdefault("data", {})["validation_path"] = str(config.validation_path)
-    hyper = config.model.hyperparameters.model_dump(exclude_none=True)
-    training = config.model.training
-    if training is not None and training.mode:
-        hyper.setdefault("train_kind", training.mode)
-    payload: dict[str, Any] = {"model": model, "training_type": "sft_offline",
-                               "training_file_id": None, "hyperparameters": hyper,
-                               "metadata": {"effective_config": cfg}}
-    if options.examples:
-        payload["metadata"]["examples_limit"] = options.examples
-    if options.allow_experimental is not None:
+def _with_flags(payload: dict[str, Any], options: TrainOptions) -> dict[str, Any]:
+    if options.allow_experimental is not None:  # ours: synth-ai checks models client-side
         payload["allow_experimental"] = options.allow_experimental
     return payload
 
@@ -190,7 +165,9 @@ __all__ = [
     "SYNTH_API_KEY",
     "SYNTH_BACKEND_URL",
     "PreparedJob",
+    "how_to_set",
     "masked",
+    "missing_keys",
     "prepare_job",
     "require_keys",
 ]

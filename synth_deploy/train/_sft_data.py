@@ -7,19 +7,19 @@ One example a line::
      "tools"?: [...], "tool_choice"?: ..., "metadata"?: {...}}
 
 Every line is read; problems are reported by line number (capped), so a user fixes a file in
-one pass instead of one upload per mistake. ``truncated_copy`` backs ``--examples N``.
+one pass instead of one upload per mistake. Tools: see `_sft_tools`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import UsageError
+from synth_deploy.train._sft_tools import tool_call_problems, tools_problems
 
 ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 
@@ -76,21 +76,6 @@ def _type_name(value: Any) -> str:
     )
 
 
-def _validate_tool_calls(where: str, calls: Any) -> list[str]:
-    if not isinstance(calls, list):
-        return [f"{where}.tool_calls: expected an array, got {_type_name(calls)}"]
-    problems = []
-    for j, call in enumerate(calls):
-        at = f"{where}.tool_calls[{j}]"
-        if not isinstance(call, dict):
-            problems.append(f"{at}: expected an object, got {_type_name(call)}")
-            continue
-        fn = call.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            problems.append(f"{at}.function.name: required string is missing")
-    return problems
-
-
 def _validate_message(i: int, msg: Any) -> list[str]:
     where = f"messages[{i}]"
     if not isinstance(msg, dict):
@@ -109,7 +94,7 @@ def _validate_message(i: int, msg: Any) -> list[str]:
             f"{where}.content: expected string, array, object or null, got {_type_name(content)}"
         )
     if "tool_calls" in msg:
-        problems.extend(_validate_tool_calls(where, msg["tool_calls"]))
+        problems.extend(tool_call_problems(where, msg["tool_calls"]))
     for key in ("tool_call_id", "name"):
         if key in msg and not isinstance(msg[key], str):
             problems.append(f"{where}.{key}: expected a string, got {_type_name(msg[key])}")
@@ -132,8 +117,11 @@ def validate_sft_example(obj: Any) -> list[str]:
     else:
         for i, msg in enumerate(messages):
             problems.extend(_validate_message(i, msg))
-    if "tools" in obj and obj["tools"] is not None and not isinstance(obj["tools"], list):
-        problems.append(f"tools: expected an array, got {_type_name(obj['tools'])}")
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+            # Training learns the assistant's turns: without one the example teaches nothing.
+            problems.append("messages: no assistant message (the reply to learn); add "
+                            '{"role": "assistant", "content": ...}')
+    problems.extend(tools_problems(obj.get("tools")))
     if "metadata" in obj and obj["metadata"] is not None and not isinstance(obj["metadata"], dict):
         problems.append(f"metadata: expected an object, got {_type_name(obj['metadata'])}")
     return problems
@@ -174,7 +162,9 @@ def validate_sft_file(path: str | os.PathLike[str], *, max_errors: int = 50) -> 
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                # Without its line break: a line cut short is an error at its end, not at
+                # "column 1" of the next line.
+                obj = json.loads(raw.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
                 add(lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")
                 continue
@@ -187,31 +177,9 @@ def validate_sft_file(path: str | os.PathLike[str], *, max_errors: int = 50) -> 
     return result
 
 
-def truncated_copy(path: str | os.PathLike[str], examples: int) -> Path:
-    """Write the first ``examples`` non-empty lines of ``path`` to a temporary file.
-
-    The caller owns the returned file and deletes it; the original is never touched.
-    """
-    if examples < 1:
-        raise UsageError(f"--examples must be at least 1, got {examples}")
-    src = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f"{src.stem}.first{examples}.", suffix=".jsonl")
-    kept = 0
-    with os.fdopen(fd, "w", encoding="utf-8") as out, src.open("r", encoding="utf-8") as inp:
-        for raw in inp:
-            if not raw.strip():
-                continue
-            out.write(raw if raw.endswith("\n") else raw + "\n")
-            kept += 1
-            if kept >= examples:
-                break
-    return Path(name)
-
-
 __all__ = [
     "SFTError",
     "SFTValidation",
-    "truncated_copy",
     "validate_sft_example",
     "validate_sft_file",
 ]

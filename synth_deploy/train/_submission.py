@@ -19,10 +19,13 @@ from synth_deploy.env import ENVIRONMENT_API_KEY, Env, redact
 from synth_deploy.errors import JobError, JobHTTPError, UsageError
 from synth_deploy.train._backend import JobClient
 from synth_deploy.train._configs import TrainConfig, load_config
-from synth_deploy.train._job import PreparedJob, masked, prepare_job
+from synth_deploy.train._job import PreparedJob, how_to_set, masked, missing_keys, prepare_job
 from synth_deploy.train._options import TrainOptions
-from synth_deploy.train._sft_data import truncated_copy, validate_sft_file
+from synth_deploy.train._payloads import add_validation_file
+from synth_deploy.train._sft_data import validate_sft_file
+from synth_deploy.train._sft_tools import upload_copy
 from synth_deploy.train._stream import JobOutcome, StreamHandler, stream_job
+from synth_deploy.urls import is_loopback
 
 
 class PreflightError(JobError):
@@ -105,11 +108,18 @@ class _Submitter:
         for message in config.warnings:
             self.ui.warn(message)
         job = prepare_job(config, options, self.env)
+        if job.task_url and is_loopback(job.task_url) and not is_loopback(job.backend_url):
+            self.ui.warn(f"the task URL {job.task_url} is on this machine: the training backend "
+                         f"at {job.backend_url} cannot reach it; run `synth-deploy tunnel APP` "
+                         "(or `synth-deploy deploy APP`) and train against the URL it prints")
         if job.kind == "sft":
             _validate_data(job)
         result = TrainResult(config=config.path, kind=job.kind,
                              idempotency_key=job.idempotency_key)
         if options.dry_run:
+            for name in missing_keys(self.env, job.kind):
+                self.ui.warn(f"{name} is not set: this dry run sends nothing, but submitting "
+                             f"the job will need it ({how_to_set(name)})")
             result.plan = job.plan()
             self.ui.show_dry_run(result.plan)
             return result
@@ -163,24 +173,27 @@ class _Submitter:
         if job.kind == "rl":
             return str(client.create_rl_job(job.payload, job.idempotency_key)["job_id"])
         payload = copy.deepcopy(job.payload)
-        examples = job.options.examples
-        temp: Path | None = None
+        temps: list[Path] = []
         try:
-            upload = job.dataset
-            if examples:
-                temp = upload = truncated_copy(job.dataset, examples)
-            for field_name, path in (("training_file_id", upload),
-                                     ("validation_file_id", job.validation)):
+            for role, path in (("training", job.dataset), ("validation", job.validation)):
                 if path is None:
                     continue
+                # Tools flattened to the form synth-ai's trainer reads; --examples N cut.
+                copy_path = upload_copy(path, examples=job.options.examples
+                                        if role == "training" else None)
+                if copy_path is not None:
+                    temps.append(copy_path)
                 self.ui.info(f"uploading {path.name}")
-                file_id = client.upload_file(path)["id"]
+                file_id = client.upload_file(copy_path or path)["id"]
                 self.ui.info(f"waiting for file {file_id} to be ready")
                 client.wait_file_ready(file_id, timeout_s=job.options.upload_timeout_s,
                                        interval_s=job.options.upload_poll_interval_s)
-                payload[field_name] = file_id
+                if role == "training":
+                    payload["training_file_id"] = file_id
+                else:
+                    add_validation_file(payload, file_id)
         finally:
-            if temp is not None:
+            for temp in temps:
                 temp.unlink(missing_ok=True)
         job.payload = payload
         job_id = str(client.create_sft_job(payload, job.idempotency_key)["job_id"])

@@ -34,6 +34,7 @@ from synth_deploy.tunnel._exposed import Exposed, expose
 from synth_deploy.tunnel._limits import (
     QUICK_TUNNEL_CONCURRENCY_CAP,
     QUICK_TUNNEL_INFLIGHT_LIMIT,
+    TUNNEL_RESPONSE_TIMEOUT_S,
     concurrency_cap,
     is_quick_tunnel,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "CLOUDFLARED_PATH",
     "QUICK_TUNNEL_CONCURRENCY_CAP",
     "QUICK_TUNNEL_INFLIGHT_LIMIT",
+    "TUNNEL_RESPONSE_TIMEOUT_S",
     "TUNNEL_TOKEN",
     "CloudflaredNotFoundError",
     "Exposed",

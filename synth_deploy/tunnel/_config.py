@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tunnel._process import DEFAULT_LOG_LINES, ORPHAN_GUARDS
+from synth_deploy.urls import http_url
 
 Mode = Literal["quick", "named"]
 MODES: tuple[Mode, ...] = ("quick", "named")
@@ -55,12 +55,8 @@ class TunnelConfig:
 
     def __post_init__(self) -> None:
         if self.origin_url is not None:
-            parts = urlsplit(self.origin_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise UsageError(
-                    f"origin URL {self.origin_url!r} is not an http(s)://HOST:PORT URL",
-                    hint="pass --url http://127.0.0.1:PORT or --port PORT")
-            object.__setattr__(self, "origin_url", self.origin_url.rstrip("/"))
+            url = http_url(self.origin_url, what="origin URL (--url)")
+            object.__setattr__(self, "origin_url", url)
         if self.mode not in MODES:
             raise UsageError(f"tunnel mode {self.mode!r} is not quick or named",
                              hint="use --mode quick (no account) or --mode named")

@@ -13,6 +13,8 @@ QUICK_TUNNEL_DOMAIN = "trycloudflare.com"
 QUICK_TUNNEL_INFLIGHT_LIMIT = 200
 # Half the documented limit: health probes and retries share the budget.
 QUICK_TUNNEL_CONCURRENCY_CAP = 100
+# Cloudflare answers 524 when the origin sends no response byte for this long.
+TUNNEL_RESPONSE_TIMEOUT_S = 100
 
 
 def is_quick_tunnel(url: str) -> bool:
@@ -39,6 +41,7 @@ def concurrency_cap(url: str, requested: int) -> tuple[int, str | None]:
 __all__ = [
     "QUICK_TUNNEL_CONCURRENCY_CAP",
     "QUICK_TUNNEL_INFLIGHT_LIMIT",
+    "TUNNEL_RESPONSE_TIMEOUT_S",
     "concurrency_cap",
     "is_quick_tunnel",
 ]

@@ -81,6 +81,7 @@ class TunnelProcess:
         self._secrets = [s for s in secrets if s]
         self._lines: collections.deque[str] = collections.deque(maxlen=log_lines)
         self._lock = threading.Lock()
+        self._stop_lock = threading.Lock()
         self._on_line = on_line
         self._guard = orphan_guard
         self._popen: subprocess.Popen[bytes] | None = None
@@ -120,7 +121,17 @@ class TunnelProcess:
         return self
 
     def stop(self, timeout_s: float = 5.0) -> int | None:
-        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; returns the exit code."""
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; returns the exit code.
+
+        Safe from several threads at once (the caller and the tunnel's supervisor both stop
+        it): one SIGTERM is sent and the others wait for its outcome. cloudflared stops
+        listening for signals once its graceful shutdown begins, so a second SIGTERM would
+        kill it on the spot (exit -15) instead of letting it drain.
+        """
+        with self._stop_lock:
+            return self._stop(timeout_s)
+
+    def _stop(self, timeout_s: float) -> int | None:
         proc = self._popen
         if proc is None:
             return None

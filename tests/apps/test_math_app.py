@@ -101,10 +101,11 @@ def test_a_wrong_answer_scores_zero(serve, math_server, api_key):
     assert m["outcome_reward"] == 0.0 and m["outcome_score"] == 0.0 and m["events_score"] == 1.0
 
 
-def test_a_dead_policy_is_a_500_naming_the_run(math_server, api_key):
+def test_a_dead_policy_is_a_502_naming_the_run(math_server, api_key):
     resp = rollout(math_server, api_key, 3, "http://127.0.0.1:9/v1")
-    assert resp.status_code == 500
-    assert "m-3" in resp.json()["detail"]["error"]["message"]
+    assert resp.status_code == 502  # the policy failed, not the app
+    error = resp.json()["detail"]["error"]
+    assert error["code"] == "policy_failed" and "m-3" in error["message"]
 
 
 def test_a_policy_connection_dropped_before_answering_is_retried(math_server, api_key):

@@ -87,7 +87,7 @@ def test_rollout_failing_inside_the_app_is_explained(math_server, api_key):
     dead = f"http://127.0.0.1:{closed_port()}/v1"
     report = check(math_server.url, api_key, CheckOptions(rollout=RolloutOptions(dead, "m")))
     rollout = by_name(report, "rollout")
-    assert rollout.verdict == "fail" and rollout.code == "rollout_failed"
+    assert rollout.verdict == "fail" and rollout.code == "policy_failed"
     assert "inference URL" in rollout.hint
     assert report.exit_code == 1 and report.failure is rollout
 

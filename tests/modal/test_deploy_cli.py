@@ -1,6 +1,7 @@
 """`synth-deploy deploy` end to end against a stand-in `modal` CLI, and the real one without a
-token. Nothing here can reach Modal: the stand-in never connects anywhere, every run points
-MODAL_SERVER_URL at a closed loopback port, and the real CLI only runs without credentials.
+token. Nothing here can reach Modal: every run points MODAL_SERVER_URL at a loopback stand-in
+(tests/standins/modal_api.py) or a closed loopback port, the stand-in CLI connects nowhere
+else, and the real CLI only runs without credentials.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from standins.modal_api import ModalAPIStandin
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
@@ -53,12 +55,14 @@ def standin(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-standin")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-standin")
-    monkeypatch.setenv("MODAL_SERVER_URL", CLOSED_PORT_URL)
+    api = ModalAPIStandin("up")
+    monkeypatch.setenv("MODAL_SERVER_URL", api.url)
     monkeypatch.setenv("STANDIN_MODAL_STATE_DIR", str(state))
     monkeypatch.delenv("STANDIN_MODAL_MODE", raising=False)
     monkeypatch.delenv("ENVIRONMENT_API_KEY", raising=False)
     monkeypatch.delenv("SYNTH_TRACES_DB", raising=False)
     yield {"key": key, "state": state, "dir": tmp_path}
+    api.close()
     pids = state / "pids"
     for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
         try:

@@ -155,7 +155,8 @@ def test_image_holds_the_serving_set_and_no_secrets_dbs_caches_or_git(api_key, t
                          "/root/task_app/data/keep.json"}
     source = {r for r in remote if r.startswith("/root/synth_deploy/")}
     assert all(r.endswith(".py") for r in source)
-    assert set(SOURCE_EXCLUDED_PACKAGES) == {"cli", "runs", "train", "tunnel", "health"}
+    assert set(SOURCE_EXCLUDED_PACKAGES) == {"cli", "runs", "train", "tunnel", "health",
+                                             "_apps"}
     assert not any(r.startswith(f"/root/synth_deploy/{p}/") for r in source
                    for p in SOURCE_EXCLUDED_PACKAGES)
 

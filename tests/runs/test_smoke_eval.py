@@ -89,8 +89,8 @@ def test_a_dead_policy_fails_every_rollout_with_exit_1(tmp_path):
     (["smoke", "math", "--inference-url", "ftp://x", "--model", "m"], "http(s) URL"),
     (["smoke", "math", "--inference-url", "http://127.0.0.1:9/v1"], "needs --model"),
     (["smoke", "http://127.0.0.1:9"], "no ENVIRONMENT_API_KEY"),
-    (["smoke", "http://127.0.0.1:abc"], "not a usable URL"),
-    (["eval", "http://[::1", "--split", "test"], "not a usable URL"),
+    (["smoke", "http://127.0.0.1:abc"], "has an invalid port"),
+    (["eval", "http://[::1", "--split", "test"], "is not a URL"),
     (["smoke", "nosuchapp"], "no task app with id"),
     (["eval", "math", "--split", "validation"], "no default seeds for split"),
 ])

@@ -7,7 +7,9 @@ with a "processing" phase, start, status, events?since_seq=&limit= and metrics â
 test inject: 502s on the first creates (after the job is recorded, as a proxy losing the
 answer would), creates that stall past the client's timeout, a job that fails, a slow event
 stream, an upload that takes a while to become ready, event and error text full of rich
-markup, and a refusal on any path that echoes the caller's Authorization header back.
+markup, a refusal on any path that echoes the caller's Authorization header back, and rate
+limiting: the first N requests matching a pattern answered 429 (or 408) with ``Retry-After``,
+before they reach the API (so a throttled create records nothing, as a real limiter's would).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import email.policy
 import itertools
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +62,10 @@ class Faults:
     error_message: str = "trainer crashed: CUDA OOM"  # a failed job's event and error
     refuse_path_suffix: str | None = None  # requests whose path ends so answer refuse_status,
     refuse_status: int = 400                # echoing the Authorization header in the body
+    throttle: str | None = None    # regex on "METHOD /path": matching requests are throttled
+    throttle_count: int = 0        # how many of them (then they pass)
+    throttle_status: int = 429
+    retry_after: str | None = "1"  # the Retry-After header of a throttled answer
 
 
 @dataclass
@@ -83,6 +90,7 @@ class StandinBackend:
         self.create_attempts: dict[str | None, int] = {}
         self.files: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
+        self.throttled: list[tuple[str, str, str | None]] = []  # method, path, idempotency key
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.app = self._build()
@@ -170,6 +178,14 @@ class StandinBackend:
         @app.middleware("http")
         async def log(request: Request, call_next):
             self.requests.append((request.method, request.url.path))
+            faults = self.faults
+            if faults.throttle and faults.throttle_count > 0 and re.search(
+                    faults.throttle, f"{request.method} {request.url.path}"):
+                faults.throttle_count -= 1
+                self.throttled.append((request.method, request.url.path,
+                                       request.headers.get("idempotency-key")))
+                headers = {"Retry-After": faults.retry_after} if faults.retry_after else {}
+                return JSONResponse({"detail": "slow down"}, faults.throttle_status, headers)
             suffix = self.faults.refuse_path_suffix
             if suffix and request.url.path.endswith(suffix):
                 # A careless backend quoting the request back, credentials included.

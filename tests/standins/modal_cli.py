@@ -1,6 +1,8 @@
-"""A stand-in for Modal's `modal` CLI (`modal deploy FILE [--name N] [-e ENV]`), for tests.
+"""A stand-in for Modal's `modal` CLI (`modal deploy|serve FILE [--name N] [-e ENV]`), for tests.
 
-It does what the real one does up to the network: checks for a token, imports the file with
+It does what the real one does up to the network: checks for a token, connects to the API
+server named by MODAL_SERVER_URL (when set) and, like Modal's client, keeps retrying in
+silence while it cannot (tests point it at tests/standins/modal_api.py), imports the file with
 Modal's own import code (``modal.cli.import_refs``), finds the App's web function — and then,
 instead of uploading, it "runs the container" locally: every file the image mounts is copied
 into a temporary root, and a child process with only that root on its path, and only the
@@ -11,6 +13,7 @@ prints Modal 1.6's deploy output with that URL and exits, leaving the "container
 ``STANDIN_MODAL_MODE``: ok (default) · hang (never answers) · no-url (success output without
 a web URL) · fail (crashes, printing the app's API key as a careless tool might).
 ``STANDIN_MODAL_SECRETS`` (JSON {name: {VAR: value}}) plays the named secrets stored in Modal.
+`modal serve` prints the same and then stays in the foreground until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,10 +49,32 @@ def _token_missing() -> int:
     return 1
 
 
+def _connect_to_api() -> None:
+    """Wait until the API server accepts a connection, retrying without a word (as Modal's
+    client does for minutes when the network is gone)."""
+    url = os.environ.get("MODAL_SERVER_URL")
+    if not url:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    address = (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    parent = os.getppid()
+    while True:
+        try:
+            socket.create_connection(address, timeout=5).close()
+            return
+        except OSError:
+            if os.getppid() != parent:  # a test gave up on us: do not retry forever
+                sys.exit(1)
+            time.sleep(1)
+
+
 def deploy(args: argparse.Namespace) -> int:
     mode = os.environ.get("STANDIN_MODAL_MODE", "ok")
     if not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")):
         return _token_missing()
+    _connect_to_api()
     if mode == "hang":
         _out("Connecting to Modal...")
         time.sleep(3600)
@@ -77,10 +104,23 @@ def deploy(args: argparse.Namespace) -> int:
     else:
         for fn_name in functions:
             _out(f"└── 🔨 Created function {fn_name}.")
+    if args.command == "serve":
+        return _serve_until_signalled()
     _out(f"✓ App deployed in {time.monotonic() - started:.3f}s! 🎉")
     _out("")
     env = f"/{args.env}" if args.env else "/main"
     _out(f"View Deployment: https://modal.com/apps/standin{env}/deployed/{name}")
+    return 0
+
+
+def _serve_until_signalled() -> int:
+    _out("⚡️ Serving... hit Ctrl-C to stop!")
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(True))
+    while not stop:
+        time.sleep(0.1)
+    _out("Stopping app - local entrypoint completed.")
     return 0
 
 
@@ -124,10 +164,11 @@ def _start_container(function, app_name: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="modal")
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("deploy")
-    d.add_argument("file")
-    d.add_argument("--name")
-    d.add_argument("-e", "--env")
+    for command in ("deploy", "serve"):
+        d = sub.add_parser(command)
+        d.add_argument("file")
+        d.add_argument("--name")
+        d.add_argument("-e", "--env")
     args = parser.parse_args()
     return deploy(args)
 

@@ -10,7 +10,7 @@ from test_tracing_store import make_session
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app
-from synth_deploy.tracing import SessionTracer, open_trace_store
+from synth_deploy.tracing import SCHEMA_VERSION, SessionTracer, open_trace_store
 from synth_deploy.train import validate_sft_file
 
 runner = CliRunner()
@@ -36,9 +36,10 @@ def test_where_init_and_sources(tmp_path):
     assert result.exit_code == 0 and report["exists"] is False
     assert report["source"] == "SYNTH_TRACES_DB from environment"
     result = run("init", "--trace-db", db)
-    assert result.exit_code == 0 and "schema v2" in result.stdout
+    assert result.exit_code == 0 and f"schema v{SCHEMA_VERSION}" in result.stdout
     report = json.loads(run("where", "--json", "--trace-db", db).stdout)
-    assert report["exists"] and report["schema_version"] == 2 and report["source"] == "--trace-db"
+    assert report["exists"] and report["schema_version"] == SCHEMA_VERSION
+    assert report["source"] == "--trace-db"
 
 
 def test_ls_show_stats(tmp_path):
@@ -47,7 +48,8 @@ def test_ls_show_stats(tmp_path):
     assert len(rows) == 3 and rows[0]["app_id"] == "math"
     human = run("ls", "--trace-db", db)
     assert human.exit_code == 0 and sessions[0].session_id[:12] in human.stdout
-    shown = run("show", sessions[2].session_id[:8], "--json", "--trace-db", db)
+    # The 12 characters `ls` shows (ids are time-ordered: 8 of them are the second)
+    shown = run("show", sessions[2].session_id[:12], "--json", "--trace-db", db)
     assert json.loads(shown.stdout)["session_id"] == sessions[2].session_id
     text = run("show", sessions[2].session_id, "--trace-db", db).stdout
     assert "Answer: 3" in text and "outcome reward" in text

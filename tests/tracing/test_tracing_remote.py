@@ -19,11 +19,13 @@ from synth_deploy.cli import app
 from synth_deploy.env import Env
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import (
+    SCHEMA_VERSION,
     TraceDbAuthError,
     TraceDbUnreachableError,
     TraceStore,
     describe_trace_db,
     export_sft,
+    init_trace_db,
     open_trace_store,
     parse_trace_db,
 )
@@ -67,7 +69,8 @@ def test_sessions_are_written_to_and_read_from_the_remote_server(hrana):
     # The rows are really in the server's file.
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 40 * 4
-    assert conn.execute("SELECT MAX(version) FROM synth_deploy_schema").fetchone()[0] == 2
+    assert conn.execute("SELECT MAX(version) FROM synth_deploy_schema").fetchone()[0] \
+        == SCHEMA_VERSION
 
 
 def test_served_app_traces_to_remote_and_exports(hrana, serve, math_config, api_key,
@@ -125,8 +128,12 @@ def test_where_reports_remote_source_and_counts(hrana):
     report = describe_trace_db(None, env)
     assert report.source == "SYNTH_TRACES_DB from .env"
     assert report.token == "TURSO_AUTH_TOKEN from .env"
-    assert report.reachable and report.schema_version == 2
-    assert report.counts["session_traces"] == 0
+    # `where` reads only: a server without trace tables is reachable, and stays empty.
+    assert report.reachable and not report.exists and report.schema_version is None
+    assert "traces init" in report.hint
+    report = init_trace_db(None, env)
+    assert report.schema_version == SCHEMA_VERSION and report.counts["session_traces"] == 0
+    assert describe_trace_db(None, env).schema_version == SCHEMA_VERSION
     assert TOKEN not in str(report.to_dict())
 
 

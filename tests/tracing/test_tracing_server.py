@@ -61,7 +61,7 @@ def test_concurrent_rollouts_through_a_served_app_all_land(tmp_path, serve, math
         assert ok.events[0].event_type == "cais" and ok.events[0].model_name
         assert ok.outcome_rewards and ok.event_rewards[0].reward_type == "answer_format"
         failed = store.get_session(by_run["bad-policy"].session_id)
-        assert failed.metadata["error"]["code"] == "rollout_failed"
+        assert failed.metadata["error"]["code"] == "policy_failed"  # the policy, not the app
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 

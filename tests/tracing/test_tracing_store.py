@@ -293,7 +293,7 @@ def test_migration_from_synth_ai_layout_keeps_data(tmp_path):
         store.write_session_sync(make_session(1))  # new writes work on the migrated layout
         assert store.count_sessions() == 2
     versions = sqlite3.connect(path).execute("SELECT version FROM synth_deploy_schema")
-    assert [v for (v,) in versions] == [SCHEMA_VERSION]
+    assert [v for (v,) in versions] == list(range(2, SCHEMA_VERSION + 1))
 
 
 def test_newer_schema_is_refused_and_left_untouched(tmp_path):

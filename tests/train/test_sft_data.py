@@ -7,7 +7,7 @@ import json
 import pytest
 
 from synth_deploy.errors import UsageError
-from synth_deploy.train import truncated_copy, validate_sft_example, validate_sft_file
+from synth_deploy.train import upload_copy, validate_sft_example, validate_sft_file
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 
@@ -98,11 +98,12 @@ def test_missing_file_and_non_utf8_are_clear(tmp_path):
     assert result.errors and "UTF-8" in result.errors[0].message
 
 
-def test_truncated_copy_keeps_first_n_examples_and_leaves_the_original(tmp_path):
+def test_upload_copy_keeps_first_n_examples_and_leaves_the_original(tmp_path):
     lines = [json.dumps({**GOOD, "metadata": {"i": i}}) for i in range(5)]
     path = write(tmp_path, [lines[0], "", *lines[1:]])
     before = path.read_bytes()
-    copy = truncated_copy(path, 3)
+    assert upload_copy(path) is None  # nothing to change: the file goes as it is
+    copy = upload_copy(path, examples=3)
     try:
         kept = [json.loads(x)["metadata"]["i"] for x in copy.read_text().splitlines()]
         assert kept == [0, 1, 2]
@@ -110,4 +111,4 @@ def test_truncated_copy_keeps_first_n_examples_and_leaves_the_original(tmp_path)
     finally:
         copy.unlink()
     with pytest.raises(UsageError):
-        truncated_copy(path, 0)
+        upload_copy(path, examples=0)

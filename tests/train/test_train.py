@@ -180,9 +180,10 @@ def test_dry_run_prints_the_payload_masked_and_sends_nothing(backend, rl_env, sy
     create = plan["create"]
     assert create["path"] == "/api/rl/jobs" and create["headers"]["Idempotency-Key"] == "idem-dry"
     assert create["headers"]["Authorization"].startswith("Bearer **** (sha256:")
+    # --model goes where synth-ai's builder puts its override; the config is sent as written.
     assert create["json"]["data"]["model"] == "ft:abc"
-    assert create["json"]["data"]["config"]["policy"]["source"] == "ft:abc"
-    assert "base" not in create["json"]["data"]["config"]["policy"]
+    assert "base_model" not in create["json"]["data"]
+    assert create["json"]["data"]["config"]["model"]["base"] == "Qwen/Qwen3-4B"
     assert create["json"]["allow_experimental"] is True
     assert synth_key not in result.output
     assert backend.requests == []
@@ -226,8 +227,9 @@ def test_sft_job_uploads_a_truncated_copy_waits_for_ready_creates_and_starts(
     assert job.payload["training_type"] == "sft_offline"
     assert job.payload["model"] == "Qwen/Qwen3-0.6B"
     assert job.payload["hyperparameters"]["n_epochs"] == 1
-    assert job.payload["metadata"]["effective_config"]["job"]["data_path"] == str(
-        work / "sft_examples.jsonl")
+    assert job.payload["metadata"]["effective_config"] == {
+        "compute": {"gpu_type": "H100", "gpu_count": 1}, "data": {"topology": {}},
+        "training": {"mode": "lora"}}
     assert ("POST", f"/api/learning/jobs/{job.id}/start") in backend.requests
     assert "sft.succeeded" in result.output
     assert len(list(work.iterdir())) == 3  # config, data, env: nothing left behind here

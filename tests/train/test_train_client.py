@@ -37,7 +37,8 @@ def test_502_after_recording_is_retried_with_the_same_key_and_makes_one_job(back
     client.on_retry = lambda n, why: retries.append(why)
     key = new_idempotency_key()
     reply = client.create_rl_job(RL_BODY, key)
-    assert retries == ["HTTP 502", "HTTP 502"]
+    assert [why.split(";")[0] for why in retries] == ["HTTP 502", "HTTP 502"]
+    assert all("; waiting " in why for why in retries)  # the screen says it waits, and how long
     assert backend.create_attempts[key] == 3
     assert [j.id for j in backend.jobs_for_key(key)] == [reply["job_id"]]
     assert len(backend.jobs) == 1

@@ -129,14 +129,14 @@ def test_config_validates_named_tunnels_and_hides_the_token():
         TunnelConfig("http://127.0.0.1:8001", mode="named", hostname="a.example.com")
     with pytest.raises(UsageError, match="public hostname"):
         TunnelConfig("http://127.0.0.1:8001", mode="named", token=token)
-    with pytest.raises(UsageError, match="not an http"):
+    with pytest.raises(UsageError, match="has no scheme"):
         TunnelConfig("127.0.0.1:8001")
     config = TunnelConfig("http://127.0.0.1:8001/", mode="named", token=token,
                           hostname="https://a.example.com/")
     assert token not in repr(config) and "****" in repr(config)
     assert config.origin_url == "http://127.0.0.1:8001" and config.hostname == "a.example.com"
     assert config.for_origin("http://127.0.0.1:9").token == token
-    with pytest.raises(UsageError, match="not an http"):
+    with pytest.raises(UsageError, match="has no scheme"):
         config.for_origin("127.0.0.1:9")
 
 

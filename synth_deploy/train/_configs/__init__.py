@@ -1,7 +1,8 @@
 """RL and SFT training configs (TOML): schemas, loading with clear errors, discovery.
 
 ``file`` holds `TrainConfig` (one config file, read and checked) and the discovery walk;
-``rl`` and ``sft`` the two schemas; ``sections`` the tables both share.
+``rl`` and ``sft`` the two schemas; ``sections`` the tables both share; ``compat`` the
+warnings for what synth-ai 0.4.x would read differently.
 """
 
 from synth_deploy.train._configs.file import (

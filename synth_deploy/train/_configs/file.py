@@ -19,13 +19,16 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from synth_deploy.errors import UsageError
+from synth_deploy.train._configs.compat import compat_warnings
 from synth_deploy.train._configs.rl import RLConfig
 from synth_deploy.train._configs.sft import SFTConfig
 
 JobKind = Literal["rl", "sft"]
 KINDS = ("auto", "rl", "sft")
 SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "__pycache__", ".mirror",
-                       ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages"})
+                       ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages",
+                       # A test suite's fixture configs are not configs anyone trains with.
+                       "tests", "test"})
 DISCOVERY_MAX_DEPTH = 4
 DISCOVERY_MAX_DIRS = 2000
 
@@ -37,6 +40,8 @@ _DEPRECATED_SECTIONS = {
     "reference": "use [compute.topology] reference_placement",
     "rubric": "use [verifier] enabled / reward_blend",
 }
+_BOUNDS = {"greater_than": "greater than", "greater_than_equal": "at least",
+           "less_than": "less than", "less_than_equal": "at most"}
 _TYPE_WORDS = {
     "int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
     "str": "a string", "dict": "a table", "model": "a table", "list": "an array",
@@ -87,12 +92,16 @@ class TrainConfig:
 
 
 def infer_kind(raw: dict[str, Any]) -> JobKind | None:
-    """RL or SFT from ``[algorithm]``, else from the sections present; None if unclear."""
+    """RL or SFT from a top-level ``type``, ``[algorithm]``, else from the sections present;
+    None if unclear."""
+    if raw.get("type") in ("rl", "sft"):  # synth-ai's shipped examples say so at the top
+        return raw["type"]
     algorithm = raw.get("algorithm")
     if isinstance(algorithm, dict):
         if algorithm.get("type") == "online" or algorithm.get("method") == "policy_gradient":
             return "rl"
-        if algorithm.get("type") == "offline" or algorithm.get("method") == "sft":
+        if algorithm.get("type") == "offline" or algorithm.get("method") in (
+                "sft", "supervised_finetune"):
             return "sft"
     if isinstance(raw.get("job"), dict) or isinstance(raw.get("hyperparameters"), dict):
         return "sft"
@@ -140,6 +149,7 @@ def load_config(path: str | os.PathLike[str], kind: str = "auto") -> TrainConfig
         raise UsageError(f"{p}: --type {kind} given, but the config is an {inferred} config",
                          hint=f"drop --type or pass --type {inferred}")
     raw, warnings = _upgrade(raw, p)
+    warnings += [f"{p.name}: {note}" for note in compat_warnings(raw, kind)]
     schema = RLConfig if kind == "rl" else SFTConfig
     try:
         model = schema.model_validate(raw)
@@ -194,6 +204,10 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel]) -> li
         elif etype == "literal_error":
             expected = err.get("ctx", {}).get("expected", "")
             lines.append(f"{where}: expected one of {expected}, got {value!r}")
+        elif etype in _BOUNDS:
+            limit = next(iter(err.get("ctx", {}).values()), "?")
+            limit = f"{limit:g}" if isinstance(limit, float) else limit
+            lines.append(f"{where}: must be {_BOUNDS[etype]} {limit}, got {value!r}")
         elif etype.split("_")[0] in _TYPE_WORDS and etype.endswith(("_type", "_parsing")):
             word = _TYPE_WORDS[etype.split("_")[0]]
             lines.append(f"{where}: expected {word}, got {_show(value)}")
@@ -254,7 +268,8 @@ def discover_configs(root: str | os.PathLike[str] = ".", *, limit: int = 200,
 
     The walk is bounded so that running from a home directory stays quick: at most
     ``max_depth`` folder levels below ``root`` and ``max_dirs`` folders in all, skipping
-    hidden folders, virtualenvs, caches and node_modules.
+    hidden folders, virtualenvs, caches, node_modules and test suites (``tests/``,
+    ``test/``).
     """
     found: list[Path] = []
     base_depth = len(Path(root).parts)

@@ -1,4 +1,6 @@
-"""The RL TOML schema (synth-ai 0.4.4 names: ``judge`` is now ``verifier``)."""
+"""The RL TOML schema: synth-ai 0.4.x's ``RLConfig`` (``sdk/api/train/configs/rl.py``), the
+keys of the RL examples shipped in its wheel, and its deprecated spellings (``judge`` is now
+``verifier``; the loader warns about each)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class WeightSyncConfig(Section):
     mode: str | None = None
     direct: bool | None = None
     verify_every_k: int | None = None
+    weight_sync_interval: int | None = None  # synth-ai's crafter example sets it here
 
 
 class RewardsConfig(Section):
@@ -64,6 +67,27 @@ class RLTrainingConfig(Section):
     weight_sync: WeightSyncConfig | None = None
     lora: LoraConfig | None = None
     rewards: RewardsConfig | None = None
+    # Deprecated flat spellings of [training.rewards] (synth-ai still declares them).
+    step_rewards_enabled: bool | None = None
+    step_rewards_mode: Literal["off", "decision_stepwise", "env_sparse"] | None = None
+    step_rewards_indicator_lambda: float | None = None
+    step_rewards_beta: float | None = None
+    step_rewards_strategy: str | None = None
+    event_rewards_kind: Literal["unique", "absolute"] | None = None
+    # Reward shaping of synth-ai's shipped math example.
+    reward_positive: float | None = None
+    reward_negative_no_tool: float | None = None
+    reward_negative_no_answer: float | None = None
+
+
+class RLDataConfig(Section):
+    """``[data]`` of synth-ai's shipped math example: which seeds and splits rollouts use."""
+
+    split: str | None = None
+    seed_start: int | None = None
+    episodes_per_iteration: int | None = None
+    evaluation_split: str | None = None
+    evaluation_episodes: int | None = None
 
 
 class EvaluationConfig(Section):
@@ -85,6 +109,8 @@ class VerifierOptionsConfig(Section):
     model: str | None = None
     rubric_id: str | None = None
     rubric_overrides: dict[str, Any] | None = None
+    timeout_s: float | None = None
+    metadata: dict[str, Any] | None = None
     tracks: list[str] | None = None
     weights: dict[str, float] | None = None
     max_concurrency: int | None = None
@@ -95,6 +121,7 @@ class VerifierConfig(Section):
     timeout_s: int | None = None
     enabled: bool | None = None
     reward_blend: RewardBlend | None = None
+    rubric: dict[str, Any] | None = None  # deprecated: enabled / reward_blend
     options: VerifierOptionsConfig | None = None
 
 
@@ -124,12 +151,14 @@ class SmokeConfig(Section):
 class RLConfig(Section):
     """A whole RL config file. Deprecated sections are accepted (the loader warns)."""
 
+    type: Literal["rl"] | None = None  # synth-ai's shipped examples name their kind
     algorithm: AlgorithmConfig
     services: ServicesConfig | None = None
     compute: ComputeConfig | None = None
     model: PolicyConfig | None = None
     policy: PolicyConfig | None = None
     rollout: RolloutConfig | None = None
+    data: RLDataConfig | None = None
     training: RLTrainingConfig | None = None
     evaluation: EvaluationConfig | None = None
     verifier: VerifierConfig | None = None
@@ -144,21 +173,27 @@ class RLConfig(Section):
 
     @model_validator(mode="after")
     def _one_model(self) -> RLConfig:
-        for where, section in (("model", self.model), ("policy", self.policy)):
-            if section is not None and section.source and section.base:
-                raise ValueError(f"{where}: set either source or base, not both")
-        if self.model is not None and self.policy is not None and self.model != self.policy:
-            raise ValueError("[model] and [policy] are two spellings of one section: keep one")
+        # synth-ai's shipped math example sets both: [model].base and [policy] sampling.
+        named = {s.name for s in (self.model, self.policy) if s is not None and s.name}
+        if len(named) > 1:
+            shown = " and ".join(sorted(named))
+            raise ValueError(f"[model] and [policy] name different models ({shown}): name "
+                             "the model in one of them")
         return self
 
     @property
     def policy_section(self) -> PolicyConfig | None:
+        """The section that names the model ([policy] first, as synth-ai prefers)."""
+        for section in (self.policy, self.model):
+            if section is not None and section.name:
+                return section
         return self.policy or self.model
 
 
 __all__ = [
     "EvaluationConfig",
     "RLConfig",
+    "RLDataConfig",
     "RLTrainingConfig",
     "RewardBlend",
     "RewardsConfig",

@@ -1,10 +1,16 @@
-"""Sections shared by the RL and SFT schemas, and the strict base model they all use."""
+"""Sections shared by the RL and SFT schemas, and the strict base model they all use.
+
+The schemas are synth-ai 0.4.x's (``synth_ai/sdk/api/train/configs/``), every field it
+declares, plus the keys its shipped example configs use. Unlike synth-ai's models, which
+allow any key, ours refuse unknown keys: a misspelt key is an error with a did-you-mean
+rather than a setting the trainer silently ignores.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class Section(BaseModel):
@@ -40,16 +46,45 @@ class LoraConfig(Section):
 
 
 class PolicyConfig(Section):
-    """``[model]`` / ``[policy]``: the model to train, from a base or a checkpoint."""
+    """``[policy]`` / ``[model]``: the model to train, how to sample from it, how to train it.
 
-    source: str | None = None
+    One model, named by ``model_name`` (synth-ai's ``[policy]``), ``base`` (synth-ai's
+    ``[model]``; also our older ``[policy]`` spelling), ``model`` (synth-ai's shipped math
+    example) or ``source`` (a checkpoint to continue from).
+    """
+
+    model_name: str | None = None
     base: str | None = None
+    model: str | None = None
+    source: str | None = None
+    # Sampling (synth-ai's [policy]); the backend fills its own defaults when absent.
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    stop_sequences: list[str] | None = None
+    inference_url: str | None = None
     trainer_mode: Literal["lora", "qlora", "full"] | None = None
     label: str | None = None
 
+    @model_validator(mode="after")
+    def _one_model(self) -> PolicyConfig:
+        given = [k for k in ("model_name", "base", "model", "source") if getattr(self, k)]
+        names = {getattr(self, k) for k in given if k != "source"}
+        if "source" in given and names or len(names) > 1:
+            raise ValueError(f"set one model: either source or base/model_name, not "
+                             f"{' and '.join(given)}")
+        return self
+
+    @property
+    def base_model(self) -> str | None:
+        """The base model named, whichever key names it."""
+        return self.model_name or self.base or self.model
+
     @property
     def name(self) -> str | None:
-        return self.source or self.base
+        return self.source or self.base_model
 
 
 __all__ = ["AlgorithmConfig", "ComputeConfig", "LoraConfig", "PolicyConfig", "Section"]

@@ -1,8 +1,12 @@
-"""The SFT TOML schema."""
+"""The SFT TOML schema: synth-ai 0.4.x's ``SFTConfig`` (``sdk/api/train/configs/sft.py``) and
+the keys of the SFT example shipped in its wheel; the value bounds are those its job payload
+builder (``prepare_sft_job_payload``) enforces."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
+
+from pydantic import Field
 
 from synth_deploy.train._configs.sections import (
     AlgorithmConfig,
@@ -23,7 +27,7 @@ class JobConfig(Section):
 
     @property
     def dataset(self) -> str | None:
-        return self.data_path or self.data
+        return self.data or self.data_path  # synth-ai's builder reads `data` first
 
 
 class SFTDataConfig(Section):
@@ -41,7 +45,8 @@ class TrainingValidationConfig(Section):
 
 
 class SFTTrainingConfig(Section):
-    mode: Literal["lora", "qlora", "full"] | None = None
+    # "sft_offline": synth-ai's shipped crafter example.
+    mode: Literal["lora", "qlora", "full", "sft_offline"] | None = None
     use_qlora: bool | None = None
     validation: TrainingValidationConfig | None = None
     lora: LoraConfig | None = None
@@ -59,22 +64,23 @@ class ParallelismConfig(Section):
 
 
 class HyperparametersConfig(Section):
-    n_epochs: int = 1
-    batch_size: int | None = None
-    global_batch: int | None = None
-    per_device_batch: int | None = None
-    gradient_accumulation_steps: int | None = None
-    sequence_length: int = 2048
-    learning_rate: float | None = None
-    warmup_ratio: float | None = None
+    n_epochs: int = Field(default=1, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    global_batch: int | None = Field(default=None, ge=1)
+    per_device_batch: int | None = Field(default=None, ge=1)
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1)
+    sequence_length: int | None = Field(default=None, ge=1)
+    learning_rate: float | None = Field(default=None, gt=0)
+    warmup_ratio: float | None = Field(default=None, ge=0, le=1)
     train_kind: str | None = None
-    weight_decay: float | None = None
+    weight_decay: float | None = None  # declared by synth-ai, not sent by its job builder
     parallelism: ParallelismConfig | None = None
 
 
 class SFTConfig(Section):
     """A whole SFT config file."""
 
+    type: Literal["sft"] | None = None  # synth-ai's shipped example names its kind
     algorithm: AlgorithmConfig | None = None
     job: JobConfig
     policy: PolicyConfig | None = None

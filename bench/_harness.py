@@ -1,0 +1,141 @@
+"""What the bench scripts share: servers in child processes and a closed-loop load client.
+
+Each server runs under uvicorn in its own process (so it competes with the load generator
+for CPU the way a deployed one competes with its clients, never for this process's GIL).
+`load` is a raw keep-alive HTTP/1.1 client on asyncio streams: httpx would be the
+bottleneck and hide the servers' difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def child_server(source: str, *, ready_path: str = "/", **values: object) -> Iterator[str]:
+    """Run ``source % values`` (a script that serves on ``%(port)d``) and yield its URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", source % {**values, "port": port}],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(url + ready_path, timeout=1)
+                break
+            except httpx.HTTPError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"server on {url} did not start") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    rate: float  # requests per second
+    p99_ms: float
+    answered: int  # responses with status 200
+
+
+async def _load(url: str, bodies: Callable[[int], bytes], key: str, seconds: float,
+                concurrency: int) -> LoadResult:
+    host, port = url.removeprefix("http://").split(":")
+    head = (f"POST /rollout HTTP/1.1\r\nHost: {host}\r\nX-API-Key: {key}\r\n"
+            "Content-Type: application/json\r\nContent-Length: ")
+    latencies: list[float] = []
+    stop_at = time.perf_counter() + seconds
+    counter = iter(range(10**12))
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while time.perf_counter() < stop_at:
+                payload = bodies(next(counter))
+                request = f"{head}{len(payload)}\r\n\r\n".encode() + payload
+                t0 = time.perf_counter()
+                writer.write(request)
+                response_head = await reader.readuntil(b"\r\n\r\n")
+                status = response_head.split(b" ", 2)[1]
+                length = int(next(line.split(b":", 1)[1] for line in
+                                  response_head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                body = await reader.readexactly(length)
+                if status != b"200":
+                    raise SystemExit(f"{url} answered {status.decode()}: {body[:300]!r}")
+                latencies.append(time.perf_counter() - t0)
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return LoadResult(len(latencies) / elapsed, statistics.quantiles(latencies, n=100)[98] * 1000,
+                      len(latencies))
+
+
+def load(url: str, bodies: Callable[[int], bytes], key: str, *, seconds: float,
+         concurrency: int) -> LoadResult:
+    """Throughput and p99 of ``concurrency`` closed-loop clients POSTing /rollout."""
+    return asyncio.run(_load(url, bodies, key, seconds, concurrency))
+
+
+def fixed_body(body: dict) -> Callable[[int], bytes]:
+    payload = json.dumps(body).encode()
+    return lambda _: payload
+
+
+def paired_rounds(servers: dict[str, str], bodies: Callable[[int], bytes], key: str, *,
+                  rounds: int, seconds: float, concurrency: int
+                  ) -> dict[str, list[LoadResult]]:
+    """Load every server once per round, the order alternating, after a short warm-up."""
+    results: dict[str, list[LoadResult]] = {name: [] for name in servers}
+    order = list(servers.items())
+    for _, url in order:
+        load(url, bodies, key, seconds=0.5, concurrency=concurrency)
+    for round_no in range(rounds):
+        for name, url in order if round_no % 2 == 0 else reversed(order):
+            results[name].append(load(url, bodies, key, seconds=seconds,
+                                      concurrency=concurrency))
+    return results
+
+
+def paired_ratio(results: dict[str, list[LoadResult]], numerator: str, denominator: str
+                 ) -> tuple[float, float]:
+    """Median over rounds of the within-round throughput and p99 ratios."""
+    pairs = list(zip(results[numerator], results[denominator], strict=True))
+    return (statistics.median(n.rate / d.rate for n, d in pairs),
+            statistics.median(n.p99_ms / d.p99_ms for n, d in pairs))
+
+
+def print_rounds(results: dict[str, list[LoadResult]]) -> None:
+    names = list(results)
+    print("  round " + "".join(f"{n + ' req/s':>18}{n + ' p99 ms':>18}" for n in names))
+    for i in range(len(results[names[0]])):
+        print(f"  {i + 1:>5} " + "".join(f"{results[n][i].rate:>18.0f}"
+                                         f"{results[n][i].p99_ms:>18.2f}" for n in names))

@@ -1,0 +1,133 @@
+"""The synth-ai half of bench/synth_ai_fidelity.py: runs in a synth-ai 0.4.4 venv, never here.
+
+Reads a JSON list of operations on stdin, runs each with synth-ai's own code and prints one
+JSON list of results (an ``{"error": ...}`` for an operation that raised). It imports nothing
+from synth_deploy: what it reports is synth-ai's verdict alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def rollout(url: str, api_key: str, inference_url: str, seed: int) -> dict[str, Any]:
+    """A trainer's rollout request (trace asked for), judged by synth-ai's validators."""
+    import httpx
+    from synth_ai.cli.commands.eval.runner import _count_tokens_from_trace
+    from synth_ai.sdk.task.contracts import RolloutResponse
+    from synth_ai.sdk.task.trace_correlation_helpers import (
+        extract_trace_correlation_id,
+        verify_trace_correlation_id_in_response,
+    )
+    from synth_ai.sdk.task.validators import validate_rollout_response_for_rl
+
+    config = {"model": "mock", "inference_url": inference_url}
+    cid = extract_trace_correlation_id(config, inference_url, "rl")
+    body = {"run_id": f"fidelity-{seed}", "env": {"seed": seed, "config": {}},
+            "policy": {"policy_name": "mock", "config": config},
+            "record": {"return_trace": True, "trace_format": "structured"}, "mode": "rl"}
+    resp = httpx.post(url.rstrip("/") + "/rollout", json=body, headers={"X-API-Key": api_key},
+                      timeout=60)
+    data = resp.json()
+    parsed = RolloutResponse.model_validate(data).model_dump()
+    return {"status": resp.status_code, "cid": cid,
+            "rl_issues": validate_rollout_response_for_rl(parsed, warn_only=True),
+            "correlated": verify_trace_correlation_id_in_response(parsed, cid, body["run_id"]),
+            "tokens": _count_tokens_from_trace(parsed.get("trace"))}
+
+
+def validate_config(path: str, kind: str) -> dict[str, Any]:
+    import tomllib
+
+    from synth_ai.cli.commands.train.validation import validate_rl_config, validate_sft_config
+
+    raw = tomllib.loads(Path(path).read_text())
+    (validate_rl_config if kind == "rl" else validate_sft_config)(raw)
+    return {"ok": True}
+
+
+def rl_payload(path: str, task_url: str) -> dict[str, Any]:
+    from synth_ai.sdk.api.train.builders import build_rl_payload
+
+    return build_rl_payload(config_path=Path(path), task_url=task_url, overrides={},
+                            idempotency=None).payload
+
+
+def sft_payload(path: str) -> dict[str, Any]:
+    from synth_ai.sdk.api.train.builders import build_sft_payload
+
+    os.chdir(Path(path).parent)  # synth-ai resolves the dataset from the working directory
+    return build_sft_payload(config_path=Path(path), dataset_override=None,
+                             allow_experimental=None).payload
+
+
+def shipped_configs() -> list[str]:
+    import synth_ai
+
+    root = Path(synth_ai.__file__).parent / "cli" / "demo_apps"
+    return sorted(str(p) for p in root.rglob("*.toml") if "prompt_learning" not in p.read_text())
+
+
+def write_sessions(db: str, count: int, reward: float, env_name: str) -> list[str]:
+    """Sessions as synth-ai's SessionTracer writes them (incrementally, then on end)."""
+    from synth_ai.core.tracing_v3.abstractions import EnvironmentEvent, LMCAISEvent, TimeRecord
+    from synth_ai.core.tracing_v3.session_tracer import SessionTracer
+
+    async def main() -> list[str]:
+        tracer = SessionTracer(db_url=f"sqlite+aiosqlite:///{db}")
+        await tracer.initialize()
+        ids = []
+        for i in range(count):
+            await tracer.start_session(metadata={"env_name": env_name, "seed": i,
+                                                 "model": "qwen", "run_id": f"sai-{i}"})
+            await tracer.start_timestep("turn-1", turn_number=1)
+            await tracer.record_message(f"What is {i} + {i}?", "user")
+            await tracer.record_event(LMCAISEvent(
+                system_instance_id="llm", time_record=TimeRecord(event_time=time.time()),
+                model_name="qwen", input_tokens=5, output_tokens=2, total_tokens=7,
+                cost_usd=0.25))
+            await tracer.record_message(str(2 * i), "assistant")
+            await tracer.record_event(EnvironmentEvent(
+                system_instance_id="env", time_record=TimeRecord(event_time=time.time()),
+                reward=reward, terminated=True))
+            await tracer.record_outcome_reward(total_reward=reward, achievements_count=1,
+                                               total_steps=1)
+            ids.append((await tracer.end_session()).session_id)
+        await tracer.close()
+        return ids
+
+    return asyncio.run(main())
+
+
+def validate_sft(path: str) -> list[str]:
+    from synth_ai.sdk.learning.sft.data import collect_sft_jsonl_errors
+
+    return collect_sft_jsonl_errors(Path(path))
+
+
+OPERATIONS = {f.__name__: f for f in (rollout, validate_config, rl_payload, sft_payload,
+                                      shipped_configs, write_sessions, validate_sft)}
+
+
+def main() -> None:
+    out = sys.stdout
+    sys.stdout = sys.stderr  # synth-ai prints while importing: keep the JSON channel clean
+    results = []
+    for op in json.loads(sys.stdin.read()):
+        try:
+            results.append(OPERATIONS[op["op"]](**op.get("args", {})))
+        except Exception as exc:
+            results.append({"error": f"{type(exc).__name__}: {exc}",
+                            "trace": traceback.format_exc()[-800:]})
+    out.write(json.dumps(results, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Fidelity with synth-ai 0.4.4, judged by synth-ai's own code. Needs a synth-ai venv; never
+run in CI (synth-ai resolves only with versions as of its release):
+
+    python -m venv /tmp/sai && /tmp/sai/bin/pip install uv
+    /tmp/sai/bin/uv pip install --python /tmp/sai/bin/python \\
+        --exclude-newer 2025-12-31T12:00:00Z synth-ai==0.4.4
+    python bench/synth_ai_fidelity.py /tmp/sai/bin/python
+
+Prints one line per check, ok or FAIL with what differs, and exits 1 on any FAIL:
+
+  rollout   our math app, asked by a trainer (``?cid=``, trace requested), passes
+            `validate_rollout_response_for_rl` and `verify_trace_correlation_id_in_response`,
+            and synth-ai's eval runner counts its tokens
+  configs   our example TOMLs pass `validate_rl_config` / `validate_sft_config`; the example
+            TOMLs shipped in synth-ai's wheel load here
+  payloads  `rl_payload` / `sft_payload` equal `build_rl_payload` / `build_sft_payload` for
+            every TOML synth-ai builds (``tags.source`` aside: README, deliberate differences)
+  traces    a file synth-ai's SessionTracer wrote: `traces where/ls/stats/show/export` leave it
+            byte for byte; after `traces init`, what synth-ai writes is listed and exported
+  sft       our SFT export and upload copy (OpenAI tools included) pass synth-ai's validator
+
+The synth-ai half runs in that venv (bench/_synth_ai_side.py) and reports JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.runs import create_mock_policy_app
+from synth_deploy.taskapp import BackgroundServer, create_app, load_app
+from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store
+from synth_deploy.train import load_config, rl_payload, sft_payload, upload_copy
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk_env_fidelity_bench"
+failures: list[str] = []
+
+
+def report(name: str, ok: bool, detail: Any = "") -> None:
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' if detail else ''}{detail}")
+    if not ok:
+        failures.append(name)
+
+
+def synth_ai(python: str, *ops: dict[str, Any]) -> list[Any]:
+    proc = subprocess.run([python, str(ROOT / "bench" / "_synth_ai_side.py")],
+                          input=json.dumps(list(ops)), capture_output=True, text=True,
+                          timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"the synth-ai side failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def differences(ours: Any, theirs: Any, path: str = "") -> list[str]:
+    if not (isinstance(ours, dict) and isinstance(theirs, dict)):
+        return [] if ours == theirs else [f"{path}: ours {ours!r}, theirs {theirs!r}"]
+    found = []
+    for key in sorted(set(ours) | set(theirs)):
+        if key in ours and key in theirs:
+            found += differences(ours[key], theirs[key], f"{path}.{key}")
+        else:
+            found.append(f"{path}.{key} only in {'ours' if key in ours else 'theirs'}")
+    return found
+
+
+def check_rollout(python: str) -> None:
+    with BackgroundServer(create_mock_policy_app()) as policy, \
+            BackgroundServer(create_app(load_app("math").build_config(), api_keys=[KEY])) as app:
+        url = f"{policy.url}/v1/chat/completions?cid=trace_fidelity_1"
+        (result,) = synth_ai(python, {"op": "rollout", "args": {
+            "url": app.url, "api_key": KEY, "inference_url": url, "seed": 3}})
+    if "error" in result:
+        report("rollout", False, result["error"])
+        return
+    report("rollout: HTTP 200", result["status"] == 200, result["status"])
+    report("rollout: validate_rollout_response_for_rl", not result["rl_issues"],
+           "; ".join(result["rl_issues"]))
+    report("rollout: trace_correlation_id everywhere synth-ai looks", result["correlated"])
+    report("rollout: eval runner counts tokens", bool(result["tokens"]), result["tokens"])
+
+
+def check_configs_and_payloads(python: str) -> None:
+    ours = [ROOT / "apps" / "math" / "configs" / name for name in ("rl.toml", "sft.toml")]
+    fixtures = sorted((ROOT / "tests" / "train" / "configs").rglob("*.toml"))
+    (shipped,) = synth_ai(python, {"op": "shipped_configs"})
+    for path, verdict in zip(ours, synth_ai(python, *(
+            {"op": "validate_config", "args": {"path": str(p), "kind": p.stem[:3].rstrip(".")}}
+            for p in ours)), strict=True):
+        report(f"configs: synth-ai validates {path.relative_to(ROOT)}", "error" not in verdict,
+               verdict.get("error", ""))
+    for path in shipped:
+        try:
+            config = load_config(path)
+            report(f"configs: loads synth-ai's {Path(path).name}", True,
+                   f"{config.kind}, {len(config.warnings)} warning(s)")
+        except Exception as exc:  # noqa: BLE001 - a bench reports every failure and goes on
+            report(f"configs: loads synth-ai's {Path(path).name}", False, exc)
+    candidates = [Path(p) for p in [*map(str, ours), *map(str, fixtures), *shipped]]
+    kinds = {p: load_config(p).kind for p in candidates if _loads(p)}
+    theirs = synth_ai(python, *(
+        {"op": "rl_payload", "args": {"path": str(p), "task_url": "https://app.example"}}
+        if kind == "rl" else {"op": "sft_payload", "args": {"path": str(p)}}
+        for p, kind in kinds.items()))
+    for (path, kind), their in zip(kinds.items(), theirs, strict=True):
+        if "error" in their:
+            print(f"skip payloads: synth-ai does not build {path.name} "
+                  f"({their['error'][:100]})")
+            continue
+        config = load_config(path)
+        mine = rl_payload(config, "https://app.example") if kind == "rl" else \
+            sft_payload(config)
+        diff = [d for d in differences(mine, their) if not d.startswith(".tags.source")]
+        report(f"payloads: {path.name} ({kind}) field for field", not diff, "; ".join(diff))
+
+
+def _loads(path: Path) -> bool:
+    try:
+        load_config(path)
+        return True
+    except Exception:  # noqa: BLE001 - configs synth-deploy refuses are reported above
+        return False
+
+
+def check_traces(python: str, folder: Path) -> None:
+    db = folder / "synth_ai.db"
+    (ids,) = synth_ai(python, {"op": "write_sessions", "args": {
+        "db": str(db), "count": 3, "reward": 1.0, "env_name": "crafter"}})
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    cli = [sys.executable, "-m", "synth_deploy.cli", "traces"]
+    for args in (["where"], ["ls"], ["stats"], ["show", ids[0]],
+                 ["export", "-o", str(folder / "a.jsonl"), "--min-reward", "1"]):
+        proc = subprocess.run([*cli, *args, "--trace-db", str(db)], capture_output=True,
+                              text=True, timeout=120)
+        report(f"traces {args[0]} on synth-ai's file", proc.returncode == 0,
+               proc.stderr[-200:] if proc.returncode else "")
+    after = hashlib.sha256(db.read_bytes()).hexdigest()
+    report("traces: read commands left the file byte for byte", before == after)
+    report("traces: nothing created beside it", sorted(p.name for p in folder.iterdir()
+                                                        if p.name.startswith(db.name))
+           == [db.name])
+    subprocess.run([*cli, "init", "--trace-db", str(db)], check=True, capture_output=True)
+    (later,) = synth_ai(python, {"op": "write_sessions", "args": {
+        "db": str(db), "count": 2, "reward": 1.0, "env_name": "crafter"}})
+    with open_trace_store(db, read_only=True) as store:
+        listed = {s.session_id: s for s in store.list_sessions(limit=None, app="crafter",
+                                                              min_reward=1.0)}
+        report("traces: synth-ai's sessions after the migration filter by --app/--min-reward",
+               set(ids + later) <= set(listed), f"{len(listed)} of {len(ids + later)}")
+        result = export_sft(store, folder / "b.jsonl", app="crafter", min_reward=1.0)
+    report("traces: and are exported", result.sessions == len(ids + later), result.sessions)
+
+
+def check_sft(python: str, folder: Path) -> None:
+    tools = [{"type": "function", "function": {
+        "name": "add", "description": "Add two numbers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
+    db = folder / "ours.db"
+    with open_trace_store(db) as store:
+        tracer = SessionTracer(metadata={"app_id": "tools", "status": "ok"})
+        tracer.record_message("user", "What is 2 + 2?")
+        tracer.record_lm_call(model_name="m", call_records=[{"request": {
+            "messages": [{"role": "user", "content": "What is 2 + 2?"}], "tools": tools}}])
+        tracer.record_message("assistant", "", metadata={"tool_calls": [{
+            "id": "c1", "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 2}'}}]})
+        store.write_session_sync(tracer.finish())
+        export_sft(store, folder / "export.jsonl")
+    nested = folder / "nested.jsonl"
+    nested.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2?"},
+                                               {"role": "assistant", "content": "4"}],
+                                  "tools": tools}) + "\n")
+    copy = upload_copy(nested)
+    paths = {"export": folder / "export.jsonl", "upload copy": copy,
+             "nested tools as written": nested}
+    verdicts = synth_ai(python, *({"op": "validate_sft", "args": {"path": str(p)}}
+                                  for p in paths.values()))
+    for (name, _), errors in zip(paths.items(), verdicts, strict=True):
+        expected_ok = name != "nested tools as written"  # why the export and upload flatten
+        report(f"sft: synth-ai's validator on the {name}", (errors == []) == expected_ok,
+               "; ".join(errors) if errors else "no errors")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("python", help="the python of a venv with synth-ai==0.4.4")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        check_rollout(args.python)
+        check_configs_and_payloads(args.python)
+        check_traces(args.python, Path(tmp))
+        check_sft(args.python, Path(tmp))
+    print(f"\n{len(failures)} failure(s)" + (f": {', '.join(failures)}" if failures else ""))
+    raise SystemExit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""The trace store as it grows: write rate, reads and SFT export at a million sessions.
+
+    python bench/trace_store.py [--sessions 1000000] [--store PATH] [--measure 5000]
+
+Builds its stores through the kit's own writer (`TraceStore.write_session` from a loop that
+uses the writer process, as a served app does: group commit, the sessions a math rollout
+records) and prints, measured in this run:
+
+- write rate: sessions/s for ``--measure`` new sessions into a store holding 1k sessions and
+  into the big one (target: the big store within 20% of the small one, ratio >= 0.80);
+- `traces ls`, `traces stats`, `traces show` on the big store, as the CLI runs them (a new
+  process each; target: each under 1 s);
+- SFT export (`traces export`'s function) against a bare streaming join that writes the
+  identical JSONL, on a 10k store and on the big one: time ratio (target <= 1.3x) and the
+  peak RSS of each (target: flat from 10k to the big store).
+
+Generating a million sessions takes minutes; ``--store PATH`` keeps the big store there and
+reuses it on the next run (it only grows to ``--sessions``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from synth_deploy.tracing import SessionTrace, SessionTracer, TraceStore, parse_trace_db
+
+SYSTEM = "You solve arithmetic word problems. Think briefly, then end with 'Answer: N'."
+REQUEST = {"env": {"env_id": None, "env_name": None, "config": {}}, "policy": {
+    "policy_id": None, "policy_name": "bench", "config": {
+        "model": "synth-deploy/mock-policy", "inference_url": "http://127.0.0.1:8/v1"}},
+    "record": {"logprobs": False, "value": False, "return_trace": False},
+    "safety": {"max_time_s": 120.0, "max_ops": None}, "mode": "rl"}
+
+
+def math_session(i: int) -> SessionTrace:
+    """What the math app and `call_policy` record for one rollout (one in 25 fails)."""
+    a, b = i % 97 + 3, i % 89 + 2
+    tracer = SessionTracer(metadata={"app_id": "math", "run_id": f"bench-{i}", "mode": "rl",
+                                     "seed": i % 9000, "model": "synth-deploy/mock-policy"})
+    tracer.start_timestep("turn-1", turn_number=1)
+    chat = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"A baker makes {a} trays of {b} muffins. How many?"}]
+    tracer.record_chat(chat)
+    failed = i % 25 == 0
+    if not failed:
+        reply = {"role": "assistant", "content": f"{a} times {b}.\nAnswer: {a * b}"}
+        usage = {"prompt_tokens": 41, "completion_tokens": 9, "total_tokens": 50}
+        tracer.record_lm_call(model_name="synth-deploy/mock-policy", provider="127.0.0.1",
+                              usage=usage, latency_ms=2.5, call_records=[
+                                  {"request": {"model": "synth-deploy/mock-policy",
+                                               "messages": chat}, "response": reply,
+                                   "usage": usage}])
+        tracer.record_chat([*chat, reply])
+        correct = i % 3 != 0
+        event = tracer.record_environment_event(reward=float(correct), terminated=True,
+                                                state_after={"answer": a * b})
+        tracer.record_event_reward(1.0, reward_type="answer_format", turn_number=1,
+                                   event_id=event.id)
+        tracer.record_outcome_reward(float(correct), achievements_count=int(correct))
+    session = tracer.finish()
+    session.metadata.update(duration_s=0.004, status="error" if failed else "ok",
+                            request={**REQUEST, "run_id": f"bench-{i}"})
+    if not failed:
+        session.metadata["metrics"] = {"outcome_reward": float(i % 3 != 0), "num_steps": 1}
+    return session
+
+
+async def _write(store: TraceStore, first: int, count: int, in_flight: int) -> None:
+    store.use_writer_process()  # as a served app's loop does
+    numbers = iter(range(first, first + count))
+
+    async def worker() -> None:
+        for i in numbers:
+            await store.write_session(math_session(i))
+
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+
+
+def count_sessions(path: Path) -> int:
+    if not path.exists():
+        return 0
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
+
+
+def grow(path: Path, target: int, *, report: bool = False) -> None:
+    """Write sessions through the kit's writer until ``path`` holds ``target``."""
+    have = count_sessions(path)
+    if have >= target:
+        return
+    store = TraceStore(parse_trace_db(str(path)))
+    started = time.perf_counter()
+    step = 100_000
+    try:
+        for first in range(have, target, step):
+            asyncio.run(_write(store, first, min(step, target - first), 256))
+            if report:
+                done = min(first + step, target) - have
+                print(f"  generating: {first + min(step, target - first):>9,} sessions "
+                      f"({done / (time.perf_counter() - started):,.0f}/s)", flush=True)
+    finally:
+        store.close()
+
+
+def write_rate(path: Path, count: int) -> float:
+    """Sessions/s for ``count`` more sessions into ``path`` (32 rollouts in flight)."""
+    first = count_sessions(path) + 10_000_000  # run ids of their own
+    store = TraceStore(parse_trace_db(str(path)))
+    try:
+        asyncio.run(_write(store, first, 200, 32))  # the writer process is up and warm
+        started = time.perf_counter()
+        asyncio.run(_write(store, first + 200, count, 32))
+        return count / (time.perf_counter() - started)
+    finally:
+        store.close()
+
+
+# Children cache their bytecode, as an installed package does.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def cli_seconds(*args: str) -> tuple[float, str]:
+    """Median wall time of 3 runs of `synth-deploy traces ARGS` (after one to warm up)."""
+    times, out = [], ""
+    for attempt in range(4):
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "synth_deploy.cli", "traces", *args],
+                              capture_output=True, text=True, timeout=300,
+                              env={**ENV, "COLUMNS": "160"})
+        if attempt:
+            times.append(time.perf_counter() - started)
+        if proc.returncode != 0:
+            raise SystemExit(f"traces {' '.join(args)} failed: {proc.stderr}")
+        out = proc.stdout
+    return statistics.median(times), out
+
+
+EXPORT = """
+import sys, time
+from synth_deploy.tracing import export_sft, open_trace_store
+started = time.perf_counter()
+with open_trace_store(sys.argv[1], read_only=True) as store:
+    export_sft(store, sys.argv[2], overwrite=True)
+print(time.perf_counter() - started)
+"""
+
+# The least any exporter must do to write this file: one streaming join, rows grouped as
+# they come, the same JSON. (It knows the generated data: no tools, no message metadata.)
+BARE_JOIN = """
+import json, sqlite3, sys, time
+started = time.perf_counter()
+encode = json.JSONEncoder(ensure_ascii=False).encode
+conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+rows = conn.execute(
+    "SELECT s.session_id, json_extract(s.metadata, '$.app_id', '$.run_id', '$.seed', "
+    "'$.model'), (SELECT o.total_reward FROM outcome_rewards o WHERE o.session_id = "
+    "s.session_id ORDER BY o.id DESC LIMIT 1), t.id, t.step_id, t.turn_number, "
+    "m.message_type, m.content FROM session_traces s JOIN session_timesteps t ON "
+    "t.session_id = s.session_id JOIN messages m ON m.timestep_id = t.id WHERE s.status = "
+    "'ok' ORDER BY s.created_at, s.rowid, t.step_index, t.id, m.id")
+roles = {"system": "system", "user": "user", "assistant": "assistant"}
+with open(sys.argv[2], "w", encoding="utf-8") as out:
+    def flush(key, head, chat):
+        last = max((i for i, m in enumerate(chat) if m["role"] == "assistant"), default=None)
+        if last is None or not any(m["role"] != "assistant" for m in chat[:last]):
+            return
+        sid, fields, reward, step_id, turn = head
+        app, run, seed, model = json.loads(fields)
+        out.write(encode({"messages": chat[:last + 1], "metadata": {
+            "session_id": sid, "app_id": app, "run_id": run, "seed": seed, "model": model,
+            "turn": turn, "step_id": step_id, "reward": reward}}) + "\\n")
+    key, head, chat = None, None, []
+    while batch := rows.fetchmany(2000):
+        for sid, fields, reward, step, step_id, turn, kind, content in batch:
+            if (sid, step) != key:
+                if key is not None:
+                    flush(key, head, chat)
+                key, head, chat = (sid, step), (sid, fields, reward, step_id, turn), []
+            chat.append({"role": roles[kind], "content": content})
+    if key is not None:
+        flush(key, head, chat)
+print(time.perf_counter() - started)
+"""
+
+
+def timed_child(source: str, *args: str) -> tuple[float, float]:
+    """Seconds of work (as the child timed it, imports aside) and peak RSS (MB) of
+    ``source`` run in a new process."""
+    proc = subprocess.Popen([sys.executable, "-c", source, *args], stdout=subprocess.PIPE,
+                            text=True, env=ENV)
+    assert proc.stdout is not None
+    printed = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise SystemExit(f"child failed with status {status}")
+    return float(printed.split()[-1]), usage.ru_maxrss / 1024
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def export_vs_join(db: Path, tmp: Path, label: str) -> tuple[float, float, float]:
+    ours, bare = tmp / f"{label}-export.jsonl", tmp / f"{label}-join.jsonl"
+    join_s, join_mb = timed_child(BARE_JOIN, str(db), str(bare))
+    export_s, export_mb = timed_child(EXPORT, str(db), str(ours))
+    same = sha(ours) == sha(bare)
+    lines = sum(1 for _ in ours.open())
+    print(f"  {label:>5}: export {export_s:6.2f}s {export_mb:5.0f} MB   bare join {join_s:6.2f}s "
+          f"{join_mb:5.0f} MB   ratio {export_s / join_s:4.2f}x   {lines:,} examples, "
+          f"{'identical' if same else 'DIFFERENT'} files")
+    if not same:
+        raise SystemExit("the export and the bare join disagree")
+    ours.unlink()
+    bare.unlink()
+    return export_s / join_s, export_mb, join_mb
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1_000_000)
+    parser.add_argument("--store", type=Path, help="keep (and reuse) the big store here")
+    parser.add_argument("--measure", type=int, default=5000)
+    args = parser.parse_args()
+    big_label = f"{args.sessions // 1000:,}k"
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        big = args.store or tmp / "big.db"
+        small, mid = tmp / "1k.db", tmp / "10k.db"
+        grow(small, 1000)
+        print(f"big store {big}: growing to {args.sessions:,} sessions through the kit's "
+              "writer", flush=True)
+        grow(big, args.sessions, report=True)
+        grow(mid, 10_000)
+
+        print(f"write rate ({args.measure:,} sessions, 32 in flight):")
+        small_rate = write_rate(small, args.measure)
+        big_rate = write_rate(big, args.measure)
+        print(f"  at 1k: {small_rate:,.0f}/s   at {big_label}: {big_rate:,.0f}/s   "
+              f"ratio {big_rate / small_rate:.2f}  (target >= 0.80)")
+
+        print(f"reads on the {big_label} store (CLI, new process each, median of 3):")
+        ls_s, listed = cli_seconds("ls", "--json", "-n", "20", "--trace-db", str(big))
+        newest = json.loads(listed)[0]["session_id"]
+        stats_s, _ = cli_seconds("stats", "--trace-db", str(big))
+        show_s, _ = cli_seconds("show", newest[:12], "--trace-db", str(big))
+        start_s, _ = cli_seconds("--help")
+        print(f"  traces ls {ls_s:.2f}s   stats {stats_s:.2f}s   show {show_s:.2f}s   "
+              f"(target < 1 s each; `traces --help` alone {start_s:.2f}s)")
+
+        print("SFT export vs a bare streaming join (new process each, peak RSS):")
+        _, mid_mb, _ = export_vs_join(mid, tmp, "10k")
+        ratio, big_mb, _ = export_vs_join(big, tmp, big_label)
+        print(f"summary: write {big_rate / small_rate:.2f} (>= 0.80); ls {ls_s:.2f}s, stats "
+              f"{stats_s:.2f}s, show {show_s:.2f}s (< 1 s); export/join {ratio:.2f}x (<= 1.3); "
+              f"export RSS {mid_mb:.0f} MB at 10k, {big_mb:.0f} MB at {big_label}")
+        for db in (small, mid, big):
+            check = sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0]
+            if check != "ok":
+                raise SystemExit(f"{db}: integrity_check says {check}")
+        print("integrity_check ok on every store")
+
+
+if __name__ == "__main__":
+    main()

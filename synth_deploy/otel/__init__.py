@@ -1,0 +1,81 @@
+"""Rollouts in OpenTelemetry tools (MLflow, Phoenix, Langfuse, Jaeger, Tempo...): each
+rollout as a trace of spans that follow the GenAI semantic conventions.
+
+    setting = otlp_setting("http://127.0.0.1:5000", ["x-mlflow-experiment-id=1"])
+    export_otlp(store, setting)                  # `traces export --format otlp`, resumable
+
+    setting = otlp_setting_from_env(env)         # the standard OTEL_* variables, or None
+    live = LiveExporter(setting)                 # a served app: `live.offer(session)` per
+    ...                                          # finished rollout, sent in the background
+    live.close()
+
+The OpenTelemetry packages are the ``otel`` extra (``pip install 'synth-deploy[otel]'``);
+they load only when spans are made, never at import or in the CLI's start-up.
+"""
+
+from synth_deploy.otel._export import (
+    OtlpExportError,
+    OtlpExportOptions,
+    OtlpExportResult,
+    default_state_path,
+    export_otlp,
+)
+from synth_deploy.otel._live import LiveExporter, LiveExportStats
+from synth_deploy.otel._setting import (
+    CAPTURE_CONTENT_VAR,
+    ENDPOINT_VAR,
+    OtlpSetting,
+    otlp_setting,
+    otlp_setting_from_env,
+    parse_headers,
+)
+
+OTEL_EXTRA_HINT = ("install the OpenTelemetry packages: pip install 'synth-deploy[otel]' "
+                   "(in a Modal image: ModalSettings(pip_packages=("
+                   "\"opentelemetry-exporter-otlp-proto-http\",)))")
+
+
+def otel_installed() -> bool:
+    """True when the OTLP exporter can be imported (the ``otel`` extra is installed)."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def session_spans(session, *, service_name: str | None = None,
+                  capture_content: bool = False) -> list:
+    """One session's spans (root first), as `export_otlp` and `LiveExporter` send them."""
+    from synth_deploy.otel._spans import SpanMaker
+
+    return SpanMaker(service_name=service_name, capture_content=capture_content).spans(session)
+
+
+def trace_id_of(session_id: str) -> int:
+    """The trace id a session's spans carry (derived from the session id)."""
+    from synth_deploy.otel._spans import trace_id_of as derive
+
+    return derive(session_id)
+
+
+__all__ = [
+    "CAPTURE_CONTENT_VAR",
+    "ENDPOINT_VAR",
+    "OTEL_EXTRA_HINT",
+    "LiveExportStats",
+    "LiveExporter",
+    "OtlpExportError",
+    "OtlpExportOptions",
+    "OtlpExportResult",
+    "OtlpSetting",
+    "default_state_path",
+    "export_otlp",
+    "otel_installed",
+    "otlp_setting",
+    "otlp_setting_from_env",
+    "parse_headers",
+    "session_spans",
+    "trace_id_of",
+]

@@ -1,0 +1,199 @@
+"""`OtlpSetting`: where spans go (an OTLP/HTTP traces endpoint), resolved once at the entry.
+
+Two ways in, one object out:
+
+- ``traces export --format otlp --endpoint URL --headers K=V`` (`otlp_setting`);
+- a served app: the standard variables, as the OpenTelemetry SDK reads them
+  (`otlp_setting_from_env`), from the `Env` the command or container resolved:
+
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT   the traces URL, used as it is
+    OTEL_EXPORTER_OTLP_ENDPOINT          a base URL; /v1/traces is added
+    OTEL_EXPORTER_OTLP_[TRACES_]HEADERS  k=v,k2=v2 (values URL-encoded)
+    OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT  seconds per export, as the Python SDK reads it
+    OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL only http/protobuf is spoken here
+    OTEL_SERVICE_NAME                    the spans' service (default: the app id)
+    OTEL_SDK_DISABLED=true, OTEL_TRACES_EXPORTER=none   turn it off
+    OTEL_TRACES_SAMPLER=traceidratio, OTEL_TRACES_SAMPLER_ARG=0.1   send one rollout in ten
+                                         (chosen by trace id: the same ones every time)
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true   message content on LM spans
+
+Header values are secrets (API keys of hosted receivers): they are never shown, only masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from synth_deploy.env import Env, mask, redact_userinfo
+from synth_deploy.errors import UsageError
+from synth_deploy.urls import http_url
+
+ENDPOINT_VAR = "OTEL_EXPORTER_OTLP_ENDPOINT"
+TRACES_ENDPOINT_VAR = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+HEADERS_VAR = "OTEL_EXPORTER_OTLP_HEADERS"
+TRACES_HEADERS_VAR = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+TIMEOUT_VAR = "OTEL_EXPORTER_OTLP_TIMEOUT"
+TRACES_TIMEOUT_VAR = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+PROTOCOL_VAR = "OTEL_EXPORTER_OTLP_PROTOCOL"
+TRACES_PROTOCOL_VAR = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+SERVICE_NAME_VAR = "OTEL_SERVICE_NAME"
+SDK_DISABLED_VAR = "OTEL_SDK_DISABLED"
+TRACES_EXPORTER_VAR = "OTEL_TRACES_EXPORTER"
+CAPTURE_CONTENT_VAR = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+SAMPLER_VAR = "OTEL_TRACES_SAMPLER"
+SAMPLER_ARG_VAR = "OTEL_TRACES_SAMPLER_ARG"
+_ALL = ("always_on", "parentbased_always_on")
+_RATIO = ("traceidratio", "parentbased_traceidratio")
+_NONE = ("always_off", "parentbased_always_off")
+
+TRACES_PATH = "/v1/traces"
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_QUEUE_SESSIONS = 1024
+
+
+@dataclass(frozen=True)
+class OtlpSetting:
+    """An OTLP/HTTP (protobuf) traces endpoint and how to talk to it.
+
+    ``endpoint`` is the full traces URL; ``headers`` go with every request (masked in the
+    repr); ``capture_content`` puts the messages on LM spans (off by default: prompts may hold
+    private data); ``queue_sessions`` bounds what a served app holds for a slow receiver;
+    ``sample_ratio`` is the share of rollouts a served app sends (chosen by trace id).
+    """
+
+    endpoint: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    service_name: str | None = None
+    capture_content: bool = False
+    source: str = "--endpoint"
+    queue_sessions: int = DEFAULT_QUEUE_SESSIONS
+    sample_ratio: float = 1.0
+
+    @property
+    def display(self) -> str:
+        """The endpoint with any userinfo masked: safe to print and log."""
+        return redact_userinfo(self.endpoint)
+
+    def destination(self) -> str:
+        """Who receives the spans: the endpoint and the headers that choose a tenant or an
+        experiment (values fingerprinted), the key of what was already sent there."""
+        keys = ",".join(f"{k.lower()}={mask(v)}" for k, v in sorted(self.headers.items()))
+        return f"{self.endpoint} [{keys}]" if keys else self.endpoint
+
+    def __repr__(self) -> str:
+        shown = {k: mask(v) for k, v in self.headers.items()}
+        return (f"OtlpSetting(endpoint={self.display!r}, headers={shown!r}, "
+                f"source={self.source!r})")
+
+
+def traces_url(text: str, *, what: str) -> str:
+    """A base URL gets ``/v1/traces``; a URL already ending in it is kept."""
+    url = http_url(text, what=what)
+    return url if url.endswith(TRACES_PATH) else url + TRACES_PATH
+
+
+def parse_headers(items: list[str] | tuple[str, ...] | str, *, what: str) -> dict[str, str]:
+    """``K=V`` items (or one ``k=v,k2=v2`` string, values URL-encoded, as OTel writes it)."""
+    if isinstance(items, str):
+        items = [part for part in items.split(",") if part.strip()]
+    headers: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = unquote(name).strip()
+        if not sep or not name or any(c.isspace() or c == ":" for c in name):
+            shown = name if name and sep else "(a value not shown)"
+            raise UsageError(f"{what}: cannot read the header {shown!r} (its value is not "
+                             "shown)", hint="write each header as NAME=VALUE, e.g. "
+                                            "x-mlflow-experiment-id=1")
+        headers[name] = unquote(value).strip()
+    return headers
+
+
+def otlp_setting(endpoint: str, headers: list[str] | tuple[str, ...] = (), *,
+                 capture_content: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 service_name: str | None = None) -> OtlpSetting:
+    """The setting the export command's flags give."""
+    if timeout_s <= 0:
+        raise UsageError(f"--timeout must be positive, got {timeout_s:g}")
+    return OtlpSetting(endpoint=traces_url(endpoint, what="--endpoint"),
+                       headers=parse_headers(headers, what="--headers"),
+                       timeout_s=timeout_s, service_name=service_name,
+                       capture_content=capture_content, source="--endpoint")
+
+
+def otlp_setting_from_env(env: Env) -> OtlpSetting | None:
+    """The live setting the standard OTEL_* variables give; None when they name no endpoint
+    or turn tracing off. A value that cannot work is a `UsageError` naming the variable."""
+    if (env.get(SDK_DISABLED_VAR) or "").strip().lower() == "true":
+        return None
+    if (env.get(TRACES_EXPORTER_VAR) or "otlp").strip().lower() == "none":
+        return None
+    specific = env.get(TRACES_ENDPOINT_VAR)
+    base = env.get(ENDPOINT_VAR)
+    if not specific and not base:
+        return None
+    if specific:
+        endpoint, source = http_url(specific, what=TRACES_ENDPOINT_VAR), TRACES_ENDPOINT_VAR
+    else:
+        endpoint, source = traces_url(base or "", what=ENDPOINT_VAR), ENDPOINT_VAR
+    protocol_var = TRACES_PROTOCOL_VAR if env.get(TRACES_PROTOCOL_VAR) else PROTOCOL_VAR
+    protocol = (env.get(protocol_var) or "http/protobuf").strip().lower()
+    if protocol != "http/protobuf":
+        raise UsageError(f"{protocol_var}={protocol}: synth-deploy sends spans over OTLP "
+                         "HTTP/protobuf only", hint=f"set {protocol_var}=http/protobuf and "
+                                                    "point the endpoint at the receiver's HTTP "
+                                                    "port (4318 for a collector)")
+    headers_var = TRACES_HEADERS_VAR if env.get(TRACES_HEADERS_VAR) else HEADERS_VAR
+    headers = parse_headers(env.get(headers_var) or "", what=headers_var)
+    timeout_var = TRACES_TIMEOUT_VAR if env.get(TRACES_TIMEOUT_VAR) else TIMEOUT_VAR
+    timeout_s = DEFAULT_TIMEOUT_S
+    if raw := env.get(timeout_var):
+        try:
+            timeout_s = float(raw)
+        except ValueError:
+            timeout_s = -1.0
+        if not timeout_s > 0:
+            raise UsageError(f"{timeout_var}={raw!r} is not a positive number of seconds",
+                             hint=f"e.g. {timeout_var}=10")
+    capture = (env.get(CAPTURE_CONTENT_VAR) or "").strip().lower() == "true"
+    ratio = _sample_ratio(env)
+    if ratio == 0.0:
+        return None
+    return OtlpSetting(endpoint=endpoint, headers=headers, timeout_s=timeout_s,
+                       service_name=env.get(SERVICE_NAME_VAR), capture_content=capture,
+                       source=source, sample_ratio=ratio)
+
+
+def _sample_ratio(env: Env) -> float:
+    """The share of rollouts to send, from the standard sampler variables."""
+    sampler = (env.get(SAMPLER_VAR) or "parentbased_always_on").strip().lower()
+    if sampler in _ALL:
+        return 1.0
+    if sampler in _NONE:
+        return 0.0
+    if sampler not in _RATIO:
+        raise UsageError(f"{SAMPLER_VAR}={sampler}: not a sampler synth-deploy knows",
+                         hint=f"use one of {', '.join(_ALL + _RATIO + _NONE)}")
+    raw = env.get(SAMPLER_ARG_VAR) or "1.0"
+    try:
+        ratio = float(raw)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        raise UsageError(f"{SAMPLER_ARG_VAR}={raw!r} is not a ratio from 0 to 1",
+                         hint=f"e.g. {SAMPLER_ARG_VAR}=0.1 sends one rollout in ten")
+    return ratio
+
+
+__all__ = [
+    "CAPTURE_CONTENT_VAR",
+    "ENDPOINT_VAR",
+    "OtlpSetting",
+    "otlp_setting",
+    "otlp_setting_from_env",
+    "parse_headers",
+    "traces_url",
+]

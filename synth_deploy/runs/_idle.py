@@ -1,0 +1,95 @@
+"""Idle connections: does a request on a keep-alive connection that sat idle survive?
+
+Trainers keep a pool of connections to the task app. Between two batches a connection may sit
+idle for longer than a proxy, a load balancer or a NAT on the path keeps it; if the path
+forgets it without telling the client, the next rollout sent on it dies (a reset, "server
+disconnected") and, at 300–500 concurrent rollouts, silently zeroes rewards. This probe sends a
+rollout, holds the connection idle for ``idle_s``, and sends another on the same pool.
+
+A server that closes an idle connection cleanly is fine: the client sees the close and opens
+a new one (reported as "reconnected"). A path that drops it silently is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from synth_deploy.env import redact
+
+# Common idle timeouts: uvicorn and Node 5 s, AWS ALB 60 s, nginx 75 s.
+LOCAL_IDLE_S = 6.0  # loopback: the server's own keep-alive (uvicorn: 5 s) is all there is
+REMOTE_IDLE_S = 80.0  # past ALB's 60 s and nginx's 75 s
+
+
+@dataclass
+class IdleResult:
+    """Two rollouts on one keep-alive pool, ``idle_s`` apart."""
+
+    idle_s: float
+    statuses: list[int] = field(default_factory=list)  # HTTP answers received, in order
+    reconnected: bool | None = None  # the second went out on a new connection
+    error: str | None = None  # the request that got no answer, and why
+
+    @property
+    def survived(self) -> bool | None:
+        """The second request got an answer (None: the first got none, nothing to say)."""
+        return None if not self.statuses else len(self.statuses) == 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"idle_s": self.idle_s, "statuses": self.statuses, "survived": self.survived,
+                "reconnected": self.reconnected, "error": self.error}
+
+
+def _local_port(resp: httpx.Response) -> int | None:
+    stream = resp.extensions.get("network_stream")
+    address = stream.get_extra_info("client_addr") if stream is not None else None
+    return address[1] if isinstance(address, tuple) and len(address) > 1 else None
+
+
+async def idle_probe(base_url: str, api_key: str, bodies: tuple[dict[str, Any], dict[str, Any]],
+                     idle_s: float, *, timeout_s: float, secrets: tuple[str, ...] = (),
+                     release: asyncio.Event | None = None,
+                     first_done: asyncio.Event | None = None) -> IdleResult:
+    """Send ``bodies[0]`` (then set ``first_done``), hold the connection idle ``idle_s`` and
+    until ``release`` is set, send ``bodies[1]``: neither lands inside someone else's
+    measurement. The result's ``idle_s`` is the idle time actually held."""
+    result = IdleResult(idle_s)
+    hidden = [api_key, *secrets]
+    # One connection that the pool never retires itself: only the path may drop it.
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1,
+                          keepalive_expiry=None)
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers={"X-API-Key": api_key},
+                                 timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits,
+                                 follow_redirects=True) as client:
+        ports, answered = [], time.monotonic()
+        for number, body in enumerate(bodies):
+            if number:
+                await asyncio.sleep(idle_s)
+                if release is not None:
+                    await release.wait()
+                result.idle_s = round(time.monotonic() - answered, 1)
+            try:
+                try:
+                    resp = await client.post("/rollout", json=body)
+                finally:
+                    if first_done is not None:
+                        first_done.set()
+            except httpx.HTTPError as exc:
+                which = "first" if number == 0 else f"after {result.idle_s:g}s idle, the second"
+                result.error = redact(f"{which} rollout failed: {type(exc).__name__}: "
+                                      f"{exc or 'connection dropped'}", hidden)
+                return result
+            answered = time.monotonic()
+            result.statuses.append(resp.status_code)
+            ports.append(_local_port(resp))
+    if None not in ports:
+        result.reconnected = ports[0] != ports[1]
+    return result
+
+
+__all__ = ["LOCAL_IDLE_S", "REMOTE_IDLE_S", "IdleResult", "idle_probe"]

@@ -1,0 +1,103 @@
+"""The mock policy's tool calls: valid calls for whatever tools a request offers.
+
+Given ``tools``, the mock answers like a small tool-calling model: it calls one of the offered
+functions (the one ``tool_choice`` names, if any) with arguments drawn from the function's
+JSON schema (enum values, array lengths within ``minItems``/``maxItems``, required
+properties), so a multi-turn environment gets a legal, varied game. About one reply in ten is
+plain text with no tool call, as small models do; a reply right after such a miss always
+calls a tool. The draw is keyed by the whole conversation: the same conversation (the same
+seed, turn after turn) always gets the same call, unless a sample key is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+TEXT_REPLY_RATE = 0.1
+TEXT_REPLY = "Let me think about what to do next."
+_MAX_DEPTH = 6
+
+
+def mock_tool_reply(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any], *,
+                    tool_choice: Any = None, sample: str | None = None) -> dict[str, Any]:
+    """The assistant message answering ``messages`` when ``tools`` are offered."""
+    functions = [t["function"] for t in tools if isinstance(t, Mapping)
+                 and t.get("type", "function") == "function"
+                 and isinstance(t.get("function"), Mapping) and t["function"].get("name")]
+    key = json.dumps(list(messages), sort_keys=True, default=str) + (sample or "")
+    rng = random.Random(hashlib.sha256(key.encode()).digest())
+    if not functions or tool_choice == "none":
+        return {"role": "assistant", "content": TEXT_REPLY}
+    chosen = _named_choice(tool_choice, functions)
+    just_missed = bool(messages) and _missed_a_call(messages)
+    if chosen is None and not just_missed and tool_choice != "required" \
+            and rng.random() < TEXT_REPLY_RATE:
+        return {"role": "assistant", "content": TEXT_REPLY}
+    function = chosen or rng.choice(functions)
+    arguments = sample_schema(function.get("parameters") or {"type": "object"}, rng)
+    call_id = "call_" + hashlib.sha256(f"{key}:{function['name']}".encode()).hexdigest()[:24]
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": call_id, "type": "function",
+        "function": {"name": function["name"], "arguments": json.dumps(arguments)}}]}
+
+
+def _named_choice(tool_choice: Any, functions: list[Mapping[str, Any]]
+                  ) -> Mapping[str, Any] | None:
+    if isinstance(tool_choice, Mapping):
+        name = (tool_choice.get("function") or {}).get("name")
+        return next((f for f in functions if f["name"] == name), None)
+    return None
+
+
+def _missed_a_call(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the last assistant turn came without a tool call (and was then corrected)."""
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            return not m.get("tool_calls")
+    return False
+
+
+def sample_schema(schema: Mapping[str, Any], rng: random.Random, depth: int = 0) -> Any:
+    """A value that satisfies the common JSON-schema keywords of ``schema``."""
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return rng.choice(list(schema["enum"]))
+    for combined in ("anyOf", "oneOf"):
+        if schema.get(combined):
+            return sample_schema(rng.choice(schema[combined]), rng, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if depth > _MAX_DEPTH:
+        return None
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        return {name: sample_schema(sub, rng, depth + 1) for name, sub in properties.items()
+                if name in required or rng.random() < 0.5}
+    if kind == "array":
+        low = int(schema.get("minItems", 1))
+        high = int(schema.get("maxItems", max(low, 3)))
+        return [sample_schema(schema.get("items") or {}, rng, depth + 1)
+                for _ in range(rng.randint(low, max(low, high)))]
+    if kind == "integer":
+        low = int(schema.get("minimum", 0))
+        return rng.randint(low, int(schema.get("maximum", low + 10)))
+    if kind == "number":
+        low = float(schema.get("minimum", 0.0))
+        return round(rng.uniform(low, float(schema.get("maximum", low + 1.0))), 3)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    return "mock"
+
+
+__all__ = ["TEXT_REPLY", "TEXT_REPLY_RATE", "mock_tool_reply", "sample_schema"]

@@ -1,0 +1,201 @@
+"""Verdicts: each rehearsal measurement turned into a `RehearsalCheck` with its number first,
+and the fix when it would waste the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synth_deploy.runs._capacity import CapacityReport
+from synth_deploy.runs._determinism import DeterminismResult
+from synth_deploy.runs._idle import IdleResult
+from synth_deploy.runs._rehearsal_report import RehearsalCheck
+from synth_deploy.runs._timeouts import TimeoutAssessment
+from synth_deploy.runs._training_step import StepResult
+
+
+def duration(seconds: float | None) -> str:
+    """``0.84s``, ``12.3s``, ``7m 05s``, ``2h 03m``."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def health_check(report: Any) -> RehearsalCheck:
+    if report.healthy:
+        return RehearsalCheck("health", "pass", "answers /health, /info and /task_info with "
+                              "the key", data={"duration_ms": round(report.duration_ms, 1)})
+    failure = report.failure
+    return RehearsalCheck("health", "fail", f"{failure.name}: {failure.actual}",
+                          fix=failure.hint, data=report.to_dict())
+
+
+def step_check(step: StepResult) -> RehearsalCheck:
+    plan = step.plan
+    n = len(step.outcomes)
+    tokens = "tokens not reported" if step.tokens is None else f"{step.tokens} tokens"
+    run = (f"whole run ≈ {duration(step.projected_run_s)} of rollouts ({plan.steps} steps)"
+           if step.projected_run_s is not None else "run length unknown (no "
+           "iterations_per_epoch)")
+    finding = (f"{step.failures} of {n} rollouts failed · {duration(step.wall_s)} per step at "
+               f"concurrency {step.concurrency} · {run} · {tokens}")
+    details = [f"{count}× {cause}" for cause, count in step.causes()]
+    if step.failures:
+        return RehearsalCheck("training step", "fail", finding, details=details,
+                              fix="fix the causes listed: the trainer gets no reward from a "
+                                  "failed rollout", data=step.to_dict())
+    return RehearsalCheck("training step", "pass", finding, data=step.to_dict())
+
+
+def signal_check(step: StepResult) -> RehearsalCheck:
+    plan, data = step.plan, step.to_dict()
+    total, zero = plan.groups, step.zero_variance_groups
+    scored = total - step.groups_without_rewards
+    finding = f"{zero} of {total} groups have zero reward variance"
+    if step.groups_without_rewards:
+        finding += f" ({step.groups_without_rewards} returned no reward)"
+    if scored == 0:
+        return RehearsalCheck("reward signal", "fail", f"no group returned a reward "
+                              f"({total} groups)", fix="make the rollout record a reward "
+                              "(ctx.tracer.record_outcome_reward)", data=data)
+    if plan.group_size < 2:
+        return RehearsalCheck("reward signal", "warn", f"group_size {plan.group_size}: no "
+                              "group to compare", fix="set [training] group_size to 2 or more "
+                              "for GRPO/GSPO", data=data)
+    rewards = {r for g in step.groups for r in g.rewards}
+    if zero == scored:
+        same = (f"every rollout scored {rewards.pop():g}" if len(rewards) == 1
+                else "each group's members all scored alike")
+        return RehearsalCheck(
+            "reward signal", "fail", f"{finding}: no learning signal", details=[same],
+            fix="the reward must depend on what the policy does: check how the rollout "
+                "computes it, and that the policy samples (temperature > 0)", data=data)
+    if zero * 4 > total * 3:  # GRPO tolerates some; past three in four, little is learnt
+        return RehearsalCheck(
+            "reward signal", "warn", f"{finding}: most of each step teaches nothing",
+            fix="tasks the policy always (or never) solves give no gradient: mix "
+                "difficulties or pick other seeds", data=data)
+    return RehearsalCheck("reward signal", "pass", finding, data=data)
+
+
+def determinism_check(result: DeterminismResult) -> RehearsalCheck:
+    data, seed = result.to_dict(), result.seed
+    if result.error:
+        return RehearsalCheck("determinism", "warn", f"seed {seed}: could not compare: "
+                              f"{result.error}", data=data)
+    if result.task_info_difference:
+        return RehearsalCheck(
+            "determinism", "fail", f"seed {seed} gave 2 different tasks: "
+            f"{result.task_info_difference}",
+            fix="derive each instance from its seed alone (random.Random(seed)), not from "
+                "global state or the clock: a group must share one task", data=data)
+    if result.rollout_difference:
+        finding = f"seed {seed} twice, 2 different rollouts: {result.rollout_difference}"
+        if not result.policy_deterministic:
+            return RehearsalCheck(
+                "determinism", "warn", finding, data=data,
+                fix="may be the policy (a real endpoint need not be deterministic at "
+                    "temperature 0); rerun with the mock policy to tell")
+        return RehearsalCheck(
+            "determinism", "fail", finding, data=data,
+            fix="the environment draws randomness that is not derived from the seed: seed "
+                "every RNG the rollout uses from request.env.seed")
+    reward = result.rewards[0]
+    return RehearsalCheck("determinism", "pass", f"seed {seed} twice: same task, same "
+                          f"trajectory, reward {'-' if reward is None else f'{reward:g}'}",
+                          data=data)
+
+
+def capacity_check(report: CapacityReport, wanted: int, modal: Any = None, *,
+                   one_process: bool = True) -> RehearsalCheck:
+    """``one_process``: the app was served here, so a level is what one container holds
+    (a remote URL may be many containers: no per-container advice then)."""
+    data = report.to_dict(wanted)
+    rec = data["recommended"]
+    stopped = report.stopped_by
+    tested = report.levels[-1].concurrency if report.levels else 0
+    details = [f"stopped at {stopped.concurrency}: {stopped.problem}"] if stopped else []
+    if rec["concurrent_inputs"] and one_process:
+        details.append(f"recommended: max_concurrent_rollouts = {rec['max_concurrent_rollouts']}"
+                       f"; Modal concurrent_inputs = {rec['concurrent_inputs']}, "
+                       f"max_containers = {rec['max_containers']}")
+    elif rec["concurrent_inputs"]:
+        details.append(f"recommended: max_concurrent_rollouts = {rec['max_concurrent_rollouts']}"
+                       " (measured across the whole deployment; rehearse with --app for "
+                       "per-container advice)")
+    details += report.notes
+    sustained = report.sustained
+    if sustained == 0:
+        return RehearsalCheck("capacity", "fail", "fails even one rollout at a time",
+                              details=details, fix="fix the failures first (see the training "
+                              "step)", data=data)
+    knee = report.knee
+    finding = (f"held {sustained} concurrent rollouts (tried up to {tested}); knee at "
+               f"{knee.concurrency} ({knee.rollouts_per_s:.1f} rollouts/s)")
+    if sustained < wanted:
+        return RehearsalCheck(
+            "capacity", "fail", f"{finding}; the config asks for {wanted}", details=details,
+            fix=f"set [rollout] max_concurrent_rollouts = {sustained}, or give the app more "
+                "capacity (Modal: concurrent_inputs, max_containers)", data=data)
+    warnings = []
+    if tested < wanted:
+        warnings.append(f"only tried up to {tested} (the config asks for {wanted})")
+    if modal is not None:
+        if modal.concurrent_inputs > sustained and stopped is not None:
+            warnings.append(f"ModalSettings.concurrent_inputs = {modal.concurrent_inputs} is "
+                            f"more than one app process held here ({sustained})")
+        if modal.max_containers and modal.max_containers * modal.concurrent_inputs < wanted:
+            warnings.append(f"Modal carries at most {modal.max_containers} × "
+                            f"{modal.concurrent_inputs} rollouts at once; the config asks for "
+                            f"{wanted}")
+    if warnings:
+        return RehearsalCheck("capacity", "warn", f"{finding}; {warnings[0]}",
+                              details=warnings[1:] + details,
+                              fix="adjust ModalSettings as recommended", data=data)
+    return RehearsalCheck("capacity", "pass", finding, details=details, data=data)
+
+
+def timeouts_check(assessment: TimeoutAssessment) -> RehearsalCheck:
+    data = assessment.to_dict()
+    details = assessment.outlived[1:] + assessment.inverted + assessment.notes
+    fix = assessment.fixes[0] if assessment.fixes else None
+    if assessment.outlived:
+        return RehearsalCheck("timeouts", "fail", assessment.outlived[0], fix=fix,
+                              details=details, data=data)
+    chain = " ≤ ".join(f"{layer.name} {layer.seconds:g}s" for layer in assessment.layers)
+    observed = duration(assessment.observed_max_s)
+    if assessment.inverted:
+        return RehearsalCheck("timeouts", "warn", f"{len(assessment.inverted)} out of order: "
+                              f"{assessment.inverted[0]}", fix=fix,
+                              details=assessment.inverted[1:] + assessment.notes, data=data)
+    return RehearsalCheck("timeouts", "pass", f"slowest rollout {observed}; in order: {chain}",
+                          details=assessment.notes, data=data)
+
+
+def idle_check(result: IdleResult) -> RehearsalCheck:
+    data = result.to_dict()
+    idle = f"{result.idle_s:g}s"
+    if result.survived is None:
+        return RehearsalCheck("idle connection", "skip", f"not measured: {result.error}",
+                              data=data)
+    if not result.survived:
+        return RehearsalCheck(
+            "idle connection", "fail", f"lost after {idle} idle: {result.error}", data=data,
+            fix="something on the path drops idle connections without closing them: set the "
+                f"trainer's keep-alive expiry below {idle}, or have it retry a rollout that "
+                "failed before any answer on a fresh connection")
+    how = ("on a new connection (the server closed the idle one cleanly)"
+           if result.reconnected else "on the same connection")
+    return RehearsalCheck("idle connection", "pass", f"a rollout after {idle} idle survived "
+                          f"{how}", data=data)
+
+
+__all__ = ["capacity_check", "determinism_check", "duration", "health_check", "idle_check",
+           "signal_check", "step_check", "timeouts_check"]

@@ -1,0 +1,127 @@
+"""uvicorn's HTTP/1.1 protocol, with the bounds it lacks: how long a request may take to
+arrive, and how many connections may be open at once.
+
+uvicorn starts its keep-alive timer only after a first response, and any byte resets it, so a
+client that connects and sends nothing (or a header byte every few seconds) holds its
+connection, and a file descriptor, forever; at the default limit of 1,024 open files the
+server stops accepting. Here:
+
+- a request's headers must arrive within ``header_timeout_s`` of the connection opening (or of
+  the previous response), and its body within ``body_timeout_s`` of the headers, or the
+  connection is closed;
+- beyond ``max_connections`` open connections a new one is answered 503 at once and closed,
+  so a crowd gets a prompt "come back later" instead of a hang.
+
+Settings come from `ConnectionLimits` (see `_runner`, the one place uvicorn is configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+if TYPE_CHECKING:
+    from synth_deploy.taskapp._runner import ConnectionLimits
+
+logger = logging.getLogger("synth_deploy.taskapp")
+_REFUSED_LINGER_S = 1.0  # a refused client still gets to read its 503 before the close
+_WARN_EVERY_S = 10.0  # a flood of refusals is one log line every so often, not one each
+_last_warning = [float("-inf")]
+
+
+def _busy_response(limit: int) -> bytes:
+    body = json.dumps({"detail": {"error": {
+        "code": "server_busy",
+        "message": f"the server already holds its maximum of {limit} connections; retry "
+                   f"shortly"}}}).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class BoundedH11Protocol(H11Protocol):
+    """`H11Protocol` with request deadlines and a connection cap (see the module docstring)."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *,
+                 limits: ConnectionLimits) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._limits = limits
+        self._refused = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_for: str | None = None  # "headers" or "body" while a deadline runs
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self._limits.max_connections:
+            self._refuse()
+            return
+        self._track()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped: unread bytes would turn our close into a reset
+        super().data_received(data)
+        self._track()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._track()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_deadline()
+        super().connection_lost(exc)
+
+    # -- deadlines -------------------------------------------------------------------------
+
+    def _track(self) -> None:
+        """Arm the deadline for what the client owes us next; a running request has none."""
+        if self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            self._expect("headers", self._limits.header_timeout_s)
+        elif state is h11.SEND_BODY:
+            self._expect("body", self._limits.body_timeout_s)
+        else:
+            self._stop_deadline()
+
+    def _expect(self, what: str, timeout_s: float) -> None:
+        if self._waiting_for == what:
+            return  # the deadline counts from when we started waiting, not from the last byte
+        self._stop_deadline()
+        self._waiting_for = what
+        self._deadline = self.loop.call_later(timeout_s, self._expired, what, timeout_s)
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline, self._waiting_for = None, None
+
+    def _expired(self, what: str, timeout_s: float) -> None:
+        self._deadline, self._waiting_for = None, None
+        if not self.transport.is_closing():
+            logger.debug("closing a connection from %s: request %s not received within %gs",
+                         self.client, what, timeout_s)
+            self.transport.close()
+
+    # -- the cap ---------------------------------------------------------------------------
+
+    def _refuse(self) -> None:
+        self._refused = True
+        if self.loop.time() - _last_warning[0] > _WARN_EVERY_S:
+            _last_warning[0] = self.loop.time()
+            logger.warning("%d connections open (limit %d): new ones are answered 503",
+                           len(self.connections), self._limits.max_connections)
+        self.transport.write(_busy_response(self._limits.max_connections))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(_REFUSED_LINGER_S, self.transport.close)
+
+
+__all__ = ["BoundedH11Protocol"]

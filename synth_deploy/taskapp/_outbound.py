@@ -1,0 +1,131 @@
+"""Outbound HTTP made on a request's behalf (`ctx.http`, the policy call): redirects are not
+followed, and link-local addresses are refused unless the app allows them.
+
+A key holder chooses ``policy.config.inference_url``, so a key holder chooses where the server
+connects. Link-local addresses are where cloud metadata services answer (169.254.169.254 on
+AWS, GCP and Azure; fd00:ec2::254 on AWS over IPv6) with credentials for the machine the app
+runs on. The check is made on the address actually connected to, after DNS: a name that
+resolves there, or answers differently on a second lookup, is refused too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+import httpcore
+import httpx
+
+from synth_deploy.tls import client_ssl_context
+
+# AWS's IPv6 metadata address is a unique-local one, not link-local by the RFCs.
+_METADATA_V6 = ipaddress.IPv6Address("fd00:ec2::254")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+ALLOW_LINK_LOCAL_HINT = ("link-local addresses are refused because cloud metadata services "
+                         "answer there; an app that really needs one sets "
+                         "allow_link_local=True in its TaskApp(...)")
+
+
+class RefusedAddress(httpcore.ConnectError):
+    """A connection the guard refused: ``host`` resolved to the link-local ``address``."""
+
+    def __init__(self, host: str, address: str) -> None:
+        super().__init__(f"{host} resolves to the link-local address {address}: refused")
+        self.host, self.address = host, address
+
+
+def is_link_local(address: str) -> bool:
+    """True for 169.254.0.0/16, fe80::/10, fd00:ec2::254, and their IPv4-in-IPv6 forms."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip == _METADATA_V6:
+            return True
+        embedded = ip.ipv4_mapped or ip.sixtofour or (
+            ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF) if ip in _NAT64 else None)
+        if embedded is not None:
+            ip = embedded
+    return ip.is_link_local
+
+
+class _GuardedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, resolving names itself and refusing link-local answers."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self._inner = inner
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Iterable[Any] | None = None
+                          ) -> httpcore.AsyncNetworkStream:
+        try:
+            with anyio.fail_after(timeout):
+                infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from exc
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        for address in addresses:
+            if is_link_local(address):
+                raise RefusedAddress(host, address)
+        error: Exception | None = None
+        for address in addresses:  # connect to what was checked, not to a second lookup
+            try:
+                return await self._inner.connect_tcp(address, port, timeout=timeout,
+                                                     local_address=local_address,
+                                                     socket_options=socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc
+        raise error or httpcore.ConnectError(f"{host} resolves to no address")
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Iterable[Any] | None = None
+                                  ) -> httpcore.AsyncNetworkStream:
+        return await self._inner.connect_unix_socket(path, timeout=timeout,
+                                                     socket_options=socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class _GuardedTransport(httpx.AsyncHTTPTransport):
+    def __init__(self, limits: httpx.Limits) -> None:
+        super().__init__(limits=limits, verify=client_ssl_context())
+        # httpx does not take a network backend; its pool is rebuilt with the same settings
+        # and ours (tests/taskapp/test_hardening.py fails if httpx stops using `_pool`).
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=client_ssl_context(), max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_GuardedBackend(httpcore.AnyIOBackend()))
+
+
+def outbound_client(*, allow_link_local: bool) -> httpx.AsyncClient:
+    """The client a served app calls out with: bounded, no redirects, link-local refused."""
+    # Idle connections expire before uvicorn's 5 s keep-alive does, so the pool rarely hands
+    # out one the policy server is closing.
+    limits = httpx.Limits(max_connections=256, keepalive_expiry=3.0)
+    transport = (httpx.AsyncHTTPTransport(limits=limits, verify=client_ssl_context())
+                 if allow_link_local else _GuardedTransport(limits))
+    return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits,
+                             transport=transport, follow_redirects=False)
+
+
+def refused_address(exc: BaseException) -> RefusedAddress | None:
+    """The guard's refusal behind an httpx error, if that is what it was."""
+    while exc is not None:
+        if isinstance(exc, RefusedAddress):
+            return exc
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+__all__ = ["ALLOW_LINK_LOCAL_HINT", "RefusedAddress", "is_link_local", "outbound_client",
+           "refused_address"]

@@ -1,0 +1,99 @@
+"""What the server checks about a request before an app's code sees it.
+
+The protocol's own routes skip FastAPI's machinery (see `_ProtocolApp`), so what FastAPI would
+have done for them is done here, in the protocol's error shape: a wrong method is a 405 with
+``Allow``, a body that is not JSON a 415, a seed list that is not small ASCII integers a 422,
+and an unexpected exception a bare 500 whose traceback goes to the log, never to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from synth_deploy.errors import BadRequest
+from synth_deploy.taskapp._responses import error_response
+
+logger = logging.getLogger("synth_deploy.taskapp")
+
+# ASCII digits only (str.isdigit() accepts "²" and "٣"), and few enough of them that int()
+# is cheap and the value fits the int64 a trainer's seed is.
+_SEED = re.compile(r"-?[0-9]{1,18}")
+_JSON_TYPE = re.compile(r"application/(?:[\w.+-]+\+)?json", re.ASCII)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """An `HTTPException` in the protocol's error shape, its headers (``Allow``) kept."""
+    assert isinstance(exc, HTTPException)
+    if isinstance(getattr(exc, "detail", None), dict):  # FastAPI's, from an app's router
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code,
+                            headers=exc.headers)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    message = str(exc.detail)
+    if exc.status_code == 405 and exc.headers and "Allow" in exc.headers:
+        message = f"{request.method} is not allowed on {request.url.path}; use " \
+                  f"{' or '.join(sorted(exc.headers['Allow'].split(', ')))}"
+    return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message,
+                          headers=exc.headers)
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    """A 500 that says nothing of the cause: the traceback is logged by the server."""
+    return error_response(500, "internal_error", "the task app failed while handling "
+                          f"{request.method} {request.url.path}; see the server's log")
+
+
+def guarded(router: Any) -> Any:
+    """``router`` answering wrong methods with 405 and failures with a plain 500."""
+    return ServerErrorMiddleware(ExceptionMiddleware(router, handlers={
+        HTTPException: http_error}), handler=server_error)
+
+
+def unsupported_media_type(request: Request) -> Response | None:
+    """415 unless the body is declared JSON (no Content-Type at all is read as JSON)."""
+    declared = request.headers.get("content-type")
+    if declared is None or _JSON_TYPE.fullmatch(declared.split(";", 1)[0].strip().lower()):
+        return None
+    return error_response(415, "unsupported_media_type",
+                          f"the request body must be JSON (Content-Type: application/json), "
+                          f"got {declared.split(';', 1)[0].strip()[:80]!r}")
+
+
+def requested_seeds(request: Request, limit: int) -> list[int]:
+    """The seeds of ``?seed=N`` / ``?seeds=A,B`` (repeatable); `BadRequest` (422) when one is
+    not an ASCII integer or there are more than ``limit``."""
+    params = request.query_params
+    raw = [part.strip() for value in params.getlist("seed") + params.getlist("seeds")
+           for part in value.split(",") if part.strip()]
+    if len(raw) > limit:
+        raise BadRequest(f"{len(raw)} seeds asked for; at most {limit} per request",
+                         code="too_many_seeds", field="query.seed",
+                         hint="ask for the seeds in batches")
+    for text in raw:
+        if not _SEED.fullmatch(text):
+            shown = text if len(text) <= 24 else text[:24] + "…"
+            raise BadRequest(f"seed must be an integer of at most 18 digits, got {shown!r}",
+                             code="invalid_seed", field="query.seed")
+    return [int(text) for text in raw]
+
+
+def bad_request_response(exc: BadRequest, **extra: Any) -> Response:
+    """A `BadRequest` as the protocol's error body: its status, code, message and field."""
+    if exc.field:
+        extra["errors"] = [{"path": exc.field, "message": exc.message}]
+    if exc.hint:
+        extra["hint"] = exc.hint
+    return error_response(exc.status, exc.code, exc.message, **extra)
+
+
+__all__ = ["bad_request_response", "guarded", "http_error", "requested_seeds",
+           "server_error", "unsupported_media_type"]

@@ -1,0 +1,272 @@
+"""Browsing a trace store: filtered pages of sessions, reward summaries, per-seed comparisons.
+
+What `synth-deploy traces view` shows. Paging, filtering, sorting and aggregation happen in
+SQL, so a page of a million-session store costs an indexed query, never a full read. Reads
+only: nothing here writes to the store.
+
+Fields the store keeps as trusted columns (app, run, model, status, seed, reward, created)
+filter on their indexes; mode and split live in the session's metadata JSON and are read from
+it. A file opened read-only at an older schema (a synth-ai file) derives what its columns
+lack from the metadata: slower, the same answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from synth_deploy.errors import UsageError
+from synth_deploy.tracing import _schema as schema
+from synth_deploy.tracing._store import TraceStore
+
+COUNT_CAP = 100_000
+SAMPLE_FOR_CHOICES = 20_000
+
+
+# The page's field names → the store's session fields (columns where it can trust them).
+_STORE_FIELDS = {"app": "app_id", "run": "run_id", "model": "model_name", "status": "status",
+                 "seed": "seed", "reward": "total_reward"}
+# Fields kept only in the metadata JSON (mode and split are indexed from schema version 4).
+_METADATA_FIELDS = {**schema.METADATA_FIELDS, "duration_s": "$.duration_s",
+                    "error": "$.error.message"}
+# Sort keys the table offers: each one an index walks in order (rowid breaks ties, and every
+# index holds it), so the first page of a million sessions never sorts them all.
+_SORTS = {"created": ("created",), "reward": ("reward",), "app": ("app", "created"),
+          "model": ("model",), "run": ("run",)}
+SORT_KEYS = tuple(_SORTS)
+
+
+@dataclass(frozen=True)
+class SessionFilter:
+    """Which sessions a page, summary, comparison or export covers (all given fields AND).
+
+    ``since`` and ``until`` are stored timestamp text (`since_timestamp` makes it):
+    ``since`` inclusive, ``until`` exclusive. ``status`` is ``"ok"`` or ``"error"``.
+    """
+
+    app: str | None = None
+    model: str | None = None
+    run_id: str | None = None
+    split: str | None = None
+    mode: str | None = None
+    status: str | None = None
+    seed: int | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    since: str | None = None
+    until: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in (None, "ok", "error"):
+            raise UsageError(f"status must be 'ok' or 'error', got {self.status!r}")
+        if (self.min_reward is not None and self.max_reward is not None
+                and self.min_reward > self.max_reward):
+            raise UsageError(f"the reward range is empty: min {self.min_reward:g} > max "
+                             f"{self.max_reward:g}", hint="swap the two bounds")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """One session as the viewer's table lists it."""
+
+    session_id: str
+    created_at: str
+    app_id: str | None
+    run_id: str | None
+    model: str | None
+    seed: int | None
+    status: str | None
+    total_reward: float | None
+    mode: str | None
+    split: str | None
+    duration_s: float | None
+    error: str | None
+    num_timesteps: int
+    num_events: int
+    num_messages: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class SessionPage:
+    """A page of sessions; ``total`` is exact unless ``total_is_lower_bound``."""
+
+    rows: list[SessionRow]
+    offset: int
+    limit: int
+    total: int
+    total_is_lower_bound: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [r.to_dict() for r in self.rows], "offset": self.offset,
+                "limit": self.limit, "total": self.total,
+                "total_is_lower_bound": self.total_is_lower_bound}
+
+
+class SessionSql:
+    """SQL expressions for the fields, as this store's columns allow."""
+
+    def __init__(self, store: TraceStore) -> None:
+        self.query = store._db.query
+        self.expr = {name: store._fields[column] for name, column in _STORE_FIELDS.items()}
+        self.indexed = {name for name, column in _STORE_FIELDS.items()
+                        if self.expr[name] == f"s.{column}"} | {"created"}
+        self.expr.update({name: schema.metadata_field(path, "s")
+                          for name, path in _METADATA_FIELDS.items()}, created="s.created_at")
+        if store.schema_version >= schema.INDEXED_METADATA_VERSION:
+            self.indexed |= set(schema.METADATA_FIELDS)
+
+    def where(self, f: SessionFilter, *, extra: list[str] | None = None,
+              params: list[Any] | None = None) -> tuple[str, list[Any], bool]:
+        """(`` WHERE ...``, parameters, whether every clause is on an indexed column)."""
+        e = self.expr
+        clauses, values = list(extra or []), list(params or [])
+        on_json = False
+        for name, value in (("app", f.app), ("model", f.model), ("run", f.run_id),
+                            ("split", f.split), ("mode", f.mode), ("status", f.status),
+                            ("seed", f.seed)):
+            if value is not None and value != "":
+                clauses.append(f"{e[name]} = ?")
+                values.append(value)
+                on_json |= name not in self.indexed
+        for op, value in ((">=", f.min_reward), ("<=", f.max_reward)):
+            if value is not None:
+                clauses.append(f"{e['reward']} {op} ?")
+                values.append(float(value))
+                on_json |= "reward" not in self.indexed
+        # synth-ai writes times as ISO text with a "T" (ours has a space), which sorts after
+        # ours on the same day: such rows are compared with the bound in their spelling.
+        if f.since:
+            clauses.append("s.created_at >= ? AND (substr(s.created_at, 11, 1) != 'T' OR "
+                           "s.created_at >= ?)")
+            values += [f.since, f.since.replace(" ", "T", 1)]
+        if f.until:
+            clauses.append("s.created_at < ? AND (substr(s.created_at, 11, 1) = 'T' OR "
+                           "s.created_at < ?)")
+            values += [f.until.replace(" ", "T", 1), f.until]
+        sql = " WHERE " + " AND ".join(clauses) if clauses else ""
+        return sql, values, not on_json
+
+
+def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *,
+                    sort: str = "created", descending: bool = True, offset: int = 0,
+                    limit: int = 50, count_cap: int = COUNT_CAP) -> SessionPage:
+    """One page of the sessions ``where`` selects, sorted by ``sort`` (one of `SORT_KEYS`).
+
+    The total is exact when every filter is on an indexed column; otherwise counting stops
+    at ``count_cap`` (``total_is_lower_bound``) so a rare match cannot cost a full scan twice.
+    """
+    if sort not in SORT_KEYS:
+        raise UsageError(f"cannot sort by {sort!r}", hint=f"sort by one of {', '.join(SORT_KEYS)}")
+    if limit < 1 or offset < 0:
+        raise UsageError(f"bad page: offset {offset}, limit {limit}",
+                         hint="offset ≥ 0 and limit ≥ 1")
+    fields = SessionSql(store)
+    e = fields.expr
+    clause, params, indexed = fields.where(where)
+    order = "DESC" if descending else "ASC"
+    rows = fields.query(
+        f"SELECT s.session_id, s.created_at, {e['app']} AS app, {e['run']} AS run, "
+        f"{e['model']} AS model, {e['seed']} AS seed, {e['status']} AS status, "
+        f"{e['reward']} AS reward, {e['mode']} AS mode, {e['split']} AS split, "
+        f"{e['duration_s']} AS duration_s, {e['error']} AS error, s.num_timesteps, "
+        f"s.num_events, s.num_messages FROM session_traces s{clause} "
+        f"ORDER BY {', '.join(f'{e[name]} {order}' for name in _SORTS[sort])}, s.rowid {order} "
+        "LIMIT ? OFFSET ?",
+        params + [int(limit), int(offset)])
+    if indexed:
+        total = fields.query(f"SELECT COUNT(*) AS n FROM session_traces s{clause}",
+                             params)[0]["n"]
+        capped = False
+    else:
+        total = fields.query(f"SELECT COUNT(*) AS n FROM (SELECT 1 FROM session_traces s"
+                             f"{clause} LIMIT ?)", params + [count_cap + 1])[0]["n"]
+        capped = total > count_cap
+        total = min(total, count_cap)
+    return SessionPage(rows=[_row(r) for r in rows], offset=offset, limit=limit,
+                       total=int(total), total_is_lower_bound=capped)
+
+
+def _row(r: dict[str, Any]) -> SessionRow:
+    seed = r["seed"]
+    return SessionRow(
+        session_id=r["session_id"], created_at=str(r["created_at"]), app_id=r["app"],
+        run_id=r["run"], model=r["model"], seed=int(seed) if isinstance(seed, int | float)
+        else None, status=r["status"], total_reward=_float(r["reward"]), mode=r["mode"],
+        split=r["split"], duration_s=_float(r["duration_s"]),
+        error=None if r["error"] is None else str(r["error"]),
+        num_timesteps=r["num_timesteps"], num_events=r["num_events"],
+        num_messages=r["num_messages"])
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def matching_session_ids(store: TraceStore, where: SessionFilter, *,
+                         oldest_first: bool = True) -> list[str]:
+    """The ids of every session ``where`` selects, in creation order."""
+    fields = SessionSql(store)
+    clause, params, _ = fields.where(where)
+    order = "ASC" if oldest_first else "DESC"
+    return [r["session_id"] for r in fields.query(
+        f"SELECT s.session_id FROM session_traces s{clause} "
+        f"ORDER BY s.created_at {order}, s.rowid {order}", params)]
+
+
+def filter_choices(store: TraceStore, *, sample: int = SAMPLE_FOR_CHOICES) -> dict[str, Any]:
+    """Values to offer in the filters: every app, model, run, mode and split, one index seek
+    a value; on a file without those indexes, the values seen in the newest ``sample``."""
+    fields = SessionSql(store)
+    choices: dict[str, Any] = {}
+    for name in ("app", "model", "run", "mode", "split"):
+        choices[name] = (_distinct_by_index(fields, fields.expr[name])
+                         if name in fields.indexed else
+                         _distinct_in_sample(fields, fields.expr[name], sample))
+    # Apart, MIN and MAX are one index seek each (together they would scan).
+    one = lambda sql: fields.query(f"SELECT {sql} AS v FROM session_traces")[0]["v"]  # noqa: E731
+    choices.update(sessions=int(one("COUNT(*)")), first_at=one("MIN(created_at)"),
+                   last_at=one("MAX(created_at)"))
+    return choices
+
+
+def _distinct_by_index(fields: SessionSql, column: str, cap: int = 500) -> list[str]:
+    # One index seek per value: a million rows with a dozen apps cost a dozen seeks.
+    found: list[str] = []
+    last: Any = None
+    while len(found) < cap:
+        if last is None:
+            row = fields.query(f"SELECT MIN({column}) AS v FROM session_traces s")[0]
+        else:
+            row = fields.query(f"SELECT MIN({column}) AS v FROM session_traces s "
+                               f"WHERE {column} > ?", (last,))[0]
+        if row["v"] is None:
+            break
+        last = row["v"]
+        found.append(str(last))
+    return found
+
+
+def _distinct_in_sample(fields: SessionSql, expr: str, sample: int) -> list[str]:
+    rows = fields.query(f"SELECT DISTINCT v FROM (SELECT {expr} AS v FROM session_traces s "
+                        "ORDER BY s.created_at DESC LIMIT ?) WHERE v IS NOT NULL "
+                        "ORDER BY v LIMIT 500", (sample,))
+    return [str(r["v"]) for r in rows]
+
+
+__all__ = [
+    "COUNT_CAP",
+    "SORT_KEYS",
+    "SessionFilter",
+    "SessionPage",
+    "SessionRow",
+    "browse_sessions",
+    "filter_choices",
+    "matching_session_ids",
+]

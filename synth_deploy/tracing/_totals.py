@@ -1,0 +1,158 @@
+"""Running totals for `traces stats`: as cheap to read at a million sessions as at ten.
+
+Two small tables, one row per (app, status) and one per LM model, kept in step by SQLite
+triggers with every insert, update and delete of a session row or an LM-call event, by
+whoever writes them (our writer, or synth-ai's tracer writing into a file we migrated).
+Schema version 5 creates them, fills them from the rows already stored, and adds the
+triggers, in one transaction. Files opened read-only at an older version are summed from
+their rows instead: the same answers, slower.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synth_deploy.tracing._ledger import UNKNOWN_MODEL, CostLedger, ModelTokens
+
+TOTALS_VERSION = 5
+SESSIONS = "synth_deploy_session_totals"
+MODELS = "synth_deploy_model_totals"
+
+# synth-ai stores an LM call's cost in cents (int(cost_usd * 100)); its rows are the ones
+# without our event_uid (a column from version 2).
+_DOLLARS = "(CASE WHEN {r}.event_uid IS NULL THEN {r}.cost_usd / 100.0 ELSE {r}.cost_usd END)"
+
+_SESSION_SUMS = {  # column: what one session row adds
+    "sessions": "1", "timesteps": "COALESCE({r}.num_timesteps, 0)",
+    "messages": "COALESCE({r}.num_messages, 0)", "reward_sum": "COALESCE({r}.total_reward, 0)",
+    "rewards": "({r}.total_reward IS NOT NULL)",
+    # the rollout's wall time, as our server records it (the cost ledger's wall_s)
+    "wall_s": "COALESCE(CASE WHEN json_valid({r}.metadata) THEN "
+              "CAST(json_extract({r}.metadata, '$.duration_s') AS REAL) END, 0)"}
+_MODEL_SUMS = {  # column: what one LM call adds
+    "lm_calls": "1", "input_tokens": "COALESCE({r}.input_tokens, 0)",
+    "output_tokens": "COALESCE({r}.output_tokens, 0)",
+    "latency_sum": "COALESCE({r}.latency_ms, 0)", "latencies": "({r}.latency_ms IS NOT NULL)",
+    "cost_usd": f"COALESCE({_DOLLARS}, 0)"}
+
+
+def _apply(table: str, keys: tuple[str, ...], sums: dict[str, str], r: str, sign: str,
+           when: str = "1") -> list[str]:
+    """Statements adding (``sign`` +) or removing (-) row ``r`` (NEW or OLD) to its group;
+    keys compare with IS, so a NULL app or status is a group like any other."""
+    match = " AND ".join(f"{k} IS {r}.{k_src}" for k, k_src in keys_of(keys))
+    seed = ", ".join(f"{r}.{k_src}" for _, k_src in keys_of(keys))
+    zeros = ", ".join("0" for _ in sums)
+    return [
+        f"INSERT INTO {table} ({', '.join(k for k, _ in keys_of(keys))}, {', '.join(sums)}) "
+        f"SELECT {seed}, {zeros} WHERE ({when}) AND NOT EXISTS "
+        f"(SELECT 1 FROM {table} WHERE {match});",
+        f"UPDATE {table} SET " + ", ".join(
+            f"{col} = {col} {sign} {expr.format(r=r)}" for col, expr in sums.items())
+        + f" WHERE ({when}) AND {match};",
+    ]
+
+
+def keys_of(keys: tuple[str, ...]) -> list[tuple[str, str]]:
+    # (totals column, source column): the model table's key is the event's model_name.
+    return [(k, "model_name" if k == "model" else k) for k in keys]
+
+
+def _triggers() -> list[str]:
+    s_keys, m_keys = ("app_id", "status"), ("model",)
+    session_cols = "app_id, status, total_reward, num_timesteps, num_messages, metadata"
+    event_cols = "event_type, model_name, input_tokens, output_tokens, cost_usd, latency_ms, " \
+                 "event_uid"
+    lm_new, lm_old = "NEW.event_type = 'cais'", "OLD.event_type = 'cais'"
+
+    def trigger(name: str, event: str, table: str, body: list[str]) -> str:
+        return (f"CREATE TRIGGER IF NOT EXISTS synth_deploy_totals_{name} AFTER {event} ON "
+                f"{table} BEGIN " + " ".join(body) + " END")
+
+    return [
+        trigger("session_added", "INSERT", "session_traces",
+                _apply(SESSIONS, s_keys, _SESSION_SUMS, "NEW", "+")),
+        trigger("session_removed", "DELETE", "session_traces",
+                _apply(SESSIONS, s_keys, _SESSION_SUMS, "OLD", "-")),
+        trigger("session_changed", f"UPDATE OF {session_cols}", "session_traces",
+                _apply(SESSIONS, s_keys, _SESSION_SUMS, "OLD", "-")
+                + _apply(SESSIONS, s_keys, _SESSION_SUMS, "NEW", "+")),
+        trigger("lm_added", "INSERT", "events",
+                _apply(MODELS, m_keys, _MODEL_SUMS, "NEW", "+", lm_new)),
+        trigger("lm_removed", "DELETE", "events",
+                _apply(MODELS, m_keys, _MODEL_SUMS, "OLD", "-", lm_old)),
+        trigger("lm_changed", f"UPDATE OF {event_cols}", "events",
+                _apply(MODELS, m_keys, _MODEL_SUMS, "OLD", "-", lm_old)
+                + _apply(MODELS, m_keys, _MODEL_SUMS, "NEW", "+", lm_new)),
+    ]
+
+
+def _groups(keys: str, sums: dict[str, str], source: str) -> str:
+    return (f"SELECT {keys}, " + ", ".join(
+        f"SUM({expr.format(r='x')}) AS {col}" for col, expr in sums.items())
+        + f" FROM {source} GROUP BY {keys}")
+
+
+def migration() -> list[str]:
+    """Version 5: the tables, filled from the rows stored so far, then the triggers."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {SESSIONS} (app_id TEXT, status TEXT, sessions INTEGER "
+        "NOT NULL, timesteps INTEGER NOT NULL, messages INTEGER NOT NULL, reward_sum REAL NOT "
+        "NULL, rewards INTEGER NOT NULL, wall_s REAL NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS {MODELS} (model TEXT, lm_calls INTEGER NOT NULL, "
+        "input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, latency_sum REAL NOT "
+        "NULL, latencies INTEGER NOT NULL, cost_usd REAL NOT NULL)",
+        f"DELETE FROM {SESSIONS}",
+        f"DELETE FROM {MODELS}",
+        f"INSERT INTO {SESSIONS} " + _groups("app_id, status", _SESSION_SUMS,
+                                             "session_traces x"),
+        f"INSERT INTO {MODELS} " + _groups("model_name", _MODEL_SUMS,
+                                           "events x WHERE x.event_type = 'cais'"),
+        *_triggers(),
+    ]
+
+
+def session_groups(fields: dict[str, str], version: int) -> str:
+    """Per (app_id, status): sessions, timesteps, messages, reward_sum, rewards, wall_s."""
+    if version >= TOTALS_VERSION:
+        return f"SELECT * FROM {SESSIONS} WHERE sessions != 0"
+    # Older files: summed from the rows (their columns, or the metadata, as `fields` says).
+    sums = {col: expr.replace("{r}.total_reward", fields["total_reward"]).replace("{r}", "s")
+            for col, expr in _SESSION_SUMS.items()}
+    sums["wall_s"] = "0"  # the ledger of an older file is summed by `stored_ledger`
+    return (f"SELECT {fields['app_id']} AS app_id, {fields['status']} AS status, "
+            + ", ".join(f"SUM({expr}) AS {col}" for col, expr in sums.items())
+            + " FROM session_traces s GROUP BY 1, 2")
+
+
+def model_groups(version: int) -> str:
+    """Per model: lm_calls, input_tokens, output_tokens, latency_sum, latencies, cost_usd."""
+    if version >= TOTALS_VERSION:
+        return f"SELECT * FROM {MODELS} WHERE lm_calls != 0"
+    sums = dict(_MODEL_SUMS)
+    if version < 2:  # every row is synth-ai's: cents
+        sums["cost_usd"] = "COALESCE({r}.cost_usd / 100.0, 0)"
+    return "SELECT x.model_name AS model, " + ", ".join(
+        f"SUM({expr.format(r='x')}) AS {col}" for col, expr in sums.items()) \
+        + " FROM events x WHERE x.event_type = 'cais' GROUP BY x.model_name"
+
+
+def ledger(groups: list[dict[str, Any]], models: list[dict[str, Any]],
+           cost_usd: float) -> CostLedger:
+    """The store's `CostLedger` from its totals (what `stored_ledger` sums from the rows)."""
+    by_model = {(m["model"] or UNKNOWN_MODEL): ModelTokens(int(m["input_tokens"] or 0),
+                                                           int(m["output_tokens"] or 0))
+                for m in models}
+    lm_s = sum(max(float(m["latency_sum"] or 0.0), 0.0) for m in models) / 1000.0
+    wall_s = max(sum(float(g["wall_s"] or 0.0) for g in groups), 0.0)
+    return CostLedger(
+        rollouts=sum(int(g["sessions"]) for g in groups),
+        lm_calls=sum(int(m["lm_calls"]) for m in models),
+        input_tokens=sum(t.input_tokens for t in by_model.values()),
+        output_tokens=sum(t.output_tokens for t in by_model.values()),
+        lm_s=lm_s, env_s=max(wall_s - lm_s, 0.0), wall_s=wall_s, by_model=by_model,
+        cost_usd=cost_usd or None)
+
+
+__all__ = ["MODELS", "SESSIONS", "TOTALS_VERSION", "ledger", "migration", "model_groups",
+           "session_groups"]

@@ -1,0 +1,298 @@
+"""The writer process: a server's trace commits happen in a child, not in the server.
+
+A writer thread would share the GIL with the event loop: statement building and the Python
+side of every SQLite call compete with request handling, and the thread hands results back
+through the loop's self-pipe. Instead a served app's event loop (`TraceStore.
+use_writer_process`, called as the server starts) gets a child process for a local trace
+file, driven from the loop itself (no thread in between): the loop pickles the sessions
+finished in one iteration into one frame and writes it without blocking; the child's
+acknowledgements wake the loop through `add_reader` and settle the waiting futures in
+place. The child runs an ordinary in-process `TraceStore` (group commit, a bad session
+failing alone, idempotent re-writes), checkpoints the WAL from a thread of its own rather
+than inside a commit, and acknowledges a session only once its transaction has committed:
+an acknowledged write is on disk, as before.
+
+    event loop ──frames of [(seq, session), ...]──► child stdin
+    event loop ◄──frames of [(seq, error or None), ...]── child stdout
+
+A frame is a 4-byte little-endian length and a pickle. The child has its own session (the
+terminal's Ctrl-C does not cut a commit short) and exits once its stdin closes, after
+committing what it read: a parent killed with SIGKILL loses no acknowledged write and
+leaves no process behind. Its stderr is the parent's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from synth_deploy import errors as _base_errors
+from synth_deploy.errors import TraceStoreError
+from synth_deploy.tracing import _errors
+
+_HEAD = struct.Struct("<I")
+_READ_CHUNK = 1 << 16
+
+
+def frame(payload: Any) -> bytes:
+    data = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
+    return _HEAD.pack(len(data)) + data
+
+
+def read_frame(stream: BinaryIO) -> Any:
+    """The next frame's payload from a blocking stream; None at its end."""
+    head = stream.read(_HEAD.size)
+    if len(head) < _HEAD.size:
+        return None
+    (size,) = _HEAD.unpack(head)
+    data = stream.read(size)
+    return pickle.loads(data) if len(data) == size else None
+
+
+class LoopWriter:
+    """One writer child for the SQLite file at ``path``, driven by one event loop.
+
+    `submit` and everything it schedules run on ``loop``; `finish` may be called from any
+    thread once the loop no longer submits.
+    """
+
+    def __init__(self, path: Path, display: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.path, self.display, self.loop = path, display, loop
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "synth_deploy.tracing._writer", str(path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise TraceStoreError(f"cannot start the trace writer process for {display}: "
+                                  f"{exc}", hint="writes go through the writer thread") from exc
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._in_fd, self._out_fd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        os.set_blocking(self._in_fd, False)
+        os.set_blocking(self._out_fd, False)
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._seq = 0
+        self._queued: list[tuple[int, Any]] = []  # sessions of this loop iteration
+        self._unsent = bytearray()  # framed, not yet taken by the pipe
+        self._received = bytearray()
+        self._waiting_to_write = False
+        self.alive = True
+        loop.add_reader(self._out_fd, self._read_acks)
+
+    # -- on the loop ----------------------------------------------------------------------
+
+    def submit(self, session: Any) -> asyncio.Future[None]:
+        future = self.loop.create_future()
+        if not self.alive:
+            future.set_exception(self._exit_error())
+            return future
+        self._seq += 1
+        self._pending[self._seq] = future
+        if not self._queued:
+            self.loop.call_soon(self._flush)  # one frame for this iteration's sessions
+        self._queued.append((self._seq, session))
+        return future
+
+    def _flush(self) -> None:
+        if self._queued:
+            self._unsent += frame(self._queued)
+            self._queued = []
+        self._write_some()
+
+    def _write_some(self) -> None:
+        try:
+            sent = os.write(self._in_fd, self._unsent) if self._unsent else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the child is gone: its end of stdout tells the rest
+            self._unsent.clear()
+            sent = 0
+        del self._unsent[:sent]
+        if self._unsent and not self._waiting_to_write:
+            self.loop.add_writer(self._in_fd, self._write_some)
+            self._waiting_to_write = True
+        elif not self._unsent and self._waiting_to_write:
+            self.loop.remove_writer(self._in_fd)
+            self._waiting_to_write = False
+
+    def _read_acks(self) -> None:
+        try:
+            data = os.read(self._out_fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._died()
+            return
+        self._received += data
+        while len(self._received) >= _HEAD.size:
+            (size,) = _HEAD.unpack_from(self._received)
+            if len(self._received) < _HEAD.size + size:
+                break
+            acks = pickle.loads(self._received[_HEAD.size:_HEAD.size + size])
+            del self._received[:_HEAD.size + size]
+            for seq, error in acks:
+                future = self._pending.pop(seq, None)
+                if future is not None and not future.done():  # done: its waiter timed out
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(_rebuild(error))
+
+    def _died(self) -> None:
+        self.alive = False
+        self.loop.remove_reader(self._out_fd)
+        if self._waiting_to_write:
+            self.loop.remove_writer(self._in_fd)
+            self._waiting_to_write = False
+        error = self._exit_error()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+    def _exit_error(self) -> TraceStoreError:
+        code = self._proc.poll()
+        return TraceStoreError(
+            f"the trace writer process for {self.display} exited"
+            + (f" (code {code})" if code is not None else "") + " before committing",
+            hint="nothing acknowledged is lost; its error, if any, is in this process's stderr")
+
+    # -- from any thread ------------------------------------------------------------------
+
+    def finish(self, timeout_s: float | None) -> bool:
+        """Send what is left, close the child's input and wait for it to commit and exit
+        (not at all when every write was acknowledged: the child has nothing left to do)."""
+        settled = not self._pending and not self._queued and not self._unsent
+        if self.loop.is_running() and not self.loop.is_closed():
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            try:
+                self.loop.call_soon_threadsafe(self._hand_over, done)
+                done.result(timeout_s)
+            except (RuntimeError, concurrent.futures.TimeoutError):
+                pass
+        else:
+            self._hand_over(None)
+        if settled:  # reaped in the background, as it exits in a moment
+            threading.Thread(target=self._proc.wait, daemon=True,
+                             name="synth-deploy-trace-writer-reaper").start()
+            return True
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _hand_over(self, done: concurrent.futures.Future[None] | None) -> None:
+        # Whatever the loop did not send goes now, blocking: the child is reading.
+        if self._queued:
+            self._unsent += frame(self._queued)
+            self._queued = []
+        if self._waiting_to_write and not self.loop.is_closed():
+            self.loop.remove_writer(self._in_fd)
+            self._waiting_to_write = False
+        assert self._proc.stdin is not None
+        try:
+            os.set_blocking(self._in_fd, True)
+            if self._unsent:
+                self._proc.stdin.write(bytes(self._unsent))
+            self._unsent.clear()
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        if done is not None:
+            done.set_result(None)
+
+
+def _describe(exc: BaseException) -> tuple[str, str, str | None]:
+    if isinstance(exc, TraceStoreError):
+        return type(exc).__name__, exc.message, exc.hint
+    return "TraceStoreError", f"{type(exc).__name__}: {exc}", None
+
+
+def _rebuild(error: tuple[str, str, str | None]) -> TraceStoreError:
+    kind, message, hint = error
+    cls = getattr(_errors, kind, None) or getattr(_base_errors, kind, TraceStoreError)
+    if not (isinstance(cls, type) and issubclass(cls, TraceStoreError)):
+        cls = TraceStoreError
+    return cls(message, hint=hint)
+
+
+# -- the child --------------------------------------------------------------------------------
+
+
+def main(path: str) -> None:
+    """Commit the sessions read from stdin to ``path``; acknowledge each on stdout."""
+    from synth_deploy.tracing._config import parse_trace_db
+    from synth_deploy.tracing._store import TraceStore
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
+    try:
+        store = TraceStore(parse_trace_db(path), create=False, write_timeout_s=None,
+                           writer_process=False)
+    except Exception as exc:  # then every write the parent sends gets this error
+        error = _describe(exc)
+        while (items := read_frame(stdin)) is not None:
+            _send(stdout, [(seq, error) for seq, _ in items])
+        return
+    store._db.checkpoint_in_background()  # commits here never stop to checkpoint
+    acks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_acks, args=(acks, stdout), name="acks")
+    sender.start()
+
+    def acknowledge(seq: int) -> Callable[[concurrent.futures.Future[None]], None]:
+        def done(future: concurrent.futures.Future[None]) -> None:
+            error = future.exception()
+            acks.put((seq, None if error is None else _describe(error)))
+        return done
+
+    try:
+        while (items := read_frame(stdin)) is not None:
+            for seq, session in items:
+                store._submit(session).add_done_callback(acknowledge(seq))
+    finally:
+        store.close()  # commits everything queued (no timeout in here)
+        acks.put(None)
+        sender.join()
+
+
+def _send_acks(acks: queue.SimpleQueue[Any], stdout: BinaryIO) -> None:
+    # One frame for whatever was acknowledged since the last one: a committed batch wakes
+    # the parent's loop once, not once per session.
+    while (first := acks.get()) is not None:
+        batch, stop = [first], False
+        while True:
+            try:
+                more = acks.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                stop = True
+                break
+            batch.append(more)
+        if not _send(stdout, batch) or stop:
+            return
+
+
+def _send(stdout: BinaryIO, acks: list[Any]) -> bool:
+    try:
+        stdout.write(frame(acks))
+        stdout.flush()
+        return True
+    except (OSError, ValueError):
+        return False  # the parent is gone; commits go on regardless
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,192 @@
+"""One stored session → the replay the page draws, turn by turn.
+
+Each turn holds the messages the policy saw that no earlier turn showed (text and images: a
+policy call records the whole conversation, `tracing.replay` keeps what is new), its replies
+and tool calls, its LM calls (model, tokens, latency), the environment's events with their
+rewards and achievements, and the turn's timing. Images are passed on only as ``data:``
+URLs of raster types: the page never loads anything from outside (it works offline, and a
+trace cannot make the browser call a remote address).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from synth_deploy.tracing import Event, EventReward, Message, ReplayStep, SessionTrace, replay
+
+_IMAGE_DATA_URL = re.compile(r"data:image/(?:png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
+_ACHIEVEMENT_KEYS = ("achievements", "unlocked_achievements", "new_achievements")
+
+
+def session_replay(session: SessionTrace) -> dict[str, Any]:
+    """The JSON the replay page shows for ``session`` (see the module docstring)."""
+    meta = session.metadata
+    request = meta.get("request") if isinstance(meta.get("request"), dict) else {}
+    env_config = ((request.get("env") or {}).get("config") or {}) if request else {}
+    by_event: dict[str, list[EventReward]] = {}
+    by_turn: dict[int | None, list[EventReward]] = {}
+    for reward in session.event_rewards:
+        if reward.event_id:
+            by_event.setdefault(reward.event_id, []).append(reward)
+        else:
+            by_turn.setdefault(reward.turn_number, []).append(reward)
+    turns = [_turn(step, by_event, by_turn) for step in replay(session)]
+    lm_calls = [c for t in turns for c in t["lm_calls"]]
+    error = meta.get("error") if isinstance(meta.get("error"), dict) else None
+    return {
+        "session_id": session.session_id,
+        "created_at": _iso(session.created_at),
+        "app_id": meta.get("app_id") or meta.get("env_name"),
+        "run_id": meta.get("run_id"),
+        "model": meta.get("model"),
+        "seed": meta.get("seed"),
+        "mode": meta.get("mode"),
+        "split": env_config.get("split"),
+        "status": meta.get("status") or "ok",
+        "duration_s": meta.get("duration_s"),
+        "error": error.get("message") if error else None,
+        "metrics": meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {},
+        "outcome_rewards": [{"total_reward": o.total_reward,
+                             "achievements_count": o.achievements_count,
+                             "total_steps": o.total_steps,
+                             "reward_metadata": o.reward_metadata,
+                             "annotation": o.annotation} for o in session.outcome_rewards],
+        "totals": {
+            "turns": len(turns),
+            "lm_calls": len(lm_calls),
+            "input_tokens": sum(c["input_tokens"] or 0 for c in lm_calls),
+            "output_tokens": sum(c["output_tokens"] or 0 for c in lm_calls),
+            "latency_ms": sum(c["latency_ms"] or 0.0 for c in lm_calls),
+            "event_reward": sum(r.reward_value for r in session.event_rewards),
+            "event_rewards": len(session.event_rewards),
+            "images": sum(1 for t in turns for m in t["messages"] for p in m["parts"]
+                          if p["type"] == "image"),
+        },
+        "turns": turns,
+    }
+
+
+def _turn(replayed: ReplayStep, by_event: dict[str, list[EventReward]],
+          by_turn: dict[int | None, list[EventReward]]) -> dict[str, Any]:
+    step = replayed.step
+    duration = (None if step.completed_at is None or not step.timestamp
+                else round((step.completed_at - step.timestamp) * 1000, 3))
+    env_events = [_env_event(e, by_event.get(e.id, [])) for e in step.events
+                  if e.event_type != "cais"]
+    loose = by_turn.pop(step.turn_number, []) if step.turn_number is not None else []
+    return {
+        "step_id": step.step_id,
+        "index": step.step_index,
+        "turn": step.turn_number,
+        "started_at": _iso(step.timestamp),
+        "duration_ms": duration,
+        # Each policy call records the whole conversation: a turn shows what it added.
+        "messages": [_message(m) for m in replayed.messages],
+        "repeated_messages": replayed.repeated,
+        "lm_calls": [_lm_call(e) for e in step.events if e.event_type == "cais"],
+        "env_events": env_events,
+        "rewards": [_reward(r) for r in loose],
+        "reward": sum(r["value"] for ev in env_events for r in ev["rewards"])
+        + sum(r.reward_value for r in loose),
+    }
+
+
+def _message(m: Message) -> dict[str, Any]:
+    tool_calls = m.metadata.get("tool_calls") if isinstance(m.metadata, dict) else None
+    return {"role": m.message_type, "parts": content_parts(m.content), "at": _iso(m.timestamp),
+            "tool_calls": [_tool_call(c) for c in tool_calls or [] if isinstance(c, dict)],
+            "tool_call_id": m.metadata.get("tool_call_id") if isinstance(m.metadata, dict)
+            else None}
+
+
+def content_parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as parts the page can draw: text, image (a data URL), json."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, dict):
+        content = [content]
+    if not isinstance(content, list):
+        return [{"type": "text", "text": str(content)}]
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append({"type": "text", "text": part})
+            continue
+        if not isinstance(part, dict):
+            parts.append({"type": "json", "value": part})
+            continue
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind in ("image_url", "input_image", "image"):
+            parts.append(_image(part))
+        else:
+            parts.append({"type": "json", "value": part})
+    return parts
+
+
+def _image(part: dict[str, Any]) -> dict[str, Any]:
+    ref = part.get("image_url", part.get("url"))
+    url = ref.get("url") if isinstance(ref, dict) else ref
+    if isinstance(url, str) and _IMAGE_DATA_URL.fullmatch(url):
+        return {"type": "image", "src": url}
+    # Remote or unusual images are named, never fetched.
+    shown = url if isinstance(url, str) and not url.startswith("data:") else "(inline data)"
+    return {"type": "image_ref", "url": str(shown)[:300]}
+
+
+def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call.get("function"), dict) else call
+    return {"id": call.get("id"), "name": function.get("name"),
+            "arguments": function.get("arguments", function.get("input"))}
+
+
+def _lm_call(e: Event) -> dict[str, Any]:
+    tool_calls: list[dict[str, Any]] = []
+    for record in e.call_records or []:
+        response = record.get("response") if isinstance(record, dict) else None
+        if isinstance(response, dict):
+            tool_calls += [_tool_call(c) for c in response.get("tool_calls") or []
+                           if isinstance(c, dict)]
+    return {"model": e.model_name, "provider": e.provider, "input_tokens": e.input_tokens,
+            "output_tokens": e.output_tokens, "total_tokens": e.total_tokens,
+            "latency_ms": e.latency_ms, "cost_usd": e.cost_usd, "tool_calls": tool_calls,
+            "at": _iso(e.event_time)}
+
+
+def _env_event(e: Event, rewards: list[EventReward]) -> dict[str, Any]:
+    return {"kind": e.event_type, "system": e.system_instance_id, "reward": e.reward,
+            "terminated": e.terminated, "truncated": e.truncated,
+            "achievements": _achievements(e.system_state_after),
+            "state_after": e.system_state_after, "metadata": e.metadata or {},
+            "rewards": [_reward(r) for r in rewards], "at": _iso(e.event_time)}
+
+
+def _achievements(state: Any) -> list[str]:
+    if not isinstance(state, dict):
+        return []
+    for key in _ACHIEVEMENT_KEYS:
+        value = state.get(key)
+        if isinstance(value, dict):  # {"collect_wood": 1, "place_table": 0}
+            return [str(k) for k, v in value.items() if v]
+        if isinstance(value, list):
+            return [str(v) for v in value]
+    return []
+
+
+def _reward(r: EventReward) -> dict[str, Any]:
+    return {"value": r.reward_value, "type": r.reward_type, "source": r.source,
+            "key": r.key, "turn": r.turn_number, "annotation": r.annotation}
+
+
+def _iso(ts: float | None) -> str | None:
+    if not ts:
+        return None
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+__all__ = ["content_parts", "session_replay"]

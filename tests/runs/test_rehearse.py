@@ -1,0 +1,246 @@
+"""`rehearse` and `check --load` against real task apps built to fail one check each (under
+tests/runs/rehearsal_apps/), and the healthy math app: real child processes, real servers,
+the real mock policy, real SQLite traces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+from processes import run_cli
+from standins.idle_proxy import IdleDroppingProxy
+
+from synth_deploy.runs import idle_probe
+
+APPS = Path(__file__).parent / "rehearsal_apps"
+MATH_RL = Path(__file__).resolve().parents[2] / "apps" / "math" / "configs" / "rl.toml"
+
+
+def rl_config(tmp_path: Path, **numbers: int) -> Path:
+    """The math RL config with some numbers changed (episodes_per_batch=8, ...)."""
+    text = MATH_RL.read_text()
+    for name, value in numbers.items():
+        text, found = re.subn(rf"^{name} = \d+", f"{name} = {value}", text, flags=re.M)
+        assert found == 1, name
+    path = tmp_path / "rl.toml"
+    path.write_text(text)
+    return path
+
+
+def rehearse(tmp_path: Path, *args: str, **env: str) -> tuple[int, dict]:
+    result = run_cli(tmp_path, "rehearse", *args, "--json", timeout=180, **env)
+    assert result.stdout, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def checks(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_the_math_app_is_ready_to_train_and_its_rollouts_are_traced(tmp_path):
+    db = tmp_path / "traces.db"
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--app", "math",
+                            "--trace-db", str(db))
+    found = checks(report)
+    assert code == 0 and report["ready"], found
+    assert set(found) == {"health", "training step", "reward signal", "determinism",
+                          "capacity", "timeouts", "idle connection"}
+    assert all(c["verdict"] in ("pass", "warn") for c in found.values())
+    step = found["training step"]["data"]
+    assert step["rollouts"] == 32 and step["failures"] == 0 and step["concurrency"] == 8
+    assert step["tokens"] > 0 and step["steps"] == 20
+    assert step["projected_run_s"] == pytest.approx(step["wall_s"] * 20, rel=0.01)
+    groups = found["reward signal"]["data"]["groups"]
+    assert [g["seed"] for g in groups] == list(range(8))
+    assert all(len(g["rewards"]) == 4 for g in groups)
+    # The headline number is the count of groups whose four rewards are all the same.
+    zero = sum(len(set(g["rewards"])) == 1 for g in groups)
+    assert found["reward signal"]["data"]["zero_variance_groups"] == zero < 8
+    assert found["reward signal"]["finding"].startswith(f"{zero} of 8 groups")
+    assert found["determinism"]["verdict"] == "pass"
+    capacity = found["capacity"]["data"]
+    assert capacity["sustained"] == 16 and capacity["wanted"] == 8
+    assert [lv["concurrency"] for lv in capacity["levels"]] == [1, 2, 4, 8, 16]
+    assert capacity["recommended"]["max_concurrent_rollouts"] == 8
+    layers = [layer["name"] for layer in found["timeouts"]["data"]["layers"]]
+    assert layers[0] == "rollout budget" and "Modal function timeout" in layers
+    assert found["timeouts"]["data"]["budget_s"] == 120  # the math app's declared limit
+    assert found["idle connection"]["data"]["survived"] is True
+    with sqlite3.connect(db) as conn:
+        run_ids = [json.loads(m)["run_id"] for (m,) in
+                   conn.execute("SELECT metadata FROM session_traces")]
+    assert sum(r.startswith("rehearse-") and "-step-" in r for r in run_ids) == 32
+
+
+def test_a_running_app_rehearsed_by_url_has_its_returned_traces_stored(tmp_path, math_server,
+                                                                       api_key):
+    db = tmp_path / "remote.db"
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--task-url", math_server.url,
+                            "--trace-db", str(db), "--skip", "idle", "--max-concurrency", "8",
+                            ENVIRONMENT_API_KEY=api_key)
+    found = checks(report)
+    assert code == 0 and report["target"] == math_server.url
+    assert found["training step"]["data"]["failures"] == 0
+    # A URL may be many containers: no per-container Modal advice, and no ModalSettings.
+    assert "measured across the whole deployment" in found["capacity"]["details"][-1]
+    assert "Modal function timeout" not in [
+        layer["name"] for layer in found["timeouts"]["data"]["layers"]]
+    with sqlite3.connect(db) as conn:
+        run_ids = [json.loads(m)["run_id"] for (m,) in
+                   conn.execute("SELECT metadata FROM session_traces")]
+    assert sum("-step-" in r for r in run_ids) == 32
+    assert sum("-load-" in r for r in run_ids) == 4 + 4 + 8 + 16  # levels 1, 2, 4, 8
+
+
+def test_a_constant_reward_has_no_learning_signal(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=12, max_concurrent_rollouts=4)
+    code, report = rehearse(tmp_path, "--config", str(config), "--app",
+                            str(APPS / "constant_reward.py"), "--idle", "0.5", "--no-trace")
+    signal = checks(report)["reward signal"]
+    assert code == 1 and not report["ready"]
+    assert signal["verdict"] == "fail"
+    assert signal["data"]["zero_variance_groups"] == 3  # 12 episodes in groups of 4
+    assert signal["finding"].startswith("3 of 3 groups have zero reward variance")
+    assert signal["details"] == ["every rollout scored 1"]
+    assert checks(report)["training step"]["verdict"] == "pass"
+
+
+def test_an_app_that_ignores_its_seed_fails_determinism(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=8, max_concurrent_rollouts=4)
+    code, report = rehearse(tmp_path, "--config", str(config), "--app",
+                            str(APPS / "ignores_seed.py"), "--idle", "0.5", "--no-trace")
+    determinism = checks(report)["determinism"]
+    assert code == 1
+    assert determinism["verdict"] == "fail"
+    assert determinism["data"]["seed"] == 0
+    assert determinism["data"]["task_info_difference"].startswith("task_metadata.question: ")
+    assert "random.Random(seed)" in determinism["fix"]
+
+
+def test_an_app_that_gives_way_past_four_rollouts_is_caught_by_the_ramp(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=8, max_concurrent_rollouts=8)
+    code, report = rehearse(tmp_path, "--config", str(config), "--app",
+                            str(APPS / "overloaded.py"), "--skip", "idle", "--no-trace")
+    found = checks(report)
+    capacity = found["capacity"]
+    assert code == 1
+    assert capacity["verdict"] == "fail"
+    assert capacity["data"]["sustained"] == 4
+    assert [lv["concurrency"] for lv in capacity["data"]["levels"]] == [1, 2, 4, 8]
+    assert "overloaded" in capacity["data"]["stopped_by"]
+    assert capacity["data"]["recommended"]["max_concurrent_rollouts"] == 4
+    assert capacity["finding"].endswith("the config asks for 8")
+    assert "max_concurrent_rollouts = 4" in capacity["fix"]
+    # The training step at the config's concurrency loses rollouts to the same cause.
+    assert found["training step"]["verdict"] == "fail"
+    assert "overloaded" in found["training step"]["details"][0]
+    assert found["idle connection"]["verdict"] == "skip"
+
+
+def test_a_rollout_that_outlives_the_modal_timeout_fails_the_timeouts(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=4, max_concurrent_rollouts=2)
+    code, report = rehearse(tmp_path, "--config", str(config), "--app",
+                            str(APPS / "slow_rollout.py"), "--max-concurrency", "2",
+                            "--skip", "idle", "--skip", "determinism", "--no-trace")
+    timeouts = checks(report)["timeouts"]
+    assert code == 1
+    assert timeouts["verdict"] == "fail"
+    assert timeouts["data"]["observed_max_s"] >= 1.2  # the app sleeps 1.2 s per rollout
+    assert "longer than the Modal function timeout (1s" in timeouts["finding"]
+    assert "ModalSettings(timeout=...)" in timeouts["fix"]
+    # And the budget (300 s by default) is inverted against that timeout, said in details.
+    assert any("Modal web request limit (150s)" in d for d in timeouts["details"])
+    assert checks(report)["capacity"]["verdict"] == "pass"
+
+
+def test_a_trainer_timeout_shorter_than_the_budget_is_out_of_order(tmp_path):
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--app", "math",
+                            "--trainer-timeout", "60", "--skip", "capacity", "--skip", "idle",
+                            "--no-trace")
+    timeouts = checks(report)["timeouts"]
+    assert code == 0  # a warning: nothing measured comes near either
+    assert timeouts["verdict"] == "warn"
+    assert timeouts["finding"].startswith("1 out of order: the trainer's per-rollout timeout "
+                                          "(60s) is shorter than the rollout budget (120s)")
+
+
+def test_unreachable_usage_and_sft_configs_have_their_exit_codes(tmp_path):
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--task-url",
+                            "http://127.0.0.1:9", ENVIRONMENT_API_KEY="k" * 20)
+    assert code == 3 and report["error"]["type"] == "UnreachableError"
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL.with_name("sft.toml")),
+                            "--app", "math")
+    assert code == 2 and "is an SFT config" in report["error"]["message"]
+    no_groups = tmp_path / "no_groups.toml"
+    no_groups.write_text(re.sub(r"^group_size = \d+\n", "", MATH_RL.read_text(), flags=re.M))
+    code, report = rehearse(tmp_path, "--config", str(no_groups), "--app", "math")
+    assert code == 2 and "[training] group_size is not set" in report["error"]["message"]
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--task-url", "127.0.0.1:9")
+    assert code == 2 and "no scheme" in report["error"]["message"]
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--app", "math",
+                            "--skip", "everything")
+    assert code == 2 and "cannot skip everything" in report["error"]["message"]
+
+
+def test_the_summary_reads_at_80_columns(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=8, max_concurrent_rollouts=8)
+    result = run_cli(tmp_path, "rehearse", "--config", str(config), "--app",
+                     str(APPS / "overloaded.py"), "--skip", "idle", "--no-trace",
+                     COLUMNS="80", timeout=180)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    text = " ".join(line.strip() for line in lines)
+    for words in ("training step", "capacity", "✗ fail", "concurrency", "rollouts/s",
+                  "set [rollout] max_concurrent_rollouts = 4", "not ready: training step"):
+        assert words in text
+    # A failure's cause is printed whole, wrapped rather than cut.
+    assert "overloaded: 5 rollouts in flight, capacity 4" in text
+
+
+def test_an_idle_connection_dropped_on_the_path_is_reported(math_server, mock_policy, api_key):
+    def body(seed: int) -> dict:
+        return {"run_id": f"idle-{seed}", "env": {"seed": seed},
+                "policy": {"config": {"model": "m", "inference_url": mock_policy.url + "/v1"}},
+                "mode": "rl"}
+
+    bodies = (body(1), body(2))
+    port = httpx.URL(math_server.url).port
+    with IdleDroppingProxy("127.0.0.1", port, forget_after_s=1.0) as proxy:
+        dropped = asyncio.run(idle_probe(proxy.url, api_key, bodies, 2.0, timeout_s=30))
+        assert proxy.resets == 1
+    assert dropped.survived is False and dropped.statuses == [200]
+    assert "the second rollout failed" in dropped.error
+    # The same wait straight to the app: uvicorn keeps the connection (5 s keep-alive).
+    direct = asyncio.run(idle_probe(math_server.url, api_key, bodies, 2.0, timeout_s=30))
+    assert direct.survived is True and direct.reconnected is False
+    assert direct.statuses == [200, 200] and direct.idle_s >= 2.0
+
+
+def test_check_load_ramps_a_running_app(tmp_path, math_server, api_key):
+    result = run_cli(tmp_path, "check", math_server.url, "--load", "--max-concurrency", "4",
+                     "--json", ENVIRONMENT_API_KEY=api_key)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["healthy"] and report["load"]["sustained"] == 4
+    assert [lv["concurrency"] for lv in report["load"]["levels"]] == [1, 2, 4]
+    assert all(lv["errors"] == 0 for lv in report["load"]["levels"])
+
+
+def test_the_mock_policy_samples_per_correlation_id_when_asked_to(mock_policy):
+    def answer(cid: str | None, temperature: float | None) -> str:
+        body = {"messages": [{"role": "user", "content": "What is 48 + 37?"}]}
+        if temperature is not None:
+            body["temperature"] = temperature
+        url = mock_policy.url + "/v1/chat/completions" + (f"?cid={cid}" if cid else "")
+        return httpx.post(url, json=body, timeout=10).json()["choices"][0]["message"]["content"]
+
+    assert answer(None, None) == answer(None, None) == answer("a", 0.0)
+    sampled = {cid: answer(cid, 1.0) for cid in (f"c{i}" for i in range(40))}
+    assert all(answer(cid, 1.0) == text for cid, text in list(sampled.items())[:5])
+    assert len(set(sampled.values())) > 1  # group members disagree on some prompts

@@ -1,0 +1,120 @@
+"""Half-open and idle connections against the real served math app (uvicorn on 127.0.0.1):
+each is closed after its deadline, and a server holding its maximum answers 503 at once."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+from toy_apps import slow_async_rollout, toy_config
+
+from synth_deploy.env import Env
+from synth_deploy.taskapp import (
+    BackgroundServer,
+    ConnectionLimits,
+    LocalRunner,
+    ServeSettings,
+    create_app,
+    server_keys,
+)
+
+LIMITS = ConnectionLimits(max_connections=8, header_timeout_s=0.5, body_timeout_s=1.0,
+                          keep_alive_s=5.0)
+
+
+@pytest.fixture
+def runner():
+    settings = ServeSettings(app="math", env=Env(), keys=server_keys(Env(), "ephemeral"),
+                             limits=LIMITS)
+    with LocalRunner(settings) as running:
+        yield running
+
+
+def connect(runner) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", int(runner.url.rsplit(":", 1)[1])),
+                                    timeout=5)
+    return sock
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """True when the server closes ``sock`` (EOF or reset) within ``within_s``."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def health(runner) -> httpx.Response:
+    return httpx.get(runner.url + "/health", timeout=5,
+                     headers={"X-API-Key": runner.settings.keys.primary})
+
+
+def test_a_connection_that_sends_nothing_is_closed(runner):
+    sock = connect(runner)
+    started = time.monotonic()
+    assert closed_by_server(sock, within_s=5)
+    assert 0.4 < time.monotonic() - started < 3
+    sock.close()
+
+
+def test_headers_trickled_byte_by_byte_do_not_keep_a_connection(runner):
+    sock = connect(runner)
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+    started = time.monotonic()
+    sent = 0
+    try:
+        while time.monotonic() - started < 5:
+            sock.send(request[sent:sent + 1])  # each byte resets uvicorn's own idle timer
+            sent += 1
+            time.sleep(0.1)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert time.monotonic() - started < 3, "the server kept a trickling request open"
+    sock.close()
+
+
+def test_a_body_that_never_finishes_is_cut_off(runner):
+    sock = connect(runner)
+    sock.sendall(b"POST /rollout HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n{\"run_id\": ")
+    started = time.monotonic()
+    assert closed_by_server(sock, within_s=5)
+    assert time.monotonic() - started < 3
+    sock.close()
+
+
+def test_a_full_server_answers_503_at_once_and_recovers(runner):
+    idle = [connect(runner) for _ in range(LIMITS.max_connections)]
+    time.sleep(0.1)  # all accepted by the server
+    started = time.monotonic()
+    busy = health(runner)
+    assert time.monotonic() - started < 2
+    assert busy.status_code == 503, busy.text
+    assert busy.json()["detail"]["error"]["code"] == "server_busy"
+    assert busy.headers["retry-after"] == "1"
+    # The idle ones are reaped at their header deadline; then the app serves again.
+    assert all(closed_by_server(sock, within_s=5) for sock in idle)
+    for sock in idle:
+        sock.close()
+    time.sleep(0.1)
+    assert health(runner).status_code == 200
+
+
+def test_keep_alive_requests_and_a_slow_rollout_are_untouched(api_key):
+    # The deadlines are on receiving a request, not on the app's answer: a rollout that takes
+    # longer than both still completes, and a keep-alive client reuses its connection.
+    app = create_app(toy_config(slow_async_rollout), api_keys=[api_key])
+    with BackgroundServer(app, limits=LIMITS) as server, httpx.Client(
+            timeout=10, headers={"X-API-Key": api_key}) as client:
+        for n in range(3):
+            resp = client.post(server.url + "/rollout", json={
+                "run_id": f"k-{n}", "env": {"config": {"sleep": 1.2}}})
+            assert resp.status_code == 200, resp.text
+            time.sleep(0.3)

@@ -1,0 +1,370 @@
+"""A task app on a public URL against hostile input (issue 12), each case against a real
+uvicorn server on 127.0.0.1: the policy call as an SSRF vector, wrong methods, client mistakes
+told apart from app failures, /task_info's seeds, content types."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse, RedirectResponse
+from starlette.routing import Route
+from toy_apps import proxy_config, raising_rollout, toy_config
+
+from synth_deploy.taskapp import (
+    BadRequest,
+    TaskDataset,
+    TaskDescriptor,
+    TaskInfo,
+    call_policy,
+    create_app,
+    is_link_local,
+)
+
+METADATA_SECRET = "AKIA-internal-credential-7f3e"
+
+
+@pytest.fixture
+def internal(serve):
+    """An internal "metadata service" on loopback: any path answers its credential, 200, and
+    quotes the request's Authorization header back, as careless services do."""
+    hits: list[str] = []
+
+    async def metadata(request):
+        hits.append(request.method)
+        return PlainTextResponse(f'{{"AccessKeyId": "{METADATA_SECRET}", "seen": '
+                                 f'"{request.headers.get("authorization")}"}}')
+
+    server = serve(Starlette(routes=[Route("/{path:path}", metadata,
+                                           methods=["GET", "POST"])]))
+    server.hits = hits
+    return server
+
+
+@pytest.fixture
+def redirecting(serve, internal):
+    """A "policy" whose chat endpoint 302s to the internal endpoint (what an attacker hosts)."""
+
+    async def chat(request):
+        return RedirectResponse(internal.url + "/latest/meta-data", status_code=302)
+
+    return serve(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+
+
+@pytest.fixture
+def policy_app(serve, api_key):
+    """A toy app whose rollout makes one policy call (the math app's shape, minus the math)."""
+
+    async def rollout(request, ctx):
+        reply = await call_policy(ctx, [{"role": "user", "content": "hi"}])
+        return {"metrics": {"episode_rewards": [float(bool(reply.content))]}}
+
+    return serve(create_app(toy_config(rollout), api_keys=[api_key]))
+
+
+def rollout(server, key, inference_url=None, **config):
+    policy = {"model": "m", **config}
+    if inference_url is not None:
+        policy["inference_url"] = inference_url
+    return httpx.post(server.url + "/rollout", headers={"X-API-Key": key}, timeout=20,
+                      json={"run_id": "ssrf-1", "env": {"seed": 1}, "policy": {
+                          "config": policy}})
+
+
+def error_of(resp: httpx.Response) -> dict:
+    return resp.json()["detail"]["error"]
+
+
+# -- the policy call: redirects, bodies, link-local --------------------------------------------
+
+def test_a_redirect_to_an_internal_endpoint_is_not_followed(policy_app, redirecting, internal,
+                                                            api_key):
+    resp = rollout(policy_app, api_key, redirecting.url + "/v1")
+    assert resp.status_code == 502, resp.text
+    error = error_of(resp)
+    assert error["code"] == "policy_failed"
+    assert f"127.0.0.1:{redirecting.port}" in error["message"] and "302" in error["message"]
+    assert internal.hits == []  # never fetched, so nothing to leak
+    assert METADATA_SECRET not in resp.text
+
+
+def test_an_upstream_body_reaches_the_log_not_the_client(policy_app, internal, api_key,
+                                                         caplog):
+    # Pointed straight at the internal endpoint: it answers 200 with something that is not a
+    # chat completion. The client learns the status and the host; the operator gets the body,
+    # truncated, with the request's own secrets masked.
+    policy_key = "sk-policy-key-0123456789"
+    with caplog.at_level(logging.WARNING, logger="synth_deploy.taskapp"):
+        resp = rollout(policy_app, api_key, internal.url + "/latest/meta-data",
+                       api_key=policy_key)
+    assert internal.hits == ["POST"]
+    assert resp.status_code == 502
+    message = error_of(resp)["message"]
+    assert f"127.0.0.1:{internal.port}" in message and "200" in message
+    assert METADATA_SECRET not in resp.text and "AccessKeyId" not in resp.text
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert METADATA_SECRET in logged and "seen" in logged  # the body, for the operator
+    assert policy_key not in logged and policy_key not in resp.text
+
+
+def test_an_error_answer_is_named_by_status_and_host_only(serve, policy_app, api_key):
+    async def chat(request):
+        return PlainTextResponse("internal stack: db=postgres://admin:hunter2@10.0.0.5/prod",
+                                 status_code=500)
+
+    upstream = serve(Starlette(routes=[Route("/v1/chat/completions", chat,
+                                             methods=["POST"])]))
+    resp = rollout(policy_app, api_key, upstream.url + "/v1")
+    assert resp.status_code == 502
+    assert "hunter2" not in resp.text and "postgres" not in resp.text
+    assert "answered HTTP 500" in error_of(resp)["message"]
+
+
+def test_link_local_addresses_are_refused_before_any_connection(policy_app, api_key):
+    started = time.monotonic()
+    resp = rollout(policy_app, api_key, "http://169.254.0.1:9/v1")
+    assert time.monotonic() - started < 5  # refused, not a connect timeout
+    assert resp.status_code == 422, resp.text
+    error = error_of(resp)
+    assert error["code"] == "refused_inference_url"
+    assert "169.254.0.1" in error["message"] and "allow_link_local" in error["hint"]
+    assert error["errors"] == [{"path": "policy.config.inference_url",
+                                "message": error["message"]}]
+
+
+@pytest.mark.parametrize("address, refused", [
+    ("169.254.169.254", True), ("169.254.0.1", True), ("fd00:ec2::254", True),
+    ("fe80::1", True), ("fe80::1%eth0", True), ("::ffff:169.254.169.254", True),
+    ("64:ff9b::a9fe:a9fe", True), ("2002:a9fe:a9fe::1", True),
+    ("127.0.0.1", False), ("10.0.0.5", False), ("::1", False), ("93.184.216.34", False),
+    ("fd00:ec2::253", False), ("not an address", False),
+])
+def test_what_counts_as_link_local(address, refused):
+    assert is_link_local(address) is refused
+
+
+def test_the_opt_out_serves_the_app_with_an_unguarded_client(serve, api_key):
+    # Reaching a real link-local address from a test would send packets off this machine, so
+    # the opt-out is checked where it takes effect: the client the app calls out with.
+    seen = {}
+
+    async def rollout_fn(request, ctx):
+        pool = ctx.http._transport._pool
+        seen["guarded"] = "_GuardedBackend" in type(pool._network_backend).__name__
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    for allow in (False, True):
+        app = serve(create_app(toy_config(rollout_fn, allow_link_local=allow),
+                               api_keys=[api_key]))
+        assert httpx.post(app.url + "/rollout", headers={"X-API-Key": api_key}, timeout=10,
+                          json={"run_id": "o-1"}).status_code == 200
+        assert seen["guarded"] is not allow
+
+
+# -- methods ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def uvicorn_errors(caplog):
+    """What uvicorn logs at ERROR (an unhandled exception's traceback lands there)."""
+    log = logging.getLogger("uvicorn.error")
+    log.addHandler(caplog.handler)
+    yield caplog
+    log.removeHandler(caplog.handler)
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("GET", "/rollout", {"POST"}),
+    ("DELETE", "/health", {"GET", "HEAD"}),
+    ("OPTIONS", "/", {"GET", "HEAD"}),
+    ("OPTIONS", "/rollout", {"POST"}),
+    ("PUT", "/task_info", {"GET", "HEAD"}),
+    ("PATCH", "/info", {"GET", "HEAD"}),
+    ("GET", "/done", {"POST"}),
+])
+@pytest.mark.parametrize("with_key", [True, False])
+def test_a_wrong_method_is_405_with_allow_and_no_traceback(math_server, api_key, method, path,
+                                                           allowed, with_key, uvicorn_errors):
+    headers = {"X-API-Key": api_key} if with_key else {}
+    resp = httpx.request(method, math_server.url + path, headers=headers, timeout=5)
+    assert resp.status_code == 405, resp.text
+    assert set(resp.headers["allow"].split(", ")) == allowed
+    assert error_of(resp)["code"] == "method_not_allowed"
+    assert "Traceback" not in resp.text
+    assert [r for r in uvicorn_errors.records if r.levelno >= logging.ERROR] == []
+
+
+def test_an_apps_own_router_answers_a_wrong_method_the_same_way(serve, api_key,
+                                                                 uvicorn_errors):
+    from fastapi import APIRouter
+
+    router = APIRouter()
+
+    @router.get("/leaderboard")
+    async def leaderboard() -> dict:
+        return {"top": []}
+
+    app = serve(create_app(toy_config(routers=[router]), api_keys=[api_key]))
+    resp = httpx.delete(app.url + "/leaderboard", timeout=5)
+    assert resp.status_code == 405 and resp.headers["allow"] == "GET"
+    assert error_of(resp)["code"] == "method_not_allowed"
+    assert httpx.get(app.url + "/leaderboard", timeout=5).json() == {"top": []}
+    assert [r for r in uvicorn_errors.records if r.levelno >= logging.ERROR] == []
+
+
+# -- client mistakes are 4xx, app failures 500 --------------------------------------------------
+
+def test_the_math_app_answers_client_mistakes_with_4xx(math_server, mock_policy, api_key):
+    url = mock_policy.url + "/v1"
+    cases = [
+        ({"seed": 3}, {}, 422, "missing_inference_url", "policy.config.inference_url"),
+        ({"seed": 99999}, {"inference_url": url}, 422, "unknown_seed", "env.seed"),
+        ({"seed": 3, "config": {"max_turns": "many"}}, {"inference_url": url}, 422,
+         "bad_request", "env.config.max_turns"),
+        ({"seed": 3}, {"inference_url": "ftp://x"}, 422, "invalid_inference_url",
+         "policy.config.inference_url"),
+        ({"seed": 3}, {"inference_url": 5}, 422, "invalid_inference_url",
+         "policy.config.inference_url"),
+    ]
+    for env, policy, status, code, field in cases:
+        resp = httpx.post(math_server.url + "/rollout", headers={"X-API-Key": api_key},
+                          timeout=20, json={"run_id": "c-1", "env": env,
+                                            "policy": {"config": {"model": "m", **policy}}})
+        assert resp.status_code == status, (env, policy, resp.text)
+        error = error_of(resp)
+        assert (error["code"], error["errors"][0]["path"]) == (code, field), error
+    ok = httpx.post(math_server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=20,
+                    json={"run_id": "c-2", "env": {"seed": 3},
+                          "policy": {"config": {"model": "m", "inference_url": url}}})
+    assert ok.status_code == 200, ok.text
+
+
+def test_an_app_says_bad_request_and_a_real_failure_stays_500(serve, api_key):
+    async def picky(request, ctx):
+        if request.env.config.get("level") not in ("easy", "hard"):
+            raise BadRequest("env.config.level must be easy or hard", status=400,
+                             code="bad_level", field="env.config.level")
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    app = serve(create_app(toy_config(picky), api_keys=[api_key]))
+    bad = httpx.post(app.url + "/rollout", headers={"X-API-Key": api_key}, timeout=10,
+                     json={"run_id": "p-1", "env": {"config": {"level": "medium"}}})
+    assert bad.status_code == 400
+    assert error_of(bad)["code"] == "bad_level" and error_of(bad)["run_id"] == "p-1"
+    broken = serve(create_app(toy_config(raising_rollout), api_keys=[api_key]))
+    crash = httpx.post(broken.url + "/rollout", headers={"X-API-Key": api_key}, timeout=10,
+                       json={"run_id": "p-2", "env": {"seed": 1}})
+    assert crash.status_code == 500 and error_of(crash)["code"] == "rollout_failed"
+
+
+def test_bad_request_only_takes_4xx_statuses():
+    with pytest.raises(ValueError, match="4xx"):
+        BadRequest("no", status=500)
+
+
+def test_declared_dataset_seeds_are_checked_before_the_app_runs(serve, api_key):
+    ran: list[int] = []
+
+    async def rollout_fn(request, ctx):
+        ran.append(request.env.seed)
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    config = toy_config(rollout_fn)
+    config.dataset_registry.register(TaskDataset("d", seeds=range(0, 10)))
+    app = serve(create_app(config, api_keys=[api_key]))
+    headers = {"X-API-Key": api_key}
+    for seed, status in ((9, 200), (10, 422), (-1, 422)):
+        resp = httpx.post(app.url + "/rollout", headers=headers, timeout=10,
+                          json={"run_id": f"s{seed}", "env": {"seed": seed}})
+        assert resp.status_code == status, resp.text
+    assert ran == [9]
+    resp = httpx.get(app.url + "/task_info", params={"seed": 10}, headers=headers, timeout=5)
+    assert resp.status_code == 404 and "d: seeds 0-9" in error_of(resp)["message"]
+
+
+# -- /task_info seeds ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", ["²", "٣", "1e3", "0x10", "9" * 5000, "1.5", "--1", " "])
+def test_task_info_takes_ascii_integers_only(math_server, api_key, seed):
+    resp = httpx.get(math_server.url + "/task_info", params={"seed": seed},
+                     headers={"X-API-Key": api_key}, timeout=5)
+    if not seed.strip():  # no seed at all: the taskset
+        assert resp.status_code == 200 and "taskset" in resp.json()
+        return
+    assert resp.status_code == 422, resp.text
+    assert error_of(resp)["code"] == "invalid_seed" and len(resp.text) < 1000
+
+
+def test_task_info_caps_the_seeds_of_one_request(math_server, api_key):
+    headers = {"X-API-Key": api_key}
+    many = ",".join(str(s) for s in range(1001))
+    resp = httpx.get(math_server.url + "/task_info", params={"seeds": many}, headers=headers,
+                     timeout=10)
+    assert resp.status_code == 422 and error_of(resp)["code"] == "too_many_seeds"
+    ok = httpx.get(math_server.url + "/task_info",
+                   params={"seeds": ",".join(str(s) for s in range(1000))}, headers=headers,
+                   timeout=30)
+    assert ok.status_code == 200 and len(ok.json()) == 1000
+
+
+def test_a_slow_synchronous_instances_function_does_not_stall_the_server(serve, api_key):
+    def slow_instances(seeds):
+        time.sleep(1.5)
+        return [TaskInfo(task=TaskDescriptor(id="toy", name="Toy")) for _ in seeds]
+
+    app = serve(create_app(toy_config(provide_task_instances=slow_instances),
+                           api_keys=[api_key]))
+    slow = threading.Thread(target=httpx.get, args=(app.url + "/task_info",), kwargs=dict(
+        params={"seed": 1}, headers={"X-API-Key": api_key}, timeout=10))
+    slow.start()
+    time.sleep(0.3)  # the slow request is inside the instances function now
+    started = time.monotonic()
+    assert httpx.get(app.url + "/", timeout=10).status_code == 200
+    waited = time.monotonic() - started
+    slow.join()
+    assert waited < 0.8, f"/ waited {waited:.2f}s behind a synchronous instances call"
+
+
+# -- content types ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data; boundary=x",
+                                          "application/x-www-form-urlencoded"])
+def test_a_body_that_is_not_json_is_415(math_server, api_key, content_type):
+    body = b'{"run_id": "t-1", "env": {"seed": 1}, "policy": {"config": {}}}'
+    resp = httpx.post(math_server.url + "/rollout", content=body, timeout=5, headers={
+        "X-API-Key": api_key, "Content-Type": content_type})
+    assert resp.status_code == 415, resp.text
+    assert error_of(resp)["code"] == "unsupported_media_type"
+
+
+def test_the_vendor_proxy_takes_json_only_too(serve, api_key):
+    app = serve(create_app(proxy_config("http://127.0.0.1:9/v1"), api_keys=[api_key]))
+    resp = httpx.post(app.url + "/proxy/v1/chat/completions", content=b"model=x", timeout=5,
+                      headers={"X-API-Key": api_key,
+                               "Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status_code == 415 and error_of(resp)["code"] == "unsupported_media_type"
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
+                                          "application/vnd.synth+json"])
+def test_json_content_types_are_read(math_server, mock_policy, api_key, content_type):
+    body = ('{"run_id": "t-2", "env": {"seed": 1}, "policy": {"config": '
+            f'{{"model": "m", "inference_url": "{mock_policy.url}/v1"}}}}}}')
+    resp = httpx.post(math_server.url + "/rollout", content=body, timeout=20, headers={
+        "X-API-Key": api_key, "Content-Type": content_type})
+    assert resp.status_code == 200, resp.text
+
+
+# -- the schema ---------------------------------------------------------------------------------
+
+def test_the_openapi_document_is_behind_the_key(math_server, api_key):
+    assert httpx.get(math_server.url + "/openapi.json", timeout=5).status_code == 401
+    doc = httpx.get(math_server.url + "/openapi.json", headers={"X-API-Key": api_key},
+                    timeout=5).json()
+    assert {"/", "/health", "/info", "/task_info", "/rollout", "/done"} <= set(doc["paths"])
+    body = doc["paths"]["/rollout"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"] == {"$ref": "#/components/schemas/RolloutRequest"}
+    assert api_key not in str(doc)

@@ -1,0 +1,85 @@
+"""Multi-turn tool-calling conversations in traces: recorded once per turn, exported as SFT
+examples with their tool calls and tools, and replayed without repeating earlier turns."""
+
+from __future__ import annotations
+
+from synth_deploy.taskapp import image_part, png_data_url, text_part, tool_message
+from synth_deploy.tracing import SessionTracer, message_text, replay, sft_examples
+from synth_deploy.train import validate_sft_example
+
+TOOLS = [{"type": "function", "function": {"name": "interact", "parameters": {
+    "type": "object", "properties": {"actions": {"type": "array"}}}}}]
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(40)
+
+
+def call(call_id: str, actions: list[str]) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": call_id, "type": "function",
+        "function": {"name": "interact", "arguments": f'{{"actions": {actions!r}}}'.replace(
+            "'", '"')}}]}
+
+
+def policy_call(tracer: SessionTracer, prompt: list[dict], reply: dict) -> None:
+    """What call_policy records for one call: the prompt, the LM call, the reply."""
+    tracer.record_chat(prompt)
+    tracer.record_lm_call(model_name="m", call_records=[{
+        "request": {"model": "m", "messages": prompt, "tools": TOOLS}, "response": reply}])
+    tracer.record_chat([*prompt, reply])
+
+
+def two_turns() -> SessionTracer:
+    tracer = SessionTracer(metadata={"app_id": "game", "seed": 4})
+    system = {"role": "system", "content": "Play."}
+    obs1 = {"role": "user", "content": [text_part("turn 1"), image_part(png_data_url(PNG))]}
+    tracer.start_timestep("turn-1", turn_number=1)
+    policy_call(tracer, [system, obs1], {"role": "assistant", "content": "hmm"})
+    correction = {"role": "user", "content": "Call the tool."}
+    prompt = [system, obs1, {"role": "assistant", "content": "hmm"}, correction]
+    policy_call(tracer, prompt, call("c1", ["do"]))
+    tracer.start_timestep("turn-2", turn_number=2)
+    history = [system, {"role": "user", "content": "turn 1"},
+               {"role": "assistant", "content": "hmm"}, correction, call("c1", ["do"]),
+               tool_message("c1", "Took do."), {"role": "user", "content": "turn 2"}]
+    policy_call(tracer, history, call("c2", ["noop"]))
+    tracer.record_outcome_reward(1.0)
+    return tracer
+
+
+def test_a_retried_call_in_one_turn_records_its_conversation_once():
+    session = two_turns().finish()
+    first, second = session.timesteps
+    assert [(m.message_type, "parts" if isinstance(m.content, list) else m.content)
+            for m in first.messages] == [
+        ("system", "Play."), ("user", "parts"), ("assistant", "hmm"),
+        ("user", "Call the tool."), ("assistant", None)]
+    assert first.messages[-1].metadata["tool_calls"][0]["id"] == "c1"
+    assert [m.message_type for m in second.messages] == [
+        "system", "user", "assistant", "user", "assistant", "tool_result", "user", "assistant"]
+    assert second.messages[5].metadata == {"tool_call_id": "c1"}
+
+
+def test_export_gives_tool_calling_conversations_the_validator_accepts():
+    first, second = sft_examples(two_turns().finish())
+    # Tools in the flat form synth-ai's SFT reader takes.
+    assert first["tools"] == [{"type": "function", **TOOLS[0]["function"]}]
+    assert first["metadata"]["turn"] == 1
+    assert first["messages"][1]["content"][1]["image_url"]["url"].startswith(
+        "data:image/png;base64,")
+    assert second["messages"][5] == {"role": "tool", "content": "Took do.",
+                                     "tool_call_id": "c1"}
+    assert second["messages"][-1]["tool_calls"][0]["function"]["name"] == "interact"
+    assert second["messages"][-1]["content"] is None
+    for example in (first, second):
+        assert validate_sft_example(example) == []
+
+
+def test_replay_shows_each_message_once_and_images_as_tags():
+    session = two_turns().finish()
+    first, second = replay(session)
+    assert first.repeated == 0 and len(first.messages) == 5
+    assert "[image image/png, 0.0 KB]" in message_text(first.messages[1])
+    assert message_text(first.messages[-1]) == '→ interact({"actions": ["do"]})'
+    # Turn 2 repeats turn 1 (its observation now as text only) and adds three messages.
+    assert second.repeated == 5
+    assert [message_text(m) for m in second.messages] == [
+        "[c1] Took do.", "turn 2", '→ interact({"actions": ["noop"]})']

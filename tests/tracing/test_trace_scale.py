@@ -1,0 +1,317 @@
+"""Tracing at RL scale: the writer process, ids, batch SQL, streaming export, totals, reads.
+
+Speed itself is measured in bench/trace_throughput.py and bench/trace_store.py; these tests
+pin down the mechanisms (and that nothing is given up for them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from processes import free_port, wait_until_up
+from test_tracing_server import SERVER_SCRIPT, fire, rollout_body
+from test_tracing_store import make_session
+
+from synth_deploy.taskapp import create_app
+from synth_deploy.tracing import (
+    SessionNotFoundError,
+    SessionTracer,
+    TraceStore,
+    export_sft,
+    open_trace_store,
+    parse_trace_db,
+    sft_examples,
+)
+
+
+def statements_run(store: TraceStore) -> list[str]:
+    """Every SQL statement the store's own connection runs from now on (SQLite's trace hook)."""
+    seen: list[str] = []
+    store._db._conn.set_trace_callback(seen.append)
+    return seen
+
+
+def writer_children(db: Path) -> list[int]:
+    """Pids of writer processes committing to ``db`` (read from /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"synth_deploy.tracing._writer" in cmdline and str(db).encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+# -- the writer process -----------------------------------------------------------------------
+
+
+def test_a_served_app_commits_in_a_child_process_not_a_thread(tmp_path, serve, math_config,
+                                                              api_key, mock_policy):
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(40)]
+        results = asyncio.run(fire(server.url, api_key, bodies))
+        assert all(status == 200 for _, status in results)
+        children = writer_children(path)
+        assert len(children) == 1 and children[0] != os.getpid()
+        assert not [t for t in threading.enumerate() if t.name == "synth-deploy-trace-writer"]
+        assert store.count_sessions() == 40
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_path):
+    path = tmp_path / "t.db"
+    store = open_trace_store(path)
+
+    async def main():
+        first = store.use_writer_process()
+        await store.write_session(make_session(0))
+        os.kill(first._proc.pid, signal.SIGKILL)
+        first._proc.wait(10)
+        with pytest.raises(Exception, match="trace writer process .* exited"):
+            await store.write_session(make_session(1))
+        await store.write_session(make_session(2))  # a new child
+        assert store.use_writer_process() is not first
+
+    asyncio.run(main())
+    store.close()
+    with open_trace_store(path) as check:
+        assert {s.run_id for s in check.list_sessions(limit=None)} == {"run-0", "run-2"}
+
+
+def test_the_writer_exits_when_the_server_is_killed(tmp_path, mock_policy, api_key):
+    path = tmp_path / "traces.db"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, str(path), api_key,
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        wait_until_up(url, proc)
+        bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(20)]
+        assert all(s == 200 for _, s in asyncio.run(fire(url, api_key, bodies)))
+        assert writer_children(path)  # started with the server
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while writer_children(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not writer_children(path), "the writer outlived its server"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0] == 20
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_scripts_blocking_writes_and_in_memory_stores_use_the_thread(tmp_path):
+    with open_trace_store(tmp_path / "t.db") as store:
+        store.write_session_sync(make_session(0))
+        asyncio.run(store.write_session(make_session(1)))  # a loop that did not opt in
+        assert not writer_children(tmp_path / "t.db")
+        assert store.count_sessions() == 2
+    with TraceStore(parse_trace_db(":memory:")) as memory:
+        asyncio.run(memory.write_session(make_session(1)))
+        assert memory.count_sessions() == 1
+
+
+# -- ids and batch SQL ------------------------------------------------------------------------
+
+
+def test_session_ids_are_time_ordered_and_keep_their_shape():
+    ids = []
+    started = time.time()
+    while time.time() - started < 1.2:  # across at least one second boundary
+        ids.append(SessionTracer().session_id)
+        time.sleep(0.01)
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    # later seconds sort later: the primary key index grows at its right edge
+    seconds = [int(i[:8], 16) for i in ids]
+    assert seconds == sorted(seconds) and seconds[-1] > seconds[0]
+    assert abs(seconds[0] - int(started)) <= 1
+
+
+def test_a_batch_is_one_cached_statement_a_table_with_parent_ids_in_the_rows(tmp_path):
+    store = TraceStore(parse_trace_db(str(tmp_path / "t.db")), writer_process=False)
+    seen = statements_run(store)
+    for size in (1, 3, 7):
+        batch = [make_session(100 * size + i) for i in range(size)]
+        store._commit([(s, __import__("concurrent.futures").futures.Future()) for s in batch])
+    inserts = [sql for sql in seen if sql.startswith("INSERT INTO events")]
+    assert inserts and len({sql.split(" VALUES ")[0] for sql in inserts}) == 1
+    assert not [sql for sql in seen if sql.startswith("INSERT") and "SELECT id FROM "
+                "session_timesteps" in sql], "children must not look their parents up per row"
+    # and the ids are right: every event and message sits under its own session's timestep
+    conn = sqlite3.connect(tmp_path / "t.db")
+    for table in ("events", "messages"):
+        wrong = conn.execute(f"SELECT COUNT(*) FROM {table} x JOIN session_timesteps t ON "
+                             "t.id = x.timestep_id WHERE t.session_id != x.session_id"
+                             ).fetchone()[0]
+        orphans = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE timestep_id NOT IN "
+                               "(SELECT id FROM session_timesteps)").fetchone()[0]
+        assert (wrong, orphans) == (0, 0)
+    store.close()
+
+
+def test_ids_stay_right_when_another_writer_adds_rows_between_batches(tmp_path):
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        store.write_session_sync(make_session(0))
+    other = sqlite3.connect(path, isolation_level=None)  # synth-ai's tracer, say
+    other.execute("INSERT INTO session_traces (session_id, created_at, num_timesteps, "
+                  "num_events, num_messages, metadata) VALUES ('theirs', '2025-01-01 "
+                  "00:00:00', 1, 0, 1, '{}')")
+    other.execute("INSERT INTO session_timesteps (session_id, step_id, step_index) VALUES "
+                  "('theirs', 's', 0)")
+    other.execute("INSERT INTO messages (session_id, timestep_id, message_type, content) "
+                  "VALUES ('theirs', last_insert_rowid(), 'user', 'hello')")
+    other.close()
+    mine = make_session(1)
+    with open_trace_store(path) as store:
+        asyncio.run(store.write_session(mine))
+        loaded = store.get_session(mine.session_id)
+        assert [m.content for m in loaded.messages] == [m.content for m in mine.messages]
+        assert [m.content for m in store.get_session("theirs").messages] == ["hello"]
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+def test_show_finds_a_prefix_by_seeking_the_key_in_any_case(tmp_path):
+    with open_trace_store(tmp_path / "t.db") as store:
+        sessions = [make_session(i) for i in range(3)]
+        for s in sessions:
+            store.write_session_sync(s)
+        seen = statements_run(store)
+        target = sessions[1].session_id
+        assert store.get_session(target[:20]).session_id == target
+        assert store.get_session(target[:20].upper()).session_id == target
+        assert not [sql for sql in seen if "LIKE" in sql], "a prefix must not scan the table"
+        with pytest.raises(SessionNotFoundError, match="several"):
+            store.get_session(target[:8])  # the same second
+        with pytest.raises(SessionNotFoundError, match="no session"):
+            store.get_session("zz")
+
+
+def test_stats_come_from_running_totals_that_every_writer_keeps_right(tmp_path):
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        for i in range(12):
+            store.write_session_sync(make_session(i, app="math" if i % 3 else "other",
+                                                  status="error" if i % 5 == 0 else "ok",
+                                                  reward=i / 10))
+    raw = sqlite3.connect(path, isolation_level=None)  # another writer: insert, rewrite, delete
+    raw.execute("INSERT INTO session_traces (session_id, created_at, num_timesteps, num_events,"
+                " num_messages, metadata) VALUES ('theirs', '2025-01-01 00:00:00', 2, 0, 3, "
+                "'{\"app_id\": \"synth\", \"duration_s\": 1.5}')")
+    raw.execute("UPDATE session_traces SET metadata = '{\"app_id\": \"synth\", \"status\": "
+                "\"error\", \"duration_s\": 2.5}' WHERE session_id = 'theirs'")
+    raw.execute("DELETE FROM session_traces WHERE run_id = 'run-4'")
+    raw.execute("INSERT INTO events (session_id, event_type, model_name, input_tokens, "
+                "output_tokens, cost_usd, latency_ms) VALUES ('theirs', 'cais', 'gpt', 10, 5, "
+                "3, 100)")  # synth-ai's cost is in cents
+    raw.execute("DELETE FROM events WHERE id = (SELECT MIN(id) FROM events)")
+    raw.close()
+    with open_trace_store(path, read_only=True) as store:
+        seen = statements_run(store)
+        totals = store.stats()
+        assert not [sql for sql in seen if "FROM session_traces s" in sql or
+                    "GROUP BY" in sql], "stats must read the totals, not sum the rows"
+        store.schema_version = 4  # what a file without the totals gets: the rows summed
+        summed = store.stats()
+    assert totals.to_dict() == summed.to_dict()
+    # math: sessions 1, 2, 5, 7, 8, 10, 11 (4 deleted), errors 5 and 10, rewards i/10
+    assert totals.sessions == 12 and totals.by_app[0] == {
+        "app_id": "math", "sessions": 7, "errors": 2, "mean_reward": pytest.approx(4.4 / 7)}
+    assert totals.ledger.wall_s == pytest.approx(2.5)
+    # 24 LM calls at $0.001 (the deleted session's stay), one deleted, 3 cents of synth-ai's
+    assert totals.cost_usd == pytest.approx(24 * 0.001 - 0.001 + 0.03)
+
+
+# -- export -----------------------------------------------------------------------------------
+
+
+def tool_session():
+    tracer = SessionTracer(metadata={"app_id": "tools", "status": "ok", "seed": "s-1"})
+    tracer.start_timestep("t1", turn_number=1)
+    tracer.record_chat([{"role": "user", "content": "add 1 and 2"}])
+    tracer.record_lm_call(model_name="m", call_records=[{"request": {"tools": [
+        {"type": "function", "function": {"name": "add", "parameters": {}}}]}}])
+    tracer.record_chat([{"role": "user", "content": "add 1 and 2"}, {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}])
+    tracer.record_message("tool_result", {"sum": 3}, {"tool_call_id": "c1"})
+    tracer.record_message("assistant", "3")
+    return tracer.finish()
+
+
+def test_export_streams_in_pages_and_writes_what_each_session_holds(tmp_path):
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        for i in range(1100):
+            store.write_session_sync(make_session(i, reward=i % 2))
+        store.write_session_sync(tool_session())
+    raw = sqlite3.connect(path, isolation_level=None)  # a message with no timestep
+    sid = raw.execute("SELECT session_id FROM session_traces LIMIT 1").fetchone()[0]
+    raw.execute("INSERT INTO messages (session_id, timestep_id, message_type, content) VALUES "
+                "(?, NULL, 'user', 'late'), (?, NULL, 'assistant', 'reply')", (sid, sid))
+    raw.close()
+    with open_trace_store(path, read_only=True) as store:
+        ids = [s.session_id for s in store.list_sessions(limit=None, status="ok",
+                                                        newest_first=False)]
+        expected = [json.dumps(e, ensure_ascii=False) for sid in ids
+                    for e in sft_examples(store.get_session(sid))]
+        seen = statements_run(store)
+        pages = []
+        result = export_sft(store, tmp_path / "out.jsonl",
+                            progress=lambda done, total: pages.append((done, total)))
+    assert (tmp_path / "out.jsonl").read_text().splitlines() == expected
+    assert result.examples == len(expected) and any('"tools"' in e for e in expected)
+    assert pages[-1] == (len(ids), len(ids)) and len(pages) == 3  # 500 sessions a page
+    # a few queries a page (not six a session, as a session at a time took)
+    assert len([sql for sql in seen if sql.startswith("SELECT")]) <= 6 * len(pages) + 2
+
+
+def test_the_export_command_shows_progress_on_a_terminal_only(tmp_path):
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        for i in range(5):
+            store.write_session_sync(make_session(i))
+    command = [sys.executable, "-m", "synth_deploy.cli", "traces", "export", "--force",
+               "--trace-db", str(path), "--out"]
+    env = {**os.environ, "COLUMNS": "100"}
+    piped = subprocess.run([*command, str(tmp_path / "a.jsonl")], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert piped.returncode == 0 and "exporting" not in piped.stderr
+    leader, follower = os.openpty()
+    proc = subprocess.Popen([*command, str(tmp_path / "b.jsonl")], stdout=subprocess.PIPE,
+                            stderr=follower, env=env)
+    os.close(follower)
+    shown = b""
+    while select.select([leader], [], [], 60)[0]:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    assert proc.wait(60) == 0
+    assert b"exporting sessions" in shown and b"5/5" in shown
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
