@@ -160,41 +160,75 @@ with open_trace_store(sys.argv[1], read_only=True) as store:
 print(time.perf_counter() - started)
 """
 
-# The least any exporter must do to write this file: one streaming join, rows grouped as
-# they come, the same JSON. (It knows the generated data: no tools, no message metadata.)
+# The least any exporter must do to write this file: one streaming join over the messages,
+# rows grouped as they come, and the LM calls of the same sessions, grouped by session and
+# model in the same order, merged alongside; the same JSON (and `CostLedger`'s dict form for
+# each rollout's ledger). It knows the generated data: no tools, no message metadata.
 BARE_JOIN = """
 import json, sqlite3, sys, time
+from synth_deploy.tracing import CostLedger, ModelTokens
 started = time.perf_counter()
 encode = json.JSONEncoder(ensure_ascii=False).encode
 conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+# CROSS JOIN keeps SQLite walking the sessions in order (an index), children by index seeks.
+lm = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True).execute(
+    "SELECT s.session_id, e.model_name, e.input_tokens, e.output_tokens, e.latency_ms, "
+    "e.cost_usd FROM session_traces s CROSS JOIN events e WHERE e.session_id = s.session_id "
+    "AND e.event_type = 'cais' AND s.status = 'ok' ORDER BY s.created_at, s.rowid")
 rows = conn.execute(
     "SELECT s.session_id, json_extract(s.metadata, '$.app_id', '$.run_id', '$.seed', "
-    "'$.model'), (SELECT o.total_reward FROM outcome_rewards o WHERE o.session_id = "
-    "s.session_id ORDER BY o.id DESC LIMIT 1), t.id, t.step_id, t.turn_number, "
-    "m.message_type, m.content FROM session_traces s JOIN session_timesteps t ON "
-    "t.session_id = s.session_id JOIN messages m ON m.timestep_id = t.id WHERE s.status = "
-    "'ok' ORDER BY s.created_at, s.rowid, t.step_index, t.id, m.id")
+    "'$.model', '$.duration_s'), (SELECT o.total_reward FROM outcome_rewards o WHERE "
+    "o.session_id = s.session_id ORDER BY o.id DESC LIMIT 1), t.id, t.step_id, "
+    "t.turn_number, m.message_type, m.content FROM session_traces s CROSS JOIN "
+    "session_timesteps t CROSS JOIN messages m WHERE t.session_id = s.session_id AND "
+    "m.session_id = s.session_id AND m.timestep_id = t.id AND s.status = 'ok' "
+    "ORDER BY s.created_at, s.rowid, t.step_index, t.id, m.id")
 roles = {"system": "system", "user": "user", "assistant": "assistant"}
+pending = next(lm, None)
+ledger_of = {}
+
+def ledger(sid, wall):
+    global pending
+    if sid not in ledger_of:
+        ledger_of.clear()
+        sums, calls, lm_s, cost = {}, 0, 0.0, None
+        while pending is not None and pending[0] == sid:
+            _, name, tin, tout, ms, usd = pending
+            got = sums.setdefault(name or "(unknown model)", [0, 0])
+            got[0] += tin or 0
+            got[1] += tout or 0
+            calls, lm_s = calls + 1, lm_s + (ms or 0.0) / 1000.0
+            cost = cost if usd is None else (cost or 0.0) + usd
+            pending = next(lm, None)
+        models = {name: ModelTokens(*sums[name]) for name in sorted(sums)}
+        wall = float(wall or 0.0)
+        ledger_of[sid] = CostLedger(
+            rollouts=1, lm_calls=calls, input_tokens=sum(t.input_tokens for t in models.values()),
+            output_tokens=sum(t.output_tokens for t in models.values()), lm_s=lm_s,
+            env_s=max(wall - lm_s, 0.0), wall_s=wall, by_model=models, cost_usd=cost).to_dict()
+    return ledger_of[sid]
+
 with open(sys.argv[2], "w", encoding="utf-8") as out:
-    def flush(key, head, chat):
+    def flush(head, chat):
         last = max((i for i, m in enumerate(chat) if m["role"] == "assistant"), default=None)
         if last is None or not any(m["role"] != "assistant" for m in chat[:last]):
             return
         sid, fields, reward, step_id, turn = head
-        app, run, seed, model = json.loads(fields)
+        app, run, seed, model, wall = json.loads(fields)
         out.write(encode({"messages": chat[:last + 1], "metadata": {
             "session_id": sid, "app_id": app, "run_id": run, "seed": seed, "model": model,
-            "turn": turn, "step_id": step_id, "reward": reward}}) + "\\n")
+            "turn": turn, "step_id": step_id, "reward": reward,
+            "ledger": ledger(sid, wall)}}) + "\\n")
     key, head, chat = None, None, []
     while batch := rows.fetchmany(2000):
         for sid, fields, reward, step, step_id, turn, kind, content in batch:
             if (sid, step) != key:
                 if key is not None:
-                    flush(key, head, chat)
+                    flush(head, chat)
                 key, head, chat = (sid, step), (sid, fields, reward, step_id, turn), []
             chat.append({"role": roles[kind], "content": content})
     if key is not None:
-        flush(key, head, chat)
+        flush(head, chat)
 print(time.perf_counter() - started)
 """
 

@@ -123,10 +123,6 @@ class LiveExporter:
                     self._counts["dropped_spans"] += sum(map(self._span_count,
                                                              self._in_flight))
             self._drop_queued()
-            try:  # so that a thread still waiting on the receiver ends when it returns
-                self._queue.put_nowait(_STOP)
-            except queue.Full:
-                pass
         stats = self.stats()
         if stats.dropped_sessions or stats.failed_sessions:
             logger.warning("OTLP export to %s: %d rollouts sent, %d dropped (queue full or "
@@ -138,7 +134,12 @@ class LiveExporter:
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if self._closed:  # `close` gave up on this thread and emptied the queue
+                    return
+                continue
             if first is _STOP:
                 return
             batch, stop = [first], False

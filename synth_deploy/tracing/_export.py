@@ -24,7 +24,7 @@ from typing import Any
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing._browse import SessionFilter, SessionSql
-from synth_deploy.tracing._ledger import ledger_from_rows, ledger_of
+from synth_deploy.tracing._ledger import ledger_from_rows, ledger_of, stored_cost_sql
 from synth_deploy.tracing._rows import _JSON_CONTENT, _loads, session_reward
 from synth_deploy.tracing._session import SessionTrace, Timestep
 from synth_deploy.tracing._store import TraceStore, _filters, since_timestamp
@@ -184,11 +184,11 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
             f"ORDER BY s.created_at, s.rowid LIMIT {PAGE_SESSIONS}", params + after)
         if not rows:
             return
-        yield _page(query, rows)
+        yield _page(query, rows, stored_cost_sql(store.schema_version))
         after = [rows[-1]["created_at"], rows[-1]["rid"]]
 
 
-def _page(query: Any, rows: list[dict[str, Any]]) -> Page:
+def _page(query: Any, rows: list[dict[str, Any]], cost_sql: str) -> Page:
     ids = [r["session_id"] for r in rows]
     marks = ", ".join("?" * len(ids))
     roles = ", ".join(f"'{role}'" for role in _ROLES)
@@ -222,7 +222,8 @@ def _page(query: Any, rows: list[dict[str, Any]]) -> Page:
     lm_calls: dict[str, list[dict[str, Any]]] = {sid: [] for sid in ids}
     for e in query(
             "SELECT session_id, model_name, COUNT(*) AS calls, SUM(input_tokens) AS tokens_in, "
-            "SUM(output_tokens) AS tokens_out, SUM(latency_ms) AS lm_ms FROM events WHERE "
+            f"SUM(output_tokens) AS tokens_out, SUM(latency_ms) AS lm_ms, SUM({cost_sql}) AS "
+            "cost FROM events WHERE "
             f"session_id IN ({marks}) AND event_type = 'cais' GROUP BY session_id, model_name",
             ids):
         lm_calls[e["session_id"]].append(e)

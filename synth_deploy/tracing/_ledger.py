@@ -82,7 +82,7 @@ class CostLedger:
                 "by_model": {name: {"input_tokens": t.input_tokens,
                                     "output_tokens": t.output_tokens}
                              for name, t in self.by_model.items()},
-                "cost_usd": self.cost_usd}
+                "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 9)}
 
     @classmethod
     def from_dict(cls, data: Any) -> CostLedger | None:
@@ -121,7 +121,8 @@ def event_tokens(event: Event) -> tuple[int | None, int | None]:
 
 def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedger:
     """One rollout's ledger. ``wall_s``: the rollout's wall time when the caller timed it;
-    else the session's ``duration_s``, else the span of its recorded timestamps."""
+    else the session's ``duration_s`` (the server's timing); else 0: unknown (synth-ai's
+    sessions), and the environment time with it."""
     lm_calls = tokens_in = tokens_out = 0
     lm_s = 0.0
     cost: float | None = None
@@ -141,7 +142,9 @@ def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedg
             name = event.model_name or UNKNOWN_MODEL
             models[name] = models.get(name, ModelTokens()) + ModelTokens(got_in or 0,
                                                                           got_out or 0)
-    wall = wall_s if wall_s is not None else _wall_time(session)
+    duration = session.metadata.get("duration_s") if isinstance(session.metadata, Mapping) \
+        else None
+    wall = wall_s if wall_s is not None else _float(duration)
     return CostLedger(rollouts=1, lm_calls=lm_calls, input_tokens=tokens_in,
                       output_tokens=tokens_out, lm_s=lm_s, env_s=max(wall - lm_s, 0.0),
                       wall_s=wall, by_model=models, cost_usd=cost)
@@ -149,10 +152,14 @@ def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedg
 
 def ledger_from_rows(lm_rows: Iterable[Mapping[str, Any]], wall_s: Any) -> CostLedger:
     """One stored session's ledger from its LM calls grouped by model (rows with
-    ``model_name``, ``calls``, ``tokens_in``, ``tokens_out``, ``lm_ms``) and its wall time."""
+    ``model_name``, ``calls``, ``tokens_in``, ``tokens_out``, ``lm_ms`` and ``cost``, in
+    dollars: `stored_cost_sql`) and its wall time."""
     models: dict[str, ModelTokens] = {}
     calls, lm_s = 0, 0.0
+    cost: float | None = None
     for row in lm_rows:
+        if _number(row.get("cost")):
+            cost = (cost or 0.0) + float(row["cost"])
         name = row.get("model_name") or UNKNOWN_MODEL
         models[name] = models.get(name, ModelTokens()) + ModelTokens(
             _int(row.get("tokens_in")), _int(row.get("tokens_out")))
@@ -162,19 +169,17 @@ def ledger_from_rows(lm_rows: Iterable[Mapping[str, Any]], wall_s: Any) -> CostL
     return CostLedger(rollouts=1, lm_calls=calls,
                       input_tokens=sum(t.input_tokens for t in models.values()),
                       output_tokens=sum(t.output_tokens for t in models.values()), lm_s=lm_s,
-                      env_s=max(wall - lm_s, 0.0), wall_s=wall, by_model=models)
+                      env_s=max(wall - lm_s, 0.0), wall_s=wall, by_model=models,
+                      cost_usd=cost)
 
 
-def _wall_time(session: SessionTrace) -> float:
-    duration = session.metadata.get("duration_s")
-    if _number(duration):
-        return max(float(duration), 0.0)
-    stamps = [t for step in session.timesteps
-              for t in (step.timestamp, step.completed_at,
-                        *(e.event_time for e in step.events)) if _number(t) and t > 0]
-    start = session.created_at if _number(session.created_at) and session.created_at > 0 \
-        else min(stamps, default=0.0)
-    return max(max(stamps, default=start) - start, 0.0)
+def stored_cost_sql(schema_version: int) -> str:
+    """An LM call's cost in dollars, in SQL over ``events``: synth-ai stores cents
+    (int(cost_usd * 100)); its rows are those without our event_uid (every row before
+    schema version 2)."""
+    if schema_version < 2:
+        return "cost_usd / 100.0"
+    return "CASE WHEN event_uid IS NULL THEN cost_usd / 100.0 ELSE cost_usd END"
 
 
 Query = Callable[..., list[dict[str, Any]]]
@@ -229,4 +234,4 @@ def _first_count(usage: Mapping[str, Any], *names: str) -> int | None:
 
 
 __all__ = ["UNKNOWN_MODEL", "CostLedger", "ModelTokens", "event_tokens", "ledger_from_rows",
-           "ledger_of", "stored_ledger"]
+           "ledger_of", "stored_cost_sql", "stored_ledger"]

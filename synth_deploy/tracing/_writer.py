@@ -27,12 +27,11 @@ import asyncio
 import concurrent.futures
 import os
 import pickle
-import queue
+import select
 import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -47,16 +46,6 @@ _READ_CHUNK = 1 << 16
 def frame(payload: Any) -> bytes:
     data = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
     return _HEAD.pack(len(data)) + data
-
-
-def read_frame(stream: BinaryIO) -> Any:
-    """The next frame's payload from a blocking stream; None at its end."""
-    head = stream.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        return None
-    (size,) = _HEAD.unpack(head)
-    data = stream.read(size)
-    return pickle.loads(data) if len(data) == size else None
 
 
 class LoopWriter:
@@ -232,57 +221,79 @@ def _rebuild(error: tuple[str, str, str | None]) -> TraceStoreError:
 
 
 def main(path: str) -> None:
-    """Commit the sessions read from stdin to ``path``; acknowledge each on stdout."""
+    """Commit the sessions read from stdin to ``path``; acknowledge each on stdout.
+
+    One thread: read a frame, take every frame already waiting too (group commit), commit
+    them in one transaction through the store's own `_commit` (a bad session fails alone),
+    answer with one frame. While a commit runs, what the server sends waits in the pipe.
+    """
     from synth_deploy.tracing._config import parse_trace_db
     from synth_deploy.tracing._store import TraceStore
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
+    frames = _FrameReader(sys.stdin.buffer.fileno())
     try:
         store = TraceStore(parse_trace_db(path), create=False, write_timeout_s=None,
                            writer_process=False)
     except Exception as exc:  # then every write the parent sends gets this error
         error = _describe(exc)
-        while (items := read_frame(stdin)) is not None:
+        while (items := frames.next_batch()) is not None:
             _send(stdout, [(seq, error) for seq, _ in items])
         return
     store._db.checkpoint_in_background()  # commits here never stop to checkpoint
-    acks: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    sender = threading.Thread(target=_send_acks, args=(acks, stdout), name="acks")
-    sender.start()
-
-    def acknowledge(seq: int) -> Callable[[concurrent.futures.Future[None]], None]:
-        def done(future: concurrent.futures.Future[None]) -> None:
-            error = future.exception()
-            acks.put((seq, None if error is None else _describe(error)))
-        return done
-
+    parent_gone = False
     try:
-        while (items := read_frame(stdin)) is not None:
-            for seq, session in items:
-                store._submit(session).add_done_callback(acknowledge(seq))
+        while (items := frames.next_batch()) is not None:
+            futures = [concurrent.futures.Future() for _ in items]
+            store._commit([(session, f) for (_, session), f in zip(items, futures, strict=True)])
+            acks = [(seq, None if f.exception() is None else _describe(f.exception()))
+                    for (seq, _), f in zip(items, futures, strict=True)]
+            parent_gone = parent_gone or not _send(stdout, acks)  # commits go on regardless
     finally:
-        store.close()  # commits everything queued (no timeout in here)
-        acks.put(None)
-        sender.join()
+        store.close()
 
 
-def _send_acks(acks: queue.SimpleQueue[Any], stdout: BinaryIO) -> None:
-    # One frame for whatever was acknowledged since the last one: a committed batch wakes
-    # the parent's loop once, not once per session.
-    while (first := acks.get()) is not None:
-        batch, stop = [first], False
-        while True:
-            try:
-                more = acks.get_nowait()
-            except queue.Empty:
-                break
-            if more is None:
-                stop = True
-                break
-            batch.append(more)
-        if not _send(stdout, batch) or stop:
-            return
+class _FrameReader:
+    """Frames from a blocking pipe: `next_batch` waits for one, then takes those queued."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = bytearray()
+        self.closed = False
+
+    def next_batch(self, limit: int = 256) -> list[Any] | None:
+        items: list[Any] = []
+        while not items or (len(items) < limit and self._waiting()):
+            frame_items = self._next()
+            if frame_items is None:
+                return items or None
+            items.extend(frame_items)
+        return items
+
+    def _waiting(self) -> bool:
+        if self._complete() or self.closed:
+            return self._complete()
+        return bool(select.select([self.fd], [], [], 0)[0])
+
+    def _complete(self) -> bool:
+        if len(self.buffer) < _HEAD.size:
+            return False
+        return len(self.buffer) >= _HEAD.size + _HEAD.unpack_from(self.buffer)[0]
+
+    def _next(self) -> Any:
+        while not self._complete():
+            if self.closed:
+                return None
+            chunk = os.read(self.fd, _READ_CHUNK)
+            if not chunk:
+                self.closed = True
+                return None
+            self.buffer += chunk
+        (size,) = _HEAD.unpack_from(self.buffer)
+        payload = pickle.loads(self.buffer[_HEAD.size:_HEAD.size + size])
+        del self.buffer[:_HEAD.size + size]
+        return payload
 
 
 def _send(stdout: BinaryIO, acks: list[Any]) -> bool:
@@ -291,7 +302,7 @@ def _send(stdout: BinaryIO, acks: list[Any]) -> bool:
         stdout.flush()
         return True
     except (OSError, ValueError):
-        return False  # the parent is gone; commits go on regardless
+        return False
 
 
 if __name__ == "__main__":
