@@ -81,7 +81,7 @@ def test_modal_serve_json_streams_events_and_announces_the_url(standin):  # noqa
         assert health.status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C: modal serve stops with us
-        proc.wait(timeout=60)
+        proc.wait(timeout=120)
     assert proc.returncode == 130
     reader.join(timeout=10)
     rest = [json.loads(lines.get()) for _ in range(lines.qsize())]

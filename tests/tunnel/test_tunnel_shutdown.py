@@ -54,7 +54,7 @@ class Child:
             raise AssertionError(f"no output within {timeout_s}s; stderr: "
                                  f"{self.proc.stderr.read()[-2000:]}") from None
 
-    def finish(self, timeout_s: float = 10.0) -> tuple[int, str]:
+    def finish(self, timeout_s: float = 30.0) -> tuple[int, str]:
         try:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

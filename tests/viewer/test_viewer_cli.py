@@ -55,7 +55,7 @@ def start_view(cwd: Path, *args: str) -> tuple[subprocess.Popen, str, str]:
 def stop(proc: subprocess.Popen) -> tuple[int, str]:
     proc.send_signal(signal.SIGINT)
     try:
-        out, _ = proc.communicate(timeout=15)
+        out, _ = proc.communicate(timeout=45)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
