@@ -294,7 +294,7 @@ def main() -> None:
         ls_s, listed = cli_seconds("ls", "--json", "-n", "20", "--trace-db", str(big))
         newest = json.loads(listed)[0]["session_id"]
         stats_s, _ = cli_seconds("stats", "--trace-db", str(big))
-        show_s, _ = cli_seconds("show", newest[:12], "--trace-db", str(big))
+        show_s, _ = cli_seconds("show", newest[:16], "--trace-db", str(big))  # as ls prints
         start_s, _ = cli_seconds("--help")
         print(f"  traces ls {ls_s:.2f}s   stats {stats_s:.2f}s   show {show_s:.2f}s   "
               f"(target < 1 s each; `traces --help` alone {start_s:.2f}s)")

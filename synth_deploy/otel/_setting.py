@@ -50,7 +50,7 @@ _NONE = ("always_off", "parentbased_always_off")
 
 TRACES_PATH = "/v1/traces"
 DEFAULT_TIMEOUT_S = 10.0
-DEFAULT_QUEUE_SESSIONS = 1024
+DEFAULT_QUEUE_SESSIONS = 256
 
 
 @dataclass(frozen=True)

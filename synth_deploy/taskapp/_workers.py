@@ -7,10 +7,10 @@ runs.
 A pure-Python environment stepped in the server's own process, inline or in a thread, shares
 the interpreter lock with the event loop. A busy worker thread holds it for up to the switch
 interval (5 ms) each time the loop gives it up for a socket call, so every request the loop
-serves (``/health``, the policy calls of every other rollout) waits in line: with 16 Crafter
-episodes, /health p99 went from ~20 ms idle to 300-460 ms with one worker thread. A worker
-process has its own interpreter; the loop only sends and receives small messages, and the
-environments run on the other cores.
+serves (``/health``, the policy calls of every other rollout) waits in line. With 16 Crafter
+episodes playing (bench/crafter_rollouts.py, 2 cores), /health p99 was 17-25× its idle value
+with one worker thread, 1-3.6× with one worker process: it has its own interpreter, the loop
+only sends and receives small messages, and the environments run on another core.
 
 An object lives in one worker for its whole life (its calls run there in order); objects are
 spread over up to ``max_workers`` processes, started on demand. The factory, the arguments and

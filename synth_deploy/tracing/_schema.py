@@ -10,7 +10,7 @@ Version 4 indexes what `traces view` filters and summarises on: status, mode and
 (the last two on expressions over the metadata, which serve every writer with no column to
 keep filled), and app · model · time with status and reward (every glance aggregate read
 from the index alone). Version 5 keeps running totals for `traces stats` (see `_totals`), so
-they cost the same at a million sessions as at ten.
+they cost the same at a million sessions as at ten; version 6 adds the events count to them.
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -27,7 +27,7 @@ from typing import Any
 from synth_deploy.tracing._totals import TOTALS_VERSION
 from synth_deploy.tracing._totals import migration as totals_migration
 
-SCHEMA_VERSION = TOTALS_VERSION  # 5
+SCHEMA_VERSION = TOTALS_VERSION  # 6
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -287,9 +287,13 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     if current < 4:
         steps.append((4, "indexes for the viewer: status, mode, split, app/model glance",
                       [(sql, ()) for sql in _V4_STATEMENTS]))
+    # Step 5 builds the totals as they are now (with an events count); a file already at 5
+    # has them without it, and step 6 rebuilds them.
+    totals = [(sql, ()) for sql in totals_migration()]
     if current < 5:
-        steps.append((5, "running totals for traces stats, kept by triggers",
-                      [(sql, ()) for sql in totals_migration()]))
+        steps.append((5, "running totals for traces stats, kept by triggers", totals))
+    if current < 6:
+        steps.append((6, "running totals count events", totals if current == 5 else []))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import queue
 import threading
@@ -313,9 +314,10 @@ class TraceStore:
         content is a `SessionConflictError`.
         """
         ids = list(dict.fromkeys(s.session_id for s, _ in batch))
+        # One statement text for every batch size (SQLite keeps it prepared).
         stored = {r["session_id"] for r in self._db.query(
-            f"SELECT session_id FROM session_traces WHERE session_id IN "
-            f"({', '.join('?' * len(ids))})", ids)}
+            "SELECT session_id FROM session_traces WHERE session_id IN "
+            "(SELECT value FROM json_each(?))", (json.dumps(ids),))}
         fresh, repeats, seen = [], [], set()
         for session, future in batch:
             sid = session.session_id
@@ -412,7 +414,7 @@ class TraceStore:
     def stats(self) -> TraceStats:
         """Counts, tokens and cost, overall and per app and model.
 
-        Read from the running totals (schema version 5, see `_totals`): a few small rows
+        Read from the running totals (see `_totals`): a few small rows
         whatever the store's size. Older files opened read-only are summed from their rows.
         """
         q = self._db.query
@@ -443,7 +445,7 @@ class TraceStore:
             ok=sum(g["sessions"] for g in groups if g["status"] == "ok"),
             errors=sum(a["errors"] for a in by_app),
             timesteps=sum(g["timesteps"] or 0 for g in groups),
-            events=int(q("SELECT COUNT(*) AS n FROM events")[0]["n"]),
+            events=sum(g["events"] or 0 for g in groups),
             messages=sum(g["messages"] or 0 for g in groups),
             lm_calls=sum(m["lm_calls"] for m in models),
             input_tokens=sum(m["input_tokens"] or 0 for m in models),

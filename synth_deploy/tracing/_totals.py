@@ -3,8 +3,9 @@
 Two small tables, one row per (app, status) and one per LM model, kept in step by SQLite
 triggers with every insert, update and delete of a session row or an LM-call event, by
 whoever writes them (our writer, or synth-ai's tracer writing into a file we migrated).
-Schema version 5 creates them, fills them from the rows already stored, and adds the
-triggers, in one transaction. Files opened read-only at an older version are summed from
+Schema version 5 created them; version 6 counts events too (so `stats` never counts the
+events table). Either step drops what an earlier step made, creates the tables, fills them
+from the rows already stored and adds the triggers, in one transaction. Files opened read-only at an older version are summed from
 their rows instead: the same answers, slower.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from synth_deploy.tracing._ledger import UNKNOWN_MODEL, CostLedger, ModelTokens
 
-TOTALS_VERSION = 5
+TOTALS_VERSION = 6
 SESSIONS = "synth_deploy_session_totals"
 MODELS = "synth_deploy_model_totals"
 
@@ -24,7 +25,8 @@ _DOLLARS = "(CASE WHEN {r}.event_uid IS NULL THEN {r}.cost_usd / 100.0 ELSE {r}.
 
 _SESSION_SUMS = {  # column: what one session row adds
     "sessions": "1", "timesteps": "COALESCE({r}.num_timesteps, 0)",
-    "messages": "COALESCE({r}.num_messages, 0)", "reward_sum": "COALESCE({r}.total_reward, 0)",
+    "events": "COALESCE({r}.num_events, 0)", "messages": "COALESCE({r}.num_messages, 0)",
+    "reward_sum": "COALESCE({r}.total_reward, 0)",
     "rewards": "({r}.total_reward IS NOT NULL)",
     # the rollout's wall time, as our server records it (the cost ledger's wall_s)
     "wall_s": "COALESCE(CASE WHEN json_valid({r}.metadata) THEN "
@@ -60,7 +62,8 @@ def keys_of(keys: tuple[str, ...]) -> list[tuple[str, str]]:
 
 def _triggers() -> list[str]:
     s_keys, m_keys = ("app_id", "status"), ("model",)
-    session_cols = "app_id, status, total_reward, num_timesteps, num_messages, metadata"
+    session_cols = "app_id, status, total_reward, num_timesteps, num_events, num_messages, " \
+                   "metadata"
     event_cols = "event_type, model_name, input_tokens, output_tokens, cost_usd, latency_ms, " \
                  "event_uid"
     lm_new, lm_old = "NEW.event_type = 'cais'", "OLD.event_type = 'cais'"
@@ -93,17 +96,22 @@ def _groups(keys: str, sums: dict[str, str], source: str) -> str:
         + f" FROM {source} GROUP BY {keys}")
 
 
+_TRIGGER_NAMES = ("session_added", "session_removed", "session_changed", "lm_added",
+                  "lm_removed", "lm_changed")
+
+
 def migration() -> list[str]:
-    """Version 5: the tables, filled from the rows stored so far, then the triggers."""
+    """Version 6: the tables, filled from the rows stored so far, then the triggers."""
     return [
+        *(f"DROP TRIGGER IF EXISTS synth_deploy_totals_{name}" for name in _TRIGGER_NAMES),
+        f"DROP TABLE IF EXISTS {SESSIONS}",
+        f"DROP TABLE IF EXISTS {MODELS}",
         f"CREATE TABLE IF NOT EXISTS {SESSIONS} (app_id TEXT, status TEXT, sessions INTEGER "
-        "NOT NULL, timesteps INTEGER NOT NULL, messages INTEGER NOT NULL, reward_sum REAL NOT "
-        "NULL, rewards INTEGER NOT NULL, wall_s REAL NOT NULL)",
+        "NOT NULL, timesteps INTEGER NOT NULL, events INTEGER NOT NULL, messages INTEGER NOT "
+        "NULL, reward_sum REAL NOT NULL, rewards INTEGER NOT NULL, wall_s REAL NOT NULL)",
         f"CREATE TABLE IF NOT EXISTS {MODELS} (model TEXT, lm_calls INTEGER NOT NULL, "
         "input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, latency_sum REAL NOT "
         "NULL, latencies INTEGER NOT NULL, cost_usd REAL NOT NULL)",
-        f"DELETE FROM {SESSIONS}",
-        f"DELETE FROM {MODELS}",
         f"INSERT INTO {SESSIONS} " + _groups("app_id, status", _SESSION_SUMS,
                                              "session_traces x"),
         f"INSERT INTO {MODELS} " + _groups("model_name", _MODEL_SUMS,
@@ -113,7 +121,8 @@ def migration() -> list[str]:
 
 
 def session_groups(fields: dict[str, str], version: int) -> str:
-    """Per (app_id, status): sessions, timesteps, messages, reward_sum, rewards, wall_s."""
+    """Per (app_id, status): sessions, timesteps, events, messages, reward_sum, rewards,
+    wall_s (events: as the session rows count them)."""
     if version >= TOTALS_VERSION:
         return f"SELECT * FROM {SESSIONS} WHERE sessions != 0"
     # Older files: summed from the rows (their columns, or the metadata, as `fields` says).

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import operator
 import os
 import pickle
 import select
@@ -32,15 +33,64 @@ import struct
 import subprocess
 import sys
 import threading
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from synth_deploy import errors as _base_errors
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _errors
+from synth_deploy.tracing._session import (
+    Event,
+    EventReward,
+    Message,
+    OutcomeReward,
+    SessionTrace,
+    Timestep,
+)
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
+
+# Sessions cross the pipe as tuples of their fields (nested the same way), not as pickled
+# dataclasses: a third cheaper to pickle on the server, whose GIL pays for it.
+_NESTED = {SessionTrace: {"timesteps": Timestep, "event_rewards": EventReward,
+                          "outcome_rewards": OutcomeReward},
+           Timestep: {"events": Event, "messages": Message}}
+_FIELDS = {cls: tuple(f.name for f in fields(cls))
+           for cls in (SessionTrace, Timestep, Event, Message, EventReward, OutcomeReward)}
+_GET = {cls: operator.itemgetter(*names) for cls, names in _FIELDS.items()}
+_PLAN = {cls: [(i, nested[name]) for i, name in enumerate(_FIELDS[cls]) if name in nested]
+         for cls, nested in _NESTED.items()}
+
+
+def _flat(obj: Any, cls: type) -> Any:
+    if type(obj) is not cls:  # a subclass may hold more than the fields: keep it whole
+        return obj
+    values = _GET[cls](obj.__dict__)
+    plan = _PLAN.get(cls)
+    if plan is None:
+        return values
+    values = list(values)
+    for i, sub in plan:
+        if sub in _PLAN:
+            values[i] = [_flat(x, sub) for x in values[i]]
+        else:
+            get = _GET[sub]
+            values[i] = [get(x.__dict__) if type(x) is sub else x for x in values[i]]
+    return tuple(values)
+
+
+def _restore(flat: Any, cls: type) -> Any:
+    if not isinstance(flat, tuple):
+        return flat
+    plan = _PLAN.get(cls)
+    if plan is None:
+        return cls(*flat)
+    values = list(flat)
+    for i, sub in plan:
+        values[i] = [_restore(x, sub) for x in values[i]]
+    return cls(*values)
 
 
 def frame(payload: Any) -> bytes:
@@ -93,7 +143,7 @@ class LoopWriter:
 
     def _flush(self) -> None:
         if self._queued:
-            self._unsent += frame(self._queued)
+            self._unsent += frame([(seq, _flat(s, SessionTrace)) for seq, s in self._queued])
             self._queued = []
         self._write_some()
 
@@ -185,7 +235,7 @@ class LoopWriter:
     def _hand_over(self, done: concurrent.futures.Future[None] | None) -> None:
         # Whatever the loop did not send goes now, blocking: the child is reading.
         if self._queued:
-            self._unsent += frame(self._queued)
+            self._unsent += frame([(seq, _flat(s, SessionTrace)) for seq, s in self._queued])
             self._queued = []
         if self._waiting_to_write and not self.loop.is_closed():
             self.loop.remove_writer(self._in_fd)
@@ -246,7 +296,8 @@ def main(path: str) -> None:
     try:
         while (items := frames.next_batch()) is not None:
             futures = [concurrent.futures.Future() for _ in items]
-            store._commit([(session, f) for (_, session), f in zip(items, futures, strict=True)])
+            store._commit([(_restore(flat, SessionTrace), f)
+                           for (_, flat), f in zip(items, futures, strict=True)])
             acks = [(seq, None if f.exception() is None else _describe(f.exception()))
                     for (seq, _), f in zip(items, futures, strict=True)]
             parent_gone = parent_gone or not _send(stdout, acks)  # commits go on regardless
@@ -263,6 +314,7 @@ class _FrameReader:
         self.closed = False
 
     def next_batch(self, limit: int = 256) -> list[Any] | None:
+        """The sessions of the next frame and of every frame already waiting."""
         items: list[Any] = []
         while not items or (len(items) < limit and self._waiting()):
             frame_items = self._next()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from processes import free_port, wait_until_up
 from test_tracing_server import SERVER_SCRIPT, fire, rollout_body
-from test_tracing_store import make_session
+from test_tracing_store import assert_same, make_session
 
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import (
@@ -91,6 +91,18 @@ def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_
     store.close()
     with open_trace_store(path) as check:
         assert {s.run_id for s in check.list_sessions(limit=None)} == {"run-0", "run-2"}
+
+
+def test_what_the_writer_process_stores_reads_back_as_written(tmp_path):
+    sessions = [make_session(i) for i in range(3)] + [tool_session()]
+    with open_trace_store(tmp_path / "t.db") as store:
+        async def main():
+            store.use_writer_process()
+            await asyncio.gather(*(store.write_session(s) for s in sessions))
+
+        asyncio.run(main())
+        for session in sessions:
+            assert_same(store.get_session(session.session_id).to_dict(), session.to_dict())
 
 
 def test_the_writer_exits_when_the_server_is_killed(tmp_path, mock_policy, api_key):
@@ -242,6 +254,25 @@ def test_stats_come_from_running_totals_that_every_writer_keeps_right(tmp_path):
     assert totals.ledger.wall_s == pytest.approx(2.5)
     # 24 LM calls at $0.001 (the deleted session's stay), one deleted, 3 cents of synth-ai's
     assert totals.cost_usd == pytest.approx(24 * 0.001 - 0.001 + 0.03)
+
+
+def test_a_version_5_file_gets_totals_that_count_events(tmp_path):
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        for i in range(3):
+            store.write_session_sync(make_session(i))
+        expected = store.stats().to_dict()
+    raw = sqlite3.connect(path, isolation_level=None)  # back to version 5's totals table
+    for (trigger,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND "
+                                  "name LIKE 'synth_deploy_totals_%'").fetchall():
+        raw.execute(f"DROP TRIGGER {trigger}")
+    raw.execute("ALTER TABLE synth_deploy_session_totals DROP COLUMN events")
+    raw.execute("DELETE FROM synth_deploy_schema WHERE version = 6")
+    raw.close()
+    with open_trace_store(path) as store:
+        assert store.schema_version == 6 and store.stats().to_dict() == expected
+        store.write_session_sync(make_session(3))  # the rebuilt triggers keep counting
+        assert store.stats().events == expected["events"] * 4 // 3
 
 
 # -- export -----------------------------------------------------------------------------------

@@ -51,8 +51,11 @@ def test_every_column_shown_is_whole_at_80_columns(tmp_path):
     [header] = [line for line in lines if "session" in line and "created (UTC)" in line]
     assert header.split() == ["session", "created", "(UTC)", "app", "seed", "model", "status",
                               "reward"]
-    # The model name folds onto the next lines of its cell rather than losing its end.
-    first_row = lines[lines.index(header) + 2:lines.index(header) + 5]
+    # The model name folds onto the next lines of its cell rather than losing its end (the
+    # first row runs until the next one starts with its session id).
+    start = lines.index(header) + 2
+    end = next((i for i in range(start + 1, len(lines)) if lines[i][:1].strip()), len(lines))
+    first_row = lines[start:end]
     column = header.index("model")
     assert "".join(line[column:].split()[0] for line in first_row
                    if line[column:].strip()).startswith(MODEL)

@@ -47,9 +47,9 @@ def test_ls_show_stats(tmp_path):
     rows = json.loads(run("ls", "--json", "--trace-db", db, "--limit", "3").stdout)
     assert len(rows) == 3 and rows[0]["app_id"] == "math"
     human = run("ls", "--trace-db", db)
-    assert human.exit_code == 0 and sessions[0].session_id[:12] in human.stdout
-    # The 12 characters `ls` shows (ids are time-ordered: 8 of them are the second)
-    shown = run("show", sessions[2].session_id[:12], "--json", "--trace-db", db)
+    assert human.exit_code == 0 and sessions[0].session_id[:16] in human.stdout
+    # The 16 characters `ls` shows (ids are time-ordered: 8 of them are the second)
+    shown = run("show", sessions[2].session_id[:16], "--json", "--trace-db", db)
     assert json.loads(shown.stdout)["session_id"] == sessions[2].session_id
     text = run("show", sessions[2].session_id, "--trace-db", db).stdout
     assert "Answer: 3" in text and "outcome reward" in text
