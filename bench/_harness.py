@@ -113,13 +113,17 @@ def fixed_body(body: dict) -> Callable[[int], bytes]:
 def paired_rounds(servers: dict[str, str], bodies: Callable[[int], bytes], key: str, *,
                   rounds: int, seconds: float, concurrency: int
                   ) -> dict[str, list[LoadResult]]:
-    """Load every server once per round, the order alternating, after a short warm-up."""
+    """Load every server once per round, the order alternating, each after a short warm-up.
+
+    The warm-up comes right before each measured load: a server left idle while the others
+    were loaded has let its connections to the policy expire (3 s), and would otherwise pay
+    for opening them again in whichever round follows a switch.
+    """
     results: dict[str, list[LoadResult]] = {name: [] for name in servers}
     order = list(servers.items())
-    for _, url in order:
-        load(url, bodies, key, seconds=0.5, concurrency=concurrency)
     for round_no in range(rounds):
         for name, url in order if round_no % 2 == 0 else reversed(order):
+            load(url, bodies, key, seconds=0.5, concurrency=concurrency)
             results[name].append(load(url, bodies, key, seconds=seconds,
                                       concurrency=concurrency))
     return results

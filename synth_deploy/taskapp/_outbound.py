@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import anyio
@@ -107,15 +107,65 @@ class _GuardedTransport(httpx.AsyncHTTPTransport):
             network_backend=_GuardedBackend(httpcore.AnyIOBackend()))
 
 
+class _SpreadTransport(httpx.AsyncBaseTransport):
+    """Requests spread over several small connection pools, each sent through the pool with
+    the fewest requests in flight.
+
+    httpcore 1.0's pool does work quadratic in its connections on every request it starts or
+    finishes (encode/httpcore#1035, encode/httpx#3215): with 32 rollouts calling the policy at
+    once, that bookkeeping was ~70% of the calling process's CPU. Pools of a few connections
+    each keep it small; together they hold as many connections as one pool would.
+    """
+
+    def __init__(self, pools: list[httpx.AsyncBaseTransport]) -> None:
+        self.pools = pools
+        self._in_flight = [0] * len(pools)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        index = min(range(len(self.pools)), key=self._in_flight.__getitem__)
+        self._in_flight[index] += 1
+        try:
+            response = await self.pools[index].handle_async_request(request)
+        except BaseException:
+            self._in_flight[index] -= 1
+            raise
+        response.stream = _Released(response.stream, self._in_flight, index)
+        return response
+
+    async def aclose(self) -> None:
+        for pool in self.pools:
+            await pool.aclose()
+
+
+class _Released(httpx.AsyncByteStream):
+    """A response body that gives its pool's in-flight slot back once it is closed."""
+
+    def __init__(self, inner: Any, in_flight: list[int], index: int) -> None:
+        self._inner, self._in_flight, self._index = inner, in_flight, index
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._index is not None:
+            self._in_flight[self._index] -= 1
+            self._index = None
+        await self._inner.aclose()
+
+
 def outbound_client(*, allow_link_local: bool) -> httpx.AsyncClient:
     """The client a served app calls out with: bounded, no redirects, link-local refused."""
-    # Idle connections expire before uvicorn's 5 s keep-alive does, so the pool rarely hands
-    # out one the policy server is closing.
-    limits = httpx.Limits(max_connections=256, keepalive_expiry=3.0)
-    transport = (httpx.AsyncHTTPTransport(limits=limits, verify=client_ssl_context())
-                 if allow_link_local else _GuardedTransport(limits))
-    return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits,
-                             transport=transport, follow_redirects=False)
+    # 8 pools of at most 32 connections (see `_SpreadTransport`), each keeping all of its
+    # connections alive: httpcore 1.0 closes idle ones whenever a pool holds more than
+    # max_keepalive_connections in all. Idle connections expire before uvicorn's 5 s
+    # keep-alive does, so a pool rarely hands out one the policy server is closing.
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32,
+                          keepalive_expiry=3.0)
+    pools = [httpx.AsyncHTTPTransport(limits=limits, verify=client_ssl_context())
+             if allow_link_local else _GuardedTransport(limits) for _ in range(8)]
+    return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0),
+                             transport=_SpreadTransport(pools), follow_redirects=False)
 
 
 def refused_address(exc: BaseException) -> RefusedAddress | None:

@@ -153,8 +153,9 @@ def test_the_opt_out_serves_the_app_with_an_unguarded_client(serve, api_key):
     seen = {}
 
     async def rollout_fn(request, ctx):
-        pool = ctx.http._transport._pool
-        seen["guarded"] = "_GuardedBackend" in type(pool._network_backend).__name__
+        pools = [spread._pool for spread in ctx.http._transport.pools]
+        seen["guarded"] = {"_GuardedBackend" in type(pool._network_backend).__name__
+                           for pool in pools} == {True}
         return {"metrics": {"episode_rewards": [1.0]}}
 
     for allow in (False, True):
