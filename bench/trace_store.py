@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -247,7 +248,9 @@ def timed_child(source: str, *args: str) -> tuple[float, float]:
 
 
 def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    # Streamed: a child's peak RSS counts the parent's memory it was forked from.
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def export_vs_join(db: Path, tmp: Path, label: str) -> tuple[float, float, float]:
@@ -284,11 +287,19 @@ def main() -> None:
         grow(big, args.sessions, report=True)
         grow(mid, 10_000)
 
-        print(f"write rate ({args.measure:,} sessions, 32 in flight):")
-        small_rate = write_rate(small, args.measure)
-        big_rate = write_rate(big, args.measure)
-        print(f"  at 1k: {small_rate:,.0f}/s   at {big_label}: {big_rate:,.0f}/s   "
-              f"ratio {big_rate / small_rate:.2f}  (target >= 0.80)")
+        print(f"write rate ({args.measure:,} sessions, 32 in flight, 3 rounds; the 1k "
+              "store is a fresh copy each round):")
+        rates = []
+        for round_no in range(3):
+            fresh = tmp / f"1k-{round_no}.db"
+            shutil.copyfile(small, fresh)
+            small_rate = write_rate(fresh, args.measure)
+            big_rate = write_rate(big, args.measure)
+            rates.append(big_rate / small_rate)
+            print(f"  at 1k: {small_rate:,.0f}/s   at {big_label}: {big_rate:,.0f}/s   "
+                  f"ratio {rates[-1]:.2f}")
+        write_ratio = statistics.median(rates)
+        print(f"  median ratio {write_ratio:.2f}  (target >= 0.80)")
 
         print(f"reads on the {big_label} store (CLI, new process each, median of 3):")
         ls_s, listed = cli_seconds("ls", "--json", "-n", "20", "--trace-db", str(big))
@@ -302,7 +313,7 @@ def main() -> None:
         print("SFT export vs a bare streaming join (new process each, peak RSS):")
         _, mid_mb, _ = export_vs_join(mid, tmp, "10k")
         ratio, big_mb, _ = export_vs_join(big, tmp, big_label)
-        print(f"summary: write {big_rate / small_rate:.2f} (>= 0.80); ls {ls_s:.2f}s, stats "
+        print(f"summary: write {write_ratio:.2f} (>= 0.80); ls {ls_s:.2f}s, stats "
               f"{stats_s:.2f}s, show {show_s:.2f}s (< 1 s); export/join {ratio:.2f}x (<= 1.3); "
               f"export RSS {mid_mb:.0f} MB at 10k, {big_mb:.0f} MB at {big_label}")
         for db in (small, mid, big):

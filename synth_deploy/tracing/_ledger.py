@@ -154,22 +154,23 @@ def ledger_from_rows(lm_rows: Iterable[Mapping[str, Any]], wall_s: Any) -> CostL
     """One stored session's ledger from its LM calls grouped by model (rows with
     ``model_name``, ``calls``, ``tokens_in``, ``tokens_out``, ``lm_ms`` and ``cost``, in
     dollars: `stored_cost_sql`) and its wall time."""
-    models: dict[str, ModelTokens] = {}
+    tokens: dict[str, list[int]] = {}  # model: [in, out] (one object per model, not per row)
     calls, lm_s = 0, 0.0
     cost: float | None = None
     for row in lm_rows:
         if _number(row.get("cost")):
             cost = (cost or 0.0) + float(row["cost"])
-        name = row.get("model_name") or UNKNOWN_MODEL
-        models[name] = models.get(name, ModelTokens()) + ModelTokens(
-            _int(row.get("tokens_in")), _int(row.get("tokens_out")))
+        sums = tokens.setdefault(row.get("model_name") or UNKNOWN_MODEL, [0, 0])
+        sums[0] += _int(row.get("tokens_in"))
+        sums[1] += _int(row.get("tokens_out"))
         calls += _int(row.get("calls"))
         lm_s += _float(row.get("lm_ms")) / 1000.0
     wall = _float(wall_s)
     return CostLedger(rollouts=1, lm_calls=calls,
-                      input_tokens=sum(t.input_tokens for t in models.values()),
-                      output_tokens=sum(t.output_tokens for t in models.values()), lm_s=lm_s,
-                      env_s=max(wall - lm_s, 0.0), wall_s=wall, by_model=models,
+                      input_tokens=sum(t[0] for t in tokens.values()),
+                      output_tokens=sum(t[1] for t in tokens.values()), lm_s=lm_s,
+                      env_s=max(wall - lm_s, 0.0), wall_s=wall,
+                      by_model={name: ModelTokens(*t) for name, t in tokens.items()},
                       cost_usd=cost)
 
 
@@ -215,7 +216,10 @@ def stored_ledger(query: Query, cost_usd: float | None = None) -> CostLedger:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+    kind = type(value)
+    if kind is int or kind is float:  # what SQLite and JSON give: the common case, first
+        return value == value
+    return isinstance(value, int | float) and kind is not bool and value == value
 
 
 def _int(value: Any, default: int = 0) -> int:
