@@ -30,6 +30,7 @@ from synth_deploy.taskapp._tools import ToolCall, assistant_message, parse_tool_
 logger = logging.getLogger("synth_deploy.taskapp")
 INFERENCE_URL_FIELD = "policy.config.inference_url"
 LOGGED_BODY_CHARS = 500
+MAX_ANSWER_BYTES = 16 * 2**20  # a chat completion is kilobytes; with logprobs, a few MB
 
 
 class PolicyError(TaskAppError):
@@ -145,7 +146,12 @@ async def _post_with_retry(client: httpx.AsyncClient, url: str, body: dict[str, 
                            headers: dict[str, str]) -> httpx.Response:
     for attempt in range(1, POLICY_ATTEMPTS + 1):
         try:
-            return await client.post(url, json=body, headers=headers, follow_redirects=False)
+            request = client.build_request("POST", url, json=body, headers=headers)
+            answer = await client.send(request, stream=True, follow_redirects=False)
+            try:
+                return await _read_capped(answer, url)
+            finally:
+                await answer.aclose()
         except _TRANSIENT as exc:
             if (refused := refused_address(exc)) is not None:
                 raise BadRequest(f"{INFERENCE_URL_FIELD}: {refused.host} resolves to the "
@@ -160,6 +166,27 @@ async def _post_with_retry(client: httpx.AsyncClient, url: str, body: dict[str, 
             raise PolicyError(f"policy at {_origin(url)} did not answer: "
                               f"{_failure(exc)}") from exc
     raise AssertionError("unreachable")
+
+
+async def _read_capped(answer: httpx.Response, url: str) -> httpx.Response:
+    """``answer`` read whole, unless it is larger than `MAX_ANSWER_BYTES` (a `PolicyError`:
+    whoever holds a key picks the policy URL, and must not make the server hold gigabytes)."""
+    declared = answer.headers.get("content-length", "")
+    too_big = PolicyError(f"policy at {_origin(url)} answered more than "
+                          f"{MAX_ANSWER_BYTES // 2**20} MiB; the answer was not read")
+    if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in answer.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise too_big
+        chunks.append(chunk)
+    # The body as read (decoded): the headers that described its encoding no longer apply.
+    headers = [(k, v) for k, v in answer.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(answer.status_code, headers=headers, content=b"".join(chunks),
+                          request=answer.request)
 
 
 def _failure(exc: Exception) -> str:

@@ -184,31 +184,31 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
             f"ORDER BY s.created_at, s.rowid LIMIT {PAGE_SESSIONS}", params + after)
         if not rows:
             return
-        yield _page(query, rows, stored_cost_sql(store.schema_version))
+        yield _page(store._db, rows, stored_cost_sql(store.schema_version))
         after = [rows[-1]["created_at"], rows[-1]["rid"]]
 
 
-def _page(query: Any, rows: list[dict[str, Any]], cost_sql: str) -> Page:
+def _page(db: Any, rows: list[dict[str, Any]], cost_sql: str) -> Page:
+    query, rows_of = db.query, db.rows
     ids = [r["session_id"] for r in rows]
     marks = ", ".join("?" * len(ids))
     roles = ", ".join(f"'{role}'" for role in _ROLES)
     steps: dict[str, dict[Any, tuple[Any, ...]]] = {sid: {} for sid in ids}
-    for m in query(
-            "SELECT m.session_id, t.id AS step, t.step_id, t.step_index, t.turn_number, "
+    # Tuples, not dicts: a page holds thousands of messages.
+    for sid, step_key, step_id, step_index, turn, kind, content, meta in rows_of(
+            "SELECT m.session_id, t.id, t.step_id, t.step_index, t.turn_number, "
             "m.message_type, m.content, m.metadata FROM messages m LEFT JOIN "
             f"session_timesteps t ON t.id = m.timestep_id WHERE m.session_id IN ({marks}) "
             f"AND m.message_type IN ({roles}) ORDER BY m.id", ids):
-        metadata = _loads(m["metadata"], {}) if m["metadata"] not in ("{}", None) else {}
-        content = m["content"]
+        metadata = _loads(meta, {}) if meta not in ("{}", None) else {}
         if metadata and metadata.pop(_JSON_CONTENT, False):
             content = _loads(content)
-        step = steps[m["session_id"]].get(m["step"])
+        step = steps[sid].get(step_key)
         if step is None:  # rows without a timestep: one step of their own, after the others
-            order = (0, m["step_index"], m["step"]) if m["step"] is not None else (1, 0, 0)
-            step = steps[m["session_id"]][m["step"]] = (
-                order, m["step_id"] if m["step"] is not None else _ORPHAN_STEP,
-                m["turn_number"], [])
-        step[3].append((m["message_type"], content, metadata))
+            order = (0, step_index, step_key) if step_key is not None else (1, 0, 0)
+            step = steps[sid][step_key] = (
+                order, step_id if step_key is not None else _ORPHAN_STEP, turn, [])
+        step[3].append((kind, content, metadata))
     tools: dict[str, dict[Any, Any]] = {sid: {} for sid in ids}
     # Only events whose call records mention tools are parsed, and by SQLite: the records
     # hold whole requests. The last record of the last event that offered tools wins.

@@ -135,6 +135,11 @@ class LibsqlBackend:
         cols = reply["cols"]
         return [dict(zip(cols, row, strict=True)) for row in reply["rows"]]
 
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """What `query` reads, as tuples in the statement's column order (for hot loops)."""
+        reply = self._call({"op": "query", "sql": sql, "params": list(params)})
+        return [tuple(row) for row in reply["rows"]]
+
     def run(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
             transaction: bool = True) -> None:
         self._call({"op": "run", "transaction": transaction,

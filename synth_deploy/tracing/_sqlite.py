@@ -149,6 +149,14 @@ class SqliteBackend:
             except sqlite3.Error as exc:
                 raise self._error(exc, "read") from exc
 
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """What `query` reads, as tuples in the statement's column order (for hot loops)."""
+        with self._lock:
+            try:
+                return self._conn.execute(sql, tuple(params)).fetchall()
+            except sqlite3.Error as exc:
+                raise self._error(exc, "read") from exc
+
     def run(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
             transaction: bool = True) -> None:
         """Run ``statements`` in one IMMEDIATE transaction (all or nothing)."""

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse, RedirectResponse
+from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from toy_apps import proxy_config, raising_rollout, toy_config
 
@@ -122,6 +122,29 @@ def test_an_error_answer_is_named_by_status_and_host_only(serve, policy_app, api
     assert resp.status_code == 502
     assert "hunter2" not in resp.text and "postgres" not in resp.text
     assert "answered HTTP 500" in error_of(resp)["message"]
+
+
+MAX_ANSWER_BYTES = 16 * 2**20  # the cap the README's Security section states
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_an_answer_too_large_to_hold_is_not_read(serve, policy_app, api_key, declared):
+    chunk = b" " * 2**20
+
+    async def chunks():  # no length up front: refused once past the cap, while reading
+        for _ in range(MAX_ANSWER_BYTES // len(chunk) + 64):
+            yield chunk
+
+    async def chat(request):
+        if declared:  # says how big it is up front: refused before a byte of it is read
+            return Response(b"", headers={"content-length": str(MAX_ANSWER_BYTES + 1)})
+        return StreamingResponse(chunks(), media_type="application/json")
+
+    upstream = serve(Starlette(routes=[Route("/v1/chat/completions", chat,
+                                             methods=["POST"])]))
+    resp = rollout(policy_app, api_key, upstream.url + "/v1")
+    assert resp.status_code == 502, resp.text
+    assert "answered more than 16 MiB" in error_of(resp)["message"]
 
 
 def test_link_local_addresses_are_refused_before_any_connection(policy_app, api_key):

@@ -1,4 +1,5 @@
-"""The client a served app calls out with spreads concurrent requests over small pools.
+"""The client a served app calls out with (``ctx.http``, and the policy call) spreads
+concurrent requests over small pools.
 
 httpcore's pool does work quadratic in its connections per request (see `_outbound`); the
 spread keeps every pool small without lowering how many connections the client holds.
@@ -12,12 +13,13 @@ import httpx
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+from toy_apps import toy_config
 
-from synth_deploy.taskapp._outbound import outbound_client
+from synth_deploy.taskapp import create_app
 
 
 def held_until_all_arrive(count: int) -> Starlette:
-    """An app answering each request only once ``count`` of them are open at the same time."""
+    """An upstream answering each /hold only once ``count`` of them are open at once."""
     arrived: list[asyncio.Event] = []
 
     async def hold(request):
@@ -35,39 +37,55 @@ def held_until_all_arrive(count: int) -> Starlette:
     return Starlette(routes=[Route("/hold", hold), Route("/now", now)])
 
 
-def test_concurrent_requests_spread_over_the_pools_and_give_their_slots_back(serve):
-    server = serve(held_until_all_arrive(16))
+def run_in_app(serve, api_key, body) -> dict:
+    """Run ``body(ctx.http)`` inside a rollout of a served app; what it returns."""
+    seen: dict = {}
 
-    async def main():
-        async with outbound_client(allow_link_local=False) as client:
-            spread = client._transport
-            answers = await asyncio.gather(*(client.get(server.url + "/hold")
-                                             for _ in range(16)))
-            assert [a.status_code for a in answers] == [200] * 16
-            assert all(len(a.text) == 1000 for a in answers)
-            # 16 at once over 8 pools: two connections each, not 16 in one pool
-            assert [len(pool._pool.connections) for pool in spread.pools] == [2] * 8
-            assert spread._in_flight == [0] * 8
-            # A streamed body holds its slot until it is closed, then gives it back.
-            async with client.stream("GET", server.url + "/now") as streamed:
-                assert sum(spread._in_flight) == 1
-                assert len(await streamed.aread()) == 1000
-            assert spread._in_flight == [0] * 8
-            later = await asyncio.gather(*(client.get(server.url + "/hold") for _ in range(16)))
-            assert {a.status_code for a in later} == {200} and spread._in_flight == [0] * 8
-            # connections are reused, not opened again
-            assert sum(len(pool._pool.connections) for pool in spread.pools) == 16
+    async def rollout_fn(request, ctx):
+        seen.update(await body(ctx.http))
+        return {"metrics": {"episode_rewards": [1.0]}}
 
-    asyncio.run(main())
+    app = serve(create_app(toy_config(rollout_fn), api_keys=[api_key]))
+    resp = httpx.post(app.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
+                      json={"run_id": "pools-1"})
+    assert resp.status_code == 200, resp.text
+    return seen
 
 
-def test_a_failed_request_gives_its_slot_back():
-    async def main():
-        async with outbound_client(allow_link_local=False) as client:
-            try:
-                await client.get("http://127.0.0.1:9/", timeout=2)  # discard port: refused
-            except httpx.ConnectError:
-                pass
-            assert client._transport._in_flight == [0] * 8
+def test_concurrent_requests_spread_over_the_pools_and_give_their_slots_back(serve, api_key):
+    upstream = serve(held_until_all_arrive(16))
 
-    asyncio.run(main())
+    async def body(client):
+        spread = client._transport
+        answers = await asyncio.gather(*(client.get(upstream.url + "/hold")
+                                         for _ in range(16)))
+        seen = {"answers": [(a.status_code, len(a.text)) for a in answers],
+                # 16 at once over 8 pools: two connections each, not 16 in one pool
+                "connections": [len(pool._pool.connections) for pool in spread.pools],
+                "after": list(spread._in_flight)}
+        # A streamed body holds its slot until it is closed, then gives it back.
+        async with client.stream("GET", upstream.url + "/now") as streamed:
+            seen["streaming"] = sum(spread._in_flight)
+            await streamed.aread()
+        seen["streamed"] = list(spread._in_flight)
+        await asyncio.gather(*(client.get(upstream.url + "/hold") for _ in range(16)))
+        # the second round reuses the connections the first one opened
+        seen["reused"] = sum(len(pool._pool.connections) for pool in spread.pools)
+        return seen
+
+    seen = run_in_app(serve, api_key, body)
+    assert seen["answers"] == [(200, 1000)] * 16
+    assert seen["connections"] == [2] * 8
+    assert seen["after"] == seen["streamed"] == [0] * 8 and seen["streaming"] == 1
+    assert seen["reused"] == 16
+
+
+def test_a_failed_request_gives_its_slot_back(serve, api_key):
+    async def body(client):
+        try:
+            await client.get("http://127.0.0.1:9/", timeout=2)  # the discard port: refused
+        except httpx.ConnectError:
+            pass
+        return {"after": list(client._transport._in_flight)}
+
+    assert run_in_app(serve, api_key, body)["after"] == [0] * 8
