@@ -141,7 +141,8 @@ class _Released(httpx.AsyncByteStream):
     """A response body that gives its pool's in-flight slot back once it is closed."""
 
     def __init__(self, inner: Any, in_flight: list[int], index: int) -> None:
-        self._inner, self._in_flight, self._index = inner, in_flight, index
+        self._inner, self._in_flight = inner, in_flight
+        self._index: int | None = index  # None once given back
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
