@@ -145,7 +145,7 @@ class SqliteBackend:
             try:
                 cur = self._conn.execute(sql, tuple(params))
                 cols = [d[0] for d in cur.description or ()]
-                return [dict(zip(cols, row)) for row in cur.fetchall()]
+                return [dict(zip(cols, row, strict=False)) for row in cur.fetchall()]
             except sqlite3.Error as exc:
                 raise self._error(exc, "read") from exc
 

@@ -5,8 +5,8 @@ triggers with every insert, update and delete of a session row or an LM-call eve
 whoever writes them (our writer, or synth-ai's tracer writing into a file we migrated).
 Schema version 5 created them; version 6 counts events too (so `stats` never counts the
 events table). Either step drops what an earlier step made, creates the tables, fills them
-from the rows already stored and adds the triggers, in one transaction. Files opened read-only at an older version are summed from
-their rows instead: the same answers, slower.
+from the rows already stored and adds the triggers, in one transaction. Files opened
+read-only at an older version are summed from their rows instead: the same answers, slower.
 """
 
 from __future__ import annotations
