@@ -24,7 +24,6 @@ there is) and math (the bundled app asking the kit's mock policy).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from _harness import LoadResult, child_server, free_port, load, paired_ratio, print_rounds
+from trace_throughput import MOCK_POLICY, math_body, trivial_body
 
 KEY = "sk_env_bench"
 
@@ -97,13 +97,6 @@ while True:
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
 """
 
-MOCK_POLICY = """
-import uvicorn
-from synth_deploy.runs import create_mock_policy_app
-uvicorn.run(create_mock_policy_app(), host="127.0.0.1", port=%(port)d, log_level="warning",
-            access_log=False)
-"""
-
 TRIVIAL_APP = '''
 from synth_deploy.taskapp import TaskApp
 
@@ -115,21 +108,6 @@ async def rollout(request, ctx):
     ctx.tracer.record_lm_call(model_name="m", input_tokens=20, output_tokens=5, latency_ms=1.0)
     return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0], "num_steps": 1}}
 '''
-
-
-def trivial_body(i: int) -> bytes:
-    return json.dumps({"run_id": f"r{i}", "env": {"seed": i % 100, "config": {}},
-                       "policy": {"policy_name": "p", "config": {
-                           "model": "m", "inference_url": "http://127.0.0.1:1/v1"}},
-                       "mode": "rl", "safety": {"max_time_s": 60}}).encode()
-
-
-def math_body(inference_url: str):
-    def body(i: int) -> bytes:
-        return json.dumps({"run_id": f"m{i}", "env": {"seed": i % 9000}, "mode": "rl",
-                           "policy": {"config": {"model": "mock",
-                                                 "inference_url": inference_url}}}).encode()
-    return body
 
 
 def compare(name: str, app: str, bodies, up: str | None, silent: str, tmp: Path,
