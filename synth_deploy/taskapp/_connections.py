@@ -45,7 +45,12 @@ def _busy_response(limit: int) -> bytes:
 
 
 class BoundedH11Protocol(H11Protocol):
-    """`H11Protocol` with request deadlines and a connection cap (see the module docstring)."""
+    """`H11Protocol` with request deadlines and a connection cap (see the module docstring).
+
+    Deadlines are checked by one sweep per server (`_Sweep`), not a timer per request: a
+    connection only notes what it waits for and since when, which costs nothing next to
+    arming and cancelling a loop timer twice per request.
+    """
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *,
@@ -53,14 +58,15 @@ class BoundedH11Protocol(H11Protocol):
         super().__init__(config, server_state, app_state, _loop)
         self._limits = limits
         self._refused = False
-        self._deadline: asyncio.TimerHandle | None = None
         self._waiting_for: str | None = None  # "headers" or "body" while a deadline runs
+        self._waiting_since = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self._limits.max_connections:
             self._refuse()
             return
+        _Sweep.watch(self)
         self._track()
 
     def data_received(self, data: bytes) -> None:
@@ -73,42 +79,31 @@ class BoundedH11Protocol(H11Protocol):
         super().on_response_complete()
         self._track()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_deadline()
-        super().connection_lost(exc)
-
     # -- deadlines -------------------------------------------------------------------------
 
     def _track(self) -> None:
-        """Arm the deadline for what the client owes us next; a running request has none."""
-        if self.transport.is_closing():
-            return
+        """Note what the client owes us next; a running request has no deadline."""
         state = self.conn.their_state
-        if state is h11.IDLE:
-            self._expect("headers", self._limits.header_timeout_s)
-        elif state is h11.SEND_BODY:
-            self._expect("body", self._limits.body_timeout_s)
-        else:
-            self._stop_deadline()
+        what = "headers" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
+        if what != self._waiting_for:
+            # The deadline counts from when we started waiting, not from the last byte.
+            self._waiting_for, self._waiting_since = what, self.loop.time()
 
-    def _expect(self, what: str, timeout_s: float) -> None:
-        if self._waiting_for == what:
-            return  # the deadline counts from when we started waiting, not from the last byte
-        self._stop_deadline()
-        self._waiting_for = what
-        self._deadline = self.loop.call_later(timeout_s, self._expired, what, timeout_s)
+    def _overdue(self, now: float) -> bool:
+        """Close the connection when what it waits for is late; True when it was."""
+        what = self._waiting_for
+        if what is None or self.transport.is_closing():
+            return False
+        limit = self._limits.header_timeout_s if what == "headers" \
+            else self._limits.body_timeout_s
+        if now - self._waiting_since < limit:
+            return False
+        logger.debug("closing a connection from %s: request %s not received within %gs",
+                     self.client, what, limit)
+        self._waiting_for = None
+        self.transport.close()
+        return True
 
-    def _stop_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._deadline, self._waiting_for = None, None
-
-    def _expired(self, what: str, timeout_s: float) -> None:
-        self._deadline, self._waiting_for = None, None
-        if not self.transport.is_closing():
-            logger.debug("closing a connection from %s: request %s not received within %gs",
-                         self.client, what, timeout_s)
-            self.transport.close()
 
     # -- the cap ---------------------------------------------------------------------------
 
@@ -122,6 +117,40 @@ class BoundedH11Protocol(H11Protocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(_REFUSED_LINGER_S, self.transport.close)
+
+
+class _Sweep:
+    """Every few tenths of a second, closes the server's connections whose deadline passed
+    (so a deadline fires up to one interval late). Runs while the server has connections."""
+
+    # By the server's connection set (each entry holds its set, so the id is not reused).
+    _running: dict[int, _Sweep] = {}
+
+    def __init__(self, protocol: BoundedH11Protocol) -> None:
+        limits = protocol._limits
+        self.connections = protocol.connections
+        self.loop = protocol.loop
+        self.interval = min(limits.header_timeout_s, limits.body_timeout_s, 5.0) / 5
+
+    @classmethod
+    def watch(cls, protocol: BoundedH11Protocol) -> None:
+        key = id(protocol.connections)
+        running = cls._running.get(key)
+        if running is None or running.loop is not protocol.loop:  # none, or its loop ended
+            sweep = cls._running[key] = cls(protocol)
+            sweep.loop.call_later(sweep.interval, sweep.run, key)
+
+    def run(self, key: int) -> None:
+        if self._running.get(key) is not self:
+            return  # replaced: its server runs on another loop now
+        if not self.connections:
+            del self._running[key]  # the next connection starts a new sweep
+            return
+        now = self.loop.time()
+        for protocol in list(self.connections):
+            if isinstance(protocol, BoundedH11Protocol):
+                protocol._overdue(now)
+        self.loop.call_later(self.interval, self.run, key)
 
 
 __all__ = ["BoundedH11Protocol"]

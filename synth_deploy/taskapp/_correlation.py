@@ -28,8 +28,8 @@ def correlation_id(policy_config: dict[str, Any]) -> str | None:
         if isinstance(value, str) and value.strip():
             return value.strip()
     url = policy_config.get("inference_url")
-    if not isinstance(url, str) or not url:
-        return None
+    if not isinstance(url, str) or "?" not in url and "completions" not in url:
+        return None  # neither a query nor a .../chat/completions path: nothing to parse
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -54,27 +54,39 @@ def session_correlation(cid: str | None) -> dict[str, Any]:
     return {"trace_correlation_id": cid, "correlation_ids": {"trace_correlation_id": cid}}
 
 
-def correlate(response: Any, cid: str | None, inference_url: Any) -> None:
-    """Fill the correlation fields of a `RolloutResponse` the rollout left empty.
+def correlate(response: dict[str, Any], cid: str | None, inference_url: Any) -> None:
+    """Fill the correlation fields a rollout's response left empty (``response``: its fields,
+    before validation).
 
     The rollout's own values win: the kit only fills what is missing, the way synth-ai's
-    helpers do, so an app that correlates by itself is left as it is.
+    helpers do, so an app that correlates by itself is left as it is. A field of the wrong
+    type is left for validation to reject.
     """
+    pipeline = response.get("pipeline_metadata")
+    if pipeline is None or isinstance(pipeline, dict):  # a copy: the rollout's dict is its own
+        pipeline = response["pipeline_metadata"] = dict(pipeline or {})
     if isinstance(inference_url, str) and inference_url:
-        if not response.inference_url:
-            response.inference_url = inference_url
-        response.pipeline_metadata.setdefault("inference_url", inference_url)
-    cid = response.trace_correlation_id or cid
+        if not response.get("inference_url"):
+            response["inference_url"] = inference_url
+        if isinstance(pipeline, dict):
+            pipeline.setdefault("inference_url", inference_url)
+    cid = response.get("trace_correlation_id") or cid
     if not cid:
         return
-    response.trace_correlation_id = cid
-    response.pipeline_metadata.setdefault("trace_correlation_id", cid)
-    trace = response.trace
-    if isinstance(trace, dict):
-        _mark(trace, cid, with_map=True)
-        nested = trace.get("session_trace")
-        if isinstance(nested, dict):
-            _mark(nested, cid, with_map=False)
+    response["trace_correlation_id"] = cid
+    if isinstance(pipeline, dict):
+        pipeline.setdefault("trace_correlation_id", cid)
+    correlate_trace(response.get("trace"), cid)
+
+
+def correlate_trace(trace: Any, cid: str | None) -> None:
+    """Mark a returned trace (and the session nested in it) with the correlation id."""
+    if not cid or not isinstance(trace, dict):
+        return
+    _mark(trace, cid, with_map=True)
+    nested = trace.get("session_trace")
+    if isinstance(nested, dict):
+        _mark(nested, cid, with_map=False)
 
 
 def _mark(trace: dict[str, Any], cid: str, *, with_map: bool) -> None:
@@ -89,4 +101,4 @@ def _mark(trace: dict[str, Any], cid: str, *, with_map: bool) -> None:
         metadata["correlation_ids"] = ids
 
 
-__all__ = ["correlate", "correlation_id", "session_correlation"]
+__all__ = ["correlate", "correlate_trace", "correlation_id", "session_correlation"]

@@ -61,7 +61,8 @@ def guarded(router: Any) -> Any:
 def unsupported_media_type(request: Request) -> Response | None:
     """415 unless the body is declared JSON (no Content-Type at all is read as JSON)."""
     declared = request.headers.get("content-type")
-    if declared is None or _JSON_TYPE.fullmatch(declared.split(";", 1)[0].strip().lower()):
+    if declared is None or declared == "application/json" \
+            or _JSON_TYPE.fullmatch(declared.split(";", 1)[0].strip().lower()):
         return None
     return error_response(415, "unsupported_media_type",
                           f"the request body must be JSON (Content-Type: application/json), "

@@ -70,6 +70,9 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
 
     from synth_deploy.taskapp._connections import BoundedH11Protocol
 
+    # uvicorn formats each access line before the logger drops it: below "info" nobody
+    # sees them, so they are not made.
+    extra.setdefault("access_log", log_level.lower() in ("trace", "debug", "info"))
     return dict(app=app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]

@@ -7,7 +7,6 @@ which is where most of synth-ai's per-request overhead goes.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import logging
@@ -29,12 +28,17 @@ from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.taskapp._auth import ApiKeyAuth
 from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
 from synth_deploy.taskapp._contracts import (
-    RolloutMetrics,
     RolloutRequest,
     RolloutResponse,
     TaskInfo,
 )
-from synth_deploy.taskapp._correlation import correlate, correlation_id, session_correlation
+from synth_deploy.taskapp._correlation import (
+    correlate,
+    correlate_trace,
+    correlation_id,
+    session_correlation,
+)
+from synth_deploy.taskapp._deadlines import deadline
 from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._proxy import VENDOR_KEYS
@@ -43,6 +47,7 @@ from synth_deploy.taskapp._request_guards import (
     guarded,
     http_error,
     requested_seeds,
+    server_error,
     unsupported_media_type,
 )
 from synth_deploy.taskapp._responses import error_response, validation_errors
@@ -82,10 +87,10 @@ class _ProtocolApp(FastAPI):
             self.router.routes.append(route)
         self._core_paths = frozenset(route.path for route in routes)
         self._core_app = guarded(Router(routes=routes))
-        # POST /rollout, the hot path, skips route matching and the per-route wrappers:
-        # the same handlers (HTTPException, 500) sit around it.
-        rollout = next(r.endpoint for r in routes if r.path == "/rollout")
-        self._rollout_app = guarded(_endpoint_app(rollout))
+        # POST /rollout, the hot path, skips route matching and Starlette's exception
+        # middleware: its handler answers every failure of a rollout itself.
+        self._rollout_app = _endpoint_app(next(r.endpoint for r in routes
+                                               if r.path == "/rollout"))
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and scope["path"] in self._core_paths
@@ -100,9 +105,15 @@ class _ProtocolApp(FastAPI):
 
 
 def _endpoint_app(endpoint: Any) -> Any:
-    """A Request -> Response handler as a bare ASGI app."""
+    """A Request -> Response handler as a bare ASGI app; what it fails to answer is the
+    protocol's plain 500, its traceback logged (what `guarded` does, in one frame)."""
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        response = await endpoint(Request(scope, receive, send))
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:
+            logger.exception("%s %s failed", request.method, request.url.path)
+            response = await server_error(request, exc)
         await response(scope, receive, send)
     return app
 
@@ -126,7 +137,6 @@ def create_app(
     """
     env = env or Env()
     auth = ApiKeyAuth(api_keys)
-    call_executor = _executor_caller(config.rollout)
     # Values that must never leave in an error or a trace: our keys and the vendor keys.
     secret_values = list(api_keys or ())
     if config.proxy is not None:
@@ -151,10 +161,9 @@ def create_app(
     app = _ProtocolApp(title=config.name, description=config.description, version=config.version,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
-    app.state.auth = auth
-    app.state.trace_store = trace_store
-    app.state.on_session = on_session
-    app.state.stats = {"rollout_requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
+    stats = app.state.stats = {"rollout_requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
+    rollouts = _Rollouts(config, trace_store=trace_store, on_session=on_session,
+                         secret_values=secret_values, stats=stats)
 
     def denied(request: Request) -> JSONResponse | None:
         failure = auth.check(request.headers)
@@ -216,7 +225,6 @@ def create_app(
         return JSONResponse(payload[0] if len(seeds) == 1 and len(payload) == 1 else payload)
 
     async def rollout(request: Request) -> Response:
-        stats = app.state.stats
         stats["rollout_requests"] += 1
         if (resp := denied(request)) is not None or \
                 (resp := unsupported_media_type(request)) is not None:
@@ -242,8 +250,7 @@ def create_app(
                                         run_id=req.run_id)
         stats["in_flight"] += 1
         try:
-            return await _run_rollout(app, config, call_executor, req, trace_store,
-                                      secret_values)
+            return await rollouts.run(req, app.state.http)
         finally:
             stats["in_flight"] -= 1
 
@@ -286,95 +293,123 @@ def create_app(
     return app
 
 
-async def _run_rollout(app: FastAPI, config: TaskAppConfig, call_executor: Any,
-                       req: RolloutRequest,
-                       trace_store: TraceSink | None, secret_values: list[str]) -> Response:
-    seed = req.env.seed
-    cid = correlation_id(req.policy.config)
-    tracer = SessionTracer(metadata={
-        "app_id": config.app_id, "run_id": req.run_id, "mode": req.mode, "seed": seed,
-        "model": req.policy.config.get("model"), "env_name": req.env.env_name,
-        **session_correlation(cid),
-    })
-    ctx = RolloutContext(request=req, config=config, tracer=tracer, http=app.state.http,
-                         app_state=config.app_state)
-    bound = min(req.safety.max_time_s, config.max_rollout_seconds)
-    started = time.perf_counter()
-    error: JSONResponse | None = None
-    result: RolloutResponse | None = None
-    try:
-        async with asyncio.timeout(bound):
-            raw = await call_executor(req, ctx)
-        result = _completed(raw, req.run_id, tracer.session)
-    except TimeoutError:
-        error = error_response(
-            504, "rollout_timeout",
-            f"rollout {req.run_id} exceeded safety.max_time_s={bound:g}s and was abandoned",
-            run_id=req.run_id)
-    except ValidationError as exc:
-        error = error_response(500, "invalid_rollout_result",
-                               f"rollout {req.run_id} returned a malformed RolloutResponse",
-                               run_id=req.run_id, errors=validation_errors(exc))
-    except BadRequest as exc:  # the client's mistake, said by the app or the kit: 4xx
-        exc.message = _redacted(exc.message, req, secret_values)
-        error = bad_request_response(exc, run_id=req.run_id)
-    except PolicyError as exc:  # the policy endpoint failed, not the app: 502
-        message = _redacted(exc.message, req, secret_values)
-        logger.warning("rollout %s: %s", req.run_id, message)
-        error = error_response(502, "policy_failed", f"rollout {req.run_id}: {message}",
-                               run_id=req.run_id)
-    except Exception as exc:
-        logger.exception("rollout %s failed", req.run_id)
-        message = _redacted(f"{type(exc).__name__}: {exc}", req, secret_values)
-        error = error_response(500, "rollout_failed", f"rollout {req.run_id} failed: {message}",
-                               run_id=req.run_id, exception=type(exc).__name__)
-    elapsed = time.perf_counter() - started
+class _Rollouts:
+    """Runs a validated rollout request to its response: the app's rollout under its time
+    bound, what the kit fills in, and the session to the live export and the store."""
 
-    session = tracer.finish()
-    if result is not None:  # its tokens and time, summed by smoke/eval/rehearse summaries
-        result.metrics.details = {**result.metrics.details,
-                                  "ledger": ledger_of(session, wall_s=elapsed).to_dict()}
-    on_session = app.state.on_session
-    keep_session = trace_store is not None or req.record.return_trace or on_session is not None
-    if keep_session:  # building the session's metadata is wasted work when nobody reads it
-        session.metadata["duration_s"] = round(elapsed, 6)
-        request_record = req.model_dump(mode="json")
-        policy_config = request_record["policy"]["config"]
-        for name in [k for k in policy_config if is_secret_name(k)]:
-            policy_config[name] = mask(str(policy_config[name]))  # traces never hold keys
-        session.metadata["request"] = request_record
-        session.metadata["status"] = "ok" if result is not None else "error"
-        if result is not None:
-            session.metadata["metrics"] = result.metrics.model_dump(mode="json")
-        else:
-            session.metadata["error"] = json.loads(error.body)["detail"]["error"]
-    if result is not None:
-        result.run_id = req.run_id
-        if req.record.return_trace and result.trace is None:
-            result.trace = session.to_dict()
-        correlate(result, cid, req.policy.config.get("inference_url"))
-    else:
-        app.state.stats["errors"] += 1
+    def __init__(self, config: TaskAppConfig, *, trace_store: TraceSink | None,
+                 on_session: Callable[[SessionTrace], None] | None, secret_values: list[str],
+                 stats: dict[str, int]) -> None:
+        self.config = config
+        self.call_executor = _executor_caller(config.rollout)
+        self.trace_store = trace_store
+        self.on_session = on_session
+        self.secret_values = secret_values
+        self.stats = stats
 
-    if on_session is not None:
+    async def run(self, req: RolloutRequest, http: Any) -> Response:
+        config, trace_store, on_session = self.config, self.trace_store, self.on_session
+        seed = req.env.seed
+        inference_url = req.policy.config.get("inference_url")
+        cid = correlation_id(req.policy.config)
+        tracer = SessionTracer(metadata={
+            "app_id": config.app_id, "run_id": req.run_id, "mode": req.mode, "seed": seed,
+            "model": req.policy.config.get("model"), "env_name": req.env.env_name,
+            **session_correlation(cid),
+        })
+        ctx = RolloutContext(request=req, config=config, tracer=tracer, http=http,
+                             app_state=config.app_state)
+        bound = min(req.safety.max_time_s, config.max_rollout_seconds)
+        started = time.perf_counter()
+        error: JSONResponse | None = None
+        result: RolloutResponse | None = None
         try:
-            on_session(session)
-        except Exception:  # spans are a view of the rollout: they never fail it
-            logger.exception("live export of rollout %s failed", req.run_id)
-    if trace_store is not None:
-        try:
-            await trace_store.write_session(session)
+            async with deadline(bound):
+                raw = await self.call_executor(req, ctx)
+            elapsed = time.perf_counter() - started
+            result = _completed(raw, req.run_id, tracer.finish(), wall_s=elapsed,
+                                inference_url=inference_url, cid=cid)
         except Exception as exc:
-            # A 200 promises a durable trace: if the write fails, the rollout fails.
-            logger.exception("trace write failed for rollout %s", req.run_id)
-            return error_response(500, "trace_write_failed",
-                                  f"rollout {req.run_id} ran but its trace could not be "
-                                  f"stored: {type(exc).__name__}: {exc}", run_id=req.run_id)
-    if error is not None:
-        return error
-    app.state.stats["rollouts"] += 1
-    # Bytes straight from pydantic-core: no str round trip on the hot path.
-    return Response(result.__pydantic_serializer__.to_json(result), media_type="application/json")
+            error = self._failure(exc, req, bound)
+            elapsed = time.perf_counter() - started
+            self.stats["errors"] += 1
+        session = tracer.finish()
+        if trace_store is not None or req.record.return_trace or on_session is not None:
+            # Building the session's metadata is wasted work when nobody reads it.
+            _describe_session(session, req, result, error, elapsed)
+            if result is not None and req.record.return_trace and result.trace is None:
+                result.trace = session.to_dict()
+                correlate_trace(result.trace, cid)
+        if on_session is not None:
+            try:
+                on_session(session)
+            except Exception:  # spans are a view of the rollout: they never fail it
+                logger.exception("live export of rollout %s failed", req.run_id)
+        if trace_store is not None:
+            try:
+                await trace_store.write_session(session)
+            except Exception as exc:
+                # A 200 promises a durable trace: if the write fails, the rollout fails.
+                logger.exception("trace write failed for rollout %s", req.run_id)
+                return error_response(500, "trace_write_failed",
+                                      f"rollout {req.run_id} ran but its trace could not be "
+                                      f"stored: {type(exc).__name__}: {exc}", run_id=req.run_id)
+        if result is None:
+            assert error is not None
+            return error
+        self.stats["rollouts"] += 1
+        # Bytes straight from pydantic-core: no str round trip on the hot path.
+        return Response(result.__pydantic_serializer__.to_json(result),
+                        media_type="application/json")
+
+    def _failure(self, exc: Exception, req: RolloutRequest, bound: float) -> JSONResponse:
+        """A failed rollout's answer: 504 past its bound, 4xx for the client's mistake, 502
+        when the policy failed, 500 for the app's own failure (secrets redacted)."""
+        if isinstance(exc, TimeoutError):
+            return error_response(
+                504, "rollout_timeout",
+                f"rollout {req.run_id} exceeded safety.max_time_s={bound:g}s and was abandoned",
+                run_id=req.run_id)
+        if isinstance(exc, ValidationError):
+            return error_response(500, "invalid_rollout_result",
+                                  f"rollout {req.run_id} returned a malformed RolloutResponse",
+                                  run_id=req.run_id, errors=validation_errors(exc))
+        if isinstance(exc, BadRequest):  # the client's mistake, said by the app or the kit
+            exc.message = self._redacted(exc.message, req)
+            return bad_request_response(exc, run_id=req.run_id)
+        if isinstance(exc, PolicyError):  # the policy endpoint failed, not the app
+            message = self._redacted(exc.message, req)
+            logger.warning("rollout %s: %s", req.run_id, message)
+            return error_response(502, "policy_failed", f"rollout {req.run_id}: {message}",
+                                  run_id=req.run_id)
+        logger.error("rollout %s failed", req.run_id, exc_info=exc)
+        message = self._redacted(f"{type(exc).__name__}: {exc}", req)
+        return error_response(500, "rollout_failed", f"rollout {req.run_id} failed: {message}",
+                              run_id=req.run_id, exception=type(exc).__name__)
+
+    def _redacted(self, text: str, req: RolloutRequest) -> str:
+        # The request's own policy secrets too: a provider may echo a key in its error body.
+        request_secrets = [str(v) for k, v in req.policy.config.items()
+                           if v and is_secret_name(k)]
+        return redact(text, self.secret_values + request_secrets)
+
+
+def _describe_session(session: SessionTrace, req: RolloutRequest,
+                      result: RolloutResponse | None, error: JSONResponse | None,
+                      elapsed: float) -> None:
+    """What a stored session says of its rollout: the request (keys masked), the time it
+    took, and its metrics or its error."""
+    session.metadata["duration_s"] = round(elapsed, 6)
+    request_record = req.model_dump(mode="json")
+    policy_config = request_record["policy"]["config"]
+    for name in [k for k in policy_config if is_secret_name(k)]:
+        policy_config[name] = mask(str(policy_config[name]))  # traces never hold keys
+    session.metadata["request"] = request_record
+    session.metadata["status"] = "ok" if result is not None else "error"
+    if result is not None:
+        session.metadata["metrics"] = result.metrics.model_dump(mode="json")
+    elif error is not None:
+        session.metadata["error"] = json.loads(error.body)["detail"]["error"]
 
 
 def _start_trace_writer(trace_store: TraceSink | None) -> None:
@@ -388,62 +423,65 @@ def _start_trace_writer(trace_store: TraceSink | None) -> None:
             pass
 
 
-def _redacted(text: str, req: RolloutRequest, secret_values: list[str]) -> str:
-    # The request's own policy secrets too: a provider may echo a key in its error body.
-    request_secrets = [str(v) for k, v in req.policy.config.items() if v and is_secret_name(k)]
-    return redact(text, secret_values + request_secrets)
-
-
 _REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",
                 "mean_return")
 
 
-def _completed(raw: Any, run_id: str, session: SessionTrace) -> RolloutResponse:
-    """The rollout's result as a response, with what the kit fills in itself.
+def _completed(raw: Any, run_id: str, session: SessionTrace, *, wall_s: float,
+               inference_url: Any, cid: str | None) -> RolloutResponse:
+    """The rollout's result as a response, with what the kit fills in itself, validated once.
 
     An author states a reward once, in metrics or with ``ctx.tracer.record_outcome_reward``:
     every protocol spelling (``episode_rewards``/``reward_mean``, ``episode_returns``/
     ``mean_return``, ``outcome_reward``, ``outcome_score``) follows from it, as do
     ``event_rewards``/``events_score`` from the recorded event rewards and ``num_steps`` from
-    the timesteps. A rollout may return a `RolloutResponse`, a dict, or nothing.
+    the timesteps. The kit adds the rollout's cost ledger (``metrics.details.ledger``: its
+    tokens and time, summed by smoke/eval/rehearse summaries) and the correlation fields the
+    trainer matches traces by. A rollout may return a `RolloutResponse`, a dict, or nothing.
     """
     if isinstance(raw, RolloutResponse):
-        metrics = raw.metrics
-        stated = metrics.model_dump(exclude_unset=True)
-        if not (metrics.episode_rewards or metrics.outcome_reward is not None):
+        data = raw.model_dump(exclude_unset=True)
+        metrics = data.get("metrics") or {}
+        if not (raw.metrics.episode_rewards or raw.metrics.outcome_reward is not None):
             for name in _REWARD_KEYS:  # zeros the model filled in, not rewards the author gave
-                stated.pop(name, None)
-        raw.metrics = RolloutMetrics.model_validate(_filled_metrics(stated, session))
-        return raw
-    data = dict(raw or {})
-    data.setdefault("run_id", run_id)
-    data["metrics"] = _filled_metrics(dict(data.get("metrics") or {}), session)
+                metrics.pop(name, None)
+    else:
+        data = dict(raw or {})
+        metrics = dict(data.get("metrics") or {})
+    data["run_id"] = run_id  # the request's id, whatever the rollout said
+    data["metrics"] = metrics = _filled_metrics(metrics, session)
+    details = metrics.get("details")
+    if details is None or isinstance(details, dict):  # anything else fails validation below
+        metrics["details"] = {**(details or {}),
+                              "ledger": ledger_of(session, wall_s=wall_s).to_dict()}
+    correlate(data, cid, inference_url)
     return RolloutResponse.model_validate(data)
 
 
 def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str, Any]:
-    if not any(metrics.get(k) not in (None, []) for k in _REWARD_KEYS) \
-            and session.outcome_rewards:
-        metrics["outcome_reward"] = session.outcome_rewards[-1].total_reward
+    outcomes = session.outcome_rewards
+    if outcomes and not any(metrics.get(k) not in (None, []) for k in _REWARD_KEYS):
+        metrics["outcome_reward"] = outcomes[-1].total_reward
     if metrics.get("outcome_reward") is None:
         rewards = metrics.get("episode_rewards") or metrics.get("episode_returns")
         if rewards:
             metrics["outcome_reward"] = sum(rewards) / len(rewards)
     if metrics.get("outcome_score") is None and metrics.get("outcome_reward") is not None:
         metrics["outcome_score"] = metrics["outcome_reward"]
-    event_values = [r.reward_value for r in session.event_rewards]
-    if event_values:
+    if session.event_rewards:
+        event_values = [r.reward_value for r in session.event_rewards]
         metrics.setdefault("event_rewards", event_values)
         if metrics.get("events_score") is None:
             metrics["events_score"] = sum(event_values) / len(event_values)
     if not metrics.get("num_steps"):
         metrics["num_steps"] = len(session.timesteps)
-    # Where synth-ai's eval runner looks first for a rollout's tokens (no trace needed).
-    tokens = [e.total_tokens for step in session.timesteps for e in step.events
-              if e.total_tokens is not None]
-    details = metrics.get("details") or {}
-    if tokens and isinstance(details, dict) and "tokens" not in details:
-        metrics["details"] = {**details, "tokens": sum(tokens)}
+    if session.timesteps:
+        # Where synth-ai's eval runner looks first for a rollout's tokens (no trace needed).
+        tokens = [e.total_tokens for step in session.timesteps for e in step.events
+                  if e.total_tokens is not None]
+        details = metrics.get("details") or {}
+        if tokens and isinstance(details, dict) and "tokens" not in details:
+            metrics["details"] = {**details, "tokens": sum(tokens)}
     return metrics
 
 

@@ -142,9 +142,10 @@ def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedg
             name = event.model_name or UNKNOWN_MODEL
             models[name] = models.get(name, ModelTokens()) + ModelTokens(got_in or 0,
                                                                           got_out or 0)
-    duration = session.metadata.get("duration_s") if isinstance(session.metadata, Mapping) \
-        else None
-    wall = wall_s if wall_s is not None else _float(duration)
+    wall = wall_s
+    if wall is None:
+        metadata = session.metadata
+        wall = _float(metadata.get("duration_s") if isinstance(metadata, Mapping) else None)
     return CostLedger(rollouts=1, lm_calls=lm_calls, input_tokens=tokens_in,
                       output_tokens=tokens_out, lm_s=lm_s, env_s=max(wall - lm_s, 0.0),
                       wall_s=wall, by_model=models, cost_usd=cost)

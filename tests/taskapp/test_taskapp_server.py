@@ -143,6 +143,31 @@ def test_safety_max_time_is_enforced(serve, api_key, rollout):
     assert ok.status_code == 200
 
 
+def test_each_rollout_times_out_at_its_own_bound_never_before(serve, api_key):
+    # Rollouts with different bounds at once: each 504 comes at its own bound (a deadline may
+    # fire a little late, never early), and one that finishes in time is untouched.
+    server = serve(create_app(toy_config(slow_async_rollout), api_keys=[api_key]))
+    bounds = {"b-0.2": 0.2, "b-0.6": 0.6, "fast": 5.0}
+
+    async def timed(client, run_id):
+        body = {"run_id": run_id, "env": {"config": {"sleep": 0.05 if run_id == "fast" else 3}},
+                "safety": {"max_time_s": bounds[run_id]}}
+        started = time.perf_counter()
+        resp = await client.post(server.url + "/rollout", json=body)
+        return run_id, resp.status_code, time.perf_counter() - started
+
+    async def main():
+        async with httpx.AsyncClient(timeout=10, headers={"X-API-Key": api_key}) as client:
+            return await asyncio.gather(*(timed(client, r) for r in bounds))
+
+    answers = {run_id: (status, took) for run_id, status, took in asyncio.run(main())}
+    assert answers["fast"][0] == 200
+    for run_id in ("b-0.2", "b-0.6"):
+        status, took = answers[run_id]
+        assert status == 504
+        assert bounds[run_id] <= took < bounds[run_id] + 0.5, (run_id, took)
+
+
 @pytest.mark.parametrize("rollout", [slow_async_rollout, slow_sync_rollout])
 def test_concurrent_rollouts_overlap(serve, api_key, rollout):
     server = serve(create_app(toy_config(rollout), api_keys=[api_key]))

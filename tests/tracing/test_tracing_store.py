@@ -418,3 +418,14 @@ def test_remote_urls_and_token_masking():
     with pytest.raises(TraceDbUrlError, match="postgres") as info:
         resolve_trace_db("postgres://u:pw@h/db", env_of())
     assert "pw" not in info.value.message and info.value.exit_code == 2
+
+
+def test_session_ids_stay_unique_when_a_rollout_seeds_random():
+    # Environments seed `random` for reproducible episodes; ids must not follow it.
+    import random
+
+    ids = set()
+    for _ in range(50):
+        random.seed(7)
+        ids.add(SessionTracer().session_id)
+    assert len(ids) == 50
