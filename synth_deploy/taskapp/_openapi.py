@@ -3,12 +3,13 @@ the app's own FastAPI routers, the vendor proxies when enabled.
 
 Served at ``GET /openapi.json`` behind the app's key: what a trainer, a client generator or
 a schema-based fuzzer (tests/taskapp/test_fuzz.py) needs to drive the app. The protocol's
-routes bypass FastAPI's routing (see `_ProtocolApp`), so FastAPI cannot describe them; they
+routes bypass FastAPI's routing (see `_protocol_app`), so FastAPI cannot describe them; they
 are described here, from the same pydantic models the server validates with.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -47,12 +48,19 @@ def _operation(summary: str, responses: dict[str, Any], *, auth: bool = True,
 
 def protocol_openapi(config: TaskAppConfig, app_routes: list[Any]) -> dict[str, Any]:
     """The OpenAPI 3.1 document for an app built by `create_app` from ``config``."""
-    from fastapi.openapi.utils import get_openapi
-    from fastapi.routing import APIRoute
+    fastapi_routing = sys.modules.get("fastapi.routing")  # no FastAPI loaded: no APIRoute
+    api_routes = [r for r in app_routes
+                  if fastapi_routing is not None and isinstance(r, fastapi_routing.APIRoute)]
+    if api_routes:  # the app's own routers, described by FastAPI
+        from fastapi.openapi.utils import get_openapi
 
-    doc = get_openapi(title=config.name, version=config.version,
-                      description=config.description, openapi_version="3.1.0",
-                      routes=[r for r in app_routes if isinstance(r, APIRoute)])
+        doc = get_openapi(title=config.name, version=config.version,
+                          description=config.description, openapi_version="3.1.0",
+                          routes=api_routes)
+    else:
+        doc = {"openapi": "3.1.0", "info": {"title": config.name,
+                                            "description": config.description,
+                                            "version": config.version}, "paths": {}}
     _, defs = models_json_schema(
         [(RolloutRequest, "validation"), (RolloutResponse, "serialization"),
          (TaskInfo, "serialization")], ref_template="#/components/schemas/{model}")

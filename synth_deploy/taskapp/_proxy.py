@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import httpx
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -25,7 +25,7 @@ _DROP = {"content-length", "transfer-encoding", "connection", "content-encoding"
 
 
 def add_proxy_routes(
-    app: FastAPI,
+    app: Starlette,
     proxy: ProxyConfig,
     env: Env,
     denied: Callable[[Request], Response | None],

@@ -1,6 +1,6 @@
 """What the server checks about a request before an app's code sees it.
 
-The protocol's own routes skip FastAPI's machinery (see `_ProtocolApp`), so what FastAPI would
+The protocol's own routes skip FastAPI's machinery (see `_protocol_app`), so what FastAPI would
 have done for them is done here, in the protocol's error shape: a wrong method is a 405 with
 ``Allow``, a body that is not JSON a 415, a seed list that is not small ASCII integers a 422,
 and an unexpected exception a bare 500 whose traceback goes to the log, never to the client.

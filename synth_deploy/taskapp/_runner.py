@@ -282,13 +282,15 @@ class BackgroundServer:
                  limits: ConnectionLimits = ConnectionLimits()) -> None:
         import uvicorn
 
+        from synth_deploy.taskapp._prompt_stop import PromptStopServer
+
         self.app = app
         self.host = host
         self._config = uvicorn.Config(**_uvicorn_config(
             app, host=host, port=port, log_level=log_level,
             graceful_timeout_s=graceful_timeout_s, limits=limits, access_log=False,
             lifespan="on"))
-        self._server = uvicorn.Server(self._config)
+        self._server = PromptStopServer(self._config)
         self._thread: threading.Thread | None = None
         self.port: int | None = port or None
 
@@ -318,7 +320,7 @@ class BackgroundServer:
 
     def request_stop(self) -> None:
         """Begin stopping without waiting (servers asked together stop in the same time)."""
-        self._server.should_exit = True
+        self._server.request_stop()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self.request_stop()

@@ -16,8 +16,8 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import anyio
-from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -41,13 +41,12 @@ from synth_deploy.taskapp._correlation import (
 from synth_deploy.taskapp._deadlines import deadline
 from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
+from synth_deploy.taskapp._protocol_app import new_protocol_app
 from synth_deploy.taskapp._proxy import VENDOR_KEYS
 from synth_deploy.taskapp._request_guards import (
     bad_request_response,
-    guarded,
     http_error,
     requested_seeds,
-    server_error,
     unsupported_media_type,
 )
 from synth_deploy.taskapp._responses import error_response, validation_errors
@@ -66,58 +65,6 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class _ProtocolApp(FastAPI):
-    """FastAPI, with the protocol's own endpoints served on a lean path.
-
-    FastAPI wraps every request in telemetry, body-limit and exit-stack middleware; on a
-    trivial rollout that costs about a third of the server's throughput. While no user
-    middleware is installed, requests for the protocol's endpoints go straight to a plain
-    Starlette router (behind the same 405 and 500 handlers); everything else, and every request once
-    middleware is added, takes FastAPI's full path.
-    """
-
-    _core_paths: frozenset[str] = frozenset()
-    _core_app: Any = None
-    _rollout_app: Any = None
-
-    def serve_core_routes(self, routes: list[Any]) -> None:
-        from starlette.routing import Router
-
-        for route in routes:
-            self.router.routes.append(route)
-        self._core_paths = frozenset(route.path for route in routes)
-        self._core_app = guarded(Router(routes=routes))
-        # POST /rollout, the hot path, skips route matching and Starlette's exception
-        # middleware: its handler answers every failure of a rollout itself.
-        self._rollout_app = _endpoint_app(next(r.endpoint for r in routes
-                                               if r.path == "/rollout"))
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (scope["type"] == "http" and scope["path"] in self._core_paths
-                and not self.user_middleware and not self.root_path):
-            scope["app"] = self
-            if scope["path"] == "/rollout" and scope["method"] == "POST":
-                await self._rollout_app(scope, receive, send)
-            else:
-                await self._core_app(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
-
-
-def _endpoint_app(endpoint: Any) -> Any:
-    """A Request -> Response handler as a bare ASGI app; what it fails to answer is the
-    protocol's plain 500, its traceback logged (what `guarded` does, in one frame)."""
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        request = Request(scope, receive, send)
-        try:
-            response = await endpoint(request)
-        except Exception as exc:
-            logger.exception("%s %s failed", request.method, request.url.path)
-            response = await server_error(request, exc)
-        await response(scope, receive, send)
-    return app
-
-
 def create_app(
     config: TaskAppConfig,
     *,
@@ -125,8 +72,8 @@ def create_app(
     trace_store: TraceSink | None = None,
     env: Env | None = None,
     on_session: Callable[[SessionTrace], None] | None = None,
-) -> FastAPI:
-    """Build the FastAPI app for ``config``.
+) -> Starlette:
+    """Build the ASGI app for ``config`` (a FastAPI app when it has routers).
 
     ``api_keys``: the keys clients must send (see `server_keys` for where they come from);
     ``None`` turns authentication off, an empty list answers 503 on authenticated endpoints.
@@ -143,7 +90,7 @@ def create_app(
         secret_values += [v for v in (env.get(name) for name in VENDOR_KEYS) if v]
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: Starlette):
         app.state.http = outbound_client(allow_link_local=config.allow_link_local)
         _start_trace_writer(trace_store)
         try:
@@ -158,8 +105,7 @@ def create_app(
                     logger.exception("shutdown hook failed")
             await app.state.http.aclose()
 
-    app = _ProtocolApp(title=config.name, description=config.description, version=config.version,
-                  lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = new_protocol_app(config, lifespan)
     app.state.config = config
     stats = app.state.stats = {"rollout_requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
     rollouts = _Rollouts(config, trace_store=trace_store, on_session=on_session,
@@ -262,11 +208,13 @@ def create_app(
     async def openapi(request: Request) -> Response:
         if (resp := denied(request)) is not None:
             return resp
-        if app.openapi_schema is None:  # built once: the routes are fixed by now
+        if not openapi_schema:  # built once: the routes are fixed by now
             from synth_deploy.taskapp._openapi import protocol_openapi
 
-            app.openapi_schema = protocol_openapi(config, app.routes)
-        return JSONResponse(app.openapi_schema)
+            openapi_schema.update(protocol_openapi(config, app.routes))
+        return JSONResponse(openapi_schema)
+
+    openapi_schema: dict[str, Any] = {}
 
     # Plain Starlette routes: these handlers take a Request and return a Response, so
     # FastAPI's dependency solving and response encoding would be pure overhead.
@@ -285,9 +233,6 @@ def create_app(
 
         add_proxy_routes(app, config.proxy, env, denied, read_body=lambda r: _read_body(
             r, config.max_body_bytes), too_large=_BodyTooLarge)
-
-    for router in config.routers:
-        app.include_router(router)
 
     app.add_exception_handler(HTTPException, http_error)
     return app

@@ -194,10 +194,12 @@ class TraceStore:
         """Store ``session``; returns once it is committed. Safe from many coroutines."""
         loop = asyncio.get_running_loop()
         child = self._loop_writers.get(loop)
-        if child is not None:
-            future = (child if child.alive else self.use_writer_process()).submit(session)
-        else:  # a future of this loop, settled with one thread-safe call per batch
-            future = loop.create_future()
+        if child is not None and not child.alive:
+            child = self.use_writer_process()
+        if child is not None and child.ready:
+            future = child.submit(session)
+        else:  # no child, or one still starting: this process's writer thread commits it
+            future = loop.create_future()  # settled with one thread-safe call per batch
             self._submit(session, (loop, future))
         try:
             async with asyncio.timeout(self.write_timeout_s):

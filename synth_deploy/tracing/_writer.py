@@ -18,7 +18,10 @@ an acknowledged write is on disk, as before.
 A frame is a 4-byte little-endian length and a pickle. The child has its own session (the
 terminal's Ctrl-C does not cut a commit short) and exits once its stdin closes, after
 committing what it read: a parent killed with SIGKILL loses no acknowledged write and
-leaves no process behind. Its stderr is the parent's.
+leaves no process behind. Its stderr is the parent's. Its first frame, sent once the store
+is open, is empty: until it comes (a new interpreter takes a few tenths of a second to
+start), the server commits through its own writer thread, so the first rollouts of a
+freshly started server do not wait for the child.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ class LoopWriter:
         self._received = bytearray()
         self._waiting_to_write = False
         self.alive = True
+        self.ready = False  # the child has opened the store (its first, empty, frame)
         loop.add_reader(self._out_fd, self._read_acks)
 
     # -- on the loop ----------------------------------------------------------------------
@@ -180,6 +184,7 @@ class LoopWriter:
                 break
             acks = pickle.loads(self._received[_HEAD.size:_HEAD.size + size])
             del self._received[:_HEAD.size + size]
+            self.ready = True
             for seq, error in acks:
                 future = self._pending.pop(seq, None)
                 if future is not None and not future.done():  # done: its waiter timed out
@@ -288,11 +293,12 @@ def main(path: str) -> None:
                            writer_process=False)
     except Exception as exc:  # then every write the parent sends gets this error
         error = _describe(exc)
+        _send(stdout, [])
         while (items := frames.next_batch()) is not None:
             _send(stdout, [(seq, error) for seq, _ in items])
         return
     store._db.checkpoint_in_background()  # commits here never stop to checkpoint
-    parent_gone = False
+    parent_gone = not _send(stdout, [])  # ready
     try:
         while (items := frames.next_batch()) is not None:
             futures = [concurrent.futures.Future() for _ in items]

@@ -14,7 +14,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,6 +41,20 @@ def statements_run(store: TraceStore) -> list[str]:
     return seen
 
 
+def wait_until_open_in(pid: int, db: Path, timeout_s: float = 15.0) -> None:
+    """Until process ``pid`` holds ``db`` open (read from /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(db)
+                   for fd in os.listdir(f"/proc/{pid}/fd")):
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} never opened {db}")
+
+
 def writer_children(db: Path) -> list[int]:
     """Pids of writer processes committing to ``db`` (read from /proc)."""
     found = []
@@ -63,14 +76,40 @@ def test_a_served_app_commits_in_a_child_process_not_a_thread(tmp_path, serve, m
     path = tmp_path / "t.db"
     with open_trace_store(path) as store:
         server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        warm_up = [rollout_body("warm-up", 0, mock_policy.url + "/v1")]
+        assert asyncio.run(fire(server.url, api_key, warm_up))[0][1] == 200
+        children = writer_children(path)
+        assert len(children) == 1 and children[0] != os.getpid()
+        wait_until_open_in(children[0], path)
+        time.sleep(0.2)  # its ready frame reaches the server's loop
+        here = statements_run(store)  # what the server's own connection runs from now on
         bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(40)]
         results = asyncio.run(fire(server.url, api_key, bodies))
         assert all(status == 200 for _, status in results)
-        children = writer_children(path)
-        assert len(children) == 1 and children[0] != os.getpid()
-        assert not [t for t in threading.enumerate() if t.name == "synth-deploy-trace-writer"]
-        assert store.count_sessions() == 40
+        assert not [sql for sql in here if "INSERT" in sql.upper()]
+        assert store.count_sessions() == 41
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_new_servers_first_writes_do_not_wait_for_its_writer_child(tmp_path):
+    # A child takes a few tenths of a second to start: until it says it is ready, this
+    # process commits; then the child does.
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        here = statements_run(store)
+
+        async def main():
+            child = store.use_writer_process()
+            await store.write_session(make_session(0))
+            assert not child.ready and [sql for sql in here if "INSERT" in sql.upper()]
+            while not child.ready:
+                await asyncio.sleep(0.01)
+            here.clear()
+            await store.write_session(make_session(1))
+            assert not [sql for sql in here if "INSERT" in sql.upper()]
+
+        asyncio.run(main())
+        assert {s.run_id for s in store.list_sessions(limit=None)} == {"run-0", "run-1"}
 
 
 def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_path):
@@ -79,12 +118,17 @@ def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_
 
     async def main():
         first = store.use_writer_process()
+        while not first.ready:
+            await asyncio.sleep(0.01)
         await store.write_session(make_session(0))
+        os.kill(first._proc.pid, signal.SIGSTOP)  # a write in flight when it dies
+        pending = asyncio.ensure_future(store.write_session(make_session(1)))
+        await asyncio.sleep(0.05)
         os.kill(first._proc.pid, signal.SIGKILL)
         first._proc.wait(10)
         with pytest.raises(Exception, match="trace writer process .* exited"):
-            await store.write_session(make_session(1))
-        await store.write_session(make_session(2))  # a new child
+            await pending
+        await store.write_session(make_session(2))  # a new child (the thread while it starts)
         assert store.use_writer_process() is not first
 
     asyncio.run(main())

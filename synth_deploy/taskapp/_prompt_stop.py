@@ -1,0 +1,74 @@
+"""`PromptStopServer`: uvicorn's server, stopping as soon as its work is done.
+
+uvicorn's main loop looks at ``should_exit`` every 0.1 s, and its shutdown sleeps 0.1 s, then
+checks for open connections every 0.1 s: a server on a thread (smoke, eval, the tunnel, every
+test) took a quarter of a second to stop with nothing left to do. Here the loop wakes when
+asked, and the drain is checked every 10 ms; what is drained, and the graceful bound, are
+uvicorn's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import uvicorn
+
+logger = logging.getLogger("uvicorn.error")
+
+
+class PromptStopServer(uvicorn.Server):
+    _loop: asyncio.AbstractEventLoop | None = None
+    _wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        # uvicorn's loop (a tick every 0.1 s: the date header, max requests), woken early by
+        # `request_stop`.
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            try:
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+            except TimeoutError:
+                pass
+            should_exit = await self.on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:  # no new connections
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):  # idle ones close now
+            connection.shutdown()
+        try:
+            await asyncio.wait_for(self._drained(), self.config.timeout_graceful_shutdown)
+        except TimeoutError:
+            logger.error("Cancel %s running task(s), timeout graceful shutdown exceeded",
+                         len(self.server_state.tasks))
+            for task in self.server_state.tasks:
+                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _drained(self) -> None:
+        """Until the open connections have sent their responses and the requests' tasks end."""
+        state = self.server_state
+        while (state.connections or state.tasks) and not self.force_exit:
+            await asyncio.sleep(0.01)
+
+    def request_stop(self) -> None:
+        """Ask the server to stop, from any thread; it begins at once."""
+        self.should_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop has already closed: nothing left to wake
+                pass
+
+
+__all__ = ["PromptStopServer"]

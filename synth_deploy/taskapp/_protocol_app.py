@@ -1,0 +1,92 @@
+"""The ASGI app a task app is served as: Starlette, or FastAPI when the app brings routers.
+
+The protocol's own endpoints (``/rollout``, ``/health``, ``/task_info``...) take a `Request`
+and return a `Response`, so neither FastAPI's dependency machinery nor its middleware has
+anything to do for them. FastAPI is imported only for an app with its own FastAPI routers:
+it is a fifth of a second of start-up, paid on every cold start of a deployed container.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Router
+
+from synth_deploy.taskapp._config import TaskAppConfig
+from synth_deploy.taskapp._request_guards import guarded, server_error
+
+logger = logging.getLogger("synth_deploy.taskapp")
+
+
+class LeanProtocolPaths:
+    """Serves the protocol's endpoints on a lean path (mixed into the app's class).
+
+    While no user middleware is installed, a request for a protocol endpoint goes straight
+    to a plain router behind the same 405 and 500 handlers, and ``POST /rollout``, the hot
+    path, straight to its handler; everything else, and every request once middleware is
+    added, takes the app's full path.
+    """
+
+    root_path = ""  # FastAPI's setting; a mounted app cannot skip the full path
+    _core_paths: frozenset[str] = frozenset()
+    _core_app: Any = None
+    _rollout_app: Any = None
+
+    def serve_core_routes(self, routes: list[BaseRoute]) -> None:
+        self.router.routes.extend(routes)  # type: ignore[attr-defined]
+        self._core_paths = frozenset(route.path for route in routes)  # type: ignore[attr-defined]
+        self._core_app = guarded(Router(routes=routes))
+        # The rollout handler answers every failure of a rollout itself: no route matching,
+        # no exception middleware.
+        self._rollout_app = _endpoint_app(next(
+            r.endpoint for r in routes if r.path == "/rollout"))  # type: ignore[attr-defined]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (scope["type"] == "http" and scope["path"] in self._core_paths
+                and not self.user_middleware and not self.root_path):  # type: ignore[attr-defined]
+            scope["app"] = self
+            if scope["path"] == "/rollout" and scope["method"] == "POST":
+                await self._rollout_app(scope, receive, send)
+            else:
+                await self._core_app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)  # type: ignore[misc]
+
+
+class ProtocolApp(LeanProtocolPaths, Starlette):
+    """A task app served without FastAPI."""
+
+
+def new_protocol_app(config: TaskAppConfig, lifespan: Callable[[Any], Any]) -> Starlette:
+    """The app for ``config``, its routes still to add: FastAPI when it has routers."""
+    if not config.routers:
+        return ProtocolApp(lifespan=lifespan)
+    from synth_deploy.taskapp._protocol_fastapi import ProtocolFastAPI
+
+    app = ProtocolFastAPI(title=config.name, description=config.description,
+                          version=config.version, lifespan=lifespan, docs_url=None,
+                          redoc_url=None, openapi_url=None)
+    for router in config.routers:
+        app.include_router(router)
+    return app
+
+
+def _endpoint_app(endpoint: Any) -> Any:
+    """A Request -> Response handler as a bare ASGI app; what it fails to answer is the
+    protocol's plain 500, its traceback logged (what `guarded` does, in one frame)."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:
+            logger.exception("%s %s failed", request.method, request.url.path)
+            response = await server_error(request, exc)
+        await response(scope, receive, send)
+    return app
+
+
+__all__ = ["ProtocolApp", "new_protocol_app"]
