@@ -11,7 +11,10 @@ trace file), run in alternating rounds so machine noise hits all of them alike:
 Bytecode caching is on for the children (as in an installed package), and one run of each
 warms it before the timed rounds. Target: `smoke math` under 1 s.
 
-    python bench/smoke_time.py [--rounds 5]
+``--python`` times the kit installed in another environment: a user's plain `pip install .`
+has none of the test tools (selenium brings trio, which httpcore then imports: ~0.1 s).
+
+    python bench/smoke_time.py [--rounds 5] [--python /tmp/user-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "synth_deploy.cli"]
-COMMANDS = {
-    "python -c pass": [sys.executable, "-c", "pass"],
-    "synth-deploy --help": [*CLI, "--help"],
-    "smoke math": [*CLI, "smoke", "math"],
-    "smoke math --no-trace": [*CLI, "smoke", "math", "--no-trace"],
-}
+
+def commands(python: str) -> dict[str, list[str]]:
+    cli = [python, "-m", "synth_deploy.cli"]
+    return {
+        "python -c pass": [python, "-c", "pass"],
+        "synth-deploy --help": [*cli, "--help"],
+        "smoke math": [*cli, "smoke", "math"],
+        "smoke math --no-trace": [*cli, "smoke", "math", "--no-trace"],
+    }
 
 
 def timed(command: list[str], env: dict[str, str]) -> float:
@@ -51,20 +56,24 @@ def timed(command: list[str], env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter whose installed kit is timed")
     args = parser.parse_args()
+    timed_commands = commands(args.python)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.pop("SYNTH_TRACES_DB", None)
-    for command in COMMANDS.values():  # warm the bytecode cache
+    for command in timed_commands.values():  # warm the bytecode cache
         timed(command, env)
-    times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    times: dict[str, list[float]] = {name: [] for name in timed_commands}
     for round_no in range(args.rounds):
-        order = list(COMMANDS.items())
+        order = list(timed_commands.items())
         for name, command in order if round_no % 2 == 0 else reversed(order):
             times[name].append(timed(command, env))
     for name, values in times.items():
         print(f"  {name:<24} median {statistics.median(values):5.2f}s   "
               f"(rounds: {', '.join(f'{v:.2f}' for v in values)})")
     smoke = statistics.median(times["smoke math"])
+    print(f"kit of {args.python}")
     print(f"smoke math (10 rollouts, traced): {smoke:.2f}s (target < 1 s); "
           f"{smoke - statistics.median(times['synth-deploy --help']):.2f}s beyond CLI start")
 

@@ -142,13 +142,18 @@ def app_search_paths(cwd: Path | None = None) -> list[Path]:
     return seen
 
 
-def scan_apps(search_paths: Iterable[Path] | None = None) -> Discovery:
+def scan_apps(search_paths: Iterable[Path] | None = None, *,
+              mentioning: str | None = None) -> Discovery:
     """Apps under the search paths, found by reading (not importing) their files, and every
-    file that could not be read."""
+    file that could not be read. ``mentioning``: parse only the files that hold this app id
+    as a string (looking one app up need not parse every file)."""
     found: dict[str, AppInfo] = {}
     problems: list[AppFileProblem] = []
+    quoted = (f'"{mentioning}"', f"'{mentioning}'") if mentioning is not None else ()
     for root in search_paths if search_paths is not None else app_search_paths():
         for path in sorted(Path(root).glob("*/*.py")) + sorted(Path(root).glob("*.py")):
+            if quoted and not _mentions(path, quoted):
+                continue
             apps, problem = _scan_file(path)
             for info in apps:
                 found.setdefault(info.app_id, info)  # earlier search paths win
@@ -179,9 +184,11 @@ def load_app(ref: str, search_paths: Iterable[Path] | None = None) -> TaskAppEnt
         return entries[0]
     if ref in _REGISTRY:
         return _REGISTRY[ref]
-    scan = scan_apps(search_paths)
-    match = next((a for a in scan.apps if a.app_id == ref), None)
-    if match is None:
+    search_paths = list(search_paths) if search_paths is not None else None
+    match = next((a for a in scan_apps(search_paths, mentioning=ref).apps if a.app_id == ref),
+                 None)
+    if match is None:  # every file, read for the error: close ids, unreadable files
+        scan = scan_apps(search_paths)
         ids = [a.app_id for a in scan.apps]
         close = difflib.get_close_matches(ref, ids, n=1)
         hint = f"did you mean {close[0]!r}?" if close else (
@@ -222,6 +229,14 @@ def _import_file(path: Path) -> list[TaskAppEntry]:
                                f"{type(exc).__name__}: {exc}") from exc
         _LOADED_FILES[path] = module
     return [e for e in _REGISTRY.values() if e.source == path]
+
+
+def _mentions(path: Path, texts: tuple[str, ...]) -> bool:
+    try:
+        content = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # let the scan say why it cannot be read
+    return any(text in content for text in texts)
 
 
 def _scan_file(path: Path) -> tuple[list[AppInfo], AppFileProblem | None]:

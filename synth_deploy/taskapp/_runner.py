@@ -73,6 +73,7 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # uvicorn formats each access line before the logger drops it: below "info" nobody
     # sees them, so they are not made.
     extra.setdefault("access_log", log_level.lower() in ("trace", "debug", "info"))
+    extra.setdefault("ws", "none")  # a task app serves no websockets: their library stays unloaded
     return dict(app=app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
