@@ -148,7 +148,8 @@ def test_one_place_builds_a_local_server():
     uvicorn_users = [path for path, tree in modules().items()
                      if any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                             and n.value.id == "uvicorn" for n in ast.walk(tree))]
-    assert uvicorn_users == ["taskapp/_runner.py"]
+    # _runner configures and runs every server; _prompt_stop is the Server class it runs.
+    assert uvicorn_users == ["taskapp/_prompt_stop.py", "taskapp/_runner.py"]
     assert calls_to("create_app") == ["taskapp/_runner.py"]
 
 

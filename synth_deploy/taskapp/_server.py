@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, is_secret_name, mask, redact
 from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.taskapp._auth import ApiKeyAuth
@@ -38,7 +39,6 @@ from synth_deploy.taskapp._correlation import (
     correlation_id,
     session_correlation,
 )
-from synth_deploy.taskapp._deadlines import deadline
 from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._protocol_app import new_protocol_app

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from synth_deploy.deadlines import deadline
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _rows, _totals
 from synth_deploy.tracing import _schema as schema
@@ -202,7 +203,7 @@ class TraceStore:
             future = loop.create_future()  # settled with one thread-safe call per batch
             self._submit(session, (loop, future))
         try:
-            async with asyncio.timeout(self.write_timeout_s):
+            async with deadline(self.write_timeout_s):
                 await future
         except TimeoutError:
             raise self._timeout_error() from None

@@ -1,11 +1,11 @@
-"""`deadline(seconds)`: `asyncio.timeout` for thousands of rollouts a second.
+"""`deadline(seconds)`: `asyncio.timeout` for thousands of uses a second.
 
 `asyncio.timeout` arms a timer per use: a heap push, and a cancelled handle left in the
-loop's heap until it surfaces. A served app bounds every rollout, mostly by the same
-``max_time_s``, so deadlines that fall in the same 50 ms share one timer: entering costs a
-set insertion. A deadline fires up to one slot late, never early; a bounded body that
-overruns gets `TimeoutError`, exactly as under `asyncio.timeout` (a cancellation that came
-from elsewhere still propagates as `CancelledError`).
+loop's heap until it surfaces. A served app bounds every rollout (mostly by the same
+``max_time_s``) and every trace write, so deadlines that fall in the same 50 ms share one
+timer: entering costs a set insertion. A deadline fires up to one slot late, never early;
+a bounded body that overruns gets `TimeoutError`, exactly as under `asyncio.timeout` (a
+cancellation that came from elsewhere still propagates as `CancelledError`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _slots_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
 class _Deadline:
     __slots__ = ("_seconds", "_task", "_slot", "_slots", "_cancelling", "expired")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float | None) -> None:
         self._seconds = seconds
         self._slots: dict[int, set[_Deadline]] = {}  # the loop's slots, once entered
         self._slot = 0
@@ -37,7 +37,7 @@ class _Deadline:
         if task is None:
             raise RuntimeError("deadline() must be used inside a task")
         self._task, self._cancelling = task, task.cancelling()
-        if not math.isfinite(self._seconds):
+        if self._seconds is None or not math.isfinite(self._seconds):
             return self  # no bound
         loop = task.get_loop()
         slots = _slots_by_loop.get(loop)
@@ -67,9 +67,9 @@ def _expire(slots: dict[int, set[_Deadline]], slot: int) -> None:
         member._task.cancel()
 
 
-def deadline(seconds: float) -> _Deadline:
+def deadline(seconds: float | None) -> _Deadline:
     """``async with deadline(s):`` raises `TimeoutError` if the body runs past ``s`` seconds
-    (up to `SLOT_S` later)."""
+    (up to `SLOT_S` later); None: no bound."""
     return _Deadline(seconds)
 
 
