@@ -34,6 +34,9 @@ _ROLES = {"system": "system", "user": "user", "assistant": "assistant",
 PAGE_SESSIONS = 500
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False)
 _ORPHAN_STEP = "(no timestep)"  # where `build_session` puts rows without a timestep
+# Most messages have no metadata: one shared (never written) dict instead of one each, which
+# also spares the garbage collector a container per message.
+_NO_METADATA: dict[str, Any] = {}
 Progress = Callable[[int, int], None]
 
 
@@ -169,13 +172,13 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
     if selection is None:
         return
     clause, params = selection
-    query = store._db.query
+    rows_of = store._db.rows
     after: list[Any] = []
     while True:
         keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
         where = clause + (" AND " if clause and keyset else " WHERE " if keyset else "") + keyset
         # The metadata JSON is read once, in SQL, for the fields an example names.
-        rows = query(
+        rows = rows_of(
             "SELECT s.rowid AS rid, s.session_id, s.created_at, CASE WHEN "
             "json_valid(s.metadata) THEN json_extract(s.metadata, '$.app_id', '$.run_id', "
             "'$.seed', '$.model', '$.metrics.outcome_reward', '$.duration_s') END AS fields, "
@@ -185,12 +188,13 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
         if not rows:
             return
         yield _page(store._db, rows, stored_cost_sql(store.schema_version))
-        after = [rows[-1]["created_at"], rows[-1]["rid"]]
+        after = [rows[-1][2], rows[-1][0]]  # created_at, rowid
 
 
-def _page(db: Any, rows: list[dict[str, Any]], cost_sql: str) -> Page:
+def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
+    """``rows``: the page's sessions as (rowid, session id, created at, fields, outcome)."""
     query, rows_of = db.query, db.rows
-    ids = [r["session_id"] for r in rows]
+    ids = [r[1] for r in rows]
     marks = ", ".join("?" * len(ids))
     roles = ", ".join(f"'{role}'" for role in _ROLES)
     steps: dict[str, dict[Any, tuple[Any, ...]]] = {sid: {} for sid in ids}
@@ -200,7 +204,9 @@ def _page(db: Any, rows: list[dict[str, Any]], cost_sql: str) -> Page:
             "m.message_type, m.content, m.metadata FROM messages m LEFT JOIN "
             f"session_timesteps t ON t.id = m.timestep_id WHERE m.session_id IN ({marks}) "
             f"AND m.message_type IN ({roles}) ORDER BY m.id", ids):
-        metadata = _loads(meta, {}) if meta not in ("{}", None) else {}
+        metadata = _NO_METADATA if meta in ("{}", None) else _loads(meta, _NO_METADATA)
+        if not isinstance(metadata, dict):  # not what the kit writes: read as none
+            metadata = _NO_METADATA
         if metadata and metadata.pop(_JSON_CONTENT, False):
             content = _loads(content)
         step = steps[sid].get(step_key)
@@ -219,21 +225,18 @@ def _page(db: Any, rows: list[dict[str, Any]], cost_sql: str) -> Page:
             f" r WHERE e.session_id IN ({marks}) AND e.call_records LIKE '%\"tools\"%' AND "
             "json_type(r.value, '$.request.tools') = 'array' ORDER BY e.id, r.key", ids):
         tools[e["session_id"]][e["step"]] = e["tools"]
-    lm_calls: dict[str, list[dict[str, Any]]] = {sid: [] for sid in ids}
-    for e in query(
-            "SELECT session_id, model_name, COUNT(*) AS calls, SUM(input_tokens) AS tokens_in, "
-            f"SUM(output_tokens) AS tokens_out, SUM(latency_ms) AS lm_ms, SUM({cost_sql}) AS "
-            "cost FROM events WHERE "
-            f"session_id IN ({marks}) AND event_type = 'cais' GROUP BY session_id, model_name",
-            ids):
-        lm_calls[e["session_id"]].append(e)
+    lm_calls: dict[str, list[tuple[Any, ...]]] = {sid: [] for sid in ids}
+    for sid, *by_model in rows_of(
+            "SELECT session_id, model_name, COUNT(*), SUM(input_tokens), SUM(output_tokens), "
+            f"SUM(latency_ms), SUM({cost_sql}) FROM events WHERE session_id IN ({marks}) AND "
+            "event_type = 'cais' GROUP BY session_id, model_name", ids):
+        lm_calls[sid].append(by_model)
     page: Page = []
-    for r in rows:
-        sid = r["session_id"]
-        values = _loads(r["fields"], None) if r["fields"] else None
+    for _, sid, _, fields, outcome in rows:
+        values = _loads(fields, None) if fields else None
         app_id, run_id, seed, model, metric, wall_s = values if isinstance(values, list) \
             else (None,) * 6
-        reward = r["outcome"]
+        reward = outcome
         if reward is None and isinstance(metric, int | float):
             reward = float(metric)
         ordered = sorted(steps[sid].items(), key=lambda item: item[1][0])
@@ -257,9 +260,10 @@ def _content(content: Any) -> Any:
 def _chat(message_type: str, content: Any, metadata: dict[str, Any]) -> dict[str, Any]:
     """A recorded message as an OpenAI chat message, tool calls and tool call ids included."""
     out = {"role": _ROLES[message_type], "content": _content(content)}
-    for name in ("tool_calls", "tool_call_id", "name"):
-        if metadata.get(name):
-            out[name] = metadata[name]
+    if metadata:
+        for name in ("tool_calls", "tool_call_id", "name"):
+            if metadata.get(name):
+                out[name] = metadata[name]
     return out
 
 

@@ -151,28 +151,30 @@ def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedg
                       wall_s=wall, by_model=models, cost_usd=cost)
 
 
-def ledger_from_rows(lm_rows: Iterable[Mapping[str, Any]], wall_s: Any) -> CostLedger:
-    """One stored session's ledger from its LM calls grouped by model (rows with
-    ``model_name``, ``calls``, ``tokens_in``, ``tokens_out``, ``lm_ms`` and ``cost``, in
-    dollars: `stored_cost_sql`) and its wall time."""
-    tokens: dict[str, list[int]] = {}  # model: [in, out] (one object per model, not per row)
-    calls, lm_s = 0, 0.0
+def ledger_from_rows(lm_rows: Iterable[tuple[Any, ...]], wall_s: Any) -> CostLedger:
+    """One stored session's ledger from its LM calls grouped by model (rows of
+    ``(model_name, calls, tokens_in, tokens_out, lm_ms, cost)``, cost in dollars:
+    `stored_cost_sql`) and its wall time."""
+    by_model: dict[str, ModelTokens] = {}
+    calls = tokens_in = tokens_out = 0
+    lm_s = 0.0
     cost: float | None = None
-    for row in lm_rows:
-        if _number(row.get("cost")):
-            cost = (cost or 0.0) + float(row["cost"])
-        sums = tokens.setdefault(row.get("model_name") or UNKNOWN_MODEL, [0, 0])
-        sums[0] += _int(row.get("tokens_in"))
-        sums[1] += _int(row.get("tokens_out"))
-        calls += _int(row.get("calls"))
-        lm_s += _float(row.get("lm_ms")) / 1000.0
+    for name, n, got_in, got_out, lm_ms, usd in lm_rows:
+        got_in, got_out = _int(got_in), _int(got_out)
+        tokens_in += got_in
+        tokens_out += got_out
+        calls += _int(n)
+        lm_s += _float(lm_ms) / 1000.0
+        if _number(usd):
+            cost = (cost or 0.0) + float(usd)
+        name = name or UNKNOWN_MODEL
+        before = by_model.get(name)
+        by_model[name] = ModelTokens(got_in, got_out) if before is None \
+            else before + ModelTokens(got_in, got_out)
     wall = _float(wall_s)
-    return CostLedger(rollouts=1, lm_calls=calls,
-                      input_tokens=sum(t[0] for t in tokens.values()),
-                      output_tokens=sum(t[1] for t in tokens.values()), lm_s=lm_s,
-                      env_s=max(wall - lm_s, 0.0), wall_s=wall,
-                      by_model={name: ModelTokens(*t) for name, t in tokens.items()},
-                      cost_usd=cost)
+    return CostLedger(rollouts=1, lm_calls=calls, input_tokens=tokens_in,
+                      output_tokens=tokens_out, lm_s=lm_s, env_s=max(wall - lm_s, 0.0),
+                      wall_s=wall, by_model=by_model, cost_usd=cost)
 
 
 def stored_cost_sql(schema_version: int) -> str:

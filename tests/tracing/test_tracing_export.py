@@ -63,3 +63,26 @@ def test_export_keeps_an_existing_file_and_skips_prompt_only_sessions(tmp_path):
         assert (result.examples, result.skipped_sessions) == (0, 1)
         assert out.read_text() == ""
         assert not list(tmp_path.glob(".keep.jsonl.*"))
+
+
+def test_message_metadata_that_is_not_an_object_is_read_as_none(tmp_path):
+    # Files written by other tools may hold anything in messages.metadata: the example still
+    # comes out, with plain messages.
+    path = tmp_path / "t.db"
+    with open_trace_store(str(path)) as store:
+        tracer = SessionTracer(metadata={"app_id": "x", "status": "ok"})
+        tracer.start_timestep("turn-1")
+        tracer.record_message("user", "2+2?")
+        tracer.record_message("assistant", "4")
+        store.write_session_sync(tracer.finish())
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE messages SET metadata = '[1, 2]'")
+        conn.execute("UPDATE messages SET metadata = 'not json' WHERE message_type = 'user'")
+    with open_trace_store(str(path), read_only=True) as store:
+        out = tmp_path / "sft.jsonl"
+        assert export_sft(store, out).examples == 1
+    example = json.loads(out.read_text())
+    assert example["messages"] == [{"role": "user", "content": "2+2?"},
+                                   {"role": "assistant", "content": "4"}]
