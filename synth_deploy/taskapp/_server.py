@@ -358,8 +358,8 @@ def _describe_session(session: SessionTrace, req: RolloutRequest,
 
 
 def _start_trace_writer(trace_store: TraceSink | None) -> None:
-    # A store that commits in a child process starts it with the server, so the first
-    # rollouts do not wait for it; a closed or read-only store refuses each write instead.
+    # A store that commits in a child process starts it with the server (until the child is
+    # ready, the server commits itself); a closed or read-only store refuses each write.
     start = getattr(trace_store, "use_writer_process", None)
     if start is not None:
         try:
