@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import h11
@@ -123,8 +124,10 @@ class _Sweep:
     """Every few tenths of a second, closes the server's connections whose deadline passed
     (so a deadline fires up to one interval late). Runs while the server has connections."""
 
-    # By the server's connection set (each entry holds its set, so the id is not reused).
-    _running: dict[int, _Sweep] = {}
+    # By the server's connection set. Weak: a sweep lives while its loop holds its next tick,
+    # so a server whose loop ended leaves no entry; a live entry holds its set, so the id is
+    # not reused.
+    _running: weakref.WeakValueDictionary[int, _Sweep] = weakref.WeakValueDictionary()
 
     def __init__(self, protocol: BoundedH11Protocol) -> None:
         limits = protocol._limits
