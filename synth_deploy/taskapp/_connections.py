@@ -90,20 +90,19 @@ class BoundedH11Protocol(H11Protocol):
             # The deadline counts from when we started waiting, not from the last byte.
             self._waiting_for, self._waiting_since = what, self.loop.time()
 
-    def _overdue(self, now: float) -> bool:
-        """Close the connection when what it waits for is late; True when it was."""
+    def _close_if_overdue(self, now: float) -> None:
+        """Close the connection when what it waits for is late."""
         what = self._waiting_for
         if what is None or self.transport.is_closing():
-            return False
+            return
         limit = self._limits.header_timeout_s if what == "headers" \
             else self._limits.body_timeout_s
         if now - self._waiting_since < limit:
-            return False
+            return
         logger.debug("closing a connection from %s: request %s not received within %gs",
                      self.client, what, limit)
         self._waiting_for = None
         self.transport.close()
-        return True
 
 
     # -- the cap ---------------------------------------------------------------------------
@@ -152,7 +151,7 @@ class _Sweep:
         now = self.loop.time()
         for protocol in list(self.connections):
             if isinstance(protocol, BoundedH11Protocol):
-                protocol._overdue(now)
+                protocol._close_if_overdue(now)
         self.loop.call_later(self.interval, self.run, key)
 
 

@@ -41,20 +41,6 @@ def statements_run(store: TraceStore) -> list[str]:
     return seen
 
 
-def wait_until_open_in(pid: int, db: Path, timeout_s: float = 15.0) -> None:
-    """Until process ``pid`` holds ``db`` open (read from /proc)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(db)
-                   for fd in os.listdir(f"/proc/{pid}/fd")):
-                return
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"process {pid} never opened {db}")
-
-
 def writer_children(db: Path) -> list[int]:
     """Pids of writer processes committing to ``db`` (read from /proc)."""
     found = []
@@ -76,18 +62,29 @@ def test_a_served_app_commits_in_a_child_process_not_a_thread(tmp_path, serve, m
     path = tmp_path / "t.db"
     with open_trace_store(path) as store:
         server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
-        warm_up = [rollout_body("warm-up", 0, mock_policy.url + "/v1")]
-        assert asyncio.run(fire(server.url, api_key, warm_up))[0][1] == 200
+        here = statements_run(store)  # what the server's own connection runs
+        url = mock_policy.url + "/v1"
+        # Until its writer child is ready the server commits itself: warm up until a
+        # rollout's trace no longer passes through this process.
+        deadline = time.monotonic() + 15
+        warm = 0
+        while True:
+            here.clear()
+            warm += 1
+            body = [rollout_body(f"warm-{warm}", warm, url)]
+            assert asyncio.run(fire(server.url, api_key, body))[0][1] == 200
+            if not [sql for sql in here if "INSERT" in sql.upper()]:
+                break
+            assert time.monotonic() < deadline, "the writer child never took over"
+            time.sleep(0.05)
         children = writer_children(path)
         assert len(children) == 1 and children[0] != os.getpid()
-        wait_until_open_in(children[0], path)
-        time.sleep(0.2)  # its ready frame reaches the server's loop
-        here = statements_run(store)  # what the server's own connection runs from now on
-        bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(40)]
+        here.clear()
+        bodies = [rollout_body(f"run-{i}", i, url) for i in range(40)]
         results = asyncio.run(fire(server.url, api_key, bodies))
         assert all(status == 200 for _, status in results)
         assert not [sql for sql in here if "INSERT" in sql.upper()]
-        assert store.count_sessions() == 41
+        assert store.count_sessions() == 40 + warm
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
