@@ -1,5 +1,5 @@
-"""uvicorn's HTTP/1.1 protocol, with the bounds it lacks: how long a request may take to
-arrive, and how many connections may be open at once.
+"""uvicorn's HTTP/1.1 protocol, with the bounds it lacks (how long a request may take to
+arrive, how many connections may be open at once) and a response sent in one piece.
 
 uvicorn starts its keep-alive timer only after a first response, and any byte resets it, so a
 client that connects and sends nothing (or a header byte every few seconds) holds its
@@ -63,7 +63,7 @@ class BoundedH11Protocol(H11Protocol):
         self._waiting_since = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_CoalescedWrites(transport, self.loop))  # type: ignore[arg-type]
         if len(self.connections) > self._limits.max_connections:
             self._refuse()
             return
@@ -77,6 +77,7 @@ class BoundedH11Protocol(H11Protocol):
         self._track()
 
     def on_response_complete(self) -> None:
+        self.transport.flush()  # the whole response in one send, before the next request
         super().on_response_complete()
         self._track()
 
@@ -117,6 +118,54 @@ class BoundedH11Protocol(H11Protocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(_REFUSED_LINGER_S, self.transport.close)
+
+
+class _CoalescedWrites:
+    """The connection's transport, with the writes of one loop step sent as one.
+
+    uvicorn writes a response's head and its body separately, and an idle socket sends each
+    at once: two `send` calls, two TCP segments, and two wake-ups of the client for one
+    response (on a trivial rollout, the load client spent a fifth more CPU per response for
+    it). Here a write is held until the response completes or the loop's next step, whichever
+    is first, so a streamed body still goes out chunk by chunk; closing sends what is held
+    first. Everything else is the transport's own.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._held:
+            self._loop.call_soon(self.flush)
+        self._held.append(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held:
+            self._held = []
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._held))
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class _Sweep:

@@ -1,13 +1,19 @@
-"""Half-open and idle connections against the real served math app (uvicorn on 127.0.0.1):
-each is closed after its deadline, and a server holding its maximum answers 503 at once."""
+"""Connections to the real served math app (uvicorn on 127.0.0.1): half-open and idle ones are
+closed after their deadline, a server holding its maximum answers 503 at once, and a response
+leaves in one send while a streamed one still goes out chunk by chunk."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 import time
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 from toy_apps import slow_async_rollout, toy_config
 
 from synth_deploy.env import Env
@@ -118,3 +124,46 @@ def test_keep_alive_requests_and_a_slow_rollout_are_untouched(api_key):
                 "run_id": f"k-{n}", "env": {"config": {"sleep": 1.2}}})
             assert resp.status_code == 200, resp.text
             time.sleep(0.3)
+
+
+def test_a_response_leaves_the_server_in_one_send(runner, monkeypatch):
+    # uvicorn alone sends the head and the body apart: two segments, two client wake-ups.
+    port = int(runner.url.rsplit(":", 1)[1])
+    sent: list[bytes] = []
+    real_send = socket.socket.send
+
+    def recording_send(sock, data, *flags):
+        if sock.family == socket.AF_INET and sock.getsockname()[1] == port:
+            sent.append(bytes(data))
+        return real_send(sock, data, *flags)
+
+    monkeypatch.setattr(socket.socket, "send", recording_send)
+    with httpx.Client(timeout=5, headers={"X-API-Key": runner.settings.keys.primary}) as client:
+        for path in ("/health", "/task_info", "/task_info?seed=3"):
+            assert client.get(runner.url + path).status_code == 200
+    assert len(sent) == 3
+    assert all(s.startswith(b"HTTP/1.1 200") and s.endswith(b"}") for s in sent)
+
+
+def test_a_streamed_response_goes_out_chunk_by_chunk(serve):
+    # The second chunk is made only once the client holds the first: were writes held until
+    # the response ends, neither would arrive.
+    first_arrived = threading.Event()
+
+    async def chunks():
+        yield b"first;"
+        for _ in range(500):
+            if first_arrived.is_set():
+                break
+            await asyncio.sleep(0.01)
+        yield b"second"
+
+    async def stream(request):
+        return StreamingResponse(chunks())
+
+    server = serve(Starlette(routes=[Route("/stream", stream)]))
+    with httpx.stream("GET", server.url + "/stream", timeout=10) as resp:
+        parts = resp.iter_raw()
+        assert next(parts) == b"first;"
+        first_arrived.set()
+        assert b"".join(parts) == b"second"
