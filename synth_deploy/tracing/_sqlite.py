@@ -33,6 +33,7 @@ class SqliteBackend:
         self.display = str(self.path)
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._inserted = False
         memory = str(path) == ":memory:"
         if not memory:
             self._check_path(create)
@@ -184,6 +185,14 @@ class SqliteBackend:
         with self._lock:
             conn = self._conn
             try:
+                if not self._inserted:
+                    # Each row's statement journal (its pages as they were, in case the
+                    # statement fails) is a temporary file by default: two thirds of what an
+                    # insert wrote went there. An insert's journal is a few pages; set here,
+                    # not at open, as a migration's journal and index sorts can be as big as
+                    # the file.
+                    conn.execute("PRAGMA temp_store=MEMORY")
+                    self._inserted = True
                 conn.execute("BEGIN IMMEDIATE")
                 top = conn.execute("SELECT " + ", ".join(
                     f"(SELECT MAX(id) FROM {t})" for t in ID_TABLES)).fetchone()

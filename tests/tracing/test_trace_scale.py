@@ -222,6 +222,27 @@ def test_a_batch_is_one_cached_statement_a_table_with_parent_ids_in_the_rows(tmp
     store.close()
 
 
+def test_a_batch_writes_its_wal_frames_and_little_else(tmp_path):
+    # A row's statement journal holds the pages earlier rows of its transaction changed; as
+    # a temporary file it was most of what a batch wrote (and no part of durability).
+    store = TraceStore(parse_trace_db(str(tmp_path / "t.db")), writer_process=False)
+
+    def commit(sessions: list) -> None:
+        store._commit([(s, __import__("concurrent.futures").futures.Future())
+                       for s in sessions])
+
+    def written() -> int:
+        return int(Path("/proc/self/io").read_text().split("wchar:")[1].split()[0])
+
+    commit([make_session(i) for i in range(100)])
+    store._db._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = written()
+    commit([make_session(i) for i in range(100, 124)])
+    wal_bytes, total = (tmp_path / "t.db-wal").stat().st_size, written() - before
+    store.close()
+    assert wal_bytes > 0 and total < 1.2 * wal_bytes, (total, wal_bytes)
+
+
 def test_ids_stay_right_when_another_writer_adds_rows_between_batches(tmp_path):
     path = tmp_path / "t.db"
     with open_trace_store(path) as store:
