@@ -13,14 +13,7 @@ The OpenTelemetry packages are the ``otel`` extra (``pip install 'synth-deploy[o
 they load only when spans are made, never at import or in the CLI's start-up.
 """
 
-from synth_deploy.otel._export import (
-    OtlpExportError,
-    OtlpExportOptions,
-    OtlpExportResult,
-    default_state_path,
-    export_otlp,
-)
-from synth_deploy.otel._live import LiveExporter, LiveExportStats
+from synth_deploy._lazy import lazy_attributes
 from synth_deploy.otel._setting import (
     CAPTURE_CONTENT_VAR,
     ENDPOINT_VAR,
@@ -29,6 +22,12 @@ from synth_deploy.otel._setting import (
     otlp_setting_from_env,
     parse_headers,
 )
+
+# The exporters load on first use: every served app reads the OTEL_* settings, few send spans.
+__getattr__ = lazy_attributes(__name__, {
+    "OtlpExportError": "_export", "OtlpExportOptions": "_export",
+    "OtlpExportResult": "_export", "default_state_path": "_export", "export_otlp": "_export",
+    "LiveExporter": "_live", "LiveExportStats": "_live"})
 
 OTEL_EXTRA_HINT = ("install the OpenTelemetry packages: pip install 'synth-deploy[otel]' "
                    "(in a Modal image: ModalSettings(pip_packages=("

@@ -10,6 +10,7 @@ An app id or file is served here (`synth_deploy.taskapp.LocalRunner`, with an ep
 a URL is driven as it is, with the configured ``ENVIRONMENT_API_KEY``.
 """
 
+from synth_deploy._lazy import lazy_attributes
 from synth_deploy.runs._capacity import CapacityReport, LoadLevel, LoadOptions, probe_capacity
 from synth_deploy.runs._idle import IdleResult, idle_probe
 from synth_deploy.runs._rehearsal import RehearsalOptions, RehearsalProgress, rehearse
@@ -35,16 +36,9 @@ from synth_deploy.runs._suite import (
     run_suite,
 )
 
-_LAZY = {"MOCK_MODEL", "create_mock_policy_app"}
-
-
-def __getattr__(name: str):
-    # The mock policy imports starlette: only when a run needs it.
-    if name in _LAZY:
-        from synth_deploy.runs import _mock_policy
-
-        return getattr(_mock_policy, name)
-    raise AttributeError(f"module 'synth_deploy.runs' has no attribute {name!r}")
+# The mock policy imports starlette: only when a run needs it.
+__getattr__ = lazy_attributes(__name__, {"MOCK_MODEL": "_mock_policy",
+                                         "create_mock_policy_app": "_mock_policy"})
 
 
 __all__ = [

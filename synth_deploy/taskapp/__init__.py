@@ -7,6 +7,7 @@ Declaring (contracts, config, registry) is light; serving (`create_app`, `LocalR
 `apps` can import the contracts without paying for a server.
 """
 
+from synth_deploy._lazy import lazy_attributes
 from synth_deploy.errors import BadRequest
 from synth_deploy.taskapp._auth import KeyRule, ServerKeys, server_keys
 from synth_deploy.taskapp._config import (
@@ -81,15 +82,7 @@ _LAZY = {
     "worker_object": "_workers",
 }
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'synth_deploy.taskapp' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

@@ -4,18 +4,11 @@
     with open_trace_store(setting) as store:
         await store.write_session(session)         # durable on return
 
-Heavy or optional parts load on use: ``libsql`` only for a remote URL (in a child process).
+Heavy or optional parts load on use: ``libsql`` only for a remote URL (in a child process),
+and what reads a store (browsing, export, reports) on its first use.
 """
 
-from synth_deploy.tracing._browse import (
-    SORT_KEYS,
-    SessionFilter,
-    SessionPage,
-    SessionRow,
-    browse_sessions,
-    filter_choices,
-    matching_session_ids,
-)
+from synth_deploy._lazy import lazy_attributes
 from synth_deploy.tracing._config import (
     DEFAULT_TRACE_DB,
     TOKEN_VAR,
@@ -36,24 +29,7 @@ from synth_deploy.tracing._errors import (
     TraceDbUrlError,
     TraceFormatError,
 )
-from synth_deploy.tracing._export import ExportResult, export_sft, sft_examples
 from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
-from synth_deploy.tracing._prices import (
-    PRICES_VAR,
-    CostEstimate,
-    ModelPrice,
-    PriceTable,
-    load_price_table,
-    resolve_price_table,
-)
-from synth_deploy.tracing._replay import ReplayStep, content_text, message_text, replay
-from synth_deploy.tracing._report import TraceDbReport, describe_trace_db, init_trace_db
-from synth_deploy.tracing._rewards import (
-    Comparison,
-    RewardSummary,
-    compare_by_seed,
-    reward_summary,
-)
 from synth_deploy.tracing._rows import session_reward
 from synth_deploy.tracing._schema import SCHEMA_VERSION
 from synth_deploy.tracing._session import (
@@ -65,7 +41,6 @@ from synth_deploy.tracing._session import (
     SessionTracer,
     Timestep,
 )
-from synth_deploy.tracing._shapes import session_from_trace
 from synth_deploy.tracing._store import (
     SessionSummary,
     TraceStats,
@@ -73,6 +48,22 @@ from synth_deploy.tracing._store import (
     open_trace_store,
     since_timestamp,
 )
+
+# What reads a store (browsing, export, reports, prices, replay) loads on first use: a
+# served app and its writer process only record and store.
+_ON_USE = {
+    "_browse": ("SORT_KEYS", "SessionFilter", "SessionPage", "SessionRow", "browse_sessions",
+                "filter_choices", "matching_session_ids"),
+    "_export": ("ExportResult", "export_sft", "sft_examples"),
+    "_prices": ("PRICES_VAR", "CostEstimate", "ModelPrice", "PriceTable", "load_price_table",
+                "resolve_price_table"),
+    "_replay": ("ReplayStep", "content_text", "message_text", "replay"),
+    "_report": ("TraceDbReport", "describe_trace_db", "init_trace_db"),
+    "_rewards": ("Comparison", "RewardSummary", "compare_by_seed", "reward_summary"),
+    "_shapes": ("session_from_trace",),
+}
+__getattr__ = lazy_attributes(__name__, {name: module for module, names in _ON_USE.items()
+                                         for name in names})
 
 __all__ = [
     "DEFAULT_TRACE_DB",

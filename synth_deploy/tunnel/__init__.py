@@ -23,6 +23,7 @@ supervisor), ``_process`` (TunnelProcess), ``_exposed`` (expose, Exposed), ``_bi
 (quick-tunnel concurrency), ``_errors``.
 """
 
+from synth_deploy._lazy import lazy_attributes
 from synth_deploy.tunnel._binary import CLOUDFLARED_PATH, find_cloudflared, install_hint
 from synth_deploy.tunnel._config import TUNNEL_TOKEN, TunnelConfig
 from synth_deploy.tunnel._errors import (
@@ -30,7 +31,6 @@ from synth_deploy.tunnel._errors import (
     TunnelError,
     TunnelRateLimitedError,
 )
-from synth_deploy.tunnel._exposed import Exposed, expose
 from synth_deploy.tunnel._limits import (
     QUICK_TUNNEL_CONCURRENCY_CAP,
     QUICK_TUNNEL_INFLIGHT_LIMIT,
@@ -38,9 +38,12 @@ from synth_deploy.tunnel._limits import (
     concurrency_cap,
     is_quick_tunnel,
 )
-from synth_deploy.tunnel._metrics import MetricsClient, parse_counters
 from synth_deploy.tunnel._process import TunnelProcess
-from synth_deploy.tunnel._tunnel import Tunnel, TunnelEvent
+
+# The supervisor and its metrics client load on first use: runs only ask `concurrency_cap`.
+__getattr__ = lazy_attributes(__name__, {
+    "Exposed": "_exposed", "expose": "_exposed", "MetricsClient": "_metrics",
+    "parse_counters": "_metrics", "Tunnel": "_tunnel", "TunnelEvent": "_tunnel"})
 
 __all__ = [
     "CLOUDFLARED_PATH",

@@ -10,8 +10,7 @@ the store. Every asset ships in this package (``static/``): no network, no build
 Starlette and uvicorn load on first use, so the CLI's start-up does not pay for them.
 """
 
-from typing import Any
-
+from synth_deploy._lazy import lazy_attributes
 from synth_deploy.viewer._replay import content_parts, session_replay
 
 _LAZY = {
@@ -23,15 +22,7 @@ _LAZY = {
     "serve_viewer": "_serve",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'synth_deploy.viewer' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
