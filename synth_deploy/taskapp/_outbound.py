@@ -10,9 +10,11 @@ resolves there, or answers differently on a second lookup, is refused too.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Iterable
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -96,12 +98,12 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
 
 
 class _GuardedTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, limits: httpx.Limits) -> None:
-        super().__init__(limits=limits, verify=client_ssl_context())
+    def __init__(self, limits: httpx.Limits, tls: ssl.SSLContext) -> None:
+        super().__init__(limits=limits, verify=tls)
         # httpx does not take a network backend; its pool is rebuilt with the same settings
         # and ours (tests/taskapp/test_hardening.py fails if httpx stops using `_pool`).
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=client_ssl_context(), max_connections=limits.max_connections,
+            ssl_context=tls, max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=_GuardedBackend(httpcore.AnyIOBackend()))
@@ -137,6 +139,36 @@ class _SpreadTransport(httpx.AsyncBaseTransport):
             await pool.aclose()
 
 
+class _ByScheme(httpx.AsyncBaseTransport):
+    """Plain HTTP to pools that hold no certificates; HTTPS to pools made at the first HTTPS
+    request.
+
+    Loading the CA bundle takes ~40 ms, a fifth of a served app's start, and a policy on
+    127.0.0.1 or a private network never needs it. The plain pools get a context that trusts
+    no certificate, so a TLS connection could never go unverified through them.
+    """
+
+    def __init__(self, pools: Callable[[ssl.SSLContext], _SpreadTransport]) -> None:
+        self._pools = pools
+        self.plain = pools(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))  # verifies, trusts none
+        self.tls: _SpreadTransport | None = None
+        self._making_tls = asyncio.Lock()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme != "https":
+            return await self.plain.handle_async_request(request)
+        if self.tls is None:
+            async with self._making_tls:
+                if self.tls is None:  # off the loop: it reads and parses a file
+                    self.tls = self._pools(await anyio.to_thread.run_sync(client_ssl_context))
+        return await self.tls.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.plain.aclose()
+        if self.tls is not None:
+            await self.tls.aclose()
+
+
 class _Released(httpx.AsyncByteStream):
     """A response body that gives its pool's in-flight slot back once it is closed."""
 
@@ -163,10 +195,14 @@ def outbound_client(*, allow_link_local: bool) -> httpx.AsyncClient:
     # keep-alive does, so a pool rarely hands out one the policy server is closing.
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32,
                           keepalive_expiry=3.0)
-    pools = [httpx.AsyncHTTPTransport(limits=limits, verify=client_ssl_context())
-             if allow_link_local else _GuardedTransport(limits) for _ in range(8)]
+
+    def pools(tls: ssl.SSLContext) -> _SpreadTransport:
+        return _SpreadTransport([httpx.AsyncHTTPTransport(limits=limits, verify=tls)
+                                 if allow_link_local else _GuardedTransport(limits, tls)
+                                 for _ in range(8)])
+
     return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0),
-                             transport=_SpreadTransport(pools), follow_redirects=False)
+                             transport=_ByScheme(pools), follow_redirects=False)
 
 
 def refused_address(exc: BaseException) -> RefusedAddress | None:

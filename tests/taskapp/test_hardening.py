@@ -176,7 +176,7 @@ def test_the_opt_out_serves_the_app_with_an_unguarded_client(serve, api_key):
     seen = {}
 
     async def rollout_fn(request, ctx):
-        pools = [spread._pool for spread in ctx.http._transport.pools]
+        pools = [spread._pool for spread in ctx.http._transport.plain.pools]
         seen["guarded"] = {"_GuardedBackend" in type(pool._network_backend).__name__
                            for pool in pools} == {True}
         return {"metrics": {"episode_rewards": [1.0]}}

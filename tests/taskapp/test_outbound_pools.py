@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
+from standins.health_servers import SelfSignedTLSServer, self_signed_cert
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from toy_apps import toy_config
 
 from synth_deploy.taskapp import create_app
+from synth_deploy.tls import client_ssl_context
 
 
 def held_until_all_arrive(count: int) -> Starlette:
@@ -56,7 +59,7 @@ def test_concurrent_requests_spread_over_the_pools_and_give_their_slots_back(ser
     upstream = serve(held_until_all_arrive(16))
 
     async def body(client):
-        spread = client._transport
+        spread = client._transport.plain  # the upstream is plain HTTP
         answers = await asyncio.gather(*(client.get(upstream.url + "/hold")
                                          for _ in range(16)))
         seen = {"answers": [(a.status_code, len(a.text)) for a in answers],
@@ -86,6 +89,43 @@ def test_a_failed_request_gives_its_slot_back(serve, api_key):
             await client.get("http://127.0.0.1:9/", timeout=2)  # the discard port: refused
         except httpx.ConnectError:
             pass
-        return {"after": list(client._transport._in_flight)}
+        return {"after": list(client._transport.plain._in_flight)}
 
     assert run_in_app(serve, api_key, body)["after"] == [0] * 8
+
+
+@pytest.fixture
+def trusted_cert(tmp_path, monkeypatch):
+    """A self-signed certificate that the kit's TLS context trusts (SSL_CERT_FILE)."""
+    certfile, keyfile = self_signed_cert(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(certfile))
+    client_ssl_context.cache_clear()
+    yield certfile, keyfile
+    monkeypatch.delenv("SSL_CERT_FILE")
+    client_ssl_context.cache_clear()
+
+
+def test_certificates_are_loaded_at_the_first_https_request_only(serve, api_key, tmp_path,
+                                                                  trusted_cert):
+    upstream = serve(held_until_all_arrive(1))
+    (tmp_path / "other").mkdir()
+    other_cert, other_key = self_signed_cert(tmp_path / "other")
+
+    async def body(client):
+        seen = {"plain": (await client.get(upstream.url + "/now")).status_code,
+                "tls_after_plain": client._transport.tls is not None}
+        with SelfSignedTLSServer(*trusted_cert) as trusted:
+            seen["https"] = (await client.get(trusted.url)).text
+        seen["tls_after_https"] = client._transport.tls is not None
+        with SelfSignedTLSServer(other_cert, other_key) as untrusted:
+            try:
+                await client.get(untrusted.url)
+                seen["untrusted"] = "answered"
+            except httpx.ConnectError as exc:
+                seen["untrusted"] = str(exc)
+        return seen
+
+    seen = run_in_app(serve, api_key, body)
+    assert seen["plain"] == 200 and seen["tls_after_plain"] is False
+    assert seen["https"] == "{}" and seen["tls_after_https"] is True
+    assert "CERTIFICATE_VERIFY_FAILED" in seen["untrusted"]
