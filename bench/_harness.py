@@ -3,7 +3,9 @@
 Each server runs under uvicorn in its own process (so it competes with the load generator
 for CPU the way a deployed one competes with its clients, never for this process's GIL).
 `load` is a raw keep-alive HTTP/1.1 client on asyncio streams: httpx would be the
-bottleneck and hide the servers' difference.
+bottleneck and hide the servers' difference. On Linux each load also reads, from /proc, the
+CPU time its server spent per answered request (with its child processes, such as a trace
+writer): steadier than throughput on a machine whose speed drifts from minute to minute.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+
+_SERVER_PIDS: dict[str, int] = {}  # URL -> the child process serving it
 
 
 def free_port() -> int:
@@ -36,6 +41,7 @@ def child_server(source: str, *, ready_path: str = "/", **values: object) -> Ite
     proc = subprocess.Popen([sys.executable, "-c", source % {**values, "port": port}],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
+    _SERVER_PIDS[url] = proc.pid
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -48,6 +54,7 @@ def child_server(source: str, *, ready_path: str = "/", **values: object) -> Ite
                 time.sleep(0.05)
         yield url
     finally:
+        _SERVER_PIDS.pop(url, None)
         proc.terminate()
         try:
             proc.wait(15)
@@ -56,11 +63,38 @@ def child_server(source: str, *, ready_path: str = "/", **values: object) -> Ite
             proc.wait(5)
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` and its descendants (None without /proc)."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except FileNotFoundError:
+        return None
+    for entry in entries:
+        try:  # the fields after the command's closing parenthesis, from the 3rd on
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    if pid not in cpu:
+        return None
+    tree, grew = {pid}, True
+    while grew:
+        children = {p for p, parent in parents.items() if parent in tree} - tree
+        tree |= children
+        grew = bool(children)
+    return sum(cpu[p] for p in tree)
+
+
 @dataclass(frozen=True)
 class LoadResult:
     rate: float  # requests per second
     p99_ms: float
     answered: int  # responses with status 200
+    cpu_us: float | None = None  # the server's CPU per answered request (None: unknown)
 
 
 async def _load(url: str, bodies: Callable[[int], bytes], key: str, seconds: float,
@@ -102,7 +136,14 @@ async def _load(url: str, bodies: Callable[[int], bytes], key: str, seconds: flo
 def load(url: str, bodies: Callable[[int], bytes], key: str, *, seconds: float,
          concurrency: int) -> LoadResult:
     """Throughput and p99 of ``concurrency`` closed-loop clients POSTing /rollout."""
-    return asyncio.run(_load(url, bodies, key, seconds, concurrency))
+    pid = _SERVER_PIDS.get(url)
+    cpu_before = tree_cpu_s(pid) if pid else None
+    result = asyncio.run(_load(url, bodies, key, seconds, concurrency))
+    cpu_after = tree_cpu_s(pid) if pid else None
+    if cpu_before is None or cpu_after is None or not result.answered:
+        return result
+    return LoadResult(result.rate, result.p99_ms, result.answered,
+                      (cpu_after - cpu_before) / result.answered * 1e6)
 
 
 def fixed_body(body: dict) -> Callable[[int], bytes]:
@@ -137,9 +178,21 @@ def paired_ratio(results: dict[str, list[LoadResult]], numerator: str, denominat
             statistics.median(n.p99_ms / d.p99_ms for n, d in pairs))
 
 
+def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,
+                     denominator: str) -> float | None:
+    """Median over rounds of the within-round ratio of server CPU per request."""
+    pairs = list(zip(results[numerator], results[denominator], strict=True))
+    if any(n.cpu_us is None or d.cpu_us is None for n, d in pairs):
+        return None
+    return statistics.median(n.cpu_us / d.cpu_us for n, d in pairs)  # type: ignore[operator]
+
+
 def print_rounds(results: dict[str, list[LoadResult]]) -> None:
+    """One line per round: each server's throughput, p99 and CPU per request (µs)."""
     names = list(results)
-    print("  round " + "".join(f"{n + ' req/s':>18}{n + ' p99 ms':>18}" for n in names))
+    print("  round" + "".join(f"{n + ' req/s':>13}{'p99 ms':>9}{'cpu µs':>8}" for n in names))
     for i in range(len(results[names[0]])):
-        print(f"  {i + 1:>5} " + "".join(f"{results[n][i].rate:>18.0f}"
-                                         f"{results[n][i].p99_ms:>18.2f}" for n in names))
+        row = (results[n][i] for n in names)
+        print(f"  {i + 1:>5}" + "".join(
+            f"{r.rate:>13.0f}{r.p99_ms:>9.2f}"
+            f"{'-' if r.cpu_us is None else format(r.cpu_us, '.0f'):>8}" for r in row))

@@ -17,7 +17,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from _harness import child_server, fixed_body, paired_ratio, paired_rounds, print_rounds
+from _harness import (
+    child_server,
+    fixed_body,
+    paired_cpu_ratio,
+    paired_ratio,
+    paired_rounds,
+    print_rounds,
+)
 from trace_throughput import SERVE, TRIVIAL_APP
 
 KEY = "bench-key"
@@ -70,6 +77,9 @@ def main() -> None:
     rate, p99 = paired_ratio(results, "kit", "bare")
     print(f"throughput kit/bare {rate:.2f}x (target >= 0.90x)   p99 kit/bare {p99:.2f}x "
           "(target <= 1.30x)")
+    cpu = paired_cpu_ratio(results, "kit", "bare")
+    if cpu is not None:
+        print(f"server CPU per request kit/bare {cpu:.2f}x")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ both alike. Ratios are taken within a round, then the median over rounds.
 - math: the bundled math app asking the kit's mock policy (its own process).
   Target: throughput on/off >= 0.95x.
 
+Each round also shows the server's CPU per rollout (the traced one with its writer process).
 Afterwards every traced file must pass `integrity_check` and hold a session for every
 rollout that was answered 200.
 """
@@ -25,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _harness import child_server, paired_ratio, paired_rounds, print_rounds
+from _harness import child_server, paired_cpu_ratio, paired_ratio, paired_rounds, print_rounds
 
 KEY = "sk_env_bench"
 
@@ -86,6 +87,9 @@ def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
           f"{args.concurrency} connections")
     print_rounds(results)
     print(f"  throughput on/off {rate:5.2f}x   p99 on/off {p99:5.2f}x   ({targets})")
+    cpu = paired_cpu_ratio(results, "on", "off")
+    if cpu is not None:  # the traced server's CPU includes its writer process
+        print(f"  server CPU per rollout on/off {cpu:5.2f}x (writer process included)")
     conn = sqlite3.connect(db)
     stored = conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
     check = conn.execute("PRAGMA integrity_check").fetchone()[0]
