@@ -7,6 +7,7 @@ pin down the mechanisms (and that nothing is given up for them).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import select
@@ -205,7 +206,7 @@ def test_a_batch_is_one_cached_statement_a_table_with_parent_ids_in_the_rows(tmp
     seen = statements_run(store)
     for size in (1, 3, 7):
         batch = [make_session(100 * size + i) for i in range(size)]
-        store._commit([(s, __import__("concurrent.futures").futures.Future()) for s in batch])
+        store._commit([(s, concurrent.futures.Future()) for s in batch])
     inserts = [sql for sql in seen if sql.startswith("INSERT INTO events")]
     assert inserts and len({sql.split(" VALUES ")[0] for sql in inserts}) == 1
     assert not [sql for sql in seen if sql.startswith("INSERT") and "SELECT id FROM "
@@ -228,8 +229,7 @@ def test_a_batch_writes_its_wal_frames_and_little_else(tmp_path):
     store = TraceStore(parse_trace_db(str(tmp_path / "t.db")), writer_process=False)
 
     def commit(sessions: list) -> None:
-        store._commit([(s, __import__("concurrent.futures").futures.Future())
-                       for s in sessions])
+        store._commit([(s, concurrent.futures.Future()) for s in sessions])
 
     def written() -> int:
         return int(Path("/proc/self/io").read_text().split("wchar:")[1].split()[0])
