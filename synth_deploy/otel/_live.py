@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from synth_deploy._batches import take_batch
 from synth_deploy.otel._setting import OtlpSetting
 from synth_deploy.tracing import SessionTrace
 
@@ -142,19 +143,10 @@ class LiveExporter:
                 continue
             if first is _STOP:
                 return
-            batch, stop = [first], False
             # After a failure, one session tries the receiver: a down one costs one session
             # turned into spans per attempt, not a full batch.
-            size = 1 if self._pause_s else BATCH_SESSIONS
-            while len(batch) < size:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    stop = True
-                    break
-                batch.append(more)
+            batch, stop = take_batch(self._queue, first, 1 if self._pause_s else BATCH_SESSIONS,
+                                     _STOP)
             if self._send(batch):
                 self._pause_s = 0.0
             elif not stop:

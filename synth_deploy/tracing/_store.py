@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from synth_deploy._batches import take_batch
 from synth_deploy.deadlines import deadline
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _rows, _totals
@@ -275,17 +276,7 @@ class TraceStore:
             item = self._queue.get()
             if item is _STOP:
                 return
-            batch = [item]
-            stop = False
-            while len(batch) < MAX_BATCH:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    stop = True
-                    break
-                batch.append(more)
+            batch, stop = take_batch(self._queue, item, MAX_BATCH, _STOP)
             self._commit(batch)
             if stop:
                 return
