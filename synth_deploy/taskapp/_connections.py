@@ -164,6 +164,11 @@ class _CoalescedWrites:
         self._held = []
         self._transport.abort()
 
+    def is_closing(self) -> bool:
+        # Asked once per response: spelled out, it skips the failed lookup that reaches
+        # `__getattr__` (a microsecond a request).
+        return self._transport.is_closing()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
