@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,15 +35,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def child_server(source: str, *, ready_path: str = "/", **values: object) -> Iterator[str]:
-    """Run ``source % values`` (a script that serves on ``%(port)d``) and yield its URL."""
+def child_server(source: str, *, ready_path: str = "/", wrapper: Sequence[str] = (),
+                 start_timeout_s: float = 30, **values: object) -> Iterator[str]:
+    """Run ``source % values`` (a script that serves on ``%(port)d``) and yield its URL;
+    ``wrapper``: a command the interpreter runs under (valgrind)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", source % {**values, "port": port}],
+    proc = subprocess.Popen([*wrapper, sys.executable, "-c", source % {**values, "port": port}],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     _SERVER_PIDS[url] = proc.pid
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + start_timeout_s
         while True:
             try:
                 httpx.get(url + ready_path, timeout=1)
@@ -61,6 +63,11 @@ def child_server(source: str, *, ready_path: str = "/", **values: object) -> Ite
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def server_pid(url: str) -> int | None:
+    """The process serving ``url`` (a `child_server`), None when there is none."""
+    return _SERVER_PIDS.get(url)
 
 
 def tree_cpu_s(pid: int) -> float | None:
@@ -136,7 +143,7 @@ async def _load(url: str, bodies: Callable[[int], bytes], key: str, seconds: flo
 def load(url: str, bodies: Callable[[int], bytes], key: str, *, seconds: float,
          concurrency: int) -> LoadResult:
     """Throughput and p99 of ``concurrency`` closed-loop clients POSTing /rollout."""
-    pid = _SERVER_PIDS.get(url)
+    pid = server_pid(url)
     cpu_before = tree_cpu_s(pid) if pid else None
     result = asyncio.run(_load(url, bodies, key, seconds, concurrency))
     cpu_after = tree_cpu_s(pid) if pid else None
