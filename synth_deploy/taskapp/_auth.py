@@ -32,13 +32,20 @@ class AuthFailure:
 _KEY_HEADERS = (b"x-api-key", b"x-api-keys", b"authorization")
 
 
-def presented_keys(headers: Mapping[str, str]) -> list[str]:
-    """Every key a client sent: `X-API-Key`, `X-API-Keys` (comma list), `Authorization: Bearer`."""
-    raw = getattr(headers, "raw", None)  # Starlette's Headers: one pass over the raw list
-    if raw is not None:
+Headers = Mapping[str, str] | list[tuple[bytes, bytes]]
+
+
+def presented_keys(headers: Headers) -> list[str]:
+    """Every key a client sent: `X-API-Key`, `X-API-Keys` (comma list), `Authorization: Bearer`.
+
+    ``headers``: a mapping, or an ASGI scope's raw list of (lower-case name, value) pairs,
+    which the hot path passes to skip building a `Headers` object.
+    """
+    raw = headers if isinstance(headers, list) else getattr(headers, "raw", None)
+    if raw is not None:  # one pass over the raw pairs (Starlette's Headers has them too)
         pairs = [(k, v.decode("latin-1")) for k, v in raw if k in _KEY_HEADERS]
     else:
-        pairs = [(k.lower().encode(), v) for k, v in headers.items()]
+        pairs = [(k.lower().encode(), v) for k, v in headers.items()]  # type: ignore[union-attr]
     keys: list[str] = []
     for name, value in pairs:
         if name == b"x-api-key":
@@ -122,7 +129,7 @@ class ApiKeyAuth:
     def __repr__(self) -> str:
         return f"ApiKeyAuth(keys=<{len(self._keys)} hidden>)"
 
-    def check(self, headers: Mapping[str, str]) -> AuthFailure | None:
+    def check(self, headers: Headers) -> AuthFailure | None:
         if not self.enabled:
             return None
         if not self._keys:

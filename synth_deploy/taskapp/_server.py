@@ -46,6 +46,7 @@ from synth_deploy.taskapp._proxy import VENDOR_KEYS
 from synth_deploy.taskapp._request_guards import (
     bad_request_response,
     http_error,
+    raw_header,
     requested_seeds,
     unsupported_media_type,
 )
@@ -112,7 +113,7 @@ def create_app(
                          secret_values=secret_values, stats=stats)
 
     def denied(request: Request) -> JSONResponse | None:
-        failure = auth.check(request.headers)
+        failure = auth.check(request.scope["headers"])
         if failure is None:
             return None
         return error_response(failure.status, failure.code, failure.message)
@@ -459,7 +460,7 @@ async def _task_instances(config: TaskAppConfig, seeds: list[int]) -> list[dict[
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+    declared = raw_header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _BodyTooLarge
     # Straight from the ASGI receive channel: the limit holds for chunked bodies too.

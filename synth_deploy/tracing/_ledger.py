@@ -22,7 +22,9 @@ from synth_deploy.tracing._session import Event, SessionTrace
 UNKNOWN_MODEL = "(unknown model)"
 
 
-@dataclass(frozen=True)
+# Ledgers are values (adding two makes a third) but not frozen: every rollout builds one, and
+# a frozen dataclass's __init__ costs three times a plain one (17k instructions against 6k).
+@dataclass
 class ModelTokens:
     """Tokens one model took in and gave out."""
 
@@ -34,7 +36,7 @@ class ModelTokens:
                            self.output_tokens + other.output_tokens)
 
 
-@dataclass(frozen=True)
+@dataclass
 class CostLedger:
     """Tokens and time of one rollout, or of many added together."""
 

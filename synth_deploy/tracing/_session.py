@@ -28,7 +28,7 @@ def _new_id() -> str:
     # made close in time sort close, so a store's id indexes grow at their right edge
     # instead of taking inserts all over a B-tree that outgrows the cache; and the first
     # 12 digits still tell apart the sessions of one second.
-    return f"{int(time.time()):08x}{_ids.getrandbits(96):024x}"
+    return (int(time.time()) << 96 | _ids.getrandbits(96)).to_bytes(16, "big").hex()
 
 
 # Ids need to be unique, not secret: a generator of our own instead of os.urandom, whose
