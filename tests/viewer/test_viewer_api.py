@@ -92,7 +92,9 @@ def test_summary_endpoint(viewer, known):
 def test_replay_of_a_multi_turn_episode(viewer, known):
     _, sessions = known
     episode = next(s for s in sessions if (s.app, s.model, s.seed) == EPISODE)
-    data = viewer.get(f"/api/sessions/{episode.session_id[:10]}").json()  # a prefix will do
+    # A prefix will do: past the 8 digits of the second the id was made, 8 random ones (with
+    # only 2, two sessions made in the same second shared the prefix 1 time in 256).
+    data = viewer.get(f"/api/sessions/{episode.session_id[:16]}").json()
     assert data["session_id"] == episode.session_id
     assert (data["app_id"], data["model"], data["seed"], data["split"], data["mode"]) == (
         "crafter", "model-b", 1, "train", "eval")
