@@ -32,10 +32,10 @@ class AuthFailure:
 _KEY_HEADERS = (b"x-api-key", b"x-api-keys", b"authorization")
 
 
-Headers = Mapping[str, str] | list[tuple[bytes, bytes]]
+RequestHeaders = Mapping[str, str] | list[tuple[bytes, bytes]]
 
 
-def presented_keys(headers: Headers) -> list[str]:
+def presented_keys(headers: RequestHeaders) -> list[str]:
     """Every key a client sent: `X-API-Key`, `X-API-Keys` (comma list), `Authorization: Bearer`.
 
     ``headers``: a mapping, or an ASGI scope's raw list of (lower-case name, value) pairs,
@@ -129,7 +129,7 @@ class ApiKeyAuth:
     def __repr__(self) -> str:
         return f"ApiKeyAuth(keys=<{len(self._keys)} hidden>)"
 
-    def check(self, headers: Headers) -> AuthFailure | None:
+    def check(self, headers: RequestHeaders) -> AuthFailure | None:
         if not self.enabled:
             return None
         if not self._keys:
