@@ -8,7 +8,7 @@ import httpx
 import pytest
 from toy_apps import proxy_config, toy_config
 
-from synth_deploy.taskapp import create_app
+from synth_deploy.taskapp import ApiKeyAuth, create_app
 
 ROLLOUT = {"run_id": "auth-1", "env": {"seed": 3}}
 # (method, path, json body) for every endpoint behind the key.
@@ -61,6 +61,26 @@ def test_right_key_passes(server, api_key, method, path, body):
 def test_every_header_form_and_alias_is_accepted(server, api_key, headers):
     headers = {k: v.format(key=api_key) for k, v in headers.items()}
     assert call(server, "GET", "/health", None, headers).status_code == 200
+
+
+@pytest.mark.parametrize(("sent", "status"), [
+    ({"X-API-Key": "k2"}, None),
+    ({"Authorization": "Bearer k1"}, None),
+    ({"X-API-Keys": "nope, k2"}, None),
+    ({"X-API-Key": "nope"}, 403),
+    ({}, 401),
+])
+def test_a_key_check_reads_a_mapping_starlette_headers_and_raw_asgi_pairs_alike(sent, status):
+    # The served app passes the scope's raw pairs; an app's own router may pass either
+    # mapping (the public ApiKeyAuth): every form gives the same verdict.
+    from starlette.datastructures import Headers
+
+    auth = ApiKeyAuth(["k1", "k2"])
+    raw = [(k.lower().encode(), v.encode()) for k, v in sent.items()]
+    verdicts = {form: auth.check(headers) for form, headers in [
+        ("mapping", sent), ("starlette", Headers(raw=raw)), ("raw", raw)]}
+    assert {form: v and v.status for form, v in verdicts.items()} == dict.fromkeys(
+        verdicts, status)
 
 
 def test_root_stays_open(server):
