@@ -55,6 +55,12 @@ from synth_deploy.tracing import SessionTrace, SessionTracer, ledger_of
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
+# The hot path calls pydantic-core itself: `BaseModel.model_validate`, `model_validate_json`
+# and `model_dump` are Python wrappers that pass on their keyword defaults, 5-12k instructions
+# a call (measured under callgrind) around the same validation and serialization.
+_REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
+_RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
+
 
 class TraceSink(Protocol):
     """Where finished rollout sessions go; `write_session` returns once the data is durable."""
@@ -370,12 +376,6 @@ def _start_trace_writer(trace_store: TraceSink | None) -> None:
         except TraceStoreError:
             pass
 
-
-# The hot path calls pydantic-core itself: `BaseModel.model_validate`, `model_validate_json`
-# and `model_dump` are Python wrappers that pass on their keyword defaults, 5-12k instructions
-# a call (measured under callgrind) around the same validation and serialization.
-_REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
-_RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
 
 _REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",
                 "mean_return")
