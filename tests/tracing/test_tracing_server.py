@@ -65,6 +65,26 @@ def test_concurrent_rollouts_through_a_served_app_all_land(tmp_path, serve, math
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def test_a_policy_key_in_the_request_is_stored_masked(tmp_path, serve, math_config, api_key,
+                                                      mock_policy):
+    # Two rollouts: the second finds the key names already judged (is_secret_name's cache).
+    policy_key = "sk-policy-key-0123456789abcdef"
+    path = tmp_path / "traces.db"
+    with open_trace_store(str(path)) as store:
+        server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        bodies = [rollout_body(f"keyed-{i}", i, mock_policy.url + "/v1") for i in range(2)]
+        for body in bodies:
+            body["policy"]["config"]["api_key"] = policy_key
+        assert asyncio.run(fire(server.url, api_key, bodies)) == [("keyed-0", 200),
+                                                                  ("keyed-1", 200)]
+        for summary in store.list_sessions(limit=None):
+            config = store.get_session(summary.session_id).metadata["request"]["policy"]["config"]
+            assert config["api_key"].startswith("**** (sha256:")
+            assert config["model"] == "mock-model"  # not a key name: kept as sent
+    stored = b"".join(f.read_bytes() for f in tmp_path.iterdir() if f.name.startswith("traces"))
+    assert b"keyed-1" in stored and policy_key.encode() not in stored
+
+
 def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, mock_policy,
                                                 tmp_path):
     store = open_trace_store(str(tmp_path / "t.db"))
