@@ -5,7 +5,9 @@ loop's heap until it surfaces. A served app bounds every rollout (mostly by the 
 ``max_time_s``) and every trace write, so deadlines that fall in the same 50 ms share one
 timer: entering costs a set insertion. A deadline fires up to one slot late, never early;
 a bounded body that overruns gets `TimeoutError`, exactly as under `asyncio.timeout` (a
-cancellation that came from elsewhere still propagates as `CancelledError`).
+cancellation that came from elsewhere still propagates as `CancelledError`). Entering
+awaits nothing, so it is a plain ``with`` (as anyio's ``fail_after``): no coroutine objects
+made and awaited on the way in and out.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class _Deadline:
         self._slot = 0
         self.expired = False
 
-    async def __aenter__(self) -> _Deadline:
+    def __enter__(self) -> _Deadline:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("deadline() must be used inside a task")
@@ -52,7 +54,7 @@ class _Deadline:
         self._slots, self._slot = slots, slot
         return self
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         members = self._slots.get(self._slot)
         if members is not None:
             members.discard(self)
@@ -68,8 +70,8 @@ def _expire(slots: dict[int, set[_Deadline]], slot: int) -> None:
 
 
 def deadline(seconds: float | None) -> _Deadline:
-    """``async with deadline(s):`` raises `TimeoutError` if the body runs past ``s`` seconds
-    (up to `SLOT_S` later); None: no bound."""
+    """``with deadline(s):`` (in a task) raises `TimeoutError` if the body runs past ``s``
+    seconds (up to `SLOT_S` later); None: no bound."""
     return _Deadline(seconds)
 
 

@@ -14,7 +14,7 @@ def test_an_overrun_is_a_timeout_never_early_at_most_a_slot_late():
     async def main():
         started = time.perf_counter()
         with pytest.raises(TimeoutError):
-            async with deadline(0.2):
+            with deadline(0.2):
                 await asyncio.sleep(5)
         return time.perf_counter() - started
 
@@ -24,7 +24,7 @@ def test_an_overrun_is_a_timeout_never_early_at_most_a_slot_late():
 
 def test_a_body_that_finishes_in_time_is_untouched_and_its_slot_does_not_fire_later():
     async def main():
-        async with deadline(0.05):
+        with deadline(0.05):
             await asyncio.sleep(0)
         await asyncio.sleep(0.2)  # past the deadline: nothing may cancel this task now
         return "done"
@@ -35,7 +35,7 @@ def test_a_body_that_finishes_in_time_is_untouched_and_its_slot_does_not_fire_la
 def test_deadlines_sharing_a_slot_each_cancel_only_their_own_task():
     async def bounded(seconds, sleep):
         try:
-            async with deadline(seconds):
+            with deadline(seconds):
                 await asyncio.sleep(sleep)
             return "ok"
         except TimeoutError:
@@ -51,7 +51,7 @@ def test_deadlines_sharing_a_slot_each_cancel_only_their_own_task():
 def test_a_cancellation_from_elsewhere_stays_a_cancellation():
     async def main():
         async def worker():
-            async with deadline(10):
+            with deadline(10):
                 await asyncio.sleep(5)
 
         task = asyncio.ensure_future(worker())
@@ -67,9 +67,9 @@ def test_an_inner_deadline_fires_first_and_the_outer_one_still_holds():
     async def main():
         inner_timed_out = False
         with pytest.raises(TimeoutError):
-            async with deadline(0.3):
+            with deadline(0.3):
                 try:
-                    async with deadline(0.1):
+                    with deadline(0.1):
                         await asyncio.sleep(5)
                 except TimeoutError:
                     inner_timed_out = True

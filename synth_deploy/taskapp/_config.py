@@ -72,6 +72,7 @@ class TaskDatasetRegistry:
 
     def __init__(self, datasets: Iterable[TaskDataset] = ()) -> None:
         self._datasets: dict[str, TaskDataset] = {}
+        self._with_seeds: list[TaskDataset] = []  # asked of every rollout: kept, not searched
         for ds in datasets:
             self.register(ds)
 
@@ -79,6 +80,8 @@ class TaskDatasetRegistry:
         if dataset.id in self._datasets:
             raise ValueError(f"dataset {dataset.id!r} is registered twice")
         self._datasets[dataset.id] = dataset
+        if dataset.seeds is not None:
+            self._with_seeds.append(dataset)
         return dataset
 
     def get(self, dataset_id: str) -> TaskDataset:
@@ -96,8 +99,11 @@ class TaskDatasetRegistry:
     def unknown_seed(self, seed: int) -> str | None:
         """Why ``seed`` is in none of the datasets that declare seeds (None: it is, or no
         dataset declares them)."""
-        declared = [ds for ds in self if ds.seeds is not None]
-        if not declared or any(seed in ds.seeds for ds in declared):
+        declared = self._with_seeds
+        for ds in declared:
+            if seed in ds.seeds:  # type: ignore[operator]
+                return None
+        if not declared:
             return None
         return f"seed {seed} is in none of this app's datasets (" + "; ".join(
             f"{ds.id}: {_seed_text(ds.seeds)}" for ds in declared) + ")"

@@ -276,7 +276,7 @@ class _Rollouts:
         error: JSONResponse | None = None
         result: RolloutResponse | None = None
         try:
-            async with deadline(bound):
+            with deadline(bound):
                 raw = await self.call_executor(req, ctx)
             elapsed = time.perf_counter() - started
             result = _completed(raw, req.run_id, tracer.finish(), wall_s=elapsed,

@@ -204,7 +204,7 @@ class TraceStore:
             future = loop.create_future()  # settled with one thread-safe call per batch
             self._submit(session, (loop, future))
         try:
-            async with deadline(self.write_timeout_s):
+            with deadline(self.write_timeout_s):
                 await future
         except TimeoutError:
             raise self._timeout_error() from None

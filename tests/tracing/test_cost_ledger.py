@@ -83,6 +83,17 @@ def test_ledgers_add_up_and_survive_a_round_trip_through_json():
         CostLedger(rollouts=1)
 
 
+def test_the_dict_form_keeps_times_to_the_microsecond_and_cost_to_the_nano_dollar():
+    ledger = CostLedger(rollouts=1, lm_s=0.123456789, env_s=1 / 3, wall_s=3600.0000004,
+                        cost_usd=0.0000123456789)
+    assert ledger.to_dict() == {
+        "rollouts": 1, "lm_calls": 0, "input_tokens": 0, "output_tokens": 0, "lm_s": 0.123457,
+        "env_s": 0.333333, "wall_s": 3600.0, "by_model": {}, "cost_usd": 0.000012346}
+    # Values no clock gives are passed through rather than failing the rollout.
+    odd = CostLedger(lm_s=float("inf"), wall_s=1e300).to_dict()
+    assert (odd["lm_s"], odd["wall_s"]) == (float("inf"), 1e300)
+
+
 def test_a_price_table_estimates_what_it_can_and_names_the_rest(tmp_path):
     path = tmp_path / "prices.toml"
     path.write_text(PRICES)
