@@ -261,14 +261,9 @@ class _Rollouts:
 
     async def run(self, req: RolloutRequest, http: Any) -> Response:
         config, trace_store, on_session = self.config, self.trace_store, self.on_session
-        seed = req.env.seed
         inference_url = req.policy.config.get("inference_url")
         cid = correlation_id(req.policy.config)
-        tracer = SessionTracer(metadata={
-            "app_id": config.app_id, "run_id": req.run_id, "mode": req.mode, "seed": seed,
-            "model": req.policy.config.get("model"), "env_name": req.env.env_name,
-            **session_correlation(cid),
-        })
+        tracer = SessionTracer()
         ctx = RolloutContext(request=req, config=config, tracer=tracer, http=http,
                              app_state=config.app_state)
         bound = min(req.safety.max_time_s, config.max_rollout_seconds)
@@ -288,7 +283,7 @@ class _Rollouts:
         session = tracer.finish()
         if trace_store is not None or req.record.return_trace or on_session is not None:
             # Building the session's metadata is wasted work when nobody reads it.
-            _describe_session(session, req, result, error, elapsed)
+            _describe_session(session, req, result, error, elapsed, config.app_id, cid)
             if result is not None and req.record.return_trace and result.trace is None:
                 result.trace = session.to_dict()
                 correlate_trace(result.trace, cid)
@@ -348,9 +343,14 @@ class _Rollouts:
 
 def _describe_session(session: SessionTrace, req: RolloutRequest,
                       result: RolloutResponse | None, error: JSONResponse | None,
-                      elapsed: float) -> None:
-    """What a stored session says of its rollout: the request (keys masked), the time it
-    took, and its metrics or its error."""
+                      elapsed: float, app_id: str, cid: str | None) -> None:
+    """What a stored session says of its rollout: which rollout it was, the request (keys
+    masked), the time it took, and its metrics or its error. What the rollout put in the
+    metadata itself stays, ahead of the kit's outcome keys."""
+    session.metadata = {
+        "app_id": app_id, "run_id": req.run_id, "mode": req.mode, "seed": req.env.seed,
+        "model": req.policy.config.get("model"), "env_name": req.env.env_name,
+        **session_correlation(cid), **session.metadata}
     session.metadata["duration_s"] = round(elapsed, 6)
     request_record = req.__pydantic_serializer__.to_python(req, mode="json")
     policy_config = request_record["policy"]["config"]

@@ -19,10 +19,6 @@ from typing import Any, Literal
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
 
 
-def _now() -> float:
-    return time.time()
-
-
 def _new_id() -> str:
     # 32 hex digits, as before: the second it was made (8), then 96 random bits (24). Ids
     # made close in time sort close, so a store's id indexes grow at their right edge
@@ -43,7 +39,7 @@ os.register_at_fork(after_in_child=_ids.seed)
 class Message:
     message_type: str
     content: Any
-    timestamp: float = field(default_factory=_now)
+    timestamp: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
     id: str = field(default_factory=_new_id)
 
@@ -54,7 +50,7 @@ class Event:
 
     event_type: Literal["cais", "environment", "runtime"]
     system_instance_id: str
-    event_time: float = field(default_factory=_now)
+    event_time: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
     # LM call ("cais")
     model_name: str | None = None
@@ -86,7 +82,7 @@ class EventReward:
     message_id: str | None = None
     key: str | None = None
     annotation: dict[str, Any] | None = None
-    created_at: float = field(default_factory=_now)
+    created_at: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -96,7 +92,7 @@ class OutcomeReward:
     total_steps: int = 0
     reward_metadata: dict[str, Any] = field(default_factory=dict)
     annotation: dict[str, Any] | None = None
-    created_at: float = field(default_factory=_now)
+    created_at: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -104,7 +100,7 @@ class Timestep:
     step_id: str
     step_index: int
     turn_number: int | None = None
-    timestamp: float = field(default_factory=_now)
+    timestamp: float = field(default_factory=time.time)
     completed_at: float | None = None
     events: list[Event] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
@@ -114,7 +110,7 @@ class Timestep:
 @dataclass
 class SessionTrace:
     session_id: str
-    created_at: float = field(default_factory=_now)
+    created_at: float = field(default_factory=time.time)
     timesteps: list[Timestep] = field(default_factory=list)
     event_rewards: list[EventReward] = field(default_factory=list)
     outcome_rewards: list[OutcomeReward] = field(default_factory=list)
@@ -217,7 +213,7 @@ class SessionTracer:
     def start_timestep(self, step_id: str | None = None, *, turn_number: int | None = None,
                        metadata: dict[str, Any] | None = None) -> Timestep:
         if self._current is not None and self._current.completed_at is None:
-            self._current.completed_at = _now()
+            self._current.completed_at = time.time()
         index = len(self.session.timesteps)
         step = Timestep(step_id=step_id or f"step-{index}", step_index=index,
                         turn_number=turn_number, step_metadata=dict(metadata or {}))
@@ -228,7 +224,7 @@ class SessionTracer:
 
     def end_timestep(self) -> None:
         if self._current is not None and self._current.completed_at is None:
-            self._current.completed_at = _now()
+            self._current.completed_at = time.time()
 
     def record_message(self, message_type: MessageType | str, content: Any,
                        metadata: dict[str, Any] | None = None) -> Message:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import os
 import signal
 import sqlite3
@@ -83,6 +85,28 @@ def test_a_policy_key_in_the_request_is_stored_masked(tmp_path, serve, math_conf
             assert config["model"] == "mock-model"  # not a key name: kept as sent
     stored = b"".join(f.read_bytes() for f in tmp_path.iterdir() if f.name.startswith("traces"))
     assert b"keyed-1" in stored and policy_key.encode() not in stored
+
+
+def test_a_stored_session_says_which_rollout_it_was_and_keeps_what_the_app_noted(
+        tmp_path, serve, math_config, api_key, mock_policy):
+    async def noting(request, ctx):
+        ctx.tracer.session.metadata.update({"difficulty": "hard", "model": "as-the-app-says"})
+        result = math_config.rollout(request, ctx)
+        return await result if inspect.isawaitable(result) else result
+
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        server = serve(create_app(dataclasses.replace(math_config, rollout=noting),
+                                  api_keys=[api_key], trace_store=store))
+        body = rollout_body("noted", 7, mock_policy.url + "/v1?cid=trace_noted")
+        assert asyncio.run(fire(server.url, api_key, [body])) == [("noted", 200)]
+        [summary] = store.list_sessions(limit=None)
+        metadata = store.get_session(summary.session_id).metadata
+    assert {k: metadata[k] for k in ("app_id", "run_id", "mode", "seed", "env_name",
+                                     "trace_correlation_id", "status")} == {
+        "app_id": "math", "run_id": "noted", "mode": "eval", "seed": 7, "env_name": None,
+        "trace_correlation_id": "trace_noted", "status": "ok"}
+    assert (metadata["difficulty"], metadata["model"]) == ("hard", "as-the-app-says")
+    assert metadata["duration_s"] > 0 and metadata["metrics"]["outcome_reward"] is not None
 
 
 def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, mock_policy,
