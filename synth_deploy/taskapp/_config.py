@@ -100,10 +100,7 @@ class TaskDatasetRegistry:
         """Why ``seed`` is in none of the datasets that declare seeds (None: it is, or no
         dataset declares them)."""
         declared = self._with_seeds
-        for ds in declared:
-            if seed in ds.seeds:  # type: ignore[operator]
-                return None
-        if not declared:
+        if not declared or any(seed in ds.seeds for ds in declared):  # type: ignore[operator]
             return None
         return f"seed {seed} is in none of this app's datasets (" + "; ".join(
             f"{ds.id}: {_seed_text(ds.seeds)}" for ds in declared) + ")"
