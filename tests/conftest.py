@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import secrets
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from synth_deploy.runs import create_mock_policy_app
 from synth_deploy.taskapp import BackgroundServer, TaskAppConfig, create_app, load_app
+
+# Tests press Ctrl-C on the CLIs they start (SIGINT). A shell without job control runs a
+# background command with SIGINT ignored, every child inherits that, and those tests would
+# hang until their timeout: a suite started that way gets Python's own handler back, which
+# each child's exec resets to the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
