@@ -7,6 +7,7 @@ which is where most of synth-ai's per-request overhead goes.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import logging
@@ -103,6 +104,11 @@ def create_app(
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
+            # What exists once the app has started (modules, the app, its datasets) lives as
+            # long as the server: frozen, full collections stop walking it. Traced rollouts
+            # keep objects alive across loop iterations, and a full collection of the heap
+            # paused the server for 19 ms every 0.6 s (p99 3.4x of untraced; 1.5x frozen).
+            gc.freeze()
             yield
         finally:
             for hook in config.shutdown_hooks:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import httpx
@@ -219,6 +220,15 @@ def test_startup_and_shutdown_hooks_run_with_app_state(serve, api_key):
     assert calls == [("up", 1)]
     server.stop()
     assert calls == [("up", 1), ("down", 1)]
+
+
+def test_what_exists_once_the_app_started_is_left_out_of_full_collections(serve, api_key):
+    loaded_by_a_hook = []
+    config = toy_config(startup_hooks=[lambda state: loaded_by_a_hook.append({"rows": [1]})])
+    serve(create_app(config, api_keys=[api_key]))
+    assert gc.get_freeze_count() > 0
+    gc.collect()  # a frozen object is not even looked at: it stays out of every generation
+    assert not any(o is loaded_by_a_hook[0] for o in gc.get_objects())
 
 
 def test_user_middleware_and_extra_routers_see_protocol_routes(serve, api_key):

@@ -89,6 +89,19 @@ def test_session_round_trips_through_the_database(tmp_path):
     assert loaded.messages[-1].content == {"structured": [1, 2]}
 
 
+def test_values_json_has_no_type_for_are_stored_not_refused(tmp_path):
+    # A rollout may note anything in its metadata: bytes that are not UTF-8, sets, objects.
+    session = make_session(1)
+    session.metadata.update(frame=b"\x89PNG\xff", tags={"b"}, obj=Path("/x"), nan=float("nan"),
+                            text="été")
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        store.write_session_sync(session)
+        meta = store.get_session(session.session_id).metadata
+    assert meta["frame"] == "iVBOR_8="  # URL-safe base64
+    assert meta["tags"] == ["b"] and meta["obj"] == "/x" and meta["text"] == "été"
+    assert meta["nan"] != meta["nan"]  # NaN comes back as NaN, as json.dumps wrote it
+
+
 def test_dict_form_inverts():
     session = make_session(3)
     assert SessionTrace.from_dict(session.to_dict()).to_dict() == session.to_dict()
