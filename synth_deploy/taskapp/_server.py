@@ -350,24 +350,28 @@ class _Rollouts:
 def _describe_session(session: SessionTrace, req: RolloutRequest,
                       result: RolloutResponse | None, error: JSONResponse | None,
                       elapsed: float, app_id: str, cid: str | None) -> None:
-    """What a stored session says of its rollout: which rollout it was, the request (keys
-    masked), the time it took, and its metrics or its error. What the rollout put in the
-    metadata itself stays, ahead of the kit's outcome keys."""
+    """What a stored session says of its rollout: which rollout it was, the request as the
+    client sent it (keys masked; what it left out takes the protocol's defaults when
+    replayed), the time it took, and its metrics (those set) or its error. What the rollout
+    put in the metadata itself stays, ahead of the kit's outcome keys.
+
+    Only what was sent or set: half the bytes of every field spelled out, and every traced
+    rollout pays for them in pickling, encoding and the row the writer inserts."""
     session.metadata = {
         "app_id": app_id, "run_id": req.run_id, "mode": req.mode, "seed": req.env.seed,
         "model": req.policy.config.get("model"), "env_name": req.env.env_name,
         **session_correlation(cid), **session.metadata}
     session.metadata["duration_s"] = round(elapsed, 6)
-    request_record = req.__pydantic_serializer__.to_python(req, mode="json")
-    policy_config = request_record["policy"]["config"]
+    request_record = req.__pydantic_serializer__.to_python(req, mode="json", exclude_unset=True)
+    policy_config = request_record.get("policy", {}).get("config", {})  # as sent, or not
     for name in [k for k in policy_config if is_secret_name(k)]:
         policy_config[name] = mask(str(policy_config[name]))  # traces never hold keys
     session.metadata["request"] = request_record
     session.metadata["status"] = "ok" if result is not None else "error"
     if result is not None:
         metrics = result.metrics
-        session.metadata["metrics"] = metrics.__pydantic_serializer__.to_python(metrics,
-                                                                                mode="json")
+        session.metadata["metrics"] = metrics.__pydantic_serializer__.to_python(
+            metrics, mode="json", exclude_none=True)
     elif error is not None:
         session.metadata["error"] = json.loads(error.body)["detail"]["error"]
 

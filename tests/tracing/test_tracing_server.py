@@ -17,7 +17,7 @@ import httpx
 import pytest
 from processes import free_port, wait_until_up
 
-from synth_deploy.taskapp import create_app
+from synth_deploy.taskapp import RolloutRequest, create_app
 from synth_deploy.tracing import open_trace_store
 
 
@@ -107,6 +107,11 @@ def test_a_stored_session_says_which_rollout_it_was_and_keeps_what_the_app_noted
         "trace_correlation_id": "trace_noted", "status": "ok"}
     assert (metadata["difficulty"], metadata["model"]) == ("hard", "as-the-app-says")
     assert metadata["duration_s"] > 0 and metadata["metrics"]["outcome_reward"] is not None
+    # The request as the client sent it (replaying it gives the defaults back), the metrics
+    # that were set.
+    assert metadata["request"] == body
+    assert RolloutRequest.model_validate(metadata["request"]).record.return_trace is False
+    assert None not in metadata["metrics"].values()
 
 
 def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, mock_policy,
