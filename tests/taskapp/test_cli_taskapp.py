@@ -103,6 +103,22 @@ def test_serve_no_auth_answers_without_a_key_and_warns(tmp_path):
     assert stderr.count("never expose") == 1, stderr
 
 
+def test_the_access_log_names_the_client_a_local_proxy_forwarded(tmp_path, api_key):
+    # cloudflared connects from 127.0.0.1 and says who the client is in X-Forwarded-For.
+    port = free_port()
+    proc = start_serve(tmp_path, "math", port, ENVIRONMENT_API_KEY=api_key)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(url, proc)
+        health = httpx.get(url + "/health", headers={"X-API-Key": api_key,
+                                                     "X-Forwarded-For": "203.0.113.7"})
+        assert health.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert '203.0.113.7:0 - "GET /health HTTP/1.1" 200' in out + err, out + err
+
+
 def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

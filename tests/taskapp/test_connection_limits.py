@@ -126,6 +126,36 @@ def test_keep_alive_requests_and_a_slow_rollout_are_untouched(api_key):
             time.sleep(0.3)
 
 
+def test_an_idle_keep_alive_connection_is_closed_and_a_begun_request_keeps_its_deadline(
+        api_key):
+    limits = ConnectionLimits(header_timeout_s=1.5, body_timeout_s=5.0, keep_alive_s=0.5)
+    app = create_app(toy_config(slow_async_rollout), api_keys=[api_key])
+    request = f"GET /health HTTP/1.1\r\nHost: x\r\nX-API-Key: {api_key}\r\n\r\n".encode()
+    with BackgroundServer(app, limits=limits) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+
+        def answered_connection() -> tuple[socket.socket, float]:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(request)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            return sock, time.monotonic()
+
+        idle, answered_at = answered_connection()
+        assert closed_by_server(idle, within_s=3)
+        assert 0.5 <= time.monotonic() - answered_at < 1.2  # keep_alive_s, a sweep late at most
+        idle.close()
+
+        # Past the keep-alive, a next request that has begun has until its header deadline
+        # (counted from the previous response), not forever.
+        begun, answered_at = answered_connection()
+        time.sleep(0.2)
+        begun.sendall(b"GET /health HTTP/1.1\r\nHost:")
+        assert not closed_by_server(begun, within_s=0.6)
+        assert closed_by_server(begun, within_s=3)
+        assert 1.5 <= time.monotonic() - answered_at < 2.3
+        begun.close()
+
+
 def test_a_response_leaves_the_server_in_one_send(runner, monkeypatch):
     # uvicorn alone sends the head and the body apart: two segments, two client wake-ups.
     port = int(runner.url.rsplit(":", 1)[1])
