@@ -54,6 +54,13 @@ from synth_deploy.tracing._session import (
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
+# Sessions in one commit, at most. Every waiting client's rollout tends to arrive in one
+# frame; committed whole, the server idles while the child commits and the child idles
+# while the server answers, by turns. In slices, the first slice's clients are answered
+# (and send their next rollouts) while the next slice commits: on 2 cores with 32 clients,
+# traced throughput 0.68x of untraced in one commit, 0.76x in slices of 12 or 16, 0.72x
+# in slices of 8 (more commits cost more than the overlap gains).
+COMMIT_LIMIT = 16
 
 # Sessions cross the pipe as tuples of their fields (nested the same way), not as pickled
 # dataclasses: a third cheaper to pickle on the server, whose GIL pays for it.
@@ -279,8 +286,9 @@ def main(path: str) -> None:
     """Commit the sessions read from stdin to ``path``; acknowledge each on stdout.
 
     One thread: read a frame, take every frame already waiting too (group commit), commit
-    them in one transaction through the store's own `_commit` (a bad session fails alone),
-    answer with one frame. While a commit runs, what the server sends waits in the pipe.
+    them `COMMIT_LIMIT` at a time, each slice in one transaction through the store's own
+    `_commit` (a bad session fails alone) and answered with one frame. While a commit runs,
+    what the server sends waits in the pipe.
     """
     from synth_deploy.tracing._config import parse_trace_db
     from synth_deploy.tracing._store import TraceStore
@@ -294,13 +302,13 @@ def main(path: str) -> None:
     except Exception as exc:  # then every write the parent sends gets this error
         error = _describe(exc)
         _send(stdout, [])
-        while (items := frames.next_batch()) is not None:
+        while (items := frames.next_batch(COMMIT_LIMIT)) is not None:
             _send(stdout, [(seq, error) for seq, _ in items])
         return
     store._db.checkpoint_in_background()  # commits here never stop to checkpoint
     parent_gone = not _send(stdout, [])  # ready
     try:
-        while (items := frames.next_batch()) is not None:
+        while (items := frames.next_batch(COMMIT_LIMIT)) is not None:
             futures = [concurrent.futures.Future() for _ in items]
             store._commit([(_restore(flat, SessionTrace), f)
                            for (_, flat), f in zip(items, futures, strict=True)])
@@ -318,16 +326,20 @@ class _FrameReader:
         self.fd = fd
         self.buffer = bytearray()
         self.closed = False
+        self.left: list[Any] = []  # read, not yet handed out
 
-    def next_batch(self, limit: int = 256) -> list[Any] | None:
-        """The sessions of the next frame and of every frame already waiting."""
-        items: list[Any] = []
+    def next_batch(self, limit: int) -> list[Any] | None:
+        """The sessions of the next frame and of every frame already waiting, ``limit`` at
+        most (the rest come first in the next batch)."""
+        items: list[Any] = self.left
         while not items or (len(items) < limit and self._waiting()):
             frame_items = self._next()
             if frame_items is None:
+                self.left = []
                 return items or None
             items.extend(frame_items)
-        return items
+        self.left = items[limit:]
+        return items[:limit]
 
     def _waiting(self) -> bool:
         if self._complete() or self.closed:

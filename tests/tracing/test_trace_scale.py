@@ -147,6 +147,44 @@ def test_what_the_writer_process_stores_reads_back_as_written(tmp_path):
             assert_same(store.get_session(session.session_id).to_dict(), session.to_dict())
 
 
+def test_the_writer_commits_a_crowd_in_slices_answering_each_slice_once_committed(tmp_path):
+    # Its pipe protocol as the module documents it: frames of a 4-byte little-endian length
+    # and a pickle of [(seq, session), ...], answered with frames of [(seq, error), ...].
+    import pickle
+    import struct
+
+    def frame(payload) -> bytes:
+        data = pickle.dumps(payload)
+        return struct.pack("<I", len(data)) + data
+
+    def read_frame(pipe):
+        head = pipe.read(4)
+        if not head:
+            return None
+        return pickle.loads(pipe.read(struct.unpack("<I", head)[0]))
+
+    path = tmp_path / "t.db"
+    open_trace_store(path).close()
+    child = subprocess.Popen([sys.executable, "-m", "synth_deploy.tracing._writer", str(path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert read_frame(child.stdout) == []  # ready
+        child.stdin.write(frame([(seq, make_session(seq)) for seq in range(40)]))
+        child.stdin.close()  # one frame of 40, as when 40 clients wait at once
+        answers = []
+        while (acks := read_frame(child.stdout)) is not None:
+            answers.append(acks)
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert [len(acks) for acks in answers] == [16, 16, 8]
+    assert [seq for acks in answers for seq, error in acks if error is None] == list(range(40))
+    with open_trace_store(path) as store:
+        assert store.count_sessions() == 40
+
+
 def test_the_writer_exits_when_the_server_is_killed(tmp_path, mock_policy, api_key):
     path = tmp_path / "traces.db"
     port = free_port()
