@@ -57,10 +57,11 @@ _READ_CHUNK = 1 << 16
 # Sessions in one commit, at most. Every waiting client's rollout tends to arrive in one
 # frame; committed whole, the server idles while the child commits and the child idles
 # while the server answers, by turns. In slices, the first slice's clients are answered
-# (and send their next rollouts) while the next slice commits: on 2 cores with 32 clients,
-# traced throughput 0.68x of untraced in one commit, 0.76x in slices of 12 or 16, 0.72x
-# in slices of 8 (more commits cost more than the overlap gains).
-COMMIT_LIMIT = 16
+# (and send their next rollouts) while the next slice commits. On 2 cores with 32 clients,
+# traced throughput was 0.69x of untraced in one commit and 0.72x to 0.88x in slices of 8
+# to 16 (paired runs; no size in that range measurably better than another, smaller ones
+# cost a little more CPU per rollout in more commits).
+COMMIT_LIMIT = 12
 
 # Sessions cross the pipe as tuples of their fields (nested the same way), not as pickled
 # dataclasses: a third cheaper to pickle on the server, whose GIL pays for it.

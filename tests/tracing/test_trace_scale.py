@@ -179,7 +179,7 @@ def test_the_writer_commits_a_crowd_in_slices_answering_each_slice_once_committe
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert [len(acks) for acks in answers] == [16, 16, 8]
+    assert [len(acks) for acks in answers] == [12, 12, 12, 4]
     assert [seq for acks in answers for seq, error in acks if error is None] == list(range(40))
     with open_trace_store(path) as store:
         assert store.count_sessions() == 40
