@@ -147,7 +147,9 @@ def test_what_the_writer_process_stores_reads_back_as_written(tmp_path):
             assert_same(store.get_session(session.session_id).to_dict(), session.to_dict())
 
 
-def test_the_writer_commits_a_crowd_in_slices_answering_each_slice_once_committed(tmp_path):
+@pytest.mark.parametrize(("waiting", "slices"), [(40, [20, 20]), (20, [12, 8]), (5, [5])])
+def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_path, waiting,
+                                                                             slices):
     # Its pipe protocol as the module documents it: frames of a 4-byte little-endian length
     # and a pickle of [(seq, session), ...], answered with frames of [(seq, error), ...].
     import pickle
@@ -169,8 +171,8 @@ def test_the_writer_commits_a_crowd_in_slices_answering_each_slice_once_committe
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert read_frame(child.stdout) == []  # ready
-        child.stdin.write(frame([(seq, make_session(seq)) for seq in range(40)]))
-        child.stdin.close()  # one frame of 40, as when 40 clients wait at once
+        child.stdin.write(frame([(seq, make_session(seq)) for seq in range(waiting)]))
+        child.stdin.close()  # one frame, as when that many clients wait at once
         answers = []
         while (acks := read_frame(child.stdout)) is not None:
             answers.append(acks)
@@ -179,10 +181,11 @@ def test_the_writer_commits_a_crowd_in_slices_answering_each_slice_once_committe
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert [len(acks) for acks in answers] == [12, 12, 12, 4]
-    assert [seq for acks in answers for seq, error in acks if error is None] == list(range(40))
+    assert [len(acks) for acks in answers] == slices
+    assert [seq for acks in answers for seq, error in acks if error is None] == \
+        list(range(waiting))
     with open_trace_store(path) as store:
-        assert store.count_sessions() == 40
+        assert store.count_sessions() == waiting
 
 
 def test_the_writer_exits_when_the_server_is_killed(tmp_path, mock_policy, api_key):
