@@ -10,9 +10,11 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import pickle
 import select
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import time
@@ -152,9 +154,6 @@ def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_
                                                                              slices):
     # Its pipe protocol as the module documents it: frames of a 4-byte little-endian length
     # and a pickle of [(seq, session), ...], answered with frames of [(seq, error), ...].
-    import pickle
-    import struct
-
     def frame(payload) -> bytes:
         data = pickle.dumps(payload)
         return struct.pack("<I", len(data)) + data
