@@ -92,12 +92,13 @@ class SqliteBackend:
             conn = sqlite3.connect(str(self.path), timeout=RESTART_WAIT_S)
             try:
                 while not self._closed.wait(every_s):
-                    _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    if frames * frame_bytes >= restart_after_bytes:
-                        try:
+                    try:
+                        _, frames, _ = conn.execute(
+                            "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                        if frames * frame_bytes >= restart_after_bytes:
                             conn.execute("PRAGMA wal_checkpoint(RESTART)")
-                        except sqlite3.OperationalError:
-                            pass  # busy: the next round tries again
+                    except sqlite3.OperationalError:
+                        continue  # busy or locked (the wait is short): the next round
             except sqlite3.Error:
                 pass  # the next opener (or the last connection to close) checkpoints
             finally:
