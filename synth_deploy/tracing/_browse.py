@@ -4,10 +4,10 @@ What `synth-deploy traces view` shows. Paging, filtering, sorting and aggregatio
 SQL, so a page of a million-session store costs an indexed query, never a full read. Reads
 only: nothing here writes to the store.
 
-Fields the store keeps as trusted columns (app, run, model, status, seed, reward, created)
-filter on their indexes; mode and split live in the session's metadata JSON and are read from
-it. A file opened read-only at an older schema (a synth-ai file) derives what its columns
-lack from the metadata: slower, the same answers.
+Fields the store keeps as trusted columns (app, run, model, status, seed, reward, mode,
+split, duration, created) filter on their indexes; an error message lives in the session's
+metadata JSON and is read from it. A file opened read-only at an older schema (a synth-ai
+file) derives what its columns lack from the metadata: slower, the same answers.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ SAMPLE_FOR_CHOICES = 20_000
 
 # The page's field names → the store's session fields (columns where it can trust them).
 _STORE_FIELDS = {"app": "app_id", "run": "run_id", "model": "model_name", "status": "status",
-                 "seed": "seed", "reward": "total_reward"}
-# Fields kept only in the metadata JSON (mode and split are indexed from schema version 4).
-_METADATA_FIELDS = {**schema.METADATA_FIELDS, "duration_s": "$.duration_s",
-                    "error": "$.error.message"}
+                 "seed": "seed", "reward": "total_reward", "mode": "mode", "split": "split",
+                 "duration_s": "duration_s"}
 # Sort keys the table offers: each one an index walks in order (rowid breaks ties, and every
 # index holds it), so the first page of a million sessions never sorts them all.
 _SORTS = {"created": ("created",), "reward": ("reward",), "app": ("app", "created"),
@@ -117,10 +115,11 @@ class SessionSql:
         self.expr = {name: store._fields[column] for name, column in _STORE_FIELDS.items()}
         self.indexed = {name for name, column in _STORE_FIELDS.items()
                         if self.expr[name] == f"s.{column}"} | {"created"}
-        self.expr.update({name: schema.metadata_field(path, "s")
-                          for name, path in _METADATA_FIELDS.items()}, created="s.created_at")
+        self.expr.update(error=schema.metadata_field("$.error.message", "s"),
+                         created="s.created_at")
+        # Before their columns (version 7), mode and split are indexed as expressions.
         if store.schema_version >= schema.INDEXED_METADATA_VERSION:
-            self.indexed |= set(schema.METADATA_FIELDS)
+            self.indexed |= set(schema.FILTERED_METADATA)
 
     def where(self, f: SessionFilter, *, extra: list[str] | None = None,
               params: list[Any] | None = None) -> tuple[str, list[Any], bool]:

@@ -43,7 +43,7 @@ _MESSAGE_ID = "(SELECT id FROM messages WHERE message_uid = ?)"
 
 _SESSION_COLS = ("session_id", "created_at", "num_timesteps", "num_events", "num_messages",
                  "metadata", "experiment_id", "app_id", "run_id", "status", "model_name",
-                 "seed", "total_reward")
+                 "seed", "total_reward", "mode", "split", "duration_s")
 _STEP_COLS = ("session_id", "step_id", "step_index", "turn_number", "started_at",
               "completed_at", "num_events", "num_messages", "step_metadata")
 _EVENT_COLS = ("session_id", "timestep_id", "event_uid", "event_type", "system_instance_id",
@@ -105,6 +105,24 @@ def _bool(value: bool | None) -> int | None:
     return None if value is None else int(bool(value))
 
 
+def _json_value(value: Any) -> Any:
+    # What SQLite's json_extract gives for a value (the version 3 triggers fill the columns
+    # of other writers' rows with it): objects and arrays as JSON text, true as 1, an
+    # integer past 64 bits as a float.
+    if value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, int):
+        return int(value) if -2**63 <= value < 2**63 else float(value)
+    return _json(value) if isinstance(value, dict | list) else str(value)
+
+
+def _split(metadata: dict[str, Any]) -> Any:
+    request = metadata.get("request")
+    env = request.get("env") if isinstance(request, dict) else None
+    config = env.get("config") if isinstance(env, dict) else None
+    return _json_value(config.get("split")) if isinstance(config, dict) else None
+
+
 def session_reward(session: SessionTrace) -> float | None:
     if session.outcome_rewards:
         return session.outcome_rewards[-1].total_reward
@@ -134,7 +152,8 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
             sid, iso(s.created_at), len(s.timesteps), num_events, num_messages,
             _json(meta), s.experiment_id, meta.get("app_id"), meta.get("run_id"),
             meta.get("status"), meta.get("model"), seed if isinstance(seed, int) else None,
-            session_reward(s)))
+            session_reward(s), _json_value(meta.get("mode")), _split(meta),
+            _json_value(meta.get("duration_s"))))
         seen: set[str] = set()
         event_ids: dict[str, int] = {}
         message_ids: dict[str, int] = {}

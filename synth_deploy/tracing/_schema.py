@@ -11,6 +11,10 @@ Version 4 indexes what `traces view` filters and summarises on: status, mode and
 keep filled), and app · model · time with status and reward (every glance aggregate read
 from the index alone). Version 5 keeps running totals for `traces stats` (see `_totals`), so
 they cost the same at a million sessions as at ten; version 6 adds the events count to them.
+Version 7 keeps mode, split and duration as columns too (filled by our writer and, for
+other writers' rows, by the version 3 triggers): the expression indexes and the totals
+parsed each new session's metadata JSON again and again (3 of the writer's 45 us of CPU
+per session), and a mode stored as a number could not be filtered on.
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -24,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from synth_deploy.tracing._totals import TOTALS_VERSION
 from synth_deploy.tracing._totals import migration as totals_migration
 
-SCHEMA_VERSION = TOTALS_VERSION  # 6
+SCHEMA_VERSION = 7
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -97,6 +100,13 @@ V2_COLUMNS = (
     ("messages", "message_uid", "VARCHAR"),
     ("outcome_rewards", "annotation", "TEXT"),
 )
+# Added by version 7 (TEXT and REAL affinity: a number given as a mode is stored as text,
+# so `--mode 3` finds it; a duration given as "1.5" is stored as 1.5).
+V7_COLUMNS = (
+    ("session_traces", "mode", "VARCHAR"),
+    ("session_traces", "split", "VARCHAR"),
+    ("session_traces", "duration_s", "FLOAT"),
+)
 
 _V2_AFTER_COLUMNS = (
     f"""CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (
@@ -133,8 +143,8 @@ def _meta(q: str, path: str) -> str:
 
 def metadata_field(path: str, q: str | None = None) -> str:
     """SQL for the value at JSON ``path`` in a session's metadata (NULL where the metadata
-    is not JSON), over the table aliased ``q``. Spelled the same as the version 4 indexes
-    spell it (they take no alias), so SQLite uses them."""
+    is not JSON), over the table aliased ``q``. Spelled the same as the version 4 to 6
+    indexes spell it (they take no alias), so SQLite uses them."""
     column = f"{q}.metadata" if q else "metadata"
     return f"json_extract(CASE WHEN json_valid({column}) THEN {column} END, '{path}')"
 
@@ -150,10 +160,15 @@ def _derived(q: str) -> dict[str, str]:
         "total_reward": f"COALESCE((SELECT o.total_reward FROM outcome_rewards o WHERE "
                         f"o.session_id = {q}.session_id ORDER BY o.id DESC LIMIT 1), "
                         f"{_meta(q, '$.metrics.outcome_reward')})",
+        **{name: _meta(q, path) for name, path in METADATA_PATHS.items()},
     }
 
 
-SESSION_FIELDS = ("app_id", "run_id", "status", "model_name", "seed", "total_reward")
+# Where the version 7 columns come from in the metadata.
+METADATA_PATHS = {"mode": "$.mode", "split": "$.request.env.config.split",
+                  "duration_s": "$.duration_s"}
+_V2_FIELDS = ("app_id", "run_id", "status", "model_name", "seed", "total_reward")
+SESSION_FIELDS = (*_V2_FIELDS, *METADATA_PATHS)
 TRUSTED_COLUMNS_VERSION = 3
 
 
@@ -161,9 +176,10 @@ def session_fields(columns: set[str], version: int, q: str = "s") -> dict[str, s
     """SQL for each of `SESSION_FIELDS` over ``session_traces`` aliased ``q``.
 
     From version 3 the columns are kept filled (the triggers) and indexed: they are used as
-    they are. Older files fall back to the metadata for rows whose column is NULL (written by
-    synth-ai after a version 2 migration), or entirely (version 1). A session without a
-    status is one that finished: synth-ai records none.
+    they are (mode, split and duration from version 7, the first that has them). Older
+    files fall back to the metadata for rows whose column is NULL (written by synth-ai
+    after a version 2 migration), or entirely (version 1, and version 6 for mode, split and
+    duration). A session without a status is one that finished: synth-ai records none.
     """
     fields = {}
     for name, derived in _derived(q).items():
@@ -178,12 +194,12 @@ def session_fields(columns: set[str], version: int, q: str = "s") -> dict[str, s
     return fields
 
 
-def _fill(q: str, *, metadata_first: bool) -> str:
+def _fill(q: str, fields: tuple[str, ...], *, metadata_first: bool) -> str:
     derived = _derived(q)
     derived["status"] = f"COALESCE({derived['status']}, 'ok')" if not metadata_first \
         else derived["status"]
     parts = []
-    for name in SESSION_FIELDS:
+    for name in fields:
         if metadata_first and name != "total_reward":
             parts.append(f"{name} = COALESCE({derived[name]}, {name})")
         else:
@@ -192,20 +208,31 @@ def _fill(q: str, *, metadata_first: bool) -> str:
 
 
 _T = "session_traces"
-_V3_STATEMENTS = (
-    # Rows synth-ai wrote since a version 2 migration.
-    f"UPDATE {_T} SET {_fill(_T, metadata_first=False)} WHERE "
-    + " OR ".join(f"{name} IS NULL" for name in SESSION_FIELDS),
+_FILL_TRIGGERS = ("synth_deploy_session_added", "synth_deploy_session_metadata")
+
+
+def _fill_triggers(fields: tuple[str, ...]) -> list[str]:
     # synth-ai inserts a session row with its metadata, then rewrites the metadata when the
     # session ends; our writer inserts rows with the columns set (and a status).
-    f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_session_added AFTER INSERT ON {_T}
+    added, rewritten = _FILL_TRIGGERS
+    return [
+        f"""CREATE TRIGGER IF NOT EXISTS {added} AFTER INSERT ON {_T}
         WHEN NEW.status IS NULL BEGIN
-        UPDATE {_T} SET {_fill(_T, metadata_first=False)} WHERE session_id = NEW.session_id;
+        UPDATE {_T} SET {_fill(_T, fields, metadata_first=False)}
+         WHERE session_id = NEW.session_id;
         END""",
-    f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_session_metadata
-        AFTER UPDATE OF metadata ON {_T} BEGIN
-        UPDATE {_T} SET {_fill(_T, metadata_first=True)} WHERE session_id = NEW.session_id;
+        f"""CREATE TRIGGER IF NOT EXISTS {rewritten} AFTER UPDATE OF metadata ON {_T} BEGIN
+        UPDATE {_T} SET {_fill(_T, fields, metadata_first=True)}
+         WHERE session_id = NEW.session_id;
         END""",
+    ]
+
+
+_V3_STATEMENTS = (
+    # Rows synth-ai wrote since a version 2 migration.
+    f"UPDATE {_T} SET {_fill(_T, _V2_FIELDS, metadata_first=False)} WHERE "
+    + " OR ".join(f"{name} IS NULL" for name in _V2_FIELDS),
+    *_fill_triggers(_V2_FIELDS),
     # The session's reward is its last outcome reward, whoever writes it and when.
     f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_outcome_added AFTER INSERT ON outcome_rewards
         BEGIN
@@ -215,8 +242,9 @@ _V3_STATEMENTS = (
 )
 
 
-# Filters that stay in the metadata JSON (indexed from version 4).
-METADATA_FIELDS = {"mode": "$.mode", "split": "$.request.env.config.split"}
+# Filters the viewer offers on the metadata: indexed from version 4 (on expressions over the
+# metadata), columns from version 7.
+FILTERED_METADATA = ("mode", "split")
 INDEXED_METADATA_VERSION = 4
 # Each filter's index also holds what the glance aggregates (time, app, model, status,
 # reward; seed for per-seed comparisons), so a summary of a million filtered sessions reads
@@ -230,23 +258,14 @@ def _wide(name: str, first: str, replaces: str | None = None) -> list[str]:
     return drop + [f"CREATE INDEX IF NOT EXISTS {name} ON {_T} ({first}, {rest})"]
 
 
+# (Version 4 also indexed mode and split as expressions; the step to version 7 that every
+# migration ends with replaces them, so they are no longer built on the way.)
 _V4_STATEMENTS = (
     *_wide("idx_session_created_glance", "created_at", "idx_session_created"),
     *_wide("idx_session_app_glance", "app_id", "idx_session_app_created"),
     *_wide("idx_session_model_glance", "model_name", "idx_session_model"),
     *_wide("idx_session_run_glance", "run_id", "idx_session_run"),
     *_wide("idx_session_status_glance", "status"),
-    *(sql for name, path in METADATA_FIELDS.items()
-      for sql in _wide(f"idx_session_{name}_glance", metadata_field(path))),
-)
-
-
-# Every column `TraceStore.stats` reads, one index per table (the LM one holds LM calls only).
-_V5_STATEMENTS = (
-    f"CREATE INDEX IF NOT EXISTS idx_session_totals ON {_T} "
-    "(app_id, status, total_reward, num_timesteps, num_messages, created_at)",
-    "CREATE INDEX IF NOT EXISTS idx_event_lm_totals ON events "
-    "(model_name, input_tokens, output_tokens, cost_usd, latency_ms) WHERE event_type = 'cais'",
 )
 
 
@@ -261,23 +280,46 @@ def detect_version(tables: Sequence[str], versions: Sequence[int]) -> int | None
     return 0 if not names else None
 
 
+def _add_columns(wanted: tuple[tuple[str, str, str], ...], current: int,
+                 columns: Callable[[str], set[str]]) -> list[Statement]:
+    have: dict[str, set[str]] = {}
+    stmts: list[Statement] = []
+    for table, column, kind in wanted:
+        existing = have.setdefault(table, columns(table) if current >= 1 else set())
+        if column not in existing:
+            stmts.append((f"ALTER TABLE {table} ADD COLUMN {column} {kind}", ()))
+    return stmts
+
+
+def _v7_statements() -> list[str]:
+    columns = ", ".join(name for _, name, _ in V7_COLUMNS)
+    derived = ", ".join(_derived(_T)[name] for _, name, _ in V7_COLUMNS)
+    return [
+        # Only the new columns change: no totals trigger watches them yet.
+        f"UPDATE {_T} SET ({columns}) = ({derived})",
+        *(f"DROP TRIGGER IF EXISTS {name}" for name in _FILL_TRIGGERS),
+        *_fill_triggers(SESSION_FIELDS),
+        *(sql for name in FILTERED_METADATA
+          for sql in _wide(f"idx_session_{name}_glance", name, f"idx_session_{name}_glance")),
+        # Rebuilt, summing wall time from the duration column, with triggers that watch it.
+        *totals_migration(),
+    ]
+
+
 def migration_plan(current: int, columns: Callable[[str], set[str]],
                    now: str) -> list[tuple[int, str, list[Statement]]]:
     """The steps from ``current`` to `SCHEMA_VERSION`: (version, description, statements).
 
     ``columns(table)`` reports a table's existing columns, so ADD COLUMN is never repeated
-    on databases that already have some of them.
+    on databases that already have some of them. What a later step rebuilds (the totals,
+    the mode and split indexes) an earlier one no longer builds: every plan ends at
+    `SCHEMA_VERSION`, in one transaction.
     """
     steps: list[tuple[int, str, list[Statement]]] = []
     if current < 1:
         steps.append((1, "synth-ai tracing v3 tables", [(sql, ()) for sql in _V1_TABLES]))
     if current < 2:
-        stmts: list[Statement] = []
-        have: dict[str, set[str]] = {}
-        for table, column, kind in V2_COLUMNS:
-            existing = have.setdefault(table, columns(table) if current >= 1 else set())
-            if column not in existing:
-                stmts.append((f"ALTER TABLE {table} ADD COLUMN {column} {kind}", ()))
+        stmts = _add_columns(V2_COLUMNS, current, columns)
         stmts += [(sql, ()) for sql in _V2_AFTER_COLUMNS]
         steps.append((2, "version table, session columns, stable event/message ids, indexes",
                       stmts))
@@ -287,13 +329,14 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     if current < 4:
         steps.append((4, "indexes for the viewer: status, mode, split, app/model glance",
                       [(sql, ()) for sql in _V4_STATEMENTS]))
-    # Step 5 builds the totals as they are now (with an events count); a file already at 5
-    # has them without it, and step 6 rebuilds them.
-    totals = [(sql, ()) for sql in totals_migration()]
     if current < 5:
-        steps.append((5, "running totals for traces stats, kept by triggers", totals))
+        steps.append((5, "running totals for traces stats, kept by triggers", []))
     if current < 6:
-        steps.append((6, "running totals count events", totals if current == 5 else []))
+        steps.append((6, "running totals count events", []))
+    if current < 7:
+        steps.append((7, "mode, split and duration as columns; totals read the duration",
+                      _add_columns(V7_COLUMNS, current, columns)
+                      + [(sql, ()) for sql in _v7_statements()]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -301,6 +344,6 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     return steps
 
 
-__all__ = ["INDEXED_METADATA_VERSION", "METADATA_FIELDS", "SCHEMA_VERSION", "SESSION_FIELDS",
-           "V2_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field", "migration_plan",
-           "session_fields"]
+__all__ = ["FILTERED_METADATA", "INDEXED_METADATA_VERSION", "SCHEMA_VERSION", "SESSION_FIELDS",
+           "V2_COLUMNS", "V7_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field",
+           "migration_plan", "session_fields"]

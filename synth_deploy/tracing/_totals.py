@@ -4,9 +4,11 @@ Two small tables, one row per (app, status) and one per LM model, kept in step b
 triggers with every insert, update and delete of a session row or an LM-call event, by
 whoever writes them (our writer, or synth-ai's tracer writing into a file we migrated).
 Schema version 5 created them; version 6 counts events too (so `stats` never counts the
-events table). Either step drops what an earlier step made, creates the tables, fills them
-from the rows already stored and adds the triggers, in one transaction. Files opened
-read-only at an older version are summed from their rows instead: the same answers, slower.
+events table); version 7 sums wall time from the session's duration column, where it was
+parsed from the metadata JSON. The step to version 7 drops what an earlier step made,
+creates the tables, fills them from the rows already stored and adds the triggers, in one
+transaction. Files opened read-only below version 6 are summed from their rows instead: the
+same answers, slower.
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ _SESSION_SUMS = {  # column: what one session row adds
     "reward_sum": "COALESCE({r}.total_reward, 0)",
     "rewards": "({r}.total_reward IS NOT NULL)",
     # the rollout's wall time, as our server records it (the cost ledger's wall_s)
-    "wall_s": "COALESCE(CASE WHEN json_valid({r}.metadata) THEN "
-              "CAST(json_extract({r}.metadata, '$.duration_s') AS REAL) END, 0)"}
+    "wall_s": "COALESCE(CAST({r}.duration_s AS REAL), 0)"}
 _MODEL_SUMS = {  # column: what one LM call adds
     "lm_calls": "1", "input_tokens": "COALESCE({r}.input_tokens, 0)",
     "output_tokens": "COALESCE({r}.output_tokens, 0)",
@@ -63,7 +64,7 @@ def keys_of(keys: tuple[str, ...]) -> list[tuple[str, str]]:
 def _triggers() -> list[str]:
     s_keys, m_keys = ("app_id", "status"), ("model",)
     session_cols = "app_id, status, total_reward, num_timesteps, num_events, num_messages, " \
-                   "metadata"
+                   "duration_s"
     event_cols = "event_type, model_name, input_tokens, output_tokens, cost_usd, latency_ms, " \
                  "event_uid"
     lm_new, lm_old = "NEW.event_type = 'cais'", "OLD.event_type = 'cais'"
@@ -101,7 +102,8 @@ _TRIGGER_NAMES = ("session_added", "session_removed", "session_changed", "lm_add
 
 
 def migration() -> list[str]:
-    """Version 6: the tables, filled from the rows stored so far, then the triggers."""
+    """The tables, filled from the rows stored so far, then the triggers (schema version 7:
+    the duration column must exist)."""
     return [
         *(f"DROP TRIGGER IF EXISTS synth_deploy_totals_{name}" for name in _TRIGGER_NAMES),
         f"DROP TABLE IF EXISTS {SESSIONS}",

@@ -27,9 +27,12 @@ from test_tracing_store import assert_same, make_session
 
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import (
+    SCHEMA_VERSION,
+    SessionFilter,
     SessionNotFoundError,
     SessionTracer,
     TraceStore,
+    browse_sessions,
     export_sft,
     open_trace_store,
     parse_trace_db,
@@ -399,23 +402,120 @@ def test_stats_come_from_running_totals_that_every_writer_keeps_right(tmp_path):
     assert totals.cost_usd == pytest.approx(24 * 0.001 - 0.001 + 0.03)
 
 
+V6_DUMP = Path(__file__).parent / "data" / "schema_v6.sql"
+
+
+def load_version_6(path: Path, *, back_to_5: bool = False) -> None:
+    """The file the release before schema 7 wrote (see the dump's header); ``back_to_5``
+    undoes what version 6 added (the events count in the totals)."""
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.executescript(V6_DUMP.read_text())
+    if back_to_5:
+        for (trigger,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' "
+                                      "AND name LIKE 'synth_deploy_totals_%'").fetchall():
+            raw.execute(f"DROP TRIGGER {trigger}")
+        raw.execute("ALTER TABLE synth_deploy_session_totals DROP COLUMN events")
+        raw.execute("DELETE FROM synth_deploy_schema WHERE version = 6")
+    raw.close()
+
+
+def index_sql(path: Path, name: str) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
+V6_FILTERS = [SessionFilter(), SessionFilter(mode="eval"), SessionFilter(mode="train"),
+              SessionFilter(split="test"), SessionFilter(split="train", status="ok"),
+              SessionFilter(app="synth")]
+
+
+def test_a_version_6_file_keeps_its_answers_with_mode_split_and_duration_as_columns(tmp_path):
+    path = tmp_path / "v6.db"
+    load_version_6(path)
+    with open_trace_store(path, read_only=True) as store:  # read as it is: from the metadata
+        assert store.schema_version == 6
+        pages = [browse_sessions(store, f, limit=50).to_dict() for f in V6_FILTERS]
+        stats = store.stats().to_dict()
+    assert "json_extract" in index_sql(path, "idx_session_mode_glance")
+    with open_trace_store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        migrated = [browse_sessions(store, f, limit=50).to_dict() for f in V6_FILTERS]
+        assert store.stats().to_dict() == stats
+        # Values the metadata held as other types than text: a mode of 3 is found as "3";
+        # a duration written as "2.0" reads as 2.0 (the viewer showed none).
+        [odd] = browse_sessions(store, SessionFilter(mode="3")).rows
+        assert (odd.run_id, odd.split) == ("run-3", '{"name":"odd"}')
+        [as_text] = browse_sessions(store, SessionFilter(run_id="run-2")).rows
+        assert as_text.duration_s == 2.0
+    odd_ones = {"run-2", "run-3"}
+    for before, after in zip(pages, migrated, strict=True):
+        assert [r for r in after["rows"] if r["run_id"] not in odd_ones] == \
+            [r for r in before["rows"] if r["run_id"] not in odd_ones]
+        assert after["total"] == before["total"]
+    assert "theirs" in [r["session_id"] for r in migrated[1]["rows"]]  # synth-ai's row
+    assert "json_extract" not in index_sql(path, "idx_session_mode_glance")
+    raw = sqlite3.connect(path, isolation_level=None)
+    assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    plan = " ".join(r[3] for r in raw.execute(
+        "EXPLAIN QUERY PLAN SELECT COUNT(*) FROM session_traces WHERE split = 'test'"))
+    assert "idx_session_split_glance" in plan
+    # synth-ai keeps writing into the migrated file: its new rows get the columns too
+    raw.execute("INSERT INTO session_traces (session_id, created_at, num_timesteps, num_events,"
+                " num_messages, metadata) VALUES ('later', '2025-10-10T09:00:00', 1, 0, 2, "
+                "'{\"app_id\": \"synth\"}')")
+    raw.execute("UPDATE session_traces SET metadata = '{\"app_id\": \"synth\", \"mode\": "
+                "\"eval\", \"duration_s\": 1.5}' WHERE session_id = 'later'")
+    raw.close()
+    with open_trace_store(path, read_only=True) as store:
+        assert browse_sessions(store, SessionFilter(mode="eval")).total == \
+            migrated[1]["total"] + 1
+        assert store.stats().ledger.wall_s == pytest.approx(stats["ledger"]["wall_s"] + 1.5)
+
+
 def test_a_version_5_file_gets_totals_that_count_events(tmp_path):
+    path = tmp_path / "v5.db"
+    load_version_6(path, back_to_5=True)
+    with open_trace_store(path, read_only=True) as store:  # summed from the rows
+        expected = store.stats().to_dict()
+    with open_trace_store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION and store.stats().to_dict() == expected
+        store.write_session_sync(make_session(9))  # the rebuilt triggers keep counting
+        assert store.stats().events == expected["events"] + 4  # two turns, two events each
+
+
+ODD_METADATA = [{"mode": 3, "duration_s": "2.0"}, {"mode": True, "duration_s": 2**70},
+                {"mode": {"a": [1, 2]}, "duration_s": [1]}, {"mode": None, "duration_s": 1},
+                {"mode": "eval", "duration_s": float("nan")}, {"mode": 2**70},
+                {"request": {"env": {"config": {"split": 7.5}}}},
+                {"request": {"env": "no config"}}, {"request": [1]}]
+
+
+def test_our_writer_fills_the_columns_as_the_triggers_fill_other_writers_rows(tmp_path):
     path = tmp_path / "t.db"
     with open_trace_store(path) as store:
-        for i in range(3):
-            store.write_session_sync(make_session(i))
-        expected = store.stats().to_dict()
-    raw = sqlite3.connect(path, isolation_level=None)  # back to version 5's totals table
-    for (trigger,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND "
-                                  "name LIKE 'synth_deploy_totals_%'").fetchall():
-        raw.execute(f"DROP TRIGGER {trigger}")
-    raw.execute("ALTER TABLE synth_deploy_session_totals DROP COLUMN events")
-    raw.execute("DELETE FROM synth_deploy_schema WHERE version = 6")
+        for i, metadata in enumerate(ODD_METADATA):
+            tracer = SessionTracer(session_id=f"ours-{i}", metadata=metadata)
+            store.write_session_sync(tracer.finish())
+    raw = sqlite3.connect(path, isolation_level=None)
+    # The same metadata text, inserted as synth-ai does (no columns, no status)
+    raw.execute("INSERT INTO session_traces (session_id, created_at, num_timesteps, "
+                "num_events, num_messages, metadata) SELECT 'theirs-' || substr(session_id, "
+                "6), created_at, 0, 0, 0, metadata FROM session_traces")
+    pairs = raw.execute(
+        "SELECT o.session_id, o.mode, t.mode, o.split, t.split, o.duration_s, t.duration_s "
+        "FROM session_traces o JOIN session_traces t ON t.session_id = 'theirs-' || "
+        "substr(o.session_id, 6) WHERE o.session_id LIKE 'ours-%' ORDER BY 1").fetchall()
     raw.close()
-    with open_trace_store(path) as store:
-        assert store.schema_version == 6 and store.stats().to_dict() == expected
-        store.write_session_sync(make_session(3))  # the rebuilt triggers keep counting
-        assert store.stats().events == expected["events"] * 4 // 3
+    assert len(pairs) == len(ODD_METADATA)
+    for sid, *values in pairs:
+        if sid == "ours-4":  # NaN: text SQLite's JSON cannot read, values our writer knows
+            assert values == ["eval", None, None, None, None, None]
+        else:
+            assert values[0::2] == values[1::2], sid
+    assert pairs[0][1:] == ("3", "3", None, None, 2.0, 2.0)
 
 
 # -- export -----------------------------------------------------------------------------------
