@@ -106,14 +106,16 @@ def _bool(value: bool | None) -> int | None:
 
 
 def _json_value(value: Any) -> Any:
-    # What SQLite's json_extract gives for a value (the version 3 triggers fill the columns
-    # of other writers' rows with it): objects and arrays as JSON text, true as 1, an
-    # integer past 64 bits as a float.
+    # What SQLite's json_extract gives for the value once in the metadata text (the version
+    # 3 triggers fill the columns of other writers' rows with it): objects and arrays as
+    # JSON text, true as 1, an integer past 64 bits as a float.
     if value is None or isinstance(value, str | float):
         return value
     if isinstance(value, int):
         return int(value) if -2**63 <= value < 2**63 else float(value)
-    return _json(value) if isinstance(value, dict | list) else str(value)
+    if isinstance(value, dict | list):
+        return _json(value)
+    return _json_value(json.loads(_json(value)))  # a tuple, a datetime: as the text holds it
 
 
 def _split(metadata: dict[str, Any]) -> Any:

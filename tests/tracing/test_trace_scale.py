@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -490,7 +491,8 @@ ODD_METADATA = [{"mode": 3, "duration_s": "2.0"}, {"mode": True, "duration_s": 2
                 {"mode": {"a": [1, 2]}, "duration_s": [1]}, {"mode": None, "duration_s": 1},
                 {"mode": "eval", "duration_s": float("nan")}, {"mode": 2**70},
                 {"request": {"env": {"config": {"split": 7.5}}}},
-                {"request": {"env": "no config"}}, {"request": [1]}]
+                {"request": {"env": "no config"}}, {"request": [1]},
+                {"mode": (1, "a"), "duration_s": datetime(2025, 1, 2, 3, 4, 5)}]
 
 
 def test_our_writer_fills_the_columns_as_the_triggers_fill_other_writers_rows(tmp_path):
