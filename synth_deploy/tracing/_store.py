@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import os
 import queue
 import threading
@@ -39,6 +40,7 @@ from synth_deploy.tracing._session import SessionTrace
 
 MAX_BATCH = 64
 WRITE_TIMEOUT_S = 60.0
+logger = logging.getLogger("synth_deploy.tracing")
 _STOP = object()
 
 
@@ -182,6 +184,10 @@ class TraceStore:
         now = _rows.iso(time.time()) or ""
         statements = [s for _, _, stmts in schema.migration_plan(current, columns, now)
                       for s in stmts]
+        if current >= 1:  # a store that holds sessions: say why opening it takes a while
+            logger.warning("%s: upgrading its trace schema from v%d to v%d, once (about 20 s "
+                           "for a million sessions)", self.display, current,
+                           schema.SCHEMA_VERSION)
         try:
             self._db.run(statements)
         except TraceStoreError:

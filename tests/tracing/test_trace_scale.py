@@ -433,7 +433,10 @@ V6_FILTERS = [SessionFilter(), SessionFilter(mode="eval"), SessionFilter(mode="t
               SessionFilter(app="synth")]
 
 
-def test_a_version_6_file_keeps_its_answers_with_mode_split_and_duration_as_columns(tmp_path):
+def test_a_version_6_file_keeps_its_answers_with_mode_split_and_duration_as_columns(tmp_path,
+                                                                                  caplog):
+    with open_trace_store(tmp_path / "new.db"):
+        assert "upgrading" not in caplog.text  # a new store is made, not upgraded
     path = tmp_path / "v6.db"
     load_version_6(path)
     with open_trace_store(path, read_only=True) as store:  # read as it is: from the metadata
@@ -443,6 +446,7 @@ def test_a_version_6_file_keeps_its_answers_with_mode_split_and_duration_as_colu
     assert "json_extract" in index_sql(path, "idx_session_mode_glance")
     with open_trace_store(path) as store:
         assert store.schema_version == SCHEMA_VERSION
+        assert f"upgrading its trace schema from v6 to v{SCHEMA_VERSION}, once" in caplog.text
         migrated = [browse_sessions(store, f, limit=50).to_dict() for f in V6_FILTERS]
         assert store.stats().to_dict() == stats
         # Values the metadata held as other types than text: a mode of 3 is found as "3";
