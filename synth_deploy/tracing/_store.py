@@ -184,7 +184,7 @@ class TraceStore:
         now = _rows.iso(time.time()) or ""
         statements = [s for _, _, stmts in schema.migration_plan(current, columns, now)
                       for s in stmts]
-        if current >= 1:  # a store that holds sessions: say why opening it takes a while
+        if current >= 1:  # an existing store, maybe a large one: say why opening it waits
             logger.warning("%s: upgrading its trace schema from v%d to v%d, once (about 20 s "
                            "for a million sessions)", self.display, current,
                            schema.SCHEMA_VERSION)
