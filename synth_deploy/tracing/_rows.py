@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from synth_deploy.tracing._schema import METADATA_PATHS
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -43,7 +44,7 @@ _MESSAGE_ID = "(SELECT id FROM messages WHERE message_uid = ?)"
 
 _SESSION_COLS = ("session_id", "created_at", "num_timesteps", "num_events", "num_messages",
                  "metadata", "experiment_id", "app_id", "run_id", "status", "model_name",
-                 "seed", "total_reward", "mode", "split", "duration_s")
+                 "seed", "total_reward", *METADATA_PATHS)
 _STEP_COLS = ("session_id", "step_id", "step_index", "turn_number", "started_at",
               "completed_at", "num_events", "num_messages", "step_metadata")
 _EVENT_COLS = ("session_id", "timestep_id", "event_uid", "event_type", "system_instance_id",
@@ -118,11 +119,17 @@ def _json_value(value: Any) -> Any:
     return _json_value(json.loads(_json(value)))  # a tuple, a datetime: as the text holds it
 
 
-def _split(metadata: dict[str, Any]) -> Any:
-    request = metadata.get("request")
-    env = request.get("env") if isinstance(request, dict) else None
-    config = env.get("config") if isinstance(env, dict) else None
-    return _json_value(config.get("split")) if isinstance(config, dict) else None
+# The keys leading to each of `METADATA_PATHS` ("$.a.b": a, then b).
+_METADATA_KEYS = tuple(tuple(path[2:].split(".")) for path in METADATA_PATHS.values())
+
+
+def _metadata_value(metadata: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    value: Any = metadata
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return _json_value(value)
 
 
 def session_reward(session: SessionTrace) -> float | None:
@@ -154,8 +161,7 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
             sid, iso(s.created_at), len(s.timesteps), num_events, num_messages,
             _json(meta), s.experiment_id, meta.get("app_id"), meta.get("run_id"),
             meta.get("status"), meta.get("model"), seed if isinstance(seed, int) else None,
-            session_reward(s), _json_value(meta.get("mode")), _split(meta),
-            _json_value(meta.get("duration_s"))))
+            session_reward(s), *[_metadata_value(meta, keys) for keys in _METADATA_KEYS]))
         seen: set[str] = set()
         event_ids: dict[str, int] = {}
         message_ids: dict[str, int] = {}

@@ -134,6 +134,11 @@ _V2_AFTER_COLUMNS = (
 )
 
 
+# Where the version 7 columns come from in the metadata (our writer walks the same paths).
+METADATA_PATHS = {"mode": "$.mode", "split": "$.request.env.config.split",
+                  "duration_s": "$.duration_s"}
+
+
 # What each session column holds, derived from the row's metadata JSON and its outcome
 # rewards, as SQL over the table (or alias) ``q``. json_valid guards: json_extract raises on
 # one malformed text and would fail the whole statement.
@@ -164,9 +169,6 @@ def _derived(q: str) -> dict[str, str]:
     }
 
 
-# Where the version 7 columns come from in the metadata.
-METADATA_PATHS = {"mode": "$.mode", "split": "$.request.env.config.split",
-                  "duration_s": "$.duration_s"}
 _V2_FIELDS = ("app_id", "run_id", "status", "model_name", "seed", "total_reward")
 SESSION_FIELDS = (*_V2_FIELDS, *METADATA_PATHS)
 TRUSTED_COLUMNS_VERSION = 3
