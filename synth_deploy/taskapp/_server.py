@@ -73,6 +73,17 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class _EncodedJSON(Response):
+    """A 200 whose body is JSON already encoded. Its two headers are spelled out: `Response`
+    works them out for any media type and extra headers, half of building it (0.5 us)."""
+
+    media_type = "application/json"
+
+    def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
+        self.raw_headers = [(b"content-length", b"%d" % len(self.body)),
+                            (b"content-type", b"application/json")]
+
+
 def create_app(
     config: TaskAppConfig,
     *,
@@ -312,8 +323,7 @@ class _Rollouts:
             return error
         self.stats["rollouts"] += 1
         # Bytes straight from pydantic-core: no str round trip on the hot path.
-        return Response(result.__pydantic_serializer__.to_json(result),
-                        media_type="application/json")
+        return _EncodedJSON(result.__pydantic_serializer__.to_json(result))
 
     def _failure(self, exc: Exception, req: RolloutRequest, bound: float) -> JSONResponse:
         """A failed rollout's answer: 504 past its bound, 4xx for the client's mistake, 502

@@ -83,7 +83,7 @@ class CostLedger:
                 "wall_s": _rounded(self.wall_s, 1e6),
                 "by_model": {name: {"input_tokens": t.input_tokens,
                                     "output_tokens": t.output_tokens}
-                             for name, t in self.by_model.items()},
+                             for name, t in self.by_model.items()} if self.by_model else {},
                 "cost_usd": None if self.cost_usd is None else _rounded(self.cost_usd, 1e9)}
 
     @classmethod

@@ -30,6 +30,8 @@ def post(server, api_key, body, **kwargs):
 def test_rollout_answers_both_reward_spellings(toy, api_key):
     resp = post(toy, api_key, {"run_id": "r-7", "env": {"seed": 7}})
     assert resp.status_code == 200
+    assert resp.headers["content-type"] == "application/json"
+    assert int(resp.headers["content-length"]) == len(resp.content)
     body = resp.json()
     assert body["run_id"] == "r-7"
     m = body["metrics"]
