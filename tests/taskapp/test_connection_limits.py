@@ -175,6 +175,14 @@ def test_a_response_leaves_the_server_in_one_send(runner, monkeypatch):
     assert all(s.startswith(b"HTTP/1.1 200") and s.endswith(b"}") for s in sent)
 
 
+def test_a_response_names_no_server_software_and_keeps_its_date(runner):
+    resp = httpx.get(runner.url + "/health", timeout=5,
+                     headers={"X-API-Key": runner.settings.keys.primary})
+    assert resp.status_code == 200
+    assert "server" not in resp.headers
+    assert resp.headers["date"].endswith(" GMT")
+
+
 def test_a_streamed_response_goes_out_chunk_by_chunk(serve):
     # The second chunk is made only once the client holds the first: were writes held until
     # the response ends, neither would arrive.
