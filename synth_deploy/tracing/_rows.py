@@ -135,8 +135,8 @@ def _metadata_value(metadata: dict[str, Any], keys: tuple[str, ...]) -> Any:
 def session_reward(session: SessionTrace) -> float | None:
     if session.outcome_rewards:
         return session.outcome_rewards[-1].total_reward
-    metrics = session.metadata.get("metrics") or {}
-    value = metrics.get("outcome_reward")
+    metrics = session.metadata.get("metrics")
+    value = metrics.get("outcome_reward") if isinstance(metrics, dict) else None
     return float(value) if isinstance(value, int | float) else None
 
 

@@ -220,10 +220,14 @@ class SqliteBackend:
                 for sql, rows in insert_rows(sessions, next_ids):  # type: ignore[arg-type]
                     conn.executemany(sql, rows)
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except BaseException as exc:
+                # Whatever failed (SQLite, or a session whose rows cannot be built), the
+                # transaction ends here: left open, it would refuse every later write.
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise self._error(exc, "write") from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise self._error(exc, "write") from exc
+                raise
 
     def close(self) -> None:
         with self._lock:

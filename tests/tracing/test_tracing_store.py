@@ -140,6 +140,24 @@ def test_a_bad_session_fails_alone(tmp_path):
         assert store.count_sessions() == 1
 
 
+def test_a_session_whose_rows_cannot_be_built_fails_alone_and_later_writes_land(tmp_path):
+    # Such a session fails inside the write transaction: it must end there, or every
+    # later write is refused ("cannot start a transaction within a transaction").
+    bad = make_session(1)
+    bad.timesteps[0].timestamp = "yesterday"
+    odd = make_session(2)
+    odd.outcome_rewards = []  # the reward is then read from the metrics,
+    odd.metadata["metrics"] = "n/a"  # which are not an object: no reward, but stored
+
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        with pytest.raises(TypeError):
+            store.write_session_sync(bad)
+        store.write_session_sync(odd)
+        store.write_session_sync(make_session(3))
+        assert store.count_sessions() == 2
+        assert store.integrity_check() == "ok"
+
+
 def test_a_write_racing_close_is_refused_at_once(tmp_path):
     store = TraceStore(parse_trace_db(str(tmp_path / "t.db")), write_timeout_s=2.0)
     store.write_session_sync(make_session(0))  # the writer thread is running
