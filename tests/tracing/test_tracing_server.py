@@ -114,6 +114,25 @@ def test_a_stored_session_says_which_rollout_it_was_and_keeps_what_the_app_noted
     assert None not in metadata["metrics"].values()
 
 
+def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config, api_key,
+                                                  mock_policy):
+    async def failing(request, ctx):
+        raise RuntimeError("the board caught fire")
+
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        server = serve(create_app(dataclasses.replace(math_config, rollout=failing),
+                                  api_keys=[api_key], trace_store=store))
+        body = rollout_body("failed", 3, mock_policy.url + "/v1")
+        assert asyncio.run(fire(server.url, api_key, [body])) == [("failed", 500)]
+        [summary] = store.list_sessions(limit=None)
+        metadata = store.get_session(summary.session_id).metadata
+    assert (metadata["status"], metadata["run_id"], metadata["request"]) == (
+        "error", "failed", body)
+    assert metadata["error"]["code"] == "rollout_failed"
+    assert "the board caught fire" in metadata["error"]["message"]
+    assert "metrics" not in metadata
+
+
 def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, mock_policy,
                                                 tmp_path):
     store = open_trace_store(str(tmp_path / "t.db"))
