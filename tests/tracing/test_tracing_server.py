@@ -43,6 +43,16 @@ async def fire(url: str, key: str, bodies: list[dict], *, concurrency: int = 32
         return await asyncio.gather(*(one(b) for b in bodies))
 
 
+def one_stored_rollout(tmp_path, serve, config, api_key, body: dict, status: int) -> dict:
+    """Serve ``config`` tracing to a new store, send ``body`` (answered ``status``), and
+    return the metadata of the one session stored."""
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        server = serve(create_app(config, api_keys=[api_key], trace_store=store))
+        assert asyncio.run(fire(server.url, api_key, [body])) == [(body["run_id"], status)]
+        [summary] = store.list_sessions(limit=None)
+        return store.get_session(summary.session_id).metadata
+
+
 def test_concurrent_rollouts_through_a_served_app_all_land(tmp_path, serve, math_config,
                                                            api_key, mock_policy):
     path = tmp_path / "traces.db"
@@ -94,13 +104,9 @@ def test_a_stored_session_says_which_rollout_it_was_and_keeps_what_the_app_noted
         result = math_config.rollout(request, ctx)
         return await result if inspect.isawaitable(result) else result
 
-    with open_trace_store(str(tmp_path / "traces.db")) as store:
-        server = serve(create_app(dataclasses.replace(math_config, rollout=noting),
-                                  api_keys=[api_key], trace_store=store))
-        body = rollout_body("noted", 7, mock_policy.url + "/v1?cid=trace_noted")
-        assert asyncio.run(fire(server.url, api_key, [body])) == [("noted", 200)]
-        [summary] = store.list_sessions(limit=None)
-        metadata = store.get_session(summary.session_id).metadata
+    body = rollout_body("noted", 7, mock_policy.url + "/v1?cid=trace_noted")
+    metadata = one_stored_rollout(tmp_path, serve, dataclasses.replace(
+        math_config, rollout=noting), api_key, body, 200)
     assert {k: metadata[k] for k in ("app_id", "run_id", "mode", "seed", "env_name",
                                      "trace_correlation_id", "status")} == {
         "app_id": "math", "run_id": "noted", "mode": "eval", "seed": 7, "env_name": None,
@@ -119,13 +125,9 @@ def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config,
     async def failing(request, ctx):
         raise RuntimeError("the board caught fire")
 
-    with open_trace_store(str(tmp_path / "traces.db")) as store:
-        server = serve(create_app(dataclasses.replace(math_config, rollout=failing),
-                                  api_keys=[api_key], trace_store=store))
-        body = rollout_body("failed", 3, mock_policy.url + "/v1")
-        assert asyncio.run(fire(server.url, api_key, [body])) == [("failed", 500)]
-        [summary] = store.list_sessions(limit=None)
-        metadata = store.get_session(summary.session_id).metadata
+    body = rollout_body("failed", 3, mock_policy.url + "/v1")
+    metadata = one_stored_rollout(tmp_path, serve, dataclasses.replace(
+        math_config, rollout=failing), api_key, body, 500)
     assert (metadata["status"], metadata["run_id"], metadata["request"]) == (
         "error", "failed", body)
     assert metadata["error"]["code"] == "rollout_failed"
