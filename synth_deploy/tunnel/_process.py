@@ -87,6 +87,7 @@ class TunnelProcess:
         self._popen: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        self._drained = False  # an exited child's output has all been read (or given up on)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -182,7 +183,12 @@ class TunnelProcess:
             return None
 
     def logs(self, last: int | None = None) -> list[str]:
-        """The most recent log lines (secrets already redacted), oldest first."""
+        """The most recent log lines (secrets already redacted), oldest first. Once the child
+        has exited, they include its last lines: asked right after the exit, the reader may
+        not have taken them from the pipe yet (so an error said nothing was logged)."""
+        if not self._drained and self.returncode is not None and self._reader is not None:
+            self._reader.join(2.0)  # at EOF at once, unless a grandchild holds the pipe
+            self._drained = True
         with self._lock:
             lines = list(self._lines)
         return lines[-last:] if last else lines

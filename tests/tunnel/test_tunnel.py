@@ -176,6 +176,20 @@ def test_process_keeps_a_bounded_redacted_log_and_stops_a_silent_child():
     assert time.monotonic() - started < 4 and not silent.alive and silent.logs() == []
 
 
+def test_an_exited_childs_last_lines_are_in_its_logs_at_once():
+    # The reader is held after the first line while the child writes its last one and
+    # exits: asked right after the exit, the logs must hold it (an exit error quoted the
+    # logs, found nothing, and said cloudflared logged nothing).
+    def slow_reader(line):
+        if line == "first":
+            time.sleep(0.5)
+
+    script = "print('first', flush=True); print('last words', flush=True)"
+    with TunnelProcess([sys.executable, "-c", script], on_line=slow_reader) as proc:
+        assert proc.wait(10) == 0
+        assert proc.logs() == ["first", "last words"]
+
+
 def test_process_env_is_set_on_top_of_the_inherited_environment():
     script = "import os; print(os.environ.get('TUNNEL_EXTRA'), 'PATH' in os.environ)"
     with TunnelProcess([sys.executable, "-c", script], env={"TUNNEL_EXTRA": "yes"}) as proc:
