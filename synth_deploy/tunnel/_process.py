@@ -186,8 +186,10 @@ class TunnelProcess:
         """The most recent log lines (secrets already redacted), oldest first. Once the child
         has exited, they include its last lines: asked right after the exit, the reader may
         not have taken them from the pipe yet (so an error said nothing was logged)."""
-        if not self._drained and self.returncode is not None and self._reader is not None:
-            self._reader.join(2.0)  # at EOF at once, unless a grandchild holds the pipe
+        reader = self._reader
+        if not self._drained and self.returncode is not None and reader is not None \
+                and reader is not threading.current_thread():  # (an ``on_line`` asking)
+            reader.join(2.0)  # at EOF at once, unless a grandchild holds the pipe
             self._drained = True
         with self._lock:
             lines = list(self._lines)

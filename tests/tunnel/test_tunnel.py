@@ -190,6 +190,22 @@ def test_an_exited_childs_last_lines_are_in_its_logs_at_once():
         assert proc.logs() == ["first", "last words"]
 
 
+def test_an_on_line_callback_may_read_the_logs_after_the_exit():
+    seen = []
+
+    def on_line(line):  # runs on the reader thread, which must not wait for itself
+        deadline = time.monotonic() + 5
+        while proc.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(proc.logs())
+
+    script = "print('a', flush=True); print('b', flush=True)"
+    with TunnelProcess([sys.executable, "-c", script], on_line=on_line) as proc:
+        assert proc.wait(10) == 0
+        assert proc.logs() == ["a", "b"]
+    assert seen == [["a"], ["a", "b"]]
+
+
 def test_process_env_is_set_on_top_of_the_inherited_environment():
     script = "import os; print(os.environ.get('TUNNEL_EXTRA'), 'PATH' in os.environ)"
     with TunnelProcess([sys.executable, "-c", script], env={"TUNNEL_EXTRA": "yes"}) as proc:
