@@ -141,8 +141,8 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
                Column("steps", justify="right", optional=True),
                Column("events", justify="right", optional=True),
                Column("msgs", justify="right", optional=True)]
-    # 16 characters: ids are time-ordered (8 are the second), the other 8 tell apart the
-    # thousands of sessions a busy second holds, so `traces show` takes what is printed.
+    # 16 characters: ids are time-ordered (11 are the millisecond), the other 5 tell apart
+    # the sessions a busy millisecond holds, so `traces show` takes what is printed.
     cells = [[_esc(cell) for cell in (
         r.session_id[:16], r.created_at[5:19], r.app_id or "-", _num(r.seed), r.model or "-",
         r.status or "-", _num(r.total_reward), r.num_timesteps, r.num_events, r.num_messages)]

@@ -20,11 +20,17 @@ MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
 
 
 def _new_id() -> str:
-    # 32 hex digits, as before: the second it was made (8), then 96 random bits (24). Ids
-    # made close in time sort close, so a store's id indexes grow at their right edge
-    # instead of taking inserts all over a B-tree that outgrows the cache; and the first
-    # 12 digits still tell apart the sessions of one second.
-    return (int(time.time()) << 96 | _ids.getrandbits(96)).to_bytes(16, "big").hex()
+    # 32 hex digits: the millisecond it was made (11), then 84 random bits (21). Ids made
+    # close in time sort close, so a store's id indexes (sessions, event and message uids)
+    # grow at their right edge. With the second in front (as before), one second's ids were
+    # spread over that second's part of each index: a math-shaped session was written at
+    # 3,500/s, against 4,300/s now (paired, in process). The 16 digits `traces ls` prints
+    # keep 20 random bits past the millisecond, enough for a busy millisecond's sessions.
+    millis = time.time_ns() // 1_000_000 & _MILLIS_MASK
+    return (millis << 84 | _ids.getrandbits(84)).to_bytes(16, "big").hex()
+
+
+_MILLIS_MASK = (1 << 44) - 1  # 44 bits of milliseconds: the year 2527
 
 
 # Ids need to be unique, not secret: a generator of our own instead of os.urandom, whose

@@ -274,16 +274,19 @@ def test_scripts_blocking_writes_and_in_memory_stores_use_the_thread(tmp_path):
 
 def test_session_ids_are_time_ordered_and_keep_their_shape():
     ids = []
-    started = time.time()
-    while time.time() - started < 1.2:  # across at least one second boundary
+    started_ms = time.time_ns() // 1_000_000
+    for _ in range(60):  # across many milliseconds, and several ids in some of them
         ids.append(SessionTracer().session_id)
-        time.sleep(0.01)
+        if len(ids) % 3 == 0:
+            time.sleep(0.002)
+    ended_ms = time.time_ns() // 1_000_000
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
-    # later seconds sort later: the primary key index grows at its right edge
-    seconds = [int(i[:8], 16) for i in ids]
-    assert seconds == sorted(seconds) and seconds[-1] > seconds[0]
-    assert abs(seconds[0] - int(started)) <= 1
+    # ids made in a later millisecond sort later: the id indexes grow at their right edge,
+    # even within one second
+    millis = [int(i[:11], 16) for i in ids]
+    assert millis == sorted(millis) and millis[-1] - millis[0] >= 20
+    assert started_ms <= millis[0] and millis[-1] <= ended_ms
 
 
 def test_a_batch_is_one_cached_statement_a_table_with_parent_ids_in_the_rows(tmp_path):

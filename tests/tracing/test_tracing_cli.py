@@ -48,7 +48,7 @@ def test_ls_show_stats(tmp_path):
     assert len(rows) == 3 and rows[0]["app_id"] == "math"
     human = run("ls", "--trace-db", db)
     assert human.exit_code == 0 and sessions[0].session_id[:16] in human.stdout
-    # The 16 characters `ls` shows (ids are time-ordered: 8 of them are the second)
+    # The 16 characters `ls` shows (ids are time-ordered: 11 of them are the millisecond)
     shown = run("show", sessions[2].session_id[:16], "--json", "--trace-db", db)
     assert json.loads(shown.stdout)["session_id"] == sessions[2].session_id
     text = run("show", sessions[2].session_id, "--trace-db", db).stdout
