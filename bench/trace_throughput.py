@@ -1,11 +1,17 @@
 """What tracing costs a served task app: rollouts with tracing on vs off, in one run.
 
-    python bench/trace_throughput.py [--seconds 3] [--rounds 5] [--concurrency 32]
+    python bench/trace_throughput.py [--pairs 4] [--rounds 2] [--seconds 3] [--concurrency 32]
 
 Each app is served the way `synth-deploy serve` serves it (`LocalRunner`, uvicorn, its own
-process), once without a trace store and once writing every rollout to a fresh SQLite
-file; closed-loop clients in this process load both in alternating rounds, so noise hits
-both alike. Ratios are taken within a round, then the median over rounds.
+process), once without a trace store and once writing every rollout to one SQLite file;
+closed-loop clients in this process load both in alternating rounds, so noise hits both
+alike. Ratios are taken within a round, then the median over all rounds.
+
+The pair of servers is started afresh ``--pairs`` times, for ``--rounds`` rounds each: a
+process's own speed differs from one start to the next by a few percent (where its memory
+and hash tables fall), and one pair kept for every round made that luck the run's result
+(two identically configured traced servers measured 0.74x and 0.78x against the same
+untraced one, within one run).
 
 - trivial: a rollout that returns at once (tracing is all the work there is).
   Targets: throughput on/off >= 0.80x, p99 on/off <= 2.00x.
@@ -26,7 +32,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _harness import child_server, paired_cpu_ratio, paired_ratio, paired_rounds, print_rounds
+from _harness import (
+    LoadResult,
+    child_server,
+    paired_cpu_ratio,
+    paired_ratio,
+    paired_rounds,
+    print_rounds,
+)
 
 KEY = "sk_env_bench"
 
@@ -77,14 +90,18 @@ def math_body(inference_url: str):
 def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
             targets: str) -> tuple[float, float, int]:
     db = tmp / f"{name}.db"
-    with child_server(SERVE, ready_path="/", app=app, db="", key=KEY) as off, \
-            child_server(SERVE, ready_path="/", app=app, db=str(db), key=KEY) as on:
-        results = paired_rounds({"off": off, "on": on}, bodies, KEY, rounds=args.rounds,
-                                seconds=args.seconds, concurrency=args.concurrency)
+    results: dict[str, list[LoadResult]] = {"off": [], "on": []}
+    for _ in range(args.pairs):
+        with child_server(SERVE, ready_path="/", app=app, db="", key=KEY) as off, \
+                child_server(SERVE, ready_path="/", app=app, db=str(db), key=KEY) as on:
+            pair = paired_rounds({"off": off, "on": on}, bodies, KEY, rounds=args.rounds,
+                                 seconds=args.seconds, concurrency=args.concurrency)
+        for server, rounds in pair.items():
+            results[server] += rounds
     rate, p99 = paired_ratio(results, "on", "off")
     answered = sum(r.answered for r in results["on"])
-    print(f"{name}: tracing off vs on, {args.rounds} rounds of {args.seconds:g}s, "
-          f"{args.concurrency} connections")
+    print(f"{name}: tracing off vs on, {args.pairs} fresh pairs of servers x {args.rounds} "
+          f"rounds of {args.seconds:g}s, {args.concurrency} connections")
     print_rounds(results)
     print(f"  throughput on/off {rate:5.2f}x   p99 on/off {p99:5.2f}x   ({targets})")
     cpu = paired_cpu_ratio(results, "on", "off")
@@ -103,8 +120,9 @@ def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=4, help="server pairs, each started afresh")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per pair")
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--only", choices=("trivial", "math"))
     args = parser.parse_args()
