@@ -19,6 +19,9 @@ from typing import Any, Literal
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
 
 
+_MILLIS_MASK = (1 << 44) - 1  # 44 bits of milliseconds: the year 2527
+
+
 def _new_id() -> str:
     # 32 hex digits: the millisecond it was made (11), then 84 random bits (21). Ids made
     # close in time sort close, so a store's id indexes (sessions, event and message uids)
@@ -28,9 +31,6 @@ def _new_id() -> str:
     # keep 20 random bits past the millisecond, enough for a busy millisecond's sessions.
     millis = time.time_ns() // 1_000_000 & _MILLIS_MASK
     return (millis << 84 | _ids.getrandbits(84)).to_bytes(16, "big").hex()
-
-
-_MILLIS_MASK = (1 << 44) - 1  # 44 bits of milliseconds: the year 2527
 
 
 # Ids need to be unique, not secret: a generator of our own instead of os.urandom, whose
