@@ -360,6 +360,9 @@ class _Rollouts:
         return redact(text, self.secret_values + request_secrets)
 
 
+_STORED_METRICS_EXCLUDE = {"details": {"ledger"}}
+
+
 def _describe_session(session: SessionTrace, req: RolloutRequest, request_json: bytes,
                       result: RolloutResponse | None, error: JSONResponse | None,
                       elapsed: float, app_id: str, cid: str | None) -> None:
@@ -384,9 +387,15 @@ def _describe_session(session: SessionTrace, req: RolloutRequest, request_json: 
     session.metadata["request"] = request_record
     session.metadata["status"] = "ok" if result is not None else "error"
     if result is not None:
+        # All but the kit's cost ledger, which `ledger_of` derives from the stored session
+        # (its LM calls and duration): a third of a trivial rollout's metadata bytes, and
+        # stored bytes are what tracing costs most (traced throughput +4%, paired).
         metrics = result.metrics
-        session.metadata["metrics"] = metrics.__pydantic_serializer__.to_python(
-            metrics, mode="json", exclude_none=True)
+        stored = metrics.__pydantic_serializer__.to_python(
+            metrics, mode="json", exclude_none=True, exclude=_STORED_METRICS_EXCLUDE)
+        if not stored.get("details"):
+            stored.pop("details", None)
+        session.metadata["metrics"] = stored
     elif error is not None:
         session.metadata["error"] = json.loads(error.body)["detail"]["error"]
 

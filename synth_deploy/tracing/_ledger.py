@@ -7,7 +7,8 @@ time less LM time: the app's own work, never below zero). Ledgers add up, so a r
 is the sum of its rollouts'; `stored_ledger` sums a whole trace store in SQL.
 
 The dict form (`CostLedger.to_dict`) is what the server puts in a rollout's
-``metrics.details.ledger``, what the SFT export carries in each example's metadata and what
+``metrics.details.ledger`` (in the response; the stored session's metrics leave it out, as
+`ledger_of` gives it back), what the SFT export carries in each example's metadata and what
 ``--json`` prints; `CostLedger.from_dict` reads it back and tolerates anything.
 """
 

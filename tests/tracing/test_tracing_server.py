@@ -18,7 +18,7 @@ import pytest
 from processes import free_port, wait_until_up
 
 from synth_deploy.taskapp import RolloutRequest, create_app
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.tracing import ledger_of, open_trace_store
 
 
 def rollout_body(run_id: str, seed: int, inference_url: str) -> dict:
@@ -118,6 +118,30 @@ def test_a_stored_session_says_which_rollout_it_was_and_keeps_what_the_app_noted
     assert metadata["request"] == body
     assert RolloutRequest.model_validate(metadata["request"]).record.return_trace is False
     assert None not in metadata["metrics"].values()
+
+
+def test_the_stored_metrics_leave_out_the_ledger_the_stored_session_gives_back(
+        tmp_path, serve, math_config, api_key):
+    # The response states the kit's cost ledger; the stored session holds what it is made of.
+    async def priced(request, ctx):
+        ctx.tracer.record_lm_call(model_name="m", input_tokens=120, output_tokens=30,
+                                  latency_ms=25.0, cost_usd=0.002)
+        return {"run_id": request.run_id,
+                "metrics": {"outcome_reward": 1.0, "details": {"board": "clean"}}}
+
+    body = rollout_body("priced", 2, "http://127.0.0.1:9/v1")
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        server = serve(create_app(dataclasses.replace(math_config, rollout=priced),
+                                  api_keys=[api_key], trace_store=store))
+        answer = httpx.post(server.url + "/rollout", json=body, timeout=30,
+                            headers={"X-API-Key": api_key}).json()
+        [summary] = store.list_sessions(limit=None)
+        stored = store.get_session(summary.session_id)
+    stated = answer["metrics"]["details"]
+    assert stated["board"] == "clean" and stated["ledger"]["input_tokens"] == 120
+    assert stored.metadata["metrics"]["details"] == {  # the app's details and the tokens
+        k: v for k, v in stated.items() if k != "ledger"}
+    assert ledger_of(stored).to_dict() == stated["ledger"]
 
 
 def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config, api_key,
