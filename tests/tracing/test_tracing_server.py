@@ -18,7 +18,7 @@ import pytest
 from processes import free_port, wait_until_up
 
 from synth_deploy.taskapp import RolloutRequest, create_app
-from synth_deploy.tracing import ledger_of, open_trace_store
+from synth_deploy.tracing import SessionTrace, ledger_of, open_trace_store
 
 
 def rollout_body(run_id: str, seed: int, inference_url: str) -> dict:
@@ -43,14 +43,17 @@ async def fire(url: str, key: str, bodies: list[dict], *, concurrency: int = 32
         return await asyncio.gather(*(one(b) for b in bodies))
 
 
-def one_stored_rollout(tmp_path, serve, config, api_key, body: dict, status: int) -> dict:
+def one_stored_rollout(tmp_path, serve, config, api_key, body: dict, status: int
+                       ) -> tuple[dict, SessionTrace]:
     """Serve ``config`` tracing to a new store, send ``body`` (answered ``status``), and
-    return the metadata of the one session stored."""
+    return the answer's JSON and the one session stored."""
     with open_trace_store(str(tmp_path / "traces.db")) as store:
         server = serve(create_app(config, api_keys=[api_key], trace_store=store))
-        assert asyncio.run(fire(server.url, api_key, [body])) == [(body["run_id"], status)]
+        resp = httpx.post(server.url + "/rollout", json=body, timeout=30,
+                          headers={"X-API-Key": api_key})
+        assert resp.status_code == status
         [summary] = store.list_sessions(limit=None)
-        return store.get_session(summary.session_id).metadata
+        return resp.json(), store.get_session(summary.session_id)
 
 
 def test_concurrent_rollouts_through_a_served_app_all_land(tmp_path, serve, math_config,
@@ -105,8 +108,9 @@ def test_a_stored_session_says_which_rollout_it_was_and_keeps_what_the_app_noted
         return await result if inspect.isawaitable(result) else result
 
     body = rollout_body("noted", 7, mock_policy.url + "/v1?cid=trace_noted")
-    metadata = one_stored_rollout(tmp_path, serve, dataclasses.replace(
+    _, stored = one_stored_rollout(tmp_path, serve, dataclasses.replace(
         math_config, rollout=noting), api_key, body, 200)
+    metadata = stored.metadata
     assert {k: metadata[k] for k in ("app_id", "run_id", "mode", "seed", "env_name",
                                      "trace_correlation_id", "status")} == {
         "app_id": "math", "run_id": "noted", "mode": "eval", "seed": 7, "env_name": None,
@@ -130,13 +134,8 @@ def test_the_stored_metrics_leave_out_the_ledger_the_stored_session_gives_back(
                 "metrics": {"outcome_reward": 1.0, "details": {"board": "clean"}}}
 
     body = rollout_body("priced", 2, "http://127.0.0.1:9/v1")
-    with open_trace_store(str(tmp_path / "traces.db")) as store:
-        server = serve(create_app(dataclasses.replace(math_config, rollout=priced),
-                                  api_keys=[api_key], trace_store=store))
-        answer = httpx.post(server.url + "/rollout", json=body, timeout=30,
-                            headers={"X-API-Key": api_key}).json()
-        [summary] = store.list_sessions(limit=None)
-        stored = store.get_session(summary.session_id)
+    answer, stored = one_stored_rollout(tmp_path, serve, dataclasses.replace(
+        math_config, rollout=priced), api_key, body, 200)
     stated = answer["metrics"]["details"]
     assert stated["board"] == "clean" and stated["ledger"]["input_tokens"] == 120
     assert stored.metadata["metrics"]["details"] == {  # the app's details and the tokens
@@ -150,8 +149,9 @@ def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config,
         raise RuntimeError("the board caught fire")
 
     body = rollout_body("failed", 3, mock_policy.url + "/v1")
-    metadata = one_stored_rollout(tmp_path, serve, dataclasses.replace(
+    _, stored = one_stored_rollout(tmp_path, serve, dataclasses.replace(
         math_config, rollout=failing), api_key, body, 500)
+    metadata = stored.metadata
     assert (metadata["status"], metadata["run_id"], metadata["request"]) == (
         "error", "failed", body)
     assert metadata["error"]["code"] == "rollout_failed"
