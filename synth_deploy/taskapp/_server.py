@@ -437,13 +437,15 @@ def _completed(raw: Any, run_id: str, session: SessionTrace, *, wall_s: float,
         data = dict(raw or {})
         metrics = dict(data.get("metrics") or {})
     data["run_id"] = run_id  # the request's id, whatever the rollout said
-    data["metrics"] = metrics = _filled_metrics(metrics, session)
-    details = metrics.get("details")
-    if details is None or isinstance(details, dict):  # anything else fails validation below
-        metrics["details"] = {**(details or {}),
-                              "ledger": ledger_of(session, wall_s=wall_s).to_dict()}
+    data["metrics"] = _filled_metrics(metrics, session)
+    if metrics.get("details", {}) is None:  # said as none: the details the kit adds go in {}
+        del metrics["details"]
     correlate(data, cid, inference_url)
-    return _RESPONSE_VALIDATOR.validate_python(data)
+    response = _RESPONSE_VALIDATOR.validate_python(data)
+    # Added once validated: the kit's own figures need no checking (nor copying), and the
+    # validated details are a dict of the response's own.
+    response.metrics.details["ledger"] = ledger_of(session, wall_s=wall_s).to_dict()
+    return response
 
 
 def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str, Any]:

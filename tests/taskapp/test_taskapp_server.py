@@ -121,6 +121,20 @@ def test_an_exception_message_holding_the_key_is_redacted(serve, api_key):
     assert resp.status_code == 500 and api_key not in resp.text
 
 
+@pytest.mark.parametrize("details", [{"grader": "exact"}, None, "absent"])
+def test_the_kit_adds_its_ledger_to_whatever_details_the_rollout_gave(serve, api_key, details):
+    async def rollout(request, ctx):
+        metrics = {"episode_rewards": [1.0]}
+        if details != "absent":
+            metrics["details"] = details
+        return {"run_id": request.run_id, "metrics": metrics}
+
+    server = serve(create_app(toy_config(rollout), api_keys=[api_key]))
+    got = post(server, api_key, {"run_id": "d"}).json()["metrics"]["details"]
+    assert got.pop("ledger")["rollouts"] == 1
+    assert got == (details if isinstance(details, dict) else {})
+
+
 def test_malformed_rollout_result_is_500_with_field_paths(serve, api_key):
     async def bad(request, ctx):
         return {"run_id": request.run_id, "metrics": {"num_steps": "many"}}
