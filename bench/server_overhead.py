@@ -7,9 +7,12 @@ runs in its own process; they are loaded in alternating rounds within one run, s
 noise hits both, and the ratios are taken within a round, then the median over rounds.
 Rounds are short and many: this machine's speed drifts within seconds, and 15 rounds of 1 s
 put three runs' ratios within 0.03 of each other where 5 rounds of 3 s spread over 0.10.
+The two servers are started afresh ``--pairs`` times (as in `trace_throughput.py`): a
+process's speed differs by a few percent from one start to the next, and with one pair for
+a whole run that luck was the run's result (runs of one pair ranged from 0.88x to 0.95x).
 Targets: throughput kit/bare >= 0.90x, p99 kit/bare <= 1.30x.
 
-    python bench/server_overhead.py [--seconds 1] [--rounds 15] [--concurrency 32]
+    python bench/server_overhead.py [--pairs 5] [--rounds 6] [--seconds 1] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from _harness import (
+    LoadResult,
     child_server,
     fixed_body,
     paired_cpu_ratio,
@@ -61,20 +65,26 @@ BODY = {"run_id": "bench", "env": {"seed": 1, "config": {}}, "policy": {"policy_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--pairs", type=int, default=5, help="server pairs, each started afresh")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per pair")
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp) / "trivial_app.py"
         app.write_text(TRIVIAL_APP)
-        with child_server(SERVE, app=str(app), db="", key=KEY) as kit, \
-                child_server(BARE_SERVER, ready_path="/rollout", key=KEY) as bare:
-            results = paired_rounds({"kit": kit, "bare": bare}, fixed_body(BODY), KEY,
-                                    rounds=args.rounds, seconds=args.seconds,
-                                    concurrency=args.concurrency)
-    print(f"untraced trivial rollout, {args.rounds} rounds of {args.seconds:g}s, "
-          f"{args.concurrency} connections; body {len(json.dumps(BODY))} bytes")
+        results: dict[str, list[LoadResult]] = {"kit": [], "bare": []}
+        for _ in range(args.pairs):
+            with child_server(SERVE, app=str(app), db="", key=KEY) as kit, \
+                    child_server(BARE_SERVER, ready_path="/rollout", key=KEY) as bare:
+                pair = paired_rounds({"kit": kit, "bare": bare}, fixed_body(BODY), KEY,
+                                     rounds=args.rounds, seconds=args.seconds,
+                                     concurrency=args.concurrency)
+            for name, rounds in pair.items():
+                results[name] += rounds
+    print(f"untraced trivial rollout, {args.pairs} fresh pairs of servers x {args.rounds} "
+          f"rounds of {args.seconds:g}s, {args.concurrency} connections; body "
+          f"{len(json.dumps(BODY))} bytes")
     print_rounds(results)
     rate, p99 = paired_ratio(results, "kit", "bare")
     print(f"throughput kit/bare {rate:.2f}x (target >= 0.90x)   p99 kit/bare {p99:.2f}x "

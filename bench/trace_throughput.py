@@ -1,6 +1,6 @@
 """What tracing costs a served task app: rollouts with tracing on vs off, in one run.
 
-    python bench/trace_throughput.py [--pairs 4] [--rounds 2] [--seconds 3] [--concurrency 32]
+    python bench/trace_throughput.py [--pairs 6] [--rounds 2] [--seconds 3] [--concurrency 32]
 
 Each app is served the way `synth-deploy serve` serves it (`LocalRunner`, uvicorn, its own
 process), once without a trace store and once writing every rollout to one SQLite file;
@@ -120,7 +120,7 @@ def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=4, help="server pairs, each started afresh")
+    parser.add_argument("--pairs", type=int, default=6, help="server pairs, each started afresh")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per pair")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=32)
