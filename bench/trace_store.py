@@ -263,7 +263,7 @@ def export_vs_join(db: Path, tmp: Path, label: str) -> tuple[float, float, float
             pass
     # Twice each, in the order join, export, export, join: the machine's speed drifts over
     # the minutes this takes, and one of each in one order moved the 1M ratio between 1.15
-    # and 1.31 from run to run. The ratio is of the sums.
+    # and 1.31 from run to run. The ratio is of the means.
     seconds: dict[str, list[float]] = {"join": [], "export": []}
     peak_mb = {"join": 0.0, "export": 0.0}
     digests, lines = set(), 0

@@ -126,15 +126,14 @@ def test_the_kit_adds_its_ledger_to_whatever_details_the_rollout_gave(serve, api
     async def rollout(request, ctx):
         metrics = {"episode_rewards": [1.0]}
         if details != "absent":
-            metrics["details"] = details  # the same object every time: it must stay as it is
+            metrics["details"] = details
         return {"run_id": request.run_id, "metrics": metrics}
 
     server = serve(create_app(toy_config(rollout), api_keys=[api_key]))
-    for _ in range(2):
-        got = post(server, api_key, {"run_id": "d"}).json()["metrics"]["details"]
-        assert got.pop("ledger")["rollouts"] == 1
-        assert got == (details if isinstance(details, dict) else {})
-    assert details in ({"grader": "exact"}, None, "absent")
+    got = post(server, api_key, {"run_id": "d"}).json()["metrics"]["details"]
+    assert got.pop("ledger")["rollouts"] == 1
+    # Compared with the rollout's own object: a ledger written into it would show here.
+    assert got == (details if isinstance(details, dict) else {})
 
 
 def test_malformed_rollout_result_is_500_with_field_paths(serve, api_key):
