@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,6 +174,27 @@ def paired_rounds(servers: dict[str, str], bodies: Callable[[int], bytes], key: 
             load(url, bodies, key, seconds=0.5, concurrency=concurrency)
             results[name].append(load(url, bodies, key, seconds=seconds,
                                       concurrency=concurrency))
+    return results
+
+
+def rounds_on_fresh_servers(start: dict[str, Callable[[], AbstractContextManager[str]]],
+                            bodies: Callable[[int], bytes], key: str, *, pairs: int,
+                            rounds: int, seconds: float, concurrency: int
+                            ) -> dict[str, list[LoadResult]]:
+    """`paired_rounds` on ``pairs`` sets of servers, each set started afresh (``start``: a
+    name's server, as a context manager yielding its URL), the rounds of all sets together.
+
+    A process's speed differs by a few percent from one start to the next (where its memory
+    and hash tables fall): with one set for a whole run, that luck was the run's result.
+    """
+    results: dict[str, list[LoadResult]] = {name: [] for name in start}
+    for _ in range(pairs):
+        with ExitStack() as stack:
+            urls = {name: stack.enter_context(begin()) for name, begin in start.items()}
+            for name, measured in paired_rounds(urls, bodies, key, rounds=rounds,
+                                                seconds=seconds,
+                                                concurrency=concurrency).items():
+                results[name] += measured
     return results
 
 

@@ -7,9 +7,8 @@ runs in its own process; they are loaded in alternating rounds within one run, s
 noise hits both, and the ratios are taken within a round, then the median over rounds.
 Rounds are short and many: this machine's speed drifts within seconds, and 15 rounds of 1 s
 put three runs' ratios within 0.03 of each other where 5 rounds of 3 s spread over 0.10.
-The two servers are started afresh ``--pairs`` times (as in `trace_throughput.py`): a
-process's speed differs by a few percent from one start to the next, and with one pair for
-a whole run that luck was the run's result (runs of one pair ranged from 0.88x to 0.95x).
+The two servers are started afresh ``--pairs`` times (`rounds_on_fresh_servers`, as in
+`trace_throughput.py`): with one pair for a whole run, runs ranged from 0.88x to 0.95x.
 Targets: throughput kit/bare >= 0.90x, p99 kit/bare <= 1.30x.
 
     python bench/server_overhead.py [--pairs 5] [--rounds 6] [--seconds 1] [--concurrency 32]
@@ -20,16 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from _harness import (
-    LoadResult,
     child_server,
     fixed_body,
     paired_cpu_ratio,
     paired_ratio,
-    paired_rounds,
     print_rounds,
+    rounds_on_fresh_servers,
 )
 from trace_throughput import SERVE, TRIVIAL_APP
 
@@ -73,15 +72,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp) / "trivial_app.py"
         app.write_text(TRIVIAL_APP)
-        results: dict[str, list[LoadResult]] = {"kit": [], "bare": []}
-        for _ in range(args.pairs):
-            with child_server(SERVE, app=str(app), db="", key=KEY) as kit, \
-                    child_server(BARE_SERVER, ready_path="/rollout", key=KEY) as bare:
-                pair = paired_rounds({"kit": kit, "bare": bare}, fixed_body(BODY), KEY,
-                                     rounds=args.rounds, seconds=args.seconds,
-                                     concurrency=args.concurrency)
-            for name, rounds in pair.items():
-                results[name] += rounds
+        results = rounds_on_fresh_servers(
+            {"kit": partial(child_server, SERVE, app=str(app), db="", key=KEY),
+             "bare": partial(child_server, BARE_SERVER, ready_path="/rollout", key=KEY)},
+            fixed_body(BODY), KEY, pairs=args.pairs, rounds=args.rounds,
+            seconds=args.seconds, concurrency=args.concurrency)
     print(f"untraced trivial rollout, {args.pairs} fresh pairs of servers x {args.rounds} "
           f"rounds of {args.seconds:g}s, {args.concurrency} connections; body "
           f"{len(json.dumps(BODY))} bytes")

@@ -30,15 +30,15 @@ import json
 import sqlite3
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from _harness import (
-    LoadResult,
     child_server,
     paired_cpu_ratio,
     paired_ratio,
-    paired_rounds,
     print_rounds,
+    rounds_on_fresh_servers,
 )
 
 KEY = "sk_env_bench"
@@ -90,14 +90,11 @@ def math_body(inference_url: str):
 def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
             targets: str) -> tuple[float, float, int]:
     db = tmp / f"{name}.db"
-    results: dict[str, list[LoadResult]] = {"off": [], "on": []}
-    for _ in range(args.pairs):
-        with child_server(SERVE, ready_path="/", app=app, db="", key=KEY) as off, \
-                child_server(SERVE, ready_path="/", app=app, db=str(db), key=KEY) as on:
-            pair = paired_rounds({"off": off, "on": on}, bodies, KEY, rounds=args.rounds,
-                                 seconds=args.seconds, concurrency=args.concurrency)
-        for server, rounds in pair.items():
-            results[server] += rounds
+    results = rounds_on_fresh_servers(
+        {"off": partial(child_server, SERVE, ready_path="/", app=app, db="", key=KEY),
+         "on": partial(child_server, SERVE, ready_path="/", app=app, db=str(db), key=KEY)},
+        bodies, KEY, pairs=args.pairs, rounds=args.rounds, seconds=args.seconds,
+        concurrency=args.concurrency)
     rate, p99 = paired_ratio(results, "on", "off")
     answered = sum(r.answered for r in results["on"])
     print(f"{name}: tracing off vs on, {args.pairs} fresh pairs of servers x {args.rounds} "
