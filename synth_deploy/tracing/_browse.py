@@ -5,7 +5,8 @@ SQL, so a page of a million-session store costs an indexed query, never a full r
 only: nothing here writes to the store.
 
 Fields the store keeps as trusted columns (app, run, model, status, seed, reward, mode,
-split, duration, created) filter on their indexes; an error message lives in the session's
+split, duration, created) filter on indexes (from schema version 8, one index holds all but
+the run: a filter reads at most that index once); an error message lives in the session's
 metadata JSON and is read from it. A file opened read-only at an older schema (a synth-ai
 file) derives what its columns lack from the metadata: slower, the same answers.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing import _schema as schema
+from synth_deploy.tracing import _totals as totals
 from synth_deploy.tracing._store import TraceStore
 
 COUNT_CAP = 100_000
@@ -28,10 +30,12 @@ SAMPLE_FOR_CHOICES = 20_000
 _STORE_FIELDS = {"app": "app_id", "run": "run_id", "model": "model_name", "status": "status",
                  "seed": "seed", "reward": "total_reward", "mode": "mode", "split": "split",
                  "duration_s": "duration_s"}
-# Sort keys the table offers: each one an index walks in order (rowid breaks ties, and every
-# index holds it), so the first page of a million sessions never sorts them all.
+# Sort keys the table offers (rowid breaks ties, and every index holds it). A page's sessions
+# are picked by their rowids first, from what an index holds, and only those rows are read:
+# a sort the glance index holds but does not lead with (app, model) reads that index once
+# and keeps the best page, where picking from the rows would read all of them.
 _SORTS = {"created": ("created",), "reward": ("reward",), "app": ("app", "created"),
-          "model": ("model",), "run": ("run",)}
+          "model": ("model", "created"), "run": ("run",)}
 SORT_KEYS = tuple(_SORTS)
 
 
@@ -111,7 +115,7 @@ class SessionSql:
     """SQL expressions for the fields, as this store's columns allow."""
 
     def __init__(self, store: TraceStore) -> None:
-        self.query = store._db.query
+        self.query, self.rows = store._db.query, store._db.rows
         self.expr = {name: store._fields[column] for name, column in _STORE_FIELDS.items()}
         self.indexed = {name for name, column in _STORE_FIELDS.items()
                         if self.expr[name] == f"s.{column}"} | {"created"}
@@ -120,6 +124,11 @@ class SessionSql:
         # Before their columns (version 7), mode and split are indexed as expressions.
         if store.schema_version >= schema.INDEXED_METADATA_VERSION:
             self.indexed |= set(schema.FILTERED_METADATA)
+        # A reward range would make SQLite seek the reward index and read each row it finds
+        # (four times one pass over the glance index, for a third of a million sessions).
+        # As `+reward` no index serves it, and the glance index, which holds it, is read.
+        glance = store.schema_version >= schema.GLANCE_INDEX_VERSION
+        self.reward_bound = f"+{self.expr['reward']}" if glance else self.expr["reward"]
 
     def where(self, f: SessionFilter, *, extra: list[str] | None = None,
               params: list[Any] | None = None) -> tuple[str, list[Any], bool]:
@@ -136,7 +145,7 @@ class SessionSql:
                 on_json |= name not in self.indexed
         for op, value in ((">=", f.min_reward), ("<=", f.max_reward)):
             if value is not None:
-                clauses.append(f"{e['reward']} {op} ?")
+                clauses.append(f"{self.reward_bound} {op} ?")
                 values.append(float(value))
                 on_json |= "reward" not in self.indexed
         # synth-ai writes times as ISO text with a "T" (ours has a space), which sorts after
@@ -170,14 +179,15 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
     e = fields.expr
     clause, params, indexed = fields.where(where)
     order = "DESC" if descending else "ASC"
+    order_by = f"{', '.join(f'{e[name]} {order}' for name in _SORTS[sort])}, s.rowid {order}"
     rows = fields.query(
         f"SELECT s.session_id, s.created_at, {e['app']} AS app, {e['run']} AS run, "
         f"{e['model']} AS model, {e['seed']} AS seed, {e['status']} AS status, "
         f"{e['reward']} AS reward, {e['mode']} AS mode, {e['split']} AS split, "
         f"{e['duration_s']} AS duration_s, {e['error']} AS error, s.num_timesteps, "
-        f"s.num_events, s.num_messages FROM session_traces s{clause} "
-        f"ORDER BY {', '.join(f'{e[name]} {order}' for name in _SORTS[sort])}, s.rowid {order} "
-        "LIMIT ? OFFSET ?",
+        f"s.num_events, s.num_messages FROM session_traces s WHERE s.rowid IN "
+        f"(SELECT s.rowid FROM session_traces s{clause} ORDER BY {order_by} LIMIT ? OFFSET ?) "
+        f"ORDER BY {order_by}",
         params + [int(limit), int(offset)])
     if indexed:
         total = fields.query(f"SELECT COUNT(*) AS n FROM session_traces s{clause}",
@@ -220,14 +230,23 @@ def matching_session_ids(store: TraceStore, where: SessionFilter, *,
 
 
 def filter_choices(store: TraceStore, *, sample: int = SAMPLE_FOR_CHOICES) -> dict[str, Any]:
-    """Values to offer in the filters: every app, model, run, mode and split, one index seek
-    a value; on a file without those indexes, the values seen in the newest ``sample``."""
+    """Values to offer in the filters: every app, model, run, mode and split.
+
+    From the running totals, which group sessions by all but the run (schema version 8); by
+    one index seek a value where a field has an index of its own (the run; each filter
+    before version 8); on a file without those indexes, the values seen in the newest
+    ``sample``.
+    """
     fields = SessionSql(store)
     choices: dict[str, Any] = {}
     for name in ("app", "model", "run", "mode", "split"):
-        choices[name] = (_distinct_by_index(fields, fields.expr[name])
-                         if name in fields.indexed else
-                         _distinct_in_sample(fields, fields.expr[name], sample))
+        column = _STORE_FIELDS[name]
+        if store.schema_version >= totals.CHOICES_VERSION and column in totals.SESSION_KEYS:
+            choices[name] = [str(r[0]) for r in fields.rows(totals.choices(column))]
+        elif name in fields.indexed:
+            choices[name] = _distinct_by_index(fields, fields.expr[name])
+        else:
+            choices[name] = _distinct_in_sample(fields, fields.expr[name], sample)
     # Apart, MIN and MAX are one index seek each (together they would scan).
     one = lambda sql: fields.query(f"SELECT {sql} AS v FROM session_traces")[0]["v"]  # noqa: E731
     choices.update(sessions=int(one("COUNT(*)")), first_at=one("MIN(created_at)"),

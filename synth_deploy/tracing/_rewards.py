@@ -93,8 +93,9 @@ def _totals(fields: SessionSql, clause: str, params: list[Any]) -> dict[str, Any
         return q(f"SELECT COUNT(*) AS n, SUM({e['status']} = 'error') AS errors, "
                  f"COUNT({reward}) AS scored, AVG({reward}) AS mean, MIN({reward}) AS lo, "
                  f"MAX({reward}) AS hi FROM session_traces s{clause}", params)[0]
-    # Everything: each figure from the index made for it (a count of the smallest, errors by
-    # seeking the status index, rewards from the reward index) beats one pass decoding all.
+    # Everything: each figure from the index that holds it most cheaply (a count of the
+    # smallest, rewards from the reward index, errors from the glance index, or a status
+    # index before schema version 8) beats one pass decoding all.
     totals = q(f"SELECT COUNT({reward}) AS scored, AVG({reward}) AS mean "
                "FROM session_traces s")[0]
     for name, sql in (("n", "COUNT(*)"), ("lo", f"MIN({reward})"), ("hi", f"MAX({reward})")):
@@ -108,7 +109,11 @@ def _histogram(fields: SessionSql, clause: str, params: list[Any], lo: Any, hi: 
                ) -> list[dict[str, Any]]:
     if lo is None:
         return []
-    reward = fields.expr["reward"]
+    # With a filter, SQLite would walk the reward index for its order, reading every row to
+    # test the filter (0.48 s at a million sessions). As `+reward`, an expression no index
+    # orders, it reads the glance index, which holds the filter and the reward, and sorts
+    # (0.2 s).
+    reward = f"+{fields.expr['reward']}" if clause else fields.expr["reward"]
     scored = f"{clause} AND {reward} IS NOT NULL" if clause else f" WHERE {reward} IS NOT NULL"
     distinct = fields.query(f"SELECT {reward} AS v, COUNT(*) AS n FROM session_traces s"
                             f"{scored} GROUP BY v ORDER BY v LIMIT {MAX_BARS + 1}", params)
@@ -159,11 +164,13 @@ def _iso_of_julian(day: float) -> str:
 
 def _event_scores(fields: SessionSql, clause: str, params: list[Any]) -> list[dict[str, Any]]:
     # CROSS JOIN keeps the (sampled) sessions as the outer loop: each one seeks its rewards,
-    # instead of SQLite scanning every event reward and looking its session up.
+    # instead of SQLite scanning every event reward and looking its session up. They are
+    # picked by rowid (what the glance index holds), and only their rows read for the id.
     rows = fields.query(
         "SELECT er.reward_type AS reward_type, COUNT(*) AS n, AVG(er.reward_value) AS mean "
-        f"FROM (SELECT s.session_id FROM session_traces s{clause}) AS picked "
-        "CROSS JOIN event_rewards er ON er.session_id = picked.session_id "
+        f"FROM (SELECT s.rowid AS id FROM session_traces s{clause}) AS picked "
+        "CROSS JOIN session_traces t ON t.rowid = picked.id "
+        "CROSS JOIN event_rewards er ON er.session_id = t.session_id "
         "GROUP BY er.reward_type ORDER BY n DESC LIMIT 50", params)
     return [{"reward_type": r["reward_type"] or "", "events": r["n"], "mean": r["mean"]}
             for r in rows]

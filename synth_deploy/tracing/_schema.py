@@ -14,7 +14,9 @@ they cost the same at a million sessions as at ten; version 6 adds the events co
 Version 7 keeps mode, split and duration as columns too (filled by our writer and, for
 other writers' rows, by the version 3 triggers): the expression indexes and the totals
 parsed each new session's metadata JSON again and again (3 of the writer's 45 us of CPU
-per session), and a mode stored as a number could not be filtered on.
+per session), and a mode stored as a number could not be filtered on. Version 8 replaces
+the seven per-filter indexes of versions 4 and 7 with one that holds every filter's column
+(see `GLANCE_INDEX`), and indexes the run alone again.
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -30,7 +32,7 @@ from typing import Any
 
 from synth_deploy.tracing._totals import migration as totals_migration
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -124,10 +126,9 @@ _V2_AFTER_COLUMNS = (
               WHERE o.session_id = session_traces.session_id ORDER BY o.id DESC LIMIT 1),
             json_extract(metadata, '$.metrics.outcome_reward'))
       WHERE json_valid(COALESCE(metadata, '{}'))""",
-    "CREATE INDEX IF NOT EXISTS idx_session_app_created ON session_traces (app_id, created_at)",
+    # (It also indexed app · time and the model; version 8's glance index holds both.)
     "CREATE INDEX IF NOT EXISTS idx_session_run ON session_traces (run_id)",
     "CREATE INDEX IF NOT EXISTS idx_session_reward ON session_traces (total_reward)",
-    "CREATE INDEX IF NOT EXISTS idx_session_model ON session_traces (model_name)",
     "CREATE UNIQUE INDEX IF NOT EXISTS uq_event_uid ON events (event_uid)",
     "CREATE UNIQUE INDEX IF NOT EXISTS uq_message_uid ON messages (message_uid)",
     "CREATE INDEX IF NOT EXISTS idx_event_model ON events (model_name)",
@@ -248,27 +249,33 @@ _V3_STATEMENTS = (
 # metadata), columns from version 7.
 FILTERED_METADATA = ("mode", "split")
 INDEXED_METADATA_VERSION = 4
-# Each filter's index also holds what the glance aggregates (time, app, model, status,
-# reward; seed for per-seed comparisons), so a summary of a million filtered sessions reads
-# an index alone, never the rows. The wide indexes replace the narrow ones of version 2.
-_GLANCE = ("created_at", "app_id", "model_name", "status", "total_reward", "seed")
+
+# Version 8: one index holds every column the viewer filters and aggregates on, led by time.
+# A filtered page walks it newest first; a filtered count, glance or comparison reads it
+# alone, never the rows: at most one pass over it (0.1 s at a million sessions here), which
+# is what the unfiltered glance costs anyway. Versions 4 to 7 kept one such index per
+# filter, seven in all, and each rollout's commit rewrote three pages of every one of them:
+# traced rollouts ran at 0.72x of untraced with those, 0.82x with this one (paired, same
+# run). The run, unique to a rollout where a trainer sets it, gets a narrow index of its
+# own: it is looked up, not aggregated, and its inserts land anywhere in the index.
+GLANCE_INDEX_VERSION = 8
+GLANCE_INDEX = "idx_session_glance"
+GLANCE_COLUMNS = ("created_at", "app_id", "model_name", "status", "total_reward", "seed",
+                  "mode", "split")
+_PER_FILTER_INDEXES = tuple(f"idx_session_{name}_glance" for name in (
+    "created", "app", "model", "run", "status", "mode", "split"))
+# The narrow indexes the glance index covers: synth-ai's, and two version 2 made.
+_NARROW_V2_INDEXES = ("idx_session_created", "idx_session_app_created", "idx_session_model")
 
 
-def _wide(name: str, first: str, replaces: str | None = None) -> list[str]:
-    rest = ", ".join(c for c in _GLANCE if c != first)
-    drop = [f"DROP INDEX IF EXISTS {replaces}"] if replaces else []
-    return drop + [f"CREATE INDEX IF NOT EXISTS {name} ON {_T} ({first}, {rest})"]
-
-
-# (Version 4 also indexed mode and split as expressions; the step to version 7 that every
-# migration ends with replaces them, so they are no longer built on the way.)
-_V4_STATEMENTS = (
-    *_wide("idx_session_created_glance", "created_at", "idx_session_created"),
-    *_wide("idx_session_app_glance", "app_id", "idx_session_app_created"),
-    *_wide("idx_session_model_glance", "model_name", "idx_session_model"),
-    *_wide("idx_session_run_glance", "run_id", "idx_session_run"),
-    *_wide("idx_session_status_glance", "status"),
-)
+def _v8_statements() -> list[str]:
+    return [*(f"DROP INDEX IF EXISTS {name}" for name in (*_NARROW_V2_INDEXES,
+                                                          *_PER_FILTER_INDEXES)),
+            f"CREATE INDEX IF NOT EXISTS {GLANCE_INDEX} ON {_T} ({', '.join(GLANCE_COLUMNS)})",
+            f"CREATE INDEX IF NOT EXISTS idx_session_run ON {_T} (run_id)",
+            # Rebuilt grouped by every filter too (the filter values come from them), summing
+            # wall time from the duration column, with triggers that watch those columns.
+            *totals_migration()]
 
 
 def detect_version(tables: Sequence[str], versions: Sequence[int]) -> int | None:
@@ -301,10 +308,8 @@ def _v7_statements() -> list[str]:
         f"UPDATE {_T} SET ({columns}) = ({derived})",
         *(f"DROP TRIGGER IF EXISTS {name}" for name in _FILL_TRIGGERS),
         *_fill_triggers(SESSION_FIELDS),
-        *(sql for name in FILTERED_METADATA
-          for sql in _wide(f"idx_session_{name}_glance", name, f"idx_session_{name}_glance")),
-        # Rebuilt, summing wall time from the duration column, with triggers that watch it.
-        *totals_migration(),
+        # (The totals were rebuilt here, summing wall time from the duration column; the
+        # step to version 8 rebuilds them.)
     ]
 
 
@@ -328,9 +333,8 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     if current < 3:
         steps.append((3, "triggers keep the session columns filled for rows other writers add",
                       [(sql, ()) for sql in _V3_STATEMENTS]))
-    if current < 4:
-        steps.append((4, "indexes for the viewer: status, mode, split, app/model glance",
-                      [(sql, ()) for sql in _V4_STATEMENTS]))
+    if current < 4:  # its indexes are version 8's one now
+        steps.append((4, "indexes for the viewer: status, mode, split, app/model glance", []))
     if current < 5:
         steps.append((5, "running totals for traces stats, kept by triggers", []))
     if current < 6:
@@ -339,6 +343,9 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
         steps.append((7, "mode, split and duration as columns; totals read the duration",
                       _add_columns(V7_COLUMNS, current, columns)
                       + [(sql, ()) for sql in _v7_statements()]))
+    if current < 8:
+        steps.append((8, "one index for every filter the viewer offers; the run on its own",
+                      [(sql, ()) for sql in _v8_statements()]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -346,6 +353,7 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     return steps
 
 
-__all__ = ["FILTERED_METADATA", "INDEXED_METADATA_VERSION", "SCHEMA_VERSION", "SESSION_FIELDS",
+__all__ = ["FILTERED_METADATA", "GLANCE_INDEX", "GLANCE_INDEX_VERSION",
+           "INDEXED_METADATA_VERSION", "SCHEMA_VERSION", "SESSION_FIELDS",
            "V2_COLUMNS", "V7_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field",
            "migration_plan", "session_fields"]

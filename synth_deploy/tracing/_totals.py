@@ -1,14 +1,16 @@
 """Running totals for `traces stats`: as cheap to read at a million sessions as at ten.
 
-Two small tables, one row per (app, status) and one per LM model, kept in step by SQLite
-triggers with every insert, update and delete of a session row or an LM-call event, by
-whoever writes them (our writer, or synth-ai's tracer writing into a file we migrated).
-Schema version 5 created them; version 6 counts events too (so `stats` never counts the
-events table); version 7 sums wall time from the session's duration column, where it was
-parsed from the metadata JSON. The step to version 7 drops what an earlier step made,
-creates the tables, fills them from the rows already stored and adds the triggers, in one
-transaction. Files opened read-only below version 6 are summed from their rows instead: the
-same answers, slower.
+Two small tables, one row per group of sessions (app, status, model, mode and split) and
+one per LM model, kept in step by SQLite triggers with every insert, update and delete of a
+session row or an LM-call event, by whoever writes them (our writer, or synth-ai's tracer
+writing into a file we migrated). Schema version 5 created them; version 6 counts events
+too (so `stats` never counts the events table); version 7 sums wall time from the session's
+duration column, where it was parsed from the metadata JSON; version 8 groups by model,
+mode and split too, so the values the viewer's filters offer are read here (`choices`)
+rather than from an index per filter. The step to version 8 drops what an earlier step
+made, creates the tables, fills them from the rows already stored and adds the triggers, in
+one transaction. Files opened read-only below version 6 are summed from their rows instead:
+the same answers, slower.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 from synth_deploy.tracing._ledger import UNKNOWN_MODEL, CostLedger, ModelTokens
 
 TOTALS_VERSION = 6
+CHOICES_VERSION = 8  # the session totals name every filter value from here
+SESSION_KEYS = ("app_id", "status", "model_name", "mode", "split")
 SESSIONS = "synth_deploy_session_totals"
 MODELS = "synth_deploy_model_totals"
 
@@ -62,9 +66,9 @@ def keys_of(keys: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def _triggers() -> list[str]:
-    s_keys, m_keys = ("app_id", "status"), ("model",)
-    session_cols = "app_id, status, total_reward, num_timesteps, num_events, num_messages, " \
-                   "duration_s"
+    s_keys, m_keys = SESSION_KEYS, ("model",)
+    session_cols = ", ".join((*SESSION_KEYS, "total_reward", "num_timesteps", "num_events",
+                              "num_messages", "duration_s"))
     event_cols = "event_type, model_name, input_tokens, output_tokens, cost_usd, latency_ms, " \
                  "event_uid"
     lm_new, lm_old = "NEW.event_type = 'cais'", "OLD.event_type = 'cais'"
@@ -108,13 +112,16 @@ def migration() -> list[str]:
         *(f"DROP TRIGGER IF EXISTS synth_deploy_totals_{name}" for name in _TRIGGER_NAMES),
         f"DROP TABLE IF EXISTS {SESSIONS}",
         f"DROP TABLE IF EXISTS {MODELS}",
-        f"CREATE TABLE IF NOT EXISTS {SESSIONS} (app_id TEXT, status TEXT, sessions INTEGER "
-        "NOT NULL, timesteps INTEGER NOT NULL, events INTEGER NOT NULL, messages INTEGER NOT "
-        "NULL, reward_sum REAL NOT NULL, rewards INTEGER NOT NULL, wall_s REAL NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS {SESSIONS} (app_id TEXT, status TEXT, model_name TEXT, "
+        "mode TEXT, split TEXT, sessions INTEGER NOT NULL, timesteps INTEGER NOT NULL, events "
+        "INTEGER NOT NULL, messages INTEGER NOT NULL, reward_sum REAL NOT NULL, rewards "
+        "INTEGER NOT NULL, wall_s REAL NOT NULL)",
+        # The triggers find a session's group by its keys: a seek, however many groups.
+        f"CREATE INDEX IF NOT EXISTS {SESSIONS}_keys ON {SESSIONS} ({', '.join(SESSION_KEYS)})",
         f"CREATE TABLE IF NOT EXISTS {MODELS} (model TEXT, lm_calls INTEGER NOT NULL, "
         "input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, latency_sum REAL NOT "
         "NULL, latencies INTEGER NOT NULL, cost_usd REAL NOT NULL)",
-        f"INSERT INTO {SESSIONS} " + _groups("app_id, status", _SESSION_SUMS,
+        f"INSERT INTO {SESSIONS} " + _groups(", ".join(SESSION_KEYS), _SESSION_SUMS,
                                              "session_traces x"),
         f"INSERT INTO {MODELS} " + _groups("model_name", _MODEL_SUMS,
                                            "events x WHERE x.event_type = 'cais'"),
@@ -122,9 +129,16 @@ def migration() -> list[str]:
     ]
 
 
+def choices(field: str) -> str:
+    """The values of ``field`` (one of `SESSION_KEYS`) some stored session has, in order
+    (schema version `CHOICES_VERSION` on)."""
+    return (f"SELECT DISTINCT {field} AS v FROM {SESSIONS} WHERE sessions != 0 AND {field} "
+            f"IS NOT NULL ORDER BY v")
+
+
 def session_groups(fields: dict[str, str], version: int) -> str:
-    """Per (app_id, status): sessions, timesteps, events, messages, reward_sum, rewards,
-    wall_s (events: as the session rows count them)."""
+    """Per group (at least app_id and status): sessions, timesteps, events, messages,
+    reward_sum, rewards, wall_s (events: as the session rows count them)."""
     if version >= TOTALS_VERSION:
         return f"SELECT * FROM {SESSIONS} WHERE sessions != 0"
     # Older files: summed from the rows (their columns, or the metadata, as `fields` says).
@@ -165,5 +179,5 @@ def ledger(groups: list[dict[str, Any]], models: list[dict[str, Any]],
         cost_usd=cost_usd or None)
 
 
-__all__ = ["MODELS", "SESSIONS", "TOTALS_VERSION", "ledger", "migration", "model_groups",
-           "session_groups"]
+__all__ = ["CHOICES_VERSION", "MODELS", "SESSIONS", "SESSION_KEYS", "TOTALS_VERSION", "choices",
+           "ledger", "migration", "model_groups", "session_groups"]

@@ -35,6 +35,7 @@ from synth_deploy.tracing import (
     TraceStore,
     browse_sessions,
     export_sft,
+    filter_choices,
     open_trace_store,
     parse_trace_db,
     sft_examples,
@@ -406,6 +407,41 @@ def test_stats_come_from_running_totals_that_every_writer_keeps_right(tmp_path):
     assert totals.cost_usd == pytest.approx(24 * 0.001 - 0.001 + 0.03)
 
 
+def test_filter_values_come_from_the_totals_as_every_writer_leaves_them(tmp_path):
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
+        for i in range(6):
+            store.write_session_sync(make_session(i, app="math" if i % 3 else "other"))
+    raw = sqlite3.connect(path, isolation_level=None)  # synth-ai: insert, then the metadata
+    raw.execute("INSERT INTO session_traces (session_id, created_at, num_timesteps, num_events,"
+                " num_messages, metadata) VALUES ('theirs', '2025-01-01 00:00:00', 2, 0, 3, "
+                "'{\"app_id\": \"synth\"}')")
+    raw.execute("UPDATE session_traces SET metadata = '{\"app_id\": \"synth\", \"mode\": "
+                "\"eval\", \"model\": \"gpt\"}' WHERE session_id = 'theirs'")
+
+    def choices_both_ways() -> tuple[dict, dict]:
+        with open_trace_store(path, read_only=True) as store:
+            seen = statements_run(store)
+            kept = filter_choices(store)
+            assert not [sql for sql in seen if "FROM session_traces" in sql and any(
+                column in sql for column in ("app_id", "model_name", "mode", "split"))], \
+                "the values must come from the totals"
+            store.schema_version = 7  # what an older file gets: its rows, seeked or scanned
+            return kept, filter_choices(store)
+
+    kept, from_rows = choices_both_ways()
+    assert kept == from_rows and kept["app"] == ["math", "other", "synth"]
+    assert "eval" in kept["mode"] and "gpt" in kept["model"]
+    raw.execute("DELETE FROM session_traces WHERE app_id = 'other'")
+    raw.execute("UPDATE session_traces SET metadata = '{\"app_id\": \"synth\", \"model\": "
+                "\"gpt-2\"}' WHERE session_id = 'theirs'")
+    raw.execute("UPDATE session_traces SET mode = 'rl' WHERE session_id = 'theirs'")  # alone
+    raw.close()
+    kept, from_rows = choices_both_ways()
+    assert kept == from_rows and kept["app"] == ["math", "synth"]
+    assert "eval" not in kept["mode"] and "gpt" not in kept["model"] and "gpt-2" in kept["model"]
+
+
 V6_DUMP = Path(__file__).parent / "data" / "schema_v6.sql"
 
 
@@ -464,12 +500,15 @@ def test_a_version_6_file_keeps_its_answers_with_mode_split_and_duration_as_colu
             [r for r in before["rows"] if r["run_id"] not in odd_ones]
         assert after["total"] == before["total"]
     assert "theirs" in [r["session_id"] for r in migrated[1]["rows"]]  # synth-ai's row
-    assert "json_extract" not in index_sql(path, "idx_session_mode_glance")
     raw = sqlite3.connect(path, isolation_level=None)
     assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    # The per-filter indexes (on the metadata, here) are gone: the glance index holds them.
+    assert {name for (name,) in raw.execute(
+        "SELECT name FROM sqlite_master WHERE name LIKE 'idx_session_%'")} == {
+        "idx_session_glance", "idx_session_run", "idx_session_reward"}
     plan = " ".join(r[3] for r in raw.execute(
         "EXPLAIN QUERY PLAN SELECT COUNT(*) FROM session_traces WHERE split = 'test'"))
-    assert "idx_session_split_glance" in plan
+    assert "COVERING INDEX idx_session_glance" in plan
     # synth-ai keeps writing into the migrated file: its new rows get the columns too
     raw.execute("INSERT INTO session_traces (session_id, created_at, num_timesteps, num_events,"
                 " num_messages, metadata) VALUES ('later', '2025-10-10T09:00:00', 1, 0, 2, "
