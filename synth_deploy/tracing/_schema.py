@@ -252,12 +252,13 @@ INDEXED_METADATA_VERSION = 4
 
 # Version 8: one index holds every column the viewer filters and aggregates on, led by time.
 # A filtered page walks it newest first; a filtered count, glance or comparison reads it
-# alone, never the rows: at most one pass over it (0.1 s at a million sessions here), which
-# is what the unfiltered glance costs anyway. Versions 4 to 7 kept one such index per
+# alone, not the rows: at most one pass over it per query (0.1 s at a million sessions
+# here), which the unfiltered glance costs anyway. Versions 4 to 7 kept one such index per
 # filter, seven in all, and each rollout's commit rewrote three pages of every one of them:
-# traced rollouts ran at 0.72x of untraced with those, 0.82x with this one (paired, same
-# run). The run, unique to a rollout where a trainer sets it, gets a narrow index of its
-# own: it is looked up, not aggregated, and its inserts land anywhere in the index.
+# traced trivial rollouts ran at 0.72x and 0.82x of untraced with those, 0.82x and 0.92x
+# with this one (two paired runs). The run, unique to a rollout where a trainer sets it,
+# gets a narrow index of its own: it is looked up, not aggregated, and its inserts land
+# anywhere in the index.
 GLANCE_INDEX_VERSION = 8
 GLANCE_INDEX = "idx_session_glance"
 GLANCE_COLUMNS = ("created_at", "app_id", "model_name", "status", "total_reward", "seed",
