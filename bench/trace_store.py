@@ -12,8 +12,8 @@ records) and prints, measured in this run:
   process each; target: each under 1 s);
 - SFT export (`traces export`'s function) against a bare streaming join that writes the
   identical JSONL, on a 10k store and on the big one, twice each (join, export, export,
-  join): time ratio (target <= 1.3x) and the peak RSS of each (target: flat from 10k to
-  the big store).
+  join), with the store locked in memory: time ratio (target <= 1.3x) and the peak RSS of
+  each (target: flat from 10k to the big store).
 
 Generating a million sessions takes minutes; ``--store PATH`` keeps the big store there and
 reuses it on the next run (it only grows to ``--sessions``).
@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import sqlite3
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from synth_deploy.tracing import SessionTrace, SessionTracer, TraceStore, parse_trace_db
@@ -254,13 +258,50 @@ def sha(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
+@contextlib.contextmanager
+def held_in_memory(path: Path) -> Iterator[bool]:
+    """Keep ``path``'s pages in the page cache while the block runs: mapped and locked
+    (`mlock`). Yields False where locking is refused, having read the file once instead.
+
+    Both sides of a comparison should read the file from memory. Reading it once was not
+    enough here: this machine's kernel pages out what has not been touched for 6 s (DAMON,
+    up to 128 MB/s), so each pass over the 5 GB store read much of it from disk again, and
+    the 1M ratio moved between 1.18 and 1.37 over three runs of one commit.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    for name in ("mlock", "munlock", "munmap"):
+        getattr(libc, name).argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    mapped = addr not in (None, ctypes.c_void_p(-1).value)
+    locked = mapped and libc.mlock(addr, size) == 0
+    try:
+        if not locked:
+            with path.open("rb") as fh:
+                while fh.read(1 << 24):
+                    pass
+        yield locked
+    finally:
+        if locked:
+            libc.munlock(addr, size)
+        if mapped:
+            libc.munmap(addr, size)
+        os.close(fd)
+
+
 def export_vs_join(db: Path, tmp: Path, label: str) -> tuple[float, float, float]:
+    with held_in_memory(db) as locked:
+        if not locked:
+            print(f"  ({db.name}: could not lock it in memory; read once instead)")
+        return _export_vs_join(db, tmp, label)
+
+
+def _export_vs_join(db: Path, tmp: Path, label: str) -> tuple[float, float, float]:
     ours, bare = tmp / f"{label}-export.jsonl", tmp / f"{label}-join.jsonl"
-    # Both from a warm page cache: otherwise whichever runs first pays for reading the file
-    # from disk (at 1M sessions that alone moved the ratio from 1.28 to 0.95).
-    with db.open("rb") as fh:
-        while fh.read(1 << 24):
-            pass
     # Twice each, in the order join, export, export, join: the machine's speed drifts over
     # the minutes this takes, and one of each in one order moved the 1M ratio between 1.15
     # and 1.31 from run to run. The ratio is of the means.
