@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import hashlib
 import json
-import mmap
 import os
 import shutil
 import sqlite3
@@ -258,39 +256,48 @@ def sha(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
+# Maps the file and locks it in memory (`mlock`), says whether that worked, and holds it
+# until its stdin closes. A process of its own: a child forked from a process holding the
+# mapping would count its 5 GB in the peak RSS the bench reports.
+HOLD = """
+import ctypes, mmap, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+size = os.fstat(fd).st_size
+addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+locked = addr not in (None, ctypes.c_void_p(-1).value) and libc.mlock(addr, size) == 0
+print("locked" if locked else "refused", flush=True)
+sys.stdin.read()
+"""
+
+
 @contextlib.contextmanager
 def held_in_memory(path: Path) -> Iterator[bool]:
-    """Keep ``path``'s pages in the page cache while the block runs: mapped and locked
-    (`mlock`). Yields False where locking is refused, having read the file once instead.
+    """Keep ``path``'s pages in the page cache while the block runs, locked by a helper
+    process. Yields False where locking is refused, having read the file once instead.
 
     Both sides of a comparison should read the file from memory. Reading it once was not
     enough here: this machine's kernel pages out what has not been touched for 6 s (DAMON,
     up to 128 MB/s), so each pass over the 5 GB store read much of it from disk again, and
     the 1M ratio moved between 1.18 and 1.37 over three runs of one commit.
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    for name in ("mlock", "munlock", "munmap"):
-        getattr(libc, name).argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    size = path.stat().st_size
-    fd = os.open(path, os.O_RDONLY)
-    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    mapped = addr not in (None, ctypes.c_void_p(-1).value)
-    locked = mapped and libc.mlock(addr, size) == 0
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
     try:
+        locked = holder.stdout.readline().strip() == "locked"
         if not locked:
             with path.open("rb") as fh:
                 while fh.read(1 << 24):
                     pass
         yield locked
     finally:
-        if locked:
-            libc.munlock(addr, size)
-        if mapped:
-            libc.munmap(addr, size)
-        os.close(fd)
+        holder.stdin.close()
+        holder.wait(timeout=60)
 
 
 def export_vs_join(db: Path, tmp: Path, label: str) -> tuple[float, float, float]:
