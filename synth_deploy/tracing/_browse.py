@@ -124,11 +124,13 @@ class SessionSql:
         # Before their columns (version 7), mode and split are indexed as expressions.
         if store.schema_version >= schema.INDEXED_METADATA_VERSION:
             self.indexed |= set(schema.FILTERED_METADATA)
-        # A reward range would make SQLite seek the reward index and read each row it finds
-        # (four times one pass over the glance index, for a third of a million sessions).
-        # As `+reward` no index serves it, and the glance index, which holds it, is read.
+        # The reward as a filtered query reads it. SQLite would seek or walk the reward
+        # index for a reward range or order and read each row it finds to test the rest of
+        # the filter: four times one pass over the glance index for a third of a million
+        # sessions. As `+reward` no index serves it, and the glance index, which holds it
+        # with every filter's column, is read instead.
         glance = store.schema_version >= schema.GLANCE_INDEX_VERSION
-        self.reward_bound = f"+{self.expr['reward']}" if glance else self.expr["reward"]
+        self.filtered_reward = f"+{self.expr['reward']}" if glance else self.expr["reward"]
 
     def where(self, f: SessionFilter, *, extra: list[str] | None = None,
               params: list[Any] | None = None) -> tuple[str, list[Any], bool]:
@@ -145,7 +147,7 @@ class SessionSql:
                 on_json |= name not in self.indexed
         for op, value in ((">=", f.min_reward), ("<=", f.max_reward)):
             if value is not None:
-                clauses.append(f"{self.reward_bound} {op} ?")
+                clauses.append(f"{self.filtered_reward} {op} ?")
                 values.append(float(value))
                 on_json |= "reward" not in self.indexed
         # synth-ai writes times as ISO text with a "T" (ours has a space), which sorts after

@@ -109,11 +109,9 @@ def _histogram(fields: SessionSql, clause: str, params: list[Any], lo: Any, hi: 
                ) -> list[dict[str, Any]]:
     if lo is None:
         return []
-    # With a filter, SQLite would walk the reward index for its order, reading every row to
-    # test the filter (0.48 s at a million sessions). As `+reward`, an expression no index
-    # orders, it reads the glance index, which holds the filter and the reward, and sorts
-    # (0.2 s).
-    reward = f"+{fields.expr['reward']}" if clause else fields.expr["reward"]
+    # With a filter, walking the reward index for its order read every row (0.48 s at a
+    # million sessions); the filtered reward is read from the glance index and sorted (0.2 s).
+    reward = fields.filtered_reward if clause else fields.expr["reward"]
     scored = f"{clause} AND {reward} IS NOT NULL" if clause else f" WHERE {reward} IS NOT NULL"
     distinct = fields.query(f"SELECT {reward} AS v, COUNT(*) AS n FROM session_traces s"
                             f"{scored} GROUP BY v ORDER BY v LIMIT {MAX_BARS + 1}", params)
