@@ -437,9 +437,9 @@ def _completed(raw: Any, run_id: str, session: SessionTrace, *, wall_s: float,
         data = dict(raw or {})
         metrics = dict(data.get("metrics") or {})
     data["run_id"] = run_id  # the request's id, whatever the rollout said
-    data["metrics"] = _filled_metrics(metrics, session)
     if metrics.get("details", {}) is None:  # said as none: the details the kit adds go in {}
         del metrics["details"]
+    data["metrics"] = _filled_metrics(metrics, session)
     correlate(data, cid, inference_url)
     response = _RESPONSE_VALIDATOR.validate_python(data)
     # Added once validated: the kit's own figures need no checking (nor copying), and the
