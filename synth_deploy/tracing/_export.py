@@ -61,28 +61,30 @@ def sft_examples(session: SessionTrace) -> Iterator[dict[str, Any]]:
     fields = (meta.get("app_id"), meta.get("run_id"), meta.get("seed"), meta.get("model"))
     ledger = ledger_of(session).to_dict()
     for step in session.timesteps:
+        chat = [_chat(m.message_type, m.content, m.metadata) for m in step.messages
+                if m.message_type in _ROLES]
         example = _example(session.session_id, fields, reward, step.step_id,
-                           step.turn_number,
-                           [(m.message_type, m.content, m.metadata) for m in step.messages],
-                           lambda step=step: _tools_offered(step), ledger)
+                           step.turn_number, chat, _tools_offered(step), ledger)
         if example is not None:
             yield example
 
 
 def _example(session_id: str, fields: tuple[Any, Any, Any, Any], reward: float | None,
-             step_id: str, turn: int | None, messages: list[tuple[str, Any, dict[str, Any]]],
-             tools: Callable[[], list[Any] | None],
-             ledger: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """A timestep's example: its chat up to the last assistant reply (None without one, or
-    with nothing before it); ``messages`` as (type, content, metadata); ``ledger``: the
-    rollout's cost ledger (tokens, LM/environment/wall time), carried in the metadata."""
-    chat = [m for m in messages if m[0] in _ROLES]
-    last = max((i for i, m in enumerate(chat) if m[0] == "assistant"), default=None)
-    if last is None or not any(m[0] != "assistant" for m in chat[:last]):
-        return None
-    example: dict[str, Any] = {"messages": [_chat(*m) for m in chat[:last + 1]]}
-    if offered := tools():
-        example["tools"] = offered
+             step_id: str, turn: int | None, chat: list[dict[str, Any]],
+             tools: list[Any] | None, ledger: dict[str, Any] | None = None
+             ) -> dict[str, Any] | None:
+    """A timestep's example: its chat (`_chat` messages) up to the last assistant reply (None
+    without one, or with no prompt before it); ``tools``: what its policy call offered;
+    ``ledger``: the rollout's cost ledger (tokens, LM/environment/wall time), carried in
+    the metadata."""
+    last = len(chat) - 1
+    while last >= 0 and chat[last]["role"] != "assistant":
+        last -= 1
+    if last < 1 or not any(message["role"] != "assistant" for message in chat[:last]):
+        return None  # no reply, or nothing it replied to
+    example: dict[str, Any] = {"messages": chat if last == len(chat) - 1 else chat[:last + 1]}
+    if tools:
+        example["tools"] = tools
     app_id, run_id, seed, model = fields
     example["metadata"] = {"session_id": session_id, "app_id": app_id, "run_id": run_id,
                            "seed": seed, "model": model, "turn": turn, "step_id": step_id,
@@ -128,14 +130,13 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
         path.parent.mkdir(parents=True, exist_ok=True)
         with tmp.open("w", encoding="utf-8") as fh:
             for page in _pages(store, selection):
-                for session_id, fields, reward, steps, tools, ledger in page:
+                for session_id, fields, reward, steps, ledger in page:
                     if limit is not None and examples >= limit:
                         break
                     wrote = 0
-                    for step_key, step_id, turn, messages in steps:
-                        example = _example(session_id, fields, reward, step_id, turn, messages,
-                                           lambda key=step_key, offered=tools: offered.get(key),
-                                           ledger)
+                    for step_id, turn, chat, offered in steps:
+                        example = _example(session_id, fields, reward, step_id, turn, chat,
+                                           offered, ledger)
                         if example is None:
                             continue
                         fh.write(_ENCODE(example) + "\n")
@@ -162,13 +163,12 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
                         skipped_sessions=skipped, seconds=time.perf_counter() - started)
 
 
-Page = list[tuple[str, tuple[Any, Any, Any, Any], float | None, list[Any], dict[Any, Any],
-                 dict[str, Any]]]
+Page = list[tuple[str, tuple[Any, Any, Any, Any], float | None, list[Any], dict[str, Any]]]
 
 
 def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterator[Page]:
     """The selected sessions, a page at a time: (id, (app, run, seed, model), reward,
-    [(step key, step id, turn, [(type, content, metadata)])], {step key: tools}, ledger)."""
+    [(step id, turn, [chat message], tools offered)], ledger)."""
     if selection is None:
         return
     clause, params = selection
@@ -198,7 +198,6 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
     marks = ", ".join("?" * len(ids))
     roles = ", ".join(f"'{role}'" for role in _ROLES)
     steps: dict[str, dict[Any, tuple[Any, ...]]] = {sid: {} for sid in ids}
-    # Tuples, not dicts: a page holds thousands of messages.
     for sid, step_key, step_id, step_index, turn, kind, content, meta in rows_of(
             "SELECT m.session_id, t.id, t.step_id, t.step_index, t.turn_number, "
             "m.message_type, m.content, m.metadata FROM messages m LEFT JOIN "
@@ -214,8 +213,8 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
             order = (0, step_index, step_key) if step_key is not None else (1, 0, 0)
             step = steps[sid][step_key] = (
                 order, step_id if step_key is not None else _ORPHAN_STEP, turn, [])
-        step[3].append((kind, content, metadata))
-    tools: dict[str, dict[Any, Any]] = {sid: {} for sid in ids}
+        step[3].append(_chat(kind, content, metadata))
+    tools: dict[tuple[str, Any], Any] = {}
     # Only events whose call records mention tools are parsed, and by SQLite: the records
     # hold whole requests. The last record of the last event that offered tools wins.
     for e in query(
@@ -224,7 +223,7 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
             "json_each(CASE WHEN json_valid(e.call_records) THEN e.call_records ELSE '[]' END)"
             f" r WHERE e.session_id IN ({marks}) AND e.call_records LIKE '%\"tools\"%' AND "
             "json_type(r.value, '$.request.tools') = 'array' ORDER BY e.id, r.key", ids):
-        tools[e["session_id"]][e["step"]] = e["tools"]
+        tools[e["session_id"], e["step"]] = e["tools"]
     lm_calls: dict[str, list[tuple[Any, ...]]] = {sid: [] for sid in ids}
     for sid, *by_model in rows_of(
             "SELECT session_id, model_name, COUNT(*), SUM(input_tokens), SUM(output_tokens), "
@@ -239,18 +238,25 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
         reward = outcome
         if reward is None and isinstance(metric, int | float):
             reward = float(metric)
-        ordered = sorted(steps[sid].items(), key=lambda item: item[1][0])
-        offered = {key: _flat_tools(json.loads(text)) for key, text in tools[sid].items()}
+        found = steps[sid]
+        ordered = sorted(found.items(), key=lambda item: item[1][0]) if len(found) > 1 \
+            else found.items()
         page.append((sid, (app_id, run_id, seed, model), reward,
-                     [(key, step_id, turn, msgs) for key, (_, step_id, turn, msgs) in ordered],
-                     offered, ledger_from_rows(lm_calls[sid], wall_s).to_dict()))
+                     [(step_id, turn, chat, _offered(tools, sid, key))
+                      for key, (_, step_id, turn, chat) in ordered],
+                     ledger_from_rows(lm_calls[sid], wall_s).to_dict()))
     return page
 
 
-def _flat_tools(tools: list[Any]) -> list[Any]:
+def _offered(tools: dict[tuple[str, Any], Any], session_id: str, step_key: Any
+             ) -> list[Any] | None:
+    """The tools a stored step's policy call offered (``tools``: JSON text by session and
+    step), in the flat form; None where it offered none."""
+    if not tools or (text := tools.get((session_id, step_key))) is None:
+        return None
     from synth_deploy.train import flat_tools  # the SFT format's owner
 
-    return flat_tools(tools)
+    return flat_tools(json.loads(text))
 
 
 def _content(content: Any) -> Any:
@@ -259,7 +265,8 @@ def _content(content: Any) -> Any:
 
 def _chat(message_type: str, content: Any, metadata: dict[str, Any]) -> dict[str, Any]:
     """A recorded message as an OpenAI chat message, tool calls and tool call ids included."""
-    out = {"role": _ROLES[message_type], "content": _content(content)}
+    out = {"role": _ROLES[message_type],
+           "content": content if type(content) is str else _content(content)}
     if metadata:
         for name in ("tool_calls", "tool_call_id", "name"):
             if metadata.get(name):
