@@ -10,7 +10,7 @@ from test_tracing_server import fire, rollout_body
 
 from synth_deploy.errors import UsageError
 from synth_deploy.taskapp import create_app
-from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store
+from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store, sft_examples
 from synth_deploy.train import validate_sft_file
 
 
@@ -86,3 +86,32 @@ def test_message_metadata_that_is_not_an_object_is_read_as_none(tmp_path):
     example = json.loads(out.read_text())
     assert example["messages"] == [{"role": "user", "content": "2+2?"},
                                    {"role": "assistant", "content": "4"}]
+
+
+def test_an_example_ends_at_the_last_reply_and_needs_a_prompt_before_it(tmp_path):
+    # Each timestep is one candidate example; the stored (paged) export and the in-memory
+    # `sft_examples` must cut them alike.
+    steps = {
+        "reply-only": [("assistant", "hi")],
+        "reply-first": [("assistant", "hi"), ("user", "and?")],
+        "prompt-only": [("system", "be brief"), ("user", "2+2?")],
+        "trailing-prompt": [("system", "be brief"), ("user", "2+2?"), ("assistant", "4"),
+                            ("user", "sure?")],
+        "two-replies": [("user", "2+2?"), ("assistant", "4"), ("assistant", "yes, 4")],
+    }
+    tracer = SessionTracer(metadata={"app_id": "x", "status": "ok"})
+    for step_id, messages in steps.items():
+        tracer.start_timestep(step_id)
+        for role, text in messages:
+            tracer.record_message(role, text)
+    session = tracer.finish()
+    in_memory = list(sft_examples(session))
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        store.write_session_sync(session)
+        out = tmp_path / "sft.jsonl"
+        assert export_sft(store, out).examples == 2
+    stored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert stored == in_memory
+    assert [(e["metadata"]["step_id"], [m["content"] for m in e["messages"]])
+            for e in stored] == [("trailing-prompt", ["be brief", "2+2?", "4"]),
+                                 ("two-replies", ["2+2?", "4", "yes, 4"])]
