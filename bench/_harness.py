@@ -221,9 +221,11 @@ def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,
 def print_rounds(results: dict[str, list[LoadResult]]) -> None:
     """One line per round: each server's throughput, p99 and CPU per request (µs)."""
     names = list(results)
-    print("  round" + "".join(f"{n + ' req/s':>13}{'p99 ms':>9}{'cpu µs':>8}" for n in names))
+    widths = [max(13, len(n) + 8) for n in names]  # a long name keeps a space before it
+    print("  round" + "".join(f"{n + ' req/s':>{w}}{'p99 ms':>9}{'cpu µs':>8}"
+                              for n, w in zip(names, widths, strict=True)))
     for i in range(len(results[names[0]])):
-        row = (results[n][i] for n in names)
+        row = zip((results[n][i] for n in names), widths, strict=True)
         print(f"  {i + 1:>5}" + "".join(
-            f"{r.rate:>13.0f}{r.p99_ms:>9.2f}"
-            f"{'-' if r.cpu_us is None else format(r.cpu_us, '.0f'):>8}" for r in row))
+            f"{r.rate:>{w}.0f}{r.p99_ms:>9.2f}"
+            f"{'-' if r.cpu_us is None else format(r.cpu_us, '.0f'):>8}" for r, w in row))

@@ -14,8 +14,8 @@ Targets: throughput kit/bare >= 0.90x, p99 kit/bare <= 1.30x.
 A third server, "checked", is the bare endpoint validating the request and the response with
 the protocol's own models (pydantic-core, as the kit does), so the run also says how much of
 the gap is the price of checking the wire protocol and how much is the kit's. Instruction
-counts cannot say it (`server_instructions.py`: kit and bare run the same number); in time,
-pydantic-core's code costs in cache misses what its instructions do not show.
+counts cannot say it: `server_instructions.py` counts the kit and bare at the same number
+per request, yet the kit takes more CPU time for them.
 
     python bench/server_overhead.py [--pairs 5] [--rounds 6] [--seconds 1] [--concurrency 32]
 """
