@@ -259,14 +259,11 @@ def _offered(tools: dict[tuple[str, Any], Any], session_id: str, step_key: Any
     return flat_tools(json.loads(text))
 
 
-def _content(content: Any) -> Any:
-    return content if isinstance(content, str | list | dict) or content is None else str(content)
-
-
 def _chat(message_type: str, content: Any, metadata: dict[str, Any]) -> dict[str, Any]:
     """A recorded message as an OpenAI chat message, tool calls and tool call ids included."""
-    out = {"role": _ROLES[message_type],
-           "content": content if type(content) is str else _content(content)}
+    if not isinstance(content, str | list | dict) and content is not None:
+        content = str(content)  # a number or bytes, as another writer may have stored it
+    out = {"role": _ROLES[message_type], "content": content}
     if metadata:
         for name in ("tool_calls", "tool_call_id", "name"):
             if metadata.get(name):
