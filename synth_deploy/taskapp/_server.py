@@ -67,7 +67,8 @@ _RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
 class TraceSink(Protocol):
     """Where finished rollout sessions go; `write_session` returns once the data is durable."""
 
-    async def write_session(self, session: SessionTrace) -> None: ...
+    async def write_session(self, session: SessionTrace, *, more_coming: bool = False
+                            ) -> None: ...
 
 
 class _BodyTooLarge(Exception):
@@ -314,7 +315,9 @@ class _Rollouts:
                 logger.exception("live export of rollout %s failed", req.run_id)
         if trace_store is not None:
             try:
-                await trace_store.write_session(session)
+                # Other rollouts still running: their sessions can share this commit.
+                await trace_store.write_session(session,
+                                                more_coming=self.stats["in_flight"] > 1)
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails.
                 logger.exception("trace write failed for rollout %s", req.run_id)

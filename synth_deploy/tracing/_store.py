@@ -200,14 +200,18 @@ class TraceStore:
 
     # -- writes ---------------------------------------------------------------------------
 
-    async def write_session(self, session: SessionTrace) -> None:
-        """Store ``session``; returns once it is committed. Safe from many coroutines."""
+    async def write_session(self, session: SessionTrace, *, more_coming: bool = False) -> None:
+        """Store ``session``; returns once it is committed. Safe from many coroutines.
+
+        ``more_coming``: other writes follow soon (a server with rollouts still running).
+        The writer process may then wait up to 10 ms for them, to commit them together.
+        """
         loop = asyncio.get_running_loop()
         child = self._loop_writers.get(loop)
         if child is not None and not child.alive:
             child = self.use_writer_process()
         if child is not None and child.ready:
-            future = child.submit(session)
+            future = child.submit(session, more_coming)
         else:  # no child, or one still starting: this process's writer thread commits it
             future = loop.create_future()  # settled with one thread-safe call per batch
             self._submit(session, (loop, future))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import json
 import os
 import pickle
@@ -17,6 +18,7 @@ import sqlite3
 import struct
 import subprocess
 import sys
+import termios
 import time
 from datetime import datetime
 from pathlib import Path
@@ -154,42 +156,81 @@ def test_what_the_writer_process_stores_reads_back_as_written(tmp_path):
             assert_same(store.get_session(session.session_id).to_dict(), session.to_dict())
 
 
-@pytest.mark.parametrize(("waiting", "slices"), [(40, [20, 20]), (20, [12, 8]), (5, [5])])
-def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_path, waiting,
-                                                                             slices):
-    # Its pipe protocol as the module documents it: frames of a 4-byte little-endian length
-    # and a pickle of [(seq, session), ...], answered with frames of [(seq, error), ...].
-    def frame(payload) -> bytes:
-        data = pickle.dumps(payload)
-        return struct.pack("<I", len(data)) + data
+def frame(payload) -> bytes:
+    """The writer child's pipe protocol as its module documents it: a 4-byte little-endian
+    length and a pickle; the server sends (more_coming, [(seq, session), ...]), the child
+    answers [(seq, error), ...]."""
+    data = pickle.dumps(payload)
+    return struct.pack("<I", len(data)) + data
 
-    def read_frame(pipe):
-        head = pipe.read(4)
-        if not head:
-            return None
-        return pickle.loads(pipe.read(struct.unpack("<I", head)[0]))
 
-    path = tmp_path / "t.db"
+def read_frame(pipe):
+    head = pipe.read(4)
+    if not head:
+        return None
+    return pickle.loads(pipe.read(struct.unpack("<I", head)[0]))
+
+
+def unread_bytes(fd: int) -> int:
+    """Bytes in the pipe ``fd`` belongs to, not yet read from it."""
+    count = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return int.from_bytes(count, sys.byteorder)
+
+
+def writer_answers(path: Path, send) -> list[list[int]]:
+    """Run a writer child for ``path``, call ``send(stdin)``, close its input; the seqs of
+    each frame it answered (all without error)."""
     open_trace_store(path).close()
     child = subprocess.Popen([sys.executable, "-m", "synth_deploy.tracing._writer", str(path)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert read_frame(child.stdout) == []  # ready
-        child.stdin.write(frame([(seq, make_session(seq)) for seq in range(waiting)]))
-        child.stdin.close()  # one frame, as when that many clients wait at once
+        send(child.stdin)
+        child.stdin.close()
         answers = []
         while (acks := read_frame(child.stdout)) is not None:
-            answers.append(acks)
+            assert [error for _, error in acks] == [None] * len(acks)
+            answers.append([seq for seq, _ in acks])
         assert child.wait(30) == 0
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+    return answers
+
+
+@pytest.mark.parametrize(("waiting", "slices"), [(40, [20, 20]), (20, [12, 8]), (5, [5])])
+def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_path, waiting,
+                                                                             slices):
+    path = tmp_path / "t.db"
+
+    def send(stdin):  # one frame, as when that many clients wait at once
+        stdin.write(frame((False, [(seq, make_session(seq)) for seq in range(waiting)])))
+
+    answers = writer_answers(path, send)
     assert [len(acks) for acks in answers] == slices
-    assert [seq for acks in answers for seq, error in acks if error is None] == \
-        list(range(waiting))
+    assert [seq for acks in answers for seq in acks] == list(range(waiting))
     with open_trace_store(path) as store:
         assert store.count_sessions() == waiting
+
+
+@pytest.mark.parametrize(("more_coming", "commits"), [(True, [[0, 1, 2, 3, 4, 5]]),
+                                                      (False, [[0, 1, 2], [3, 4, 5]])])
+def test_the_writer_waits_a_moment_for_the_sessions_of_rollouts_still_running(
+        tmp_path, more_coming, commits):
+    # The second frame comes 3 ms after the child has read the first. Told that more are
+    # coming, it waits for them (up to 10 ms) and commits all in one transaction; otherwise
+    # it commits what it has at once.
+    def send(stdin):
+        stdin.write(frame((more_coming, [(seq, make_session(seq)) for seq in range(3)])))
+        stdin.flush()
+        while unread_bytes(stdin.fileno()):  # until the child has taken the first frame
+            time.sleep(0.0001)
+        time.sleep(0.003)
+        stdin.write(frame((False, [(seq, make_session(seq)) for seq in range(3, 6)])))
+
+    assert writer_answers(tmp_path / "t.db", send) == commits
 
 
 def test_a_steady_stream_of_commits_keeps_the_wal_bounded_and_a_reader_never_stalls_it(

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from processes import free_port, wait_until_up
 
-from synth_deploy.taskapp import RolloutRequest, create_app
+from synth_deploy.taskapp import RolloutRequest, TaskApp, create_app
 from synth_deploy.tracing import SessionTrace, ledger_of, open_trace_store
 
 
@@ -157,6 +157,35 @@ def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config,
     assert metadata["error"]["code"] == "rollout_failed"
     assert "the board caught fire" in metadata["error"]["message"]
     assert "metrics" not in metadata
+
+
+def test_a_session_written_while_other_rollouts_run_says_more_are_coming(serve, api_key):
+    # Seeds 0-2 run together: 0 finishes first, 2 last. The writer may wait a moment for the
+    # sessions still to come (to commit them together), never for none.
+    written: dict[int, bool] = {}
+
+    class Sink:
+        async def write_session(self, session, *, more_coming=False):
+            written[session.metadata["seed"]] = more_coming
+
+    app = TaskApp("gate", name="gate", description="three rollouts in flight at once")
+    started = 0
+
+    @app.rollout
+    async def rollout(request, ctx):
+        nonlocal started
+        started += 1
+        while started < 3 and request.env.seed != 9:  # 9: alone
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1 * (request.env.seed % 9))
+        return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
+
+    server = serve(create_app(app.build_config(), api_keys=[api_key], trace_store=Sink()))
+    asyncio.run(fire(server.url, api_key, [rollout_body("alone", 9, "http://127.0.0.1:1")]))
+    assert written == {9: False}
+    bodies = [rollout_body(f"r{seed}", seed, "http://127.0.0.1:1") for seed in range(3)]
+    assert [status for _, status in asyncio.run(fire(server.url, api_key, bodies))] == [200] * 3
+    assert written == {9: False, 0: True, 1: True, 2: False}
 
 
 def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, mock_policy,
