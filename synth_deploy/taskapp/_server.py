@@ -277,6 +277,7 @@ class _Rollouts:
         self.on_session = on_session
         self.secret_values = secret_values
         self.stats = stats
+        self.running = 0  # rollouts whose app code has not returned yet
 
     async def run(self, req: RolloutRequest, request_json: bytes, http: Any) -> Response:
         """``request_json``: the body ``req`` was read from."""
@@ -290,6 +291,7 @@ class _Rollouts:
         started = time.perf_counter()
         error: JSONResponse | None = None
         result: RolloutResponse | None = None
+        self.running += 1
         try:
             with deadline(bound):
                 raw = await self.call_executor(req, ctx)
@@ -300,6 +302,8 @@ class _Rollouts:
             error = self._failure(exc, req, bound)
             elapsed = time.perf_counter() - started
             self.stats["errors"] += 1
+        finally:
+            self.running -= 1
         session = tracer.finish()
         if trace_store is not None or req.record.return_trace or on_session is not None:
             # Building the session's metadata is wasted work when nobody reads it.
@@ -315,9 +319,8 @@ class _Rollouts:
                 logger.exception("live export of rollout %s failed", req.run_id)
         if trace_store is not None:
             try:
-                # Other rollouts still running: their sessions can share this commit.
-                await trace_store.write_session(session,
-                                                more_coming=self.stats["in_flight"] > 1)
+                # While other rollouts run, their sessions can share this one's commit.
+                await trace_store.write_session(session, more_coming=self.running > 0)
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails.
                 logger.exception("trace write failed for rollout %s", req.run_id)

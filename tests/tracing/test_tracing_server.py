@@ -161,12 +161,14 @@ def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config,
 
 def test_a_session_written_while_other_rollouts_run_says_more_are_coming(serve, api_key):
     # Seeds 0-2 run together: 0 finishes first, 2 last. The writer may wait a moment for the
-    # sessions still to come (to commit them together), never for none.
+    # sessions still to come (to commit them together), never for none: not for those
+    # already written and waiting to be committed (here, 0.3 s each).
     written: dict[int, bool] = {}
 
     class Sink:
         async def write_session(self, session, *, more_coming=False):
             written[session.metadata["seed"]] = more_coming
+            await asyncio.sleep(0.3)
 
     app = TaskApp("gate", name="gate", description="three rollouts in flight at once")
     started = 0
