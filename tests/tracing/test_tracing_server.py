@@ -176,10 +176,12 @@ def test_a_session_written_while_other_rollouts_run_says_more_are_coming(serve, 
     @app.rollout
     async def rollout(request, ctx):
         nonlocal started
-        started += 1
-        while started < 3 and request.env.seed != 9:  # 9: alone
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.1 * (request.env.seed % 9))
+        seed = request.env.seed
+        if seed != 9:  # 9 runs alone
+            started += 1
+            while started < 3:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.1 * seed)
         return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
 
     server = serve(create_app(app.build_config(), api_keys=[api_key], trace_store=Sink()))
