@@ -2,9 +2,10 @@
 
 Writes go through one writer thread per store. Sessions that arrive while a commit is in
 progress are committed together in the next transaction (group commit), so many concurrent
-rollouts cost one fsync (or one remote round trip series) per batch instead of one each, and
+rollouts cost one commit (or one remote round trip series) per batch instead of one each, and
 there is exactly one writer, so "database is locked" cannot happen inside a process.
-`write_session` returns only after the COMMIT of its batch: a 200 means the trace is on disk.
+`write_session` returns only after the COMMIT of its batch: a 200 means the trace is in the
+file (see `_sqlite` for what survives what).
 A served app's event loop hands its sessions to a writer process instead (`_writer`), which
 runs the same group commit without sharing the server's GIL.
 """
