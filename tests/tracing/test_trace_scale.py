@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import fcntl
 import json
 import os
@@ -178,9 +179,9 @@ def unread_bytes(fd: int) -> int:
     return int.from_bytes(count, sys.byteorder)
 
 
-def writer_answers(path: Path, send) -> list[list[int]]:
-    """Run a writer child for ``path``, call ``send(stdin)``, close its input; the seqs of
-    each frame it answered (all without error)."""
+def writer_acks(path: Path, send) -> list[list[tuple]]:
+    """Run a writer child for ``path``, call ``send(stdin)``, close its input; the frames it
+    answered, each a list of (seq, error or None)."""
     open_trace_store(path).close()
     child = subprocess.Popen([sys.executable, "-m", "synth_deploy.tracing._writer", str(path)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -190,14 +191,41 @@ def writer_answers(path: Path, send) -> list[list[int]]:
         child.stdin.close()
         answers = []
         while (acks := read_frame(child.stdout)) is not None:
-            assert [error for _, error in acks] == [None] * len(acks)
-            answers.append([seq for seq, _ in acks])
+            answers.append(acks)
         assert child.wait(30) == 0
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
     return answers
+
+
+def writer_answers(path: Path, send) -> list[list[int]]:
+    """`writer_acks`, all without error: the seqs of each frame."""
+    answers = writer_acks(path, send)
+    assert [error for acks in answers for _, error in acks] == [None] * sum(map(len, answers))
+    return [[seq for seq, _ in acks] for acks in answers]
+
+
+def test_a_session_the_child_cannot_store_fails_alone_with_its_error(tmp_path):
+    path = tmp_path / "t.db"
+    stored = make_session(0)
+    with open_trace_store(path) as store:
+        store.write_session_sync(stored)
+    changed = copy.deepcopy(stored)
+    changed.metadata["extra"] = "other content under the same id"
+
+    def send(stdin):
+        stdin.write(frame((False, [(1, changed), (2, make_session(2)), (3, stored)])))
+
+    (acks,) = writer_acks(path, send)
+    assert [seq for seq, _ in acks] == [1, 2, 3]
+    kind, message, _hint = acks[0][1]
+    assert kind == "SessionConflictError" and "different content" in message
+    assert acks[1][1] is None and acks[2][1] is None  # stored, and already stored alike
+    with open_trace_store(path) as store:
+        assert store.count_sessions() == 2
+        assert "extra" not in store.get_session(stored.session_id).metadata
 
 
 @pytest.mark.parametrize(("waiting", "slices"), [(40, [20, 20]), (20, [12, 8]), (5, [5])])
