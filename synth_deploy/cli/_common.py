@@ -33,6 +33,10 @@ TraceDbOption = Annotated[str | None, typer.Option(
     "--trace-db", help="Trace database URL or SQLite path (default: $SYNTH_TRACES_DB, else "
                        "traces/v3/synth_ai.db).", show_default=False)]
 NoTraceOption = Annotated[bool, typer.Option("--no-trace", help="Do not record traces.")]
+MaxRolloutsOption = Annotated[int | None, typer.Option(
+    "--max-rollouts", min=1, help="Rollouts the app runs at once; beyond, 503 + Retry-After "
+                                  "(default: $SYNTH_DEPLOY_MAX_ROLLOUTS, else 10000).",
+    show_default=False, metavar="N")]
 PricesOption = Annotated[Path | None, typer.Option(
     "--prices", help="A price table (TOML: US dollars per million tokens, per model) for a cost "
                      "estimate (default: $SYNTH_PRICES).", show_default=False, metavar="FILE")]

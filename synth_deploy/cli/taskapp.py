@@ -12,6 +12,7 @@ from synth_deploy.cli._common import (
     Column,
     EnvFilesOption,
     JsonOption,
+    MaxRolloutsOption,
     NoTraceOption,
     TraceDbOption,
     console,
@@ -41,36 +42,54 @@ def register(app: typer.Typer) -> None:
 def serve(
     app_ref: AppArg,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8001,
     reload: Annotated[bool, typer.Option("--reload", help="Restart when files change.")] = False,
     no_auth: NoAuthOption = False,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
+    max_rollouts: MaxRolloutsOption = None,
+    access_log: Annotated[bool, typer.Option(
+        "--access-log", help="A log line per request (default: a summary line every "
+                             "10 s while rollouts run).")] = False,
 ) -> None:
     """Serve a task app locally.
 
     uvicorn on HOST:PORT; SIGTERM drains in-flight rollouts before exiting.
     """
     with handling_errors():
-        from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+        from synth_deploy.taskapp import (
+            DEFAULT_SUMMARY_EVERY_S,
+            LocalRunner,
+            ServeSettings,
+            rollout_limits,
+            server_keys,
+        )
 
         env = resolve_env(env_file)
         traces = resolve_traces(trace_db, no_trace, env)
         keys = server_keys(env, "open" if no_auth else "required")
         runner = LocalRunner(ServeSettings(
             app=app_ref, env=env, keys=keys, traces=traces, host=host, port=port,
-            env_files=tuple(str(p) for p in env_file or ())))
-        if no_auth:
-            warn("--no-auth: every endpoint answers anyone who can reach "
-                 f"{host}:{port}; never expose this server")
-        console(stderr=True).print(
-            f"serving [bold]{escape(runner.entry.app_id)}[/bold] at http://{host}:{port}  "
-            f"key {escape(keys.describe())}  traces → {escape(traces_where(traces))}")
+            env_files=tuple(str(p) for p in env_file or ()),
+            rollouts=rollout_limits(env, max_rollouts), access_log=access_log,
+            summary_every_s=None if access_log else DEFAULT_SUMMARY_EVERY_S))
+        app_id = runner.entry.app_id
+
+        def announce() -> None:  # once the port is bound: a banner never precedes a failure
+            if no_auth:
+                warn("--no-auth: every endpoint answers anyone who can reach "
+                     f"{host}:{port}; never expose this server")
+            console(stderr=True).print(
+                f"serving [bold]{escape(app_id)}[/bold] at http://{host}:{port}  "
+                f"key {escape(keys.describe())}  traces → {escape(traces_where(traces))}  "
+                f"max {runner.settings.rollouts.max_in_flight} rollouts at once")
+
         if reload:
+            announce()
             runner.serve_with_reload()
         else:
-            runner.serve_forever()
+            runner.serve_forever(on_ready=announce)
 
 
 def apps(json_output: JsonOption = False) -> None:

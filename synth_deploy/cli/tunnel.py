@@ -20,6 +20,7 @@ import typer
 from synth_deploy.cli._common import (
     EnvFilesOption,
     JsonOption,
+    MaxRolloutsOption,
     NoTraceOption,
     TraceDbOption,
     console,
@@ -76,6 +77,7 @@ def tunnel(
     ] = False,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
+    max_rollouts: MaxRolloutsOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Expose a task app through a Cloudflare tunnel.
@@ -107,7 +109,12 @@ def tunnel(
         config = dataclasses.replace(config, binary=find_cloudflared(env.values))
         runner = None
         if app_ref is not None:  # with --url, the running server records its own traces
-            from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+            from synth_deploy.taskapp import (
+                LocalRunner,
+                ServeSettings,
+                rollout_limits,
+                server_keys,
+            )
 
             traces = resolve_traces(trace_db, no_trace, env)
             keys = server_keys(env, "open" if no_auth else "required")
@@ -115,6 +122,7 @@ def tunnel(
                 warn("--no-auth: the tunnel's public URL answers anyone, with no key")
             runner = LocalRunner(ServeSettings(
                 app=app_ref, env=env, keys=keys, traces=traces,
+                rollouts=rollout_limits(env, max_rollouts),
                 port=port if port is not None else (8001 if config.mode == "named" else 0)))
         out = console(stderr=True)
         if not json_output:

@@ -16,6 +16,7 @@ from synth_deploy.health._http import HTTPClient, RequestFailed
 from synth_deploy.health._options import CheckOptions, RolloutOptions
 from synth_deploy.health._report import CheckResult, HealthReport
 from synth_deploy.health._schema import short_repr, validate
+from synth_deploy.taskapp import answered_status
 
 
 class Stop(Exception):
@@ -319,35 +320,36 @@ class EndpointSteps:
         if failure is not None:
             self.fail("rollout", expected, failure, latency)
             return
-        if response.status_code != 200:
-            data = dx.body_json(response)
+        data = dx.body_json(response)
+        status = answered_status(response.status_code, data)  # a late failure is in the body
+        if status != 200:
             code, message = dx.error_code(data), dx.error_message(data) or dx.excerpt(response)
-            if response.status_code == 422 and code in (None, "invalid_request"):
+            if status == 422 and code in (None, "invalid_request"):
                 self.fail("rollout", expected, dx.Diagnosis(
                     "rollout_rejected", f"422 {message}",
                     "the app rejected a protocol RolloutRequest: its request model is stricter "
                     "than the protocol (shared/spec/task-app-protocol.md)"), latency)
-            elif response.status_code in (404, 422) and code:
+            elif status in (404, 422) and code:
                 self.fail("rollout", expected, dx.Diagnosis(
-                    code, f"{response.status_code} {message}",
+                    code, f"{status} {message}",
                     "the app refused the check's rollout (a BadRequest): read the message; "
                     "a seed its datasets lack is fixed with --seeds"), latency)
             elif code == "policy_failed":
                 self.fail("rollout", expected, dx.Diagnosis(
-                    code, f"{response.status_code} {message}",
+                    code, f"{status} {message}",
                     "the app could not get an answer from the policy: check that the app can "
                     "reach the inference URL and that the model exists"), latency)
             elif code in ("rollout_failed", "rollout_timeout", "invalid_rollout_result",
                           "trace_write_failed"):
                 self.fail("rollout", expected, dx.Diagnosis(
-                    code, f"{response.status_code} {message}",
+                    code, f"{status} {message}",
                     "the rollout failed inside the app: read the message and the app's logs; "
                     "check that the app can reach the inference URL and that the model exists"),
                     latency)
             else:
                 self.unexpected("rollout", expected, response, latency)
             return
-        result, problem = validate("RolloutResponse", dx.body_json(response))
+        result, problem = validate("RolloutResponse", data)
         if problem is not None:
             self.schema_failure("rollout", "/rollout", problem["path"], problem["expected"],
                                 problem["actual"] + problem["more"], latency)

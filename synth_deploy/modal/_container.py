@@ -33,7 +33,13 @@ def _app_file(ref: str) -> Path:
 
 def web() -> Any:
     """Build the task app's FastAPI app from the environment Modal gives the container."""
-    from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+    from synth_deploy.taskapp import (
+        LocalRunner,
+        ServeSettings,
+        prepare_serving_process,
+        rollout_limits,
+        server_keys,
+    )
     from synth_deploy.tracing import resolve_trace_db
 
     env = load_env(environ=os.environ)
@@ -44,7 +50,8 @@ def web() -> Any:
     # The remote libSQL store when SYNTH_TRACES_DB names one; else a SQLite file inside this
     # container (kept only as long as the container lives, as the deploy plan says).
     settings = ServeSettings(app=str(_app_file(ref)), env=env, keys=server_keys(env, "required"),
-                             traces=resolve_trace_db(None, env))
+                             traces=resolve_trace_db(None, env), rollouts=rollout_limits(env))
+    prepare_serving_process()  # the container only serves
     try:
         return LocalRunner(settings).build()
     except TraceStoreError as exc:

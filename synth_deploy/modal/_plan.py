@@ -17,6 +17,7 @@ from synth_deploy.handoff import TASK_APP_VAR
 from synth_deploy.modal._image import ImageRecipe, app_remote_file
 from synth_deploy.modal._secrets import SecretSource, resolve_secrets
 from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
+from synth_deploy.taskapp import MAX_ROLLOUTS_VAR
 from synth_deploy.tracing import deploy_notice, resolve_trace_db
 
 MODAL_ENV_VAR = "MODAL_ENVIRONMENT"  # Modal's own variable: the environment to deploy into
@@ -107,7 +108,9 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         settings=settings,
         image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
         secrets=tuple(resolve_secrets(settings, env, source.parent, traces)),
-        env={**settings.env, TASK_APP_VAR: app_remote_file(source)},
+        env={**settings.env, TASK_APP_VAR: app_remote_file(source),
+             **({MAX_ROLLOUTS_VAR: str(settings.max_rollouts)}
+                if settings.max_rollouts is not None else {})},
         tracing=tracing,
         remote_tracing=remote,
         modal_environment=modal_environment or env.get(MODAL_ENV_VAR),

@@ -67,8 +67,10 @@ class ModalSettings:
     as a Secret; ``forward_env``: variable names whose values are taken from the deployer's
     resolved environment (vendor keys such as ``OPENAI_API_KEY``); ``env``: plain, non-secret
     variables; ``timeout`` (s), ``memory`` (MiB), ``cpu`` (cores), ``min_containers``,
-    ``max_containers``, ``concurrent_inputs`` (requests per container), ``volumes``
-    ``{mount path: volume name}``, ``ignore``: extra patterns kept out of the image.
+    ``max_containers``, ``concurrent_inputs`` (requests per container), ``max_rollouts``
+    (rollouts a container runs at once, beyond: 503 + Retry-After; default: the kit's, well
+    above ``concurrent_inputs``), ``volumes`` ``{mount path: volume name}``, ``ignore``: extra
+    patterns kept out of the image.
     """
 
     name: str | None = None
@@ -86,6 +88,7 @@ class ModalSettings:
     min_containers: int = 0
     max_containers: int | None = None
     concurrent_inputs: int = DEFAULT_CONCURRENT_INPUTS
+    max_rollouts: int | None = None
     volumes: Mapping[str, str] = field(default_factory=dict, hash=False)
     ignore: Sequence[str] = ()
 
@@ -126,7 +129,8 @@ class ModalSettings:
             if not remote.startswith("/"):
                 raise bad(f"local_dirs.{local}", f"remote path {remote!r} must be absolute")
         positive = {"timeout": self.timeout, "concurrent_inputs": self.concurrent_inputs,
-                    "memory": self.memory, "cpu": self.cpu, "max_containers": self.max_containers}
+                    "memory": self.memory, "cpu": self.cpu, "max_containers": self.max_containers,
+                    "max_rollouts": self.max_rollouts}
         for key, value in positive.items():
             if value is not None and (not isinstance(value, int | float) or value <= 0):
                 raise bad(key, f"must be a positive number, got {value!r}")
@@ -144,7 +148,8 @@ class ModalSettings:
         """The per-function resources, as the plan shows them."""
         return {"timeout_s": self.timeout, "memory_mib": self.memory, "cpu": self.cpu,
                 "min_containers": self.min_containers, "max_containers": self.max_containers,
-                "concurrent_inputs": self.concurrent_inputs, "volumes": dict(self.volumes)}
+                "concurrent_inputs": self.concurrent_inputs, "max_rollouts": self.max_rollouts,
+                "volumes": dict(self.volumes)}
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

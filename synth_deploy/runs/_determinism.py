@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from synth_deploy.env import redact
+from synth_deploy.taskapp import answered_status
 
 VOLATILE_KEYS = frozenset({
     "run_id", "session_id", "id", "event_id", "message_id", "trace_correlation_id", "request",
@@ -129,11 +130,12 @@ async def check_determinism(base_url: str, api_key: str, seed: int,
             for attempt in range(2):
                 resp = await client.post("/rollout", json=body_for(
                     f"{time.time_ns():x}-{attempt}"))
-                if resp.status_code != 200:
-                    result.error = f"rollout of seed {seed} answered HTTP {resp.status_code}: " \
-                                   f"{redact(resp.text[:200], hidden)}"
+                answer = resp.json() if resp.status_code == 200 else None
+                if (status := answered_status(resp.status_code, answer)) != 200:
+                    result.error = f"rollout of seed {seed} answered HTTP {status}: " \
+                                   f"{redact(resp.text.strip()[:200], hidden)}"
                     return result
-                answers.append(resp.json())
+                answers.append(answer)
         except (httpx.HTTPError, ValueError) as exc:
             result.error = redact(f"{type(exc).__name__}: {exc}", hidden)
             return result

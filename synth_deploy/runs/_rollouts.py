@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from synth_deploy.env import redact
+from synth_deploy.taskapp import answered_status
 from synth_deploy.tls import client_ssl_context
 
 if TYPE_CHECKING:
@@ -211,9 +212,10 @@ def _outcome(seed: int, run_id: str, resp: httpx.Response, latency: float) -> Ro
         data = resp.json()
     except ValueError:
         data = None
-    if resp.status_code != 200 or not isinstance(data, dict):
-        return RolloutOutcome(seed, run_id, False, resp.status_code, latency,
-                              error=_error_message(resp, data))
+    status = answered_status(resp.status_code, data)
+    if status != 200 or not isinstance(data, dict):
+        return RolloutOutcome(seed, run_id, False, status, latency,
+                              error=_error_message(status, resp, data))
     metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
     reward = metrics.get("outcome_reward")
     if reward is None:
@@ -283,14 +285,14 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _error_message(resp: httpx.Response, data: Any) -> str:
+def _error_message(status: int, resp: httpx.Response, data: Any) -> str:
     if isinstance(data, dict):
         detail = data.get("detail")
         if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
-            return f"HTTP {resp.status_code}: {detail['error'].get('message')}"
+            return f"HTTP {status}: {detail['error'].get('message')}"
         if detail:
-            return f"HTTP {resp.status_code}: {detail}"
-    return f"HTTP {resp.status_code}: {resp.text[:200]}"
+            return f"HTTP {status}: {detail}"
+    return f"HTTP {status}: {resp.text[:200]}"
 
 
 __all__ = ["PolicyTarget", "RolloutOutcome", "RunOptions", "RunReport", "rollout_ledger",

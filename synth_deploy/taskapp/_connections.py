@@ -1,19 +1,21 @@
-"""uvicorn's HTTP/1.1 protocol, with the bounds it lacks (how long a request may take to
-arrive, how many connections may be open at once) and a response sent in one piece.
+"""uvicorn's HTTP/1.1 protocols, with the bounds they lack and a response sent in one piece.
 
-uvicorn starts its keep-alive timer only after a first response, and any byte resets it, so a
-client that connects and sends nothing (or a header byte every few seconds) holds its
-connection, and a file descriptor, forever; at the default limit of 1,024 open files the
-server stops accepting. Here:
+The protocol is uvicorn's fast one (httptools) when it is installed, else its h11 one; both get
+the same bounds from `_Bounded`:
 
 - a request's headers must arrive within ``header_timeout_s`` of the connection opening (or of
   the previous response), and its body within ``body_timeout_s`` of the headers, or the
-  connection is closed;
+  connection is closed. uvicorn starts its keep-alive timer only after a first response and
+  any byte resets it, so without this a client that sends a header byte every few seconds
+  holds a connection, and a file descriptor, forever;
 - beyond ``max_connections`` open connections a new one is answered 503 at once and closed,
-  so a crowd gets a prompt "come back later" instead of a hang;
-- a keep-alive connection that sends nothing for ``keep_alive_s`` after a response is closed
-  by the same sweep that checks the deadlines, in place of uvicorn's timer, which it arms
-  and cancels on every request (2% of the instructions a trivial rollout takes).
+  so a crowd gets a prompt "come back later" instead of a hang. The cap guards file
+  descriptors, not capacity: how many rollouts run at once is the app's admission limit
+  (`_admission`), and a client whose request fails authentication is closed at once.
+
+Deadlines are checked by one sweep per server (`_Sweep`), which reads where each connection
+is from uvicorn's own request cycle (``cycle.response_complete``, ``cycle.more_body``): a
+request costs nothing extra. tests/taskapp/test_connections.py pins those attributes.
 
 Settings come from `ConnectionLimits` (see `_runner`, the one place uvicorn is configured).
 """
@@ -26,8 +28,12 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:  # the fast path: uvicorn's C parser (the `httptools` wheel)
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - where the wheel does not install
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
     from synth_deploy.taskapp._runner import ConnectionLimits
@@ -48,99 +54,92 @@ def _busy_response(limit: int) -> bytes:
     return head.encode() + body
 
 
-class BoundedH11Protocol(H11Protocol):
-    """`H11Protocol` with request deadlines and a connection cap (see the module docstring).
+class _Bounded:
+    """Request deadlines and a connection cap over a uvicorn HTTP protocol (mixed in first)."""
 
-    Deadlines are checked by one sweep per server (`_Sweep`), not a timer per request: a
-    connection only notes what it waits for and since when, which costs nothing next to
-    arming and cancelling a loop timer twice per request.
-    """
+    _limits: ConnectionLimits
+    _refused = False
+    # What the client owes next, as the sweep last saw it: the request cycle it was seen
+    # on, "headers" or "body" (None while a request runs), and since when.
+    _seen_cycle: Any = None
+    _waiting_for: str | None = "headers"
+    _waiting_since = 0.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_CoalescedWrites(transport, self.loop))  # type: ignore[misc]
+        if len(self.connections) > self._limits.max_connections:  # type: ignore[attr-defined]
+            self._refuse()
+            return
+        self._waiting_since = self.loop.time()  # type: ignore[attr-defined]
+        _Sweep.watch(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped: unread bytes would turn our close into a reset
+        super().data_received(data)  # type: ignore[misc]
+
+    def _close_if_overdue(self, now: float) -> None:
+        """Note what the connection waits for; close it when that is late."""
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport.is_closing():
+            return
+        cycle = self.cycle  # type: ignore[attr-defined]
+        what = "headers" if cycle is None or cycle.response_complete else \
+            "body" if cycle.more_body else None
+        if cycle is not self._seen_cycle or what != self._waiting_for:
+            # A new wait: its deadline counts from now (as the sweep saw it begin).
+            self._seen_cycle, self._waiting_for, self._waiting_since = cycle, what, now
+            return
+        if what is None:
+            return
+        limit = self._limits.header_timeout_s if what == "headers" else \
+            self._limits.body_timeout_s
+        if now - self._waiting_since >= limit:
+            logger.debug("closing a connection from %s: request %s not received within %gs",
+                         self.client, what, limit)  # type: ignore[attr-defined]
+            transport.close()
+
+    def _refuse(self) -> None:
+        self._refused = True
+        loop = self.loop  # type: ignore[attr-defined]
+        if loop.time() - _last_warning[0] > _WARN_EVERY_S:
+            _last_warning[0] = loop.time()
+            logger.warning("%d connections open (limit %d): new ones are answered 503",
+                           len(self.connections),  # type: ignore[attr-defined]
+                           self._limits.max_connections)
+        transport = self.transport  # type: ignore[attr-defined]
+        transport.write(_busy_response(self._limits.max_connections))
+        if transport.can_write_eof():
+            transport.write_eof()
+        loop.call_later(_REFUSED_LINGER_S, transport.close)
+
+
+class BoundedH11Protocol(_Bounded, H11Protocol):
+    """uvicorn's h11 protocol with the kit's bounds: the fallback without httptools."""
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *,
                  limits: ConnectionLimits) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._limits = limits
-        self._refused = False
-        # "idle" (between requests), "headers" or "body" while a deadline runs
-        self._waiting_for: str | None = None
-        self._waiting_since = 0.0
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_CoalescedWrites(transport, self.loop))  # type: ignore[arg-type]
-        if len(self.connections) > self._limits.max_connections:
-            self._refuse()
-            return
-        _Sweep.watch(self)
-        self._track()
-
-    def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return  # read and dropped: unread bytes would turn our close into a reset
-        if self._waiting_for == "idle":
-            self._waiting_for = "headers"  # a next request began: its deadline still counts
-        super().data_received(data)
-        self._track()
-
-    def on_response_complete(self) -> None:
-        self.transport.flush()  # the whole response in one send, before the next request
-        # uvicorn's own steps (the same from 0.29 on), without arming its keep-alive timer.
-        self.server_state.total_requests += 1
-        if self.transport.is_closing():
-            return
-        self.flow.resume_reading()
-        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
-            self.conn.start_next_cycle()
-            self.handle_events()  # a pipelined request, already received
-        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
-            self._waiting_for, self._waiting_since = "idle", self.loop.time()
-        else:
-            self._track()
-
-    # -- deadlines -------------------------------------------------------------------------
-
-    def _track(self) -> None:
-        """Note what the client owes us next; a running request has no deadline."""
-        state = self.conn.their_state
-        if state is h11.IDLE:
-            what = "idle" if self._waiting_for == "idle" else "headers"
-        else:
-            what = "body" if state is h11.SEND_BODY else None
-        if what != self._waiting_for:
-            # The deadline counts from when we started waiting, not from the last byte.
-            self._waiting_for, self._waiting_since = what, self.loop.time()
-
-    def _close_if_overdue(self, now: float) -> None:
-        """Close the connection when what it waits for is late."""
-        what = self._waiting_for
-        if what is None or self.transport.is_closing():
-            return
-        limits = self._limits
-        limit = limits.keep_alive_s if what == "idle" else limits.header_timeout_s \
-            if what == "headers" else limits.body_timeout_s
-        if now - self._waiting_since < limit:
-            return
-        self._waiting_for = None
-        if what == "idle":
-            self.timeout_keep_alive_handler()  # uvicorn's: says the connection is closed, closes
-            return
-        logger.debug("closing a connection from %s: request %s not received within %gs",
-                     self.client, what, limit)
-        self.transport.close()
 
 
-    # -- the cap ---------------------------------------------------------------------------
+if HttpToolsProtocol is not None:
+    class BoundedHttpToolsProtocol(_Bounded, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the kit's bounds: the fast path."""
 
-    def _refuse(self) -> None:
-        self._refused = True
-        if self.loop.time() - _last_warning[0] > _WARN_EVERY_S:
-            _last_warning[0] = self.loop.time()
-            logger.warning("%d connections open (limit %d): new ones are answered 503",
-                           len(self.connections), self._limits.max_connections)
-        self.transport.write(_busy_response(self._limits.max_connections))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.loop.call_later(_REFUSED_LINGER_S, self.transport.close)
+        def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                     _loop: asyncio.AbstractEventLoop | None = None, *,
+                     limits: ConnectionLimits) -> None:
+            super().__init__(config, server_state, app_state, _loop)
+            self._limits = limits
+else:  # pragma: no cover
+    BoundedHttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+def bounded_protocol() -> type:
+    """The protocol class every server uses: httptools' when installed, else h11's."""
+    return BoundedHttpToolsProtocol or BoundedH11Protocol
 
 
 class _CoalescedWrites:
@@ -148,10 +147,9 @@ class _CoalescedWrites:
 
     uvicorn writes a response's head and its body separately, and an idle socket sends each
     at once: two `send` calls, two TCP segments, and two wake-ups of the client for one
-    response (on a trivial rollout, the load client spent a fifth more CPU per response for
-    it). Here a write is held until the response completes or the loop's next step, whichever
-    is first, so a streamed body still goes out chunk by chunk; closing sends what is held
-    first. Everything else is the transport's own.
+    response. Here a write is held until the loop's next step, so a streamed body still goes
+    out chunk by chunk; closing sends what is held first. Everything else is the
+    transport's own.
     """
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
@@ -188,8 +186,7 @@ class _CoalescedWrites:
         self._transport.abort()
 
     def is_closing(self) -> bool:
-        # Asked once per response: spelled out, it skips the failed lookup that reaches
-        # `__getattr__` (a microsecond a request).
+        # Asked on every response: spelled out, it skips the lookup through `__getattr__`.
         return self._transport.is_closing()
 
     def __getattr__(self, name: str) -> Any:
@@ -205,18 +202,17 @@ class _Sweep:
     # not reused.
     _running: weakref.WeakValueDictionary[int, _Sweep] = weakref.WeakValueDictionary()
 
-    def __init__(self, protocol: BoundedH11Protocol) -> None:
+    def __init__(self, protocol: _Bounded) -> None:
         limits = protocol._limits
-        self.connections = protocol.connections
-        self.loop = protocol.loop
-        self.interval = min(limits.header_timeout_s, limits.body_timeout_s,
-                            limits.keep_alive_s, 5.0) / 5
+        self.connections = protocol.connections  # type: ignore[attr-defined]
+        self.loop = protocol.loop  # type: ignore[attr-defined]
+        self.interval = min(limits.header_timeout_s, limits.body_timeout_s, 5.0) / 5
 
     @classmethod
-    def watch(cls, protocol: BoundedH11Protocol) -> None:
-        key = id(protocol.connections)
+    def watch(cls, protocol: _Bounded) -> None:
+        key = id(protocol.connections)  # type: ignore[attr-defined]
         running = cls._running.get(key)
-        if running is None or running.loop is not protocol.loop:  # none, or its loop ended
+        if running is None or running.loop is not protocol.loop:  # type: ignore[attr-defined]
             sweep = cls._running[key] = cls(protocol)
             sweep.loop.call_later(sweep.interval, sweep.run, key)
 
@@ -228,9 +224,9 @@ class _Sweep:
             return
         now = self.loop.time()
         for protocol in list(self.connections):
-            if isinstance(protocol, BoundedH11Protocol):
+            if isinstance(protocol, _Bounded):
                 protocol._close_if_overdue(now)
         self.loop.call_later(self.interval, self.run, key)
 
 
-__all__ = ["BoundedH11Protocol"]
+__all__ = ["BoundedH11Protocol", "BoundedHttpToolsProtocol", "bounded_protocol"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 
 import uvicorn
 
@@ -19,14 +20,23 @@ logger = logging.getLogger("uvicorn.error")
 
 
 class PromptStopServer(uvicorn.Server):
+    """``on_started``: called on the server's loop once its sockets are bound."""
+
     _loop: asyncio.AbstractEventLoop | None = None
     _wake: asyncio.Event | None = None
+
+    def __init__(self, config: uvicorn.Config,
+                 on_started: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.on_started = on_started
 
     async def main_loop(self) -> None:
         # uvicorn's loop (a tick every 0.1 s: the date header, max requests), woken early by
         # `request_stop`.
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        if self.on_started is not None:
+            self.on_started()
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:

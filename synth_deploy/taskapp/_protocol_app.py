@@ -8,18 +8,14 @@ it is a fifth of a second of start-up, paid on every cold start of a deployed co
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.routing import BaseRoute, Router
 
 from synth_deploy.taskapp._config import TaskAppConfig
-from synth_deploy.taskapp._request_guards import guarded, server_error
-
-logger = logging.getLogger("synth_deploy.taskapp")
+from synth_deploy.taskapp._request_guards import guarded
 
 
 class LeanProtocolPaths:
@@ -40,10 +36,10 @@ class LeanProtocolPaths:
         self.router.routes.extend(routes)  # type: ignore[attr-defined]
         self._core_paths = frozenset(route.path for route in routes)  # type: ignore[attr-defined]
         self._core_app = guarded(Router(routes=routes))
-        # The rollout handler answers every failure of a rollout itself: no route matching,
-        # no exception middleware.
-        self._rollout_app = _endpoint_app(next(
-            r.endpoint for r in routes if r.path == "/rollout"))  # type: ignore[attr-defined]
+        # The rollout endpoint (an ASGI app) answers every failure of a rollout itself: no
+        # route matching, no exception middleware.
+        self._rollout_app = next(
+            r.endpoint for r in routes if r.path == "/rollout")  # type: ignore[attr-defined]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and scope["path"] in self._core_paths
@@ -72,20 +68,6 @@ def new_protocol_app(config: TaskAppConfig, lifespan: Callable[[Any], Any]) -> S
                           redoc_url=None, openapi_url=None)
     for router in config.routers:
         app.include_router(router)
-    return app
-
-
-def _endpoint_app(endpoint: Any) -> Any:
-    """A Request -> Response handler as a bare ASGI app; what it fails to answer is the
-    protocol's plain 500, its traceback logged (what `guarded` does, in one frame)."""
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        request = Request(scope, receive, send)
-        try:
-            response = await endpoint(request)
-        except Exception as exc:
-            logger.exception("%s %s failed", request.method, request.url.path)
-            response = await server_error(request, exc)
-        await response(scope, receive, send)
     return app
 
 

@@ -109,5 +109,31 @@ def bad_request_response(exc: BadRequest, **extra: Any) -> Response:
     return error_response(exc.status, exc.code, exc.message, **extra)
 
 
-__all__ = ["bad_request_response", "guarded", "http_error", "raw_header", "requested_seeds",
-           "server_error", "unsupported_media_type"]
+class BodyTooLarge(Exception):
+    """A request body beyond the app's ``max_body_bytes``."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, or `BodyTooLarge` as soon as it passes ``limit`` bytes."""
+    declared = raw_header(request, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    # Straight from the ASGI receive channel: the limit holds for chunked bodies too.
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+__all__ = ["BodyTooLarge", "bad_request_response", "guarded", "http_error", "raw_header",
+           "read_body", "requested_seeds", "server_error", "unsupported_media_type"]

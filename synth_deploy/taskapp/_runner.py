@@ -17,24 +17,30 @@ config built, the trace store opened from its resolved setting, `create_app`.
 it binds port 0 and reads back the port the OS chose, so nothing races for a "free" port.
 
 uvicorn is configured here and nowhere else (`_uvicorn_config`): every server the kit starts
-has the same `ConnectionLimits` (request deadlines, a connection cap answered with 503; see
-`_connections`). The Modal container serves the app built by `build()` behind Modal's own
-front end.
+runs uvicorn's fast path where installed (httptools, uvloop) with the same `ConnectionLimits`
+(request deadlines, a connection cap answered with 503; see `_connections`), and no access
+log unless asked. The Modal container serves the app built by `build()` behind Modal's own
+front end. What a serving process changes for itself (its open-file limit, its garbage
+collector) is changed by `prepare_serving_process`, called by the processes that only serve
+(`serve`, the reload child, the container), never by building an app.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from synth_deploy.env import Env, applied_env, apply_env
 from synth_deploy.errors import SynthDeployError, UsageError
+from synth_deploy.taskapp._admission import RolloutLimits, rollout_limits
 from synth_deploy.taskapp._auth import ServerKeys, server_keys
 from synth_deploy.taskapp._registry import TaskAppEntry, load_app
 
@@ -42,7 +48,18 @@ if TYPE_CHECKING:
     from synth_deploy.tracing import TraceDbSetting, TraceStore
 
 DEFAULT_GRACEFUL_TIMEOUT_S = 30.0
+DEFAULT_SUMMARY_EVERY_S = 10.0
+_FILES_KEPT = 256  # open files a server keeps for itself: the trace store, clients, the app's
+_YOUNG_GC_THRESHOLD = 7000  # see `prepare_serving_process`
 logger = logging.getLogger("synth_deploy.taskapp")
+
+
+def _open_file_limit() -> int:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return 1024
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 @dataclass(frozen=True)
@@ -52,40 +69,63 @@ class ConnectionLimits:
     the connection opening or the previous response) and its body within ``body_timeout_s``;
     an idle keep-alive connection is closed after ``keep_alive_s``.
 
-    The default cap stays well below the usual limit of 1,024 open files, leaving room for
-    the trace store, the policy client and the app's own files.
+    ``max_connections`` guards file descriptors, not capacity (rollouts are admitted by
+    `RolloutLimits`): None (the default) is what the open-file limit leaves when the server
+    starts, once the server's own files are counted.
     """
 
-    max_connections: int = 512
+    max_connections: int | None = None
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keep_alive_s: float = 5.0
 
 
+def prepare_serving_process() -> None:
+    """What a process that only serves sets for itself, once: as many open files as the
+    system allows it (a connection each), and a garbage collector that leaves alone what
+    lives as long as the server.
+
+    Frozen, the objects that exist once the app has started (modules, the app, its datasets)
+    are not walked again by full collections; young collections wait for ten times as many
+    new objects as by default, so the objects of rollouts in flight die before they are
+    walked.
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
+                                                        else max(soft, 1 << 20), hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: keep the limit
+        pass
+    gc.freeze()
+    young, *older = gc.get_threshold()
+    gc.set_threshold(max(young, _YOUNG_GC_THRESHOLD), *older)
+
+
 def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
                     graceful_timeout_s: float, limits: ConnectionLimits,
-                    **extra: Any) -> dict[str, Any]:
+                    access_log: bool = False, **extra: Any) -> dict[str, Any]:
     """The keyword arguments of ``uvicorn.Config`` (and ``uvicorn.run``) for every server."""
     import functools
 
-    from synth_deploy.taskapp._connections import BoundedH11Protocol
+    from synth_deploy.taskapp._connections import bounded_protocol
 
-    # uvicorn formats each access line before the logger drops it: below "info" nobody
-    # sees them, so they are not made.
-    extra.setdefault("access_log", log_level.lower() in ("trace", "debug", "info"))
+    if limits.max_connections is None:
+        limits = replace(limits, max_connections=max(64, _open_file_limit() - _FILES_KEPT))
+
     # The client address a proxy forwards (X-Forwarded-For from cloudflared on 127.0.0.1) is
-    # read by the access log alone: without it, nobody reads it and it is not parsed (1% of
-    # a trivial rollout's instructions).
-    extra.setdefault("proxy_headers", extra["access_log"])
+    # read by the access log alone: without it, nobody reads it and it is not parsed.
+    extra.setdefault("proxy_headers", access_log)
     extra.setdefault("ws", "none")  # a task app serves no websockets: their library stays unloaded
-    # No "server: uvicorn" on every response: it tells a scanner what to try, and it is a
-    # header h11 checks on each response (1.7% of a trivial rollout's throughput). The Date
+    # No "server: uvicorn" on every response: it tells a scanner what to try. The Date
     # header, which HTTP requires, stays.
     extra.setdefault("server_header", False)
-    return dict(app=app, host=host, port=port, log_level=log_level,
+    return dict(app=app, host=host, port=port, log_level=log_level, access_log=access_log,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
-                http=functools.partial(BoundedH11Protocol, limits=limits), **extra)
+                http=functools.partial(bounded_protocol(), limits=limits), **extra)
 
 
 @dataclass(frozen=True)
@@ -105,7 +145,10 @@ class ServeSettings:
     env_files: tuple[str, ...] = ()  # where ``env`` came from, for a reloaded process
     log_level: str = "info"
     graceful_timeout_s: float = DEFAULT_GRACEFUL_TIMEOUT_S
-    limits: ConnectionLimits = ConnectionLimits()
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    rollouts: RolloutLimits = RolloutLimits()  # see `rollout_limits` for where it comes from
+    access_log: bool = False  # a line per request; `serve` prints a periodic summary instead
+    summary_every_s: float | None = None  # `serve_forever`: a summary line that often
 
 
 class LocalRunner:
@@ -149,7 +192,7 @@ class LocalRunner:
             self.store = open_trace_store(s.traces)
         self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,
-                              env=s.env, on_session=self.live_export.offer
+                              env=s.env, limits=s.rollouts, on_session=self.live_export.offer
                               if self.live_export is not None else None)
         return self.app
 
@@ -201,23 +244,46 @@ class LocalRunner:
 
     # -- in the foreground (serve) --------------------------------------------------------
 
-    def serve_forever(self) -> None:
-        """Serve until SIGINT/SIGTERM. On SIGTERM uvicorn stops accepting connections and
-        lets in-flight rollouts finish (at most ``graceful_timeout_s``), then returns."""
+    def serve_forever(self, on_ready: Callable[[], None] | None = None) -> None:
+        """Serve until SIGINT/SIGTERM, this process given to it (`prepare_serving_process`).
+        ``on_ready`` is called once the port is bound; every ``summary_every_s`` a line sums
+        up the rollouts. On SIGTERM uvicorn stops accepting connections and lets in-flight
+        rollouts finish (at most ``graceful_timeout_s``), then returns."""
         import uvicorn
+
+        from synth_deploy.taskapp._prompt_stop import PromptStopServer
 
         s = self.settings
         _ensure_port_free(s.host, s.port)
         apply_env(s.env)  # this process is the server: the app's variables stay for its life
+        prepare_serving_process()
+        app = self.build()
+
+        def ready() -> None:
+            gc.freeze()  # and what the app's startup made
+            if s.summary_every_s:
+                asyncio.get_running_loop().create_task(self._summaries(s.summary_every_s))
+            if on_ready is not None:
+                on_ready()
+
         try:
-            uvicorn.Server(uvicorn.Config(**_uvicorn_config(
-                self.build(), host=s.host, port=s.port, log_level=s.log_level,
-                graceful_timeout_s=s.graceful_timeout_s, limits=s.limits))).run()
+            PromptStopServer(uvicorn.Config(**_uvicorn_config(
+                app, host=s.host, port=s.port, log_level=s.log_level,
+                graceful_timeout_s=s.graceful_timeout_s, limits=s.limits,
+                access_log=s.access_log)), on_started=ready).run()
         finally:
             if self.store is not None:
                 self.store.close()
             if self.live_export is not None:
                 self.live_export.close()
+
+    async def _summaries(self, every_s: float) -> None:
+        stats = self.app.state.stats
+        say = logging.getLogger("uvicorn.error")  # beside uvicorn's own lines
+        while True:
+            await asyncio.sleep(every_s)
+            if (line := stats.summary(every_s)) is not None:
+                say.info("%s", line)
 
     def serve_with_reload(self) -> None:
         """Serve under uvicorn's reloader: on each change to the app's folder a new process
@@ -239,7 +305,8 @@ class LocalRunner:
         uvicorn.run(**_uvicorn_config(
             f"{__name__}:reloaded_app", host=s.host, port=s.port, log_level=s.log_level,
             graceful_timeout_s=s.graceful_timeout_s, limits=s.limits, factory=True,
-            reload=True, reload_dirs=[str(source.parent)] if source else None))
+            access_log=s.access_log, reload=True,
+            reload_dirs=[str(source.parent)] if source else None))
 
 
 def _live_export(env: Env) -> Any:
@@ -275,7 +342,9 @@ def reloaded_app() -> Any:
     traces = (parse_trace_db(handoff.trace_db, source=handoff.trace_source, env=env)
               if handoff.trace_db else None)
     settings = ServeSettings(app=handoff.app, env=env, traces=traces,
-                             keys=server_keys(env, handoff.key_rule))  # type: ignore[arg-type]
+                             keys=server_keys(env, handoff.key_rule),  # type: ignore[arg-type]
+                             rollouts=rollout_limits(env))
+    prepare_serving_process()
     return LocalRunner(settings).build()
 
 
@@ -288,7 +357,7 @@ class BackgroundServer:
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0,
                  log_level: str = "warning", graceful_timeout_s: float = 5.0,
-                 limits: ConnectionLimits = ConnectionLimits()) -> None:
+                 limits: ConnectionLimits | None = None) -> None:
         import uvicorn
 
         from synth_deploy.taskapp._prompt_stop import PromptStopServer
@@ -297,7 +366,7 @@ class BackgroundServer:
         self.host = host
         self._config = uvicorn.Config(**_uvicorn_config(
             app, host=host, port=port, log_level=log_level,
-            graceful_timeout_s=graceful_timeout_s, limits=limits, access_log=False,
+            graceful_timeout_s=graceful_timeout_s, limits=limits or ConnectionLimits(),
             lifespan="on"))
         self._server = PromptStopServer(self._config)
         self._thread: threading.Thread | None = None
@@ -363,6 +432,9 @@ def _ensure_port_free(host: str, port: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
         try:
             sock.bind((host, port))
+        except OverflowError:
+            raise UsageError(f"port {port} is out of range",
+                             hint="pass --port between 1 and 65535") from None
         except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}",
                              hint="another server holds the port: stop it or pass --port") from None
@@ -374,5 +446,6 @@ __all__ = [
     "DEFAULT_GRACEFUL_TIMEOUT_S",
     "LocalRunner",
     "ServeSettings",
+    "prepare_serving_process",
     "reloaded_app",
 ]

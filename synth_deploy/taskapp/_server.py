@@ -7,7 +7,6 @@ which is where most of synth-ai's per-request overhead goes.
 
 from __future__ import annotations
 
-import gc
 import inspect
 import json
 import logging
@@ -28,7 +27,9 @@ from starlette.routing import Route
 from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, is_secret_name, mask, redact
 from synth_deploy.errors import BadRequest, TraceStoreError
+from synth_deploy.taskapp._admission import RolloutLimits, RolloutStats
 from synth_deploy.taskapp._auth import ApiKeyAuth
+from synth_deploy.taskapp._blocking import timed_steps
 from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
 from synth_deploy.taskapp._contracts import (
     RolloutRequest,
@@ -46,23 +47,21 @@ from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._protocol_app import new_protocol_app
 from synth_deploy.taskapp._proxy import VENDOR_KEYS
 from synth_deploy.taskapp._request_guards import (
+    BodyTooLarge,
     bad_request_response,
     http_error,
-    raw_header,
+    read_body,
     requested_seeds,
-    unsupported_media_type,
 )
 from synth_deploy.taskapp._responses import error_response, validation_errors
+from synth_deploy.taskapp._rollout_endpoint import RolloutEndpoint
 from synth_deploy.tracing import SessionTrace, SessionTracer, ledger_of
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
-# The hot path calls pydantic-core itself: `BaseModel.model_validate`, `model_validate_json`
-# and `model_dump` are Python wrappers that pass on their keyword defaults, 5-12k instructions
-# a call (measured under callgrind) around the same validation and serialization.
-_REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
+# The hot path calls pydantic-core itself: `BaseModel.model_validate` and `model_dump` are
+# Python wrappers that pass on their keyword defaults around the same validation.
 _RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
-_YOUNG_GC_THRESHOLD = 7000  # see `lifespan`
 
 
 class TraceSink(Protocol):
@@ -70,10 +69,6 @@ class TraceSink(Protocol):
 
     async def write_session(self, session: SessionTrace, *, more_coming: bool = False
                             ) -> None: ...
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 class _EncodedJSON(Response):
@@ -94,6 +89,7 @@ def create_app(
     trace_store: TraceSink | None = None,
     env: Env | None = None,
     on_session: Callable[[SessionTrace], None] | None = None,
+    limits: RolloutLimits = RolloutLimits(),
 ) -> Starlette:
     """Build the ASGI app for ``config`` (a FastAPI app when it has routers).
 
@@ -103,6 +99,7 @@ def create_app(
     ``env``: resolved settings; the vendor proxies take their keys from it.
     ``on_session``: called with each finished rollout's session as it goes to the store (the
     live OTLP export); it must return at once, and its failure never fails a rollout.
+    ``limits``: how many rollouts run at once, and when a long one's head is sent.
     """
     env = env or Env()
     auth = ApiKeyAuth(api_keys)
@@ -118,17 +115,6 @@ def create_app(
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
-            # What exists once the app has started (modules, the app, its datasets) lives as
-            # long as the server: frozen, full collections stop walking it. Traced rollouts
-            # keep objects alive across loop iterations, and a full collection of the heap
-            # paused the server for 19 ms every 0.6 s (p99 3.4x of untraced; 1.5x frozen).
-            gc.freeze()
-            # Young collections run once 700 more objects live than died: with traced
-            # rollouts waiting for their commit, every few requests, each walking objects
-            # that die a moment later (3.5% of a traced trivial rollout's instructions at
-            # 32 in flight; untraced, none ran). Ten times as many leaves those to die first.
-            young, *older = gc.get_threshold()
-            gc.set_threshold(max(young, _YOUNG_GC_THRESHOLD), *older)
             yield
         finally:
             for hook in config.shutdown_hooks:
@@ -140,7 +126,7 @@ def create_app(
 
     app = new_protocol_app(config, lifespan)
     app.state.config = config
-    stats = app.state.stats = {"rollout_requests": 0, "rollouts": 0, "errors": 0, "in_flight": 0}
+    stats = app.state.stats = RolloutStats(limits.max_in_flight)
     rollouts = _Rollouts(config, trace_store=trace_store, on_session=on_session,
                          secret_values=secret_values, stats=stats)
 
@@ -148,7 +134,9 @@ def create_app(
         failure = auth.check(request.scope["headers"])
         if failure is None:
             return None
-        return error_response(failure.status, failure.code, failure.message)
+        # Closed at once: a client without the key never holds a connection for long.
+        return error_response(failure.status, failure.code, failure.message,
+                              headers={"connection": "close"})
 
     async def root(request: Request) -> Response:
         return JSONResponse({"status": "ok", "service": config.app_id})
@@ -160,6 +148,7 @@ def create_app(
             "healthy": True, "service": config.app_id, "version": config.version,
             "auth": {"required": auth.enabled, "enabled": auth.enabled},
             "tracing": {"enabled": trace_store is not None},
+            "rollouts": {"in_flight": stats.in_flight, "max_in_flight": stats.capacity},
         })
 
     async def info(request: Request) -> Response:
@@ -203,36 +192,6 @@ def create_app(
             })
         return JSONResponse(payload[0] if len(seeds) == 1 and len(payload) == 1 else payload)
 
-    async def rollout(request: Request) -> Response:
-        stats["rollout_requests"] += 1
-        if (resp := denied(request)) is not None or \
-                (resp := unsupported_media_type(request)) is not None:
-            return resp
-        try:
-            body = await _read_body(request, config.max_body_bytes)
-        except _BodyTooLarge:
-            return error_response(413, "body_too_large",
-                                  f"request body exceeds {config.max_body_bytes} bytes")
-        try:
-            req = _REQUEST_VALIDATOR.validate_json(body)
-        except ValidationError as exc:
-            errors = validation_errors(exc)
-            if errors and errors[0]["type"] == "json_invalid":
-                return error_response(422, "invalid_json",
-                                      f"request body is not valid JSON: {exc.errors()[0]['msg']}")
-            summary = "; ".join(f"{e['path']}: {e['message']}" for e in errors[:5])
-            return error_response(422, "invalid_request", f"invalid rollout request: {summary}",
-                                  errors=errors)
-        seed = req.env.seed
-        if seed is not None and (why := config.dataset_registry.unknown_seed(seed)) is not None:
-            return bad_request_response(BadRequest(why, code="unknown_seed", field="env.seed"),
-                                        run_id=req.run_id)
-        stats["in_flight"] += 1
-        try:
-            return await rollouts.run(req, body, app.state.http)
-        finally:
-            stats["in_flight"] -= 1
-
     async def done(request: Request) -> Response:
         if (resp := denied(request)) is not None:
             return resp
@@ -252,7 +211,9 @@ def create_app(
     # Plain Starlette routes: these handlers take a Request and return a Response, so
     # FastAPI's dependency solving and response encoding would be pure overhead.
     app.serve_core_routes([
-        Route("/rollout", rollout, methods=["POST"]),  # first: the hot path matches at once
+        Route("/rollout", RolloutEndpoint(  # first: the hot path matches at once
+            config, denied=denied, limits=limits, stats=stats,
+            run=lambda req, body: rollouts.run(req, body, app.state.http)), methods=["POST"]),
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
@@ -264,8 +225,8 @@ def create_app(
     if config.proxy is not None:
         from synth_deploy.taskapp._proxy import add_proxy_routes
 
-        add_proxy_routes(app, config.proxy, env, denied, read_body=lambda r: _read_body(
-            r, config.max_body_bytes), too_large=_BodyTooLarge)
+        add_proxy_routes(app, config.proxy, env, denied, read_body=lambda r: read_body(
+            r, config.max_body_bytes), too_large=BodyTooLarge)
 
     app.add_exception_handler(HTTPException, http_error)
     return app
@@ -277,7 +238,7 @@ class _Rollouts:
 
     def __init__(self, config: TaskAppConfig, *, trace_store: TraceSink | None,
                  on_session: Callable[[SessionTrace], None] | None, secret_values: list[str],
-                 stats: dict[str, int]) -> None:
+                 stats: RolloutStats) -> None:
         self.config = config
         self.call_executor = _executor_caller(config.rollout)
         self.trace_store = trace_store
@@ -308,9 +269,10 @@ class _Rollouts:
         except Exception as exc:
             error = self._failure(exc, req, bound)
             elapsed = time.perf_counter() - started
-            self.stats["errors"] += 1
+            self.stats.errors += 1
         finally:
             self.running -= 1
+        self.stats.record(elapsed)
         session = tracer.finish()
         if trace_store is not None or req.record.return_trace or on_session is not None:
             # Building the session's metadata is wasted work when nobody reads it.
@@ -337,7 +299,7 @@ class _Rollouts:
         if result is None:
             assert error is not None
             return error
-        self.stats["rollouts"] += 1
+        self.stats.rollouts += 1
         # Bytes straight from pydantic-core: no str round trip on the hot path.
         return _EncodedJSON(result.__pydantic_serializer__.to_json(result))
 
@@ -492,7 +454,7 @@ def _executor_caller(executor: Any) -> Any:
     """An async callable running ``executor`` (decided once, not per request)."""
     if inspect.iscoroutinefunction(executor) or inspect.iscoroutinefunction(
             type(executor).__call__):
-        return executor
+        return timed_steps(executor)  # on the loop: a step that holds it is reported
 
     async def in_thread(req: RolloutRequest, ctx: RolloutContext) -> Any:
         # A sync executor runs in a worker thread; on timeout the thread is abandoned, not
@@ -516,27 +478,6 @@ async def _task_instances(config: TaskAppConfig, seeds: list[int]) -> list[dict[
     return await anyio.to_thread.run_sync(lambda: dumped(provide(seeds)))
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = raw_header(request, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge
-    # Straight from the ASGI receive channel: the limit holds for chunked bodies too.
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _BodyTooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 async def _maybe_await(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
@@ -544,8 +485,9 @@ async def _maybe_await(value: Any) -> Any:
 
 
 def stats_of(app: Any) -> Mapping[str, int]:
-    """Request counters of a running app (for live status lines)."""
-    return dict(app.state.stats)
+    """Rollout counters of a running app (for live status lines): rollout_requests,
+    rollouts, errors, refused, in_flight, capacity."""
+    return app.state.stats.snapshot()
 
 
 __all__ = ["TraceSink", "create_app", "stats_of"]

@@ -32,10 +32,10 @@ SLOW_APP = textwrap.dedent('''
 ''')
 
 
-def start_serve(tmp_path, app_ref, port, **env):
+def start_serve(tmp_path, app_ref, port, *flags, **env):
     return subprocess.Popen(
         [sys.executable, "-m", "synth_deploy.cli", "serve", app_ref, "--port", str(port),
-         "--no-trace"], cwd=tmp_path, env=clean_env(**env),
+         "--no-trace", *flags], cwd=tmp_path, env=clean_env(**env),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -106,7 +106,7 @@ def test_serve_no_auth_answers_without_a_key_and_warns(tmp_path):
 def test_the_access_log_names_the_client_a_local_proxy_forwarded(tmp_path, api_key):
     # cloudflared connects from 127.0.0.1 and says who the client is in X-Forwarded-For.
     port = free_port()
-    proc = start_serve(tmp_path, "math", port, ENVIRONMENT_API_KEY=api_key)
+    proc = start_serve(tmp_path, "math", port, "--access-log", ENVIRONMENT_API_KEY=api_key)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(url, proc)

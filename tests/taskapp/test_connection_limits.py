@@ -142,7 +142,8 @@ def test_an_idle_keep_alive_connection_is_closed_and_a_begun_request_keeps_its_d
 
         idle, answered_at = answered_connection()
         assert closed_by_server(idle, within_s=3)
-        assert 0.5 <= time.monotonic() - answered_at < 1.2  # keep_alive_s, a sweep late at most
+        # keep_alive_s (the server armed it a moment before the client read the answer)
+        assert 0.45 <= time.monotonic() - answered_at < 1.2
         idle.close()
 
         # Past the keep-alive, a next request that has begun has until its header deadline

@@ -239,13 +239,37 @@ def test_startup_and_shutdown_hooks_run_with_app_state(serve, api_key):
     assert calls == [("up", 1), ("down", 1)]
 
 
-def test_what_exists_once_the_app_started_is_left_out_of_full_collections(serve, api_key):
-    loaded_by_a_hook = []
-    config = toy_config(startup_hooks=[lambda state: loaded_by_a_hook.append({"rows": [1]})])
-    serve(create_app(config, api_keys=[api_key]))
-    assert gc.get_freeze_count() > 0
-    gc.collect()  # a frozen object is not even looked at: it stays out of every generation
-    assert not any(o is loaded_by_a_hook[0] for o in gc.get_objects())
+def test_building_and_serving_an_app_leaves_the_garbage_collector_alone(serve, api_key):
+    # smoke, eval, deploy's validation, a notebook: none of them is a serving process
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
+    server = serve(create_app(toy_config(), api_keys=[api_key]))
+    assert httpx.get(server.url + "/health", headers={"X-API-Key": api_key}).status_code == 200
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (threshold, frozen)
+
+
+def test_a_serving_process_freezes_what_exists_and_opens_as_many_files_as_allowed():
+    script = (
+        "import gc, json, resource\n"
+        "from synth_deploy.taskapp import prepare_serving_process\n"
+        "kept = {'rows': [1]}\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit("
+        "resource.RLIMIT_NOFILE)[1]))\n"
+        "prepare_serving_process()\n"
+        "gc.collect()\n"
+        "print(json.dumps({'frozen': not any(o is kept for o in gc.get_objects()),"
+        " 'young': gc.get_threshold()[0], 'files': resource.getrlimit("
+        "resource.RLIMIT_NOFILE)}))\n")
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    seen = json.loads(out)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert seen["frozen"] and seen["young"] >= 7000
+    assert seen["files"] == [hard, hard] or hard == resource.RLIM_INFINITY
 
 
 def test_user_middleware_and_extra_routers_see_protocol_routes(serve, api_key):

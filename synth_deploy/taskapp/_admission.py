@@ -1,0 +1,223 @@
+"""How many rollouts a served app runs at once, and how a long one outlives proxy cutoffs.
+
+`RolloutLimits` is resolved once where the app is served (`rollout_limits`: a flag, else
+``SYNTH_DEPLOY_MAX_ROLLOUTS``, else the default) and given to `create_app`:
+
+- **admission**: at most ``max_in_flight`` rollouts run at once; the next is answered 503 with
+  ``Retry-After`` before its body is read. ``/health`` says the capacity and what is in flight.
+  Connections are not the limit (a trainer may open many and send few); rollouts are.
+- **an early head**: proxies between a trainer and the app cut a request whose response is
+  silent too long (Cloudflare answers 524 after 100 s without a byte; Modal turns a request
+  not answered in 150 s into a 303 to a result URL). A rollout still running after
+  ``head_after_s`` gets its ``200`` head and a space, then a space every ``heartbeat_s``,
+  then its JSON body: leading whitespace is valid JSON, so any client reads it as before. The
+  price: once the head has left, a rollout that then fails cannot change the status; its
+  body is the usual error document, with the status it stands for in ``detail.error.status``
+  (`answered_status` reads it back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from synth_deploy.env import Env
+from synth_deploy.errors import UsageError
+
+MAX_ROLLOUTS_VAR = "SYNTH_DEPLOY_MAX_ROLLOUTS"
+DEFAULT_MAX_ROLLOUTS = 10_000
+# Well inside the shortest silence a common proxy allows (nginx's 60 s, Cloudflare's 100 s,
+# Modal's 150 s), late enough that most rollouts are answered with their own status.
+DEFAULT_HEAD_AFTER_S = 20.0
+DEFAULT_HEARTBEAT_S = 15.0
+_DURATIONS_KEPT = 100_000
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """``max_in_flight``: rollouts run at once (beyond: 503 + Retry-After); ``head_after_s``:
+    when a running rollout's 200 head is sent; ``heartbeat_s``: a space that often after."""
+
+    max_in_flight: int = DEFAULT_MAX_ROLLOUTS
+    head_after_s: float = DEFAULT_HEAD_AFTER_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int) \
+                or self.max_in_flight < 1:
+            raise UsageError(f"max rollouts in flight must be a whole number >= 1, got "
+                             f"{self.max_in_flight!r}")
+        for name in ("head_after_s", "heartbeat_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise UsageError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+
+def rollout_limits(env: Env, max_in_flight: int | None = None) -> RolloutLimits:
+    """The limits a served app runs with: ``max_in_flight`` when given (a flag), else
+    ``SYNTH_DEPLOY_MAX_ROLLOUTS`` from ``env``, else the default."""
+    if max_in_flight is None:
+        raw = env.get(MAX_ROLLOUTS_VAR)
+        if raw is None or not raw.strip():
+            return RolloutLimits()
+        try:
+            max_in_flight = int(raw.strip())
+        except ValueError:
+            raise UsageError(f"{MAX_ROLLOUTS_VAR}={raw!r} ({env.source(MAX_ROLLOUTS_VAR)}) is "
+                             "not a whole number",
+                             hint=f"set {MAX_ROLLOUTS_VAR} to the most rollouts the app may "
+                                  f"run at once, e.g. {DEFAULT_MAX_ROLLOUTS}") from None
+    return RolloutLimits(max_in_flight=max_in_flight)
+
+
+class RolloutStats:
+    """A served app's rollout counters, read by status lines (`snapshot`) and ``/health``."""
+
+    __slots__ = ("capacity", "rollout_requests", "rollouts", "errors", "refused", "in_flight",
+                 "durations", "_said")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.rollout_requests = 0  # POST /rollout received, refused ones included
+        self.rollouts = 0  # answered 200
+        self.errors = 0  # failed while running
+        self.refused = 0  # answered 503: at capacity
+        self.in_flight = 0
+        self.durations: list[float] = []  # seconds, since the last `take_durations`
+        self._said = (0, 0)  # errors and refusals at the last summary
+
+    def snapshot(self) -> dict[str, int]:
+        return {"rollout_requests": self.rollout_requests, "rollouts": self.rollouts,
+                "errors": self.errors, "refused": self.refused, "in_flight": self.in_flight,
+                "capacity": self.capacity}
+
+    def record(self, duration_s: float) -> None:
+        """A finished rollout's duration, for the next summary (a bounded sample: nobody
+        may ever ask for one)."""
+        if len(self.durations) < _DURATIONS_KEPT:
+            self.durations.append(duration_s)
+
+    def take_durations(self) -> list[float]:
+        """The durations recorded since the last call (safe from another thread)."""
+        taken, self.durations = self.durations, []
+        return taken
+
+    def summary(self, interval_s: float) -> str | None:
+        """One line on the rollouts answered since the last summary (None: nothing
+        happened): how many and how fast, their p50/p99, errors, refusals, in flight."""
+        durations = sorted(self.take_durations())
+        errors, refused = self.errors, self.refused
+        new_errors, new_refused = errors - self._said[0], refused - self._said[1]
+        self._said = (errors, refused)
+        if not durations and not self.in_flight and not new_refused:
+            return None
+        parts = [f"{len(durations)} rollouts in {interval_s:g}s "
+                 f"({len(durations) / interval_s:.1f}/s)"]
+        if durations:
+            p50 = durations[len(durations) // 2]
+            p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))]
+            parts.append(f"p50 {p50:.2f}s p99 {p99:.2f}s")
+        parts.append(f"{new_errors} error{'' if new_errors == 1 else 's'}")
+        if new_refused:
+            parts.append(f"{new_refused} refused (at capacity)")
+        parts.append(f"{self.in_flight}/{self.capacity} in flight")
+        return " · ".join(parts)
+
+
+def answered_status(status_code: int, body: Any) -> int:
+    """The status a rollout's answer stands for: a 200 whose body is an error document (sent
+    after the early head) stands for the status the error names."""
+    if status_code == 200 and isinstance(body, dict) and isinstance(body.get("detail"), dict):
+        error = body["detail"].get("error")
+        if isinstance(error, dict) and isinstance(error.get("status"), int):
+            return error["status"]
+    return status_code
+
+
+class _Pulse:
+    """One long rollout's early head and heartbeat, sent by its own task."""
+
+    __slots__ = ("started", "send", "task", "head_sent")
+
+    def __init__(self, started: float, send: Any) -> None:
+        self.started = started
+        self.send = send
+        self.task: asyncio.Task[None] | None = None
+        self.head_sent = False
+
+
+_HEAD = {"type": "http.response.start", "status": 200,
+         "headers": [(b"content-type", b"application/json")]}
+_SPACE = {"type": "http.response.body", "body": b" ", "more_body": True}
+
+
+class EarlyHeads:
+    """Sends the head and a heartbeat for rollouts that run past ``head_after_s``.
+
+    A rollout is registered when it starts (`watch`) and released when it has its answer
+    (`answer`). One sweep per app, while rollouts run, starts a pulse task for each that is
+    due: short rollouts cost a dict entry, never a task or a timer.
+    """
+
+    def __init__(self, limits: RolloutLimits) -> None:
+        self.head_after_s = limits.head_after_s
+        self.heartbeat_s = limits.heartbeat_s
+        self.interval = min(limits.head_after_s, limits.heartbeat_s) / 4
+        self._running: dict[int, _Pulse] = {}
+        self._sweeping: asyncio.AbstractEventLoop | None = None  # the loop a sweep runs on
+
+    def watch(self, send: Any) -> _Pulse:
+        loop = asyncio.get_running_loop()
+        pulse = _Pulse(loop.time(), send)
+        self._running[id(pulse)] = pulse
+        if self._sweeping is not loop:
+            self._sweeping = loop
+            loop.call_later(self.interval, self._sweep, loop)
+        return pulse
+
+    async def answer(self, pulse: _Pulse, response: Any, scope: Any, receive: Any) -> None:
+        """Send ``response`` (a Starlette response with its body) for ``pulse``'s rollout."""
+        del self._running[id(pulse)]
+        if pulse.task is not None:
+            pulse.task.cancel()
+            try:
+                await pulse.task
+            except asyncio.CancelledError:
+                pass
+        if not pulse.head_sent:
+            await response(scope, receive, pulse.send)
+            return
+        body = response.body
+        if response.status_code != 200:
+            document = json.loads(body)
+            error = document.get("detail", {}).get("error")
+            if isinstance(error, dict):
+                error["status"] = response.status_code
+            body = json.dumps(document).encode()
+        await pulse.send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._sweeping is not loop:
+            return  # replaced: the app is served on another loop now
+        if not self._running:
+            self._sweeping = None  # the next rollout starts a new sweep
+            return
+        due = loop.time() - self.head_after_s
+        for pulse in list(self._running.values()):
+            if pulse.task is None and pulse.started <= due:
+                pulse.task = loop.create_task(self._beat(pulse))
+        loop.call_later(self.interval, self._sweep, loop)
+
+    async def _beat(self, pulse: _Pulse) -> None:
+        await pulse.send(_HEAD)
+        pulse.head_sent = True
+        while True:
+            await pulse.send(_SPACE)
+            await asyncio.sleep(self.heartbeat_s)
+
+
+__all__ = ["DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "MAX_ROLLOUTS_VAR", "RolloutLimits",
+           "RolloutStats", "answered_status", "rollout_limits"]

@@ -1,0 +1,115 @@
+"""``POST /rollout`` as a bare ASGI app: the checks before a rollout runs, admission, and the
+answer (with an early head when the rollout runs long; see `_admission`).
+
+In order: the key (a failure is answered and the connection closed), the media type, the
+admission limit (503 + Retry-After, before the body is read), the body's size and shape, the
+seed; then the rollout, counted in flight until its answer is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from synth_deploy.errors import BadRequest
+from synth_deploy.taskapp._admission import EarlyHeads, RolloutLimits, RolloutStats
+from synth_deploy.taskapp._config import TaskAppConfig
+from synth_deploy.taskapp._contracts import RolloutRequest
+from synth_deploy.taskapp._request_guards import (
+    BodyTooLarge,
+    bad_request_response,
+    read_body,
+    server_error,
+    unsupported_media_type,
+)
+from synth_deploy.taskapp._responses import error_response, validation_errors
+
+logger = logging.getLogger("synth_deploy.taskapp")
+
+# pydantic-core itself: `model_validate_json` is a Python wrapper around the same call.
+_REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
+
+RunRollout = Callable[[RolloutRequest, bytes], Awaitable[Response]]
+
+
+class RolloutEndpoint:
+    """The ``/rollout`` route's ASGI app. ``denied``: the key check (a response, or None);
+    ``run``: runs a validated request (its body given too) to its response."""
+
+    def __init__(self, config: TaskAppConfig, *, denied: Callable[[Request], Response | None],
+                 run: RunRollout, limits: RolloutLimits, stats: RolloutStats) -> None:
+        self.config = config
+        self.denied = denied
+        self.run = run
+        self.stats = stats
+        self.capacity = limits.max_in_flight
+        self.heads = EarlyHeads(limits)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        stats = self.stats
+        stats.rollout_requests += 1
+        request = Request(scope, receive, send)
+        refusal = self.denied(request) or unsupported_media_type(request)
+        if refusal is None and stats.in_flight >= self.capacity:
+            stats.refused += 1
+            refusal = error_response(
+                503, "at_capacity", f"the app is running its maximum of {self.capacity} "
+                "rollouts at once; retry shortly", headers={"retry-after": "1"})
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        stats.in_flight += 1
+        try:
+            await self._answer(request, scope, receive, send)
+        finally:
+            stats.in_flight -= 1
+
+    async def _answer(self, request: Request, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            checked = await self._checked(request)
+        except Exception as exc:
+            logger.exception("POST /rollout failed")
+            checked = await server_error(request, exc)
+        if isinstance(checked, Response):
+            await checked(scope, receive, send)
+            return
+        req, body = checked
+        pulse = self.heads.watch(send)
+        try:
+            response = await self.run(req, body)
+        except Exception as exc:  # the kit's own failure: the app's are answered by `run`
+            logger.exception("POST /rollout failed")
+            response = await server_error(request, exc)
+        await self.heads.answer(pulse, response, scope, receive)
+
+    async def _checked(self, request: Request) -> Response | tuple[RolloutRequest, bytes]:
+        """The request validated (with its body), or the response that refuses it."""
+        limit = self.config.max_body_bytes
+        try:
+            body = await read_body(request, limit)
+        except BodyTooLarge:
+            return error_response(413, "body_too_large", f"request body exceeds {limit} bytes")
+        try:
+            req = _REQUEST_VALIDATOR.validate_json(body)
+        except ValidationError as exc:
+            errors = validation_errors(exc)
+            if errors and errors[0]["type"] == "json_invalid":
+                return error_response(422, "invalid_json",
+                                      f"request body is not valid JSON: {exc.errors()[0]['msg']}")
+            summary = "; ".join(f"{e['path']}: {e['message']}" for e in errors[:5])
+            return error_response(422, "invalid_request", f"invalid rollout request: {summary}",
+                                  errors=errors)
+        seed = req.env.seed
+        if seed is not None and \
+                (why := self.config.dataset_registry.unknown_seed(seed)) is not None:
+            return bad_request_response(BadRequest(why, code="unknown_seed", field="env.seed"),
+                                        run_id=req.run_id)
+        return req, body
+
+
+__all__ = ["RolloutEndpoint"]
