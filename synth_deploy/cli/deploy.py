@@ -16,6 +16,7 @@ from synth_deploy.cli._common import (
     handling_errors,
     print_json,
     resolve_env,
+    warn,
 )
 
 NameOption = Annotated[str | None, typer.Option("--name", help="Modal app name "
@@ -72,6 +73,8 @@ def _render_plan(plan: Any) -> None:
               f"cpu {cpu} · containers {containers} · {res['concurrent_inputs']} concurrent "
               f"inputs/container" + (f" · volumes {res['volumes']}" if res["volumes"] else ""))
     out.print(f"[bold]Tracing[/bold]  {escape(d['tracing'])}")
+    for message in d["warnings"]:
+        warn(message)
 
 
 def _progress():

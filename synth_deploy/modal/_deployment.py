@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,17 +150,23 @@ def deploy(app: str, env: Env, options: DeployOptions = DeployOptions(), *,
     ``options`` say how (see `DeployOptions`). ``cli`` runs Modal's CLI (tests pass a
     stand-in); ``on_progress(stage, message)`` hears each step and Modal's output lines.
     """
+    from synth_deploy.runs import capacity_warnings, measured_capacity
     from synth_deploy.taskapp import load_app
 
     say = on_progress or (lambda stage, message: None)
     entry = load_app(app)
     plan = build_plan(entry, env, name=options.name,
                       modal_environment=options.modal_environment)
+    # Held to what `rehearse` measured here (the `modal deploy` child never sees this).
+    plan = replace(plan, warnings=tuple(capacity_warnings(
+        plan.settings, measured_capacity(plan.app_id))))
     build_modal_app(plan)  # settings, secrets and image must build before anything is sent
     result = DeployResult(plan=plan, dry_run=options.dry_run)
     if options.dry_run:  # the caller shows the whole plan; no progress line repeats it
         return result
     say("plan", f"{plan.app_id} -> Modal app {plan.app_name!r} ({plan.source})")
+    for warning in plan.warnings:
+        say("capacity", warning)
 
     require_modal_token(env)
     say("connect", "checking that Modal's API can be reached")

@@ -39,6 +39,7 @@ class DeployPlan:
     remote_tracing: bool
     modal_environment: str | None = None
     function_name: str = FUNCTION_NAME
+    warnings: tuple[str, ...] = ()  # what the settings promise beyond what was measured
 
     @property
     def api_key(self) -> str:
@@ -75,6 +76,7 @@ class DeployPlan:
             "env": dict(self.env),
             "resources": self.settings.resources(),
             "tracing": self.tracing,
+            "warnings": list(self.warnings),
         }
 
 

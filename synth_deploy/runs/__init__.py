@@ -13,6 +13,13 @@ a URL is driven as it is, with the configured ``ENVIRONMENT_API_KEY``.
 from synth_deploy._lazy import lazy_attributes
 from synth_deploy.runs._capacity import CapacityReport, LoadLevel, LoadOptions, probe_capacity
 from synth_deploy.runs._idle import IdleResult, idle_probe
+from synth_deploy.runs._measured import (
+    MEASURED_CAPACITY_FILE,
+    MeasuredCapacity,
+    capacity_warnings,
+    measured_capacity,
+    record_capacity,
+)
 from synth_deploy.runs._rehearsal import RehearsalOptions, RehearsalProgress, rehearse
 from synth_deploy.runs._rehearsal_report import RehearsalCheck, RehearsalReport
 from synth_deploy.runs._rollouts import (
@@ -42,12 +49,14 @@ __getattr__ = lazy_attributes(__name__, {"MOCK_MODEL": "_mock_policy",
 
 
 __all__ = [
+    "MEASURED_CAPACITY_FILE",
     "MOCK_MODEL",
     "POLICY_API_KEY",
     "CapacityReport",
     "IdleResult",
     "LoadLevel",
     "LoadOptions",
+    "MeasuredCapacity",
     "PolicyTarget",
     "RehearsalCheck",
     "RehearsalOptions",
@@ -57,13 +66,16 @@ __all__ = [
     "RunOptions",
     "RunReport",
     "RunTarget",
+    "capacity_warnings",
     "create_mock_policy_app",
     "default_seeds",
     "idle_probe",
     "is_url",
+    "measured_capacity",
     "open_target",
     "policy_target",
     "probe_capacity",
+    "record_capacity",
     "rehearse",
     "rollout_ledger",
     "rollout_request",

@@ -30,6 +30,7 @@ from synth_deploy.runs import _rehearsal_checks as verdicts
 from synth_deploy.runs._capacity import LoadOptions, ramp_capacity
 from synth_deploy.runs._determinism import check_determinism
 from synth_deploy.runs._idle import LOCAL_IDLE_S, REMOTE_IDLE_S, idle_probe
+from synth_deploy.runs._measured import record_capacity
 from synth_deploy.runs._rehearsal_report import CHECKS, RehearsalCheck, RehearsalReport
 from synth_deploy.runs._rollouts import PolicyTarget, RolloutOutcome
 from synth_deploy.runs._suite import RunTarget, is_url, open_target
@@ -133,16 +134,20 @@ def _health(target: RunTarget, seed: int) -> Any:
     return report
 
 
-async def _app_limit(target: RunTarget) -> float | None:
-    """The app's declared ``limits.timeout_seconds`` (from /info), if any."""
-    try:
-        async with httpx.AsyncClient(timeout=10.0, follow_redirects=True) as client:
-            resp = await client.get(target.url + "/info", headers={"X-API-Key": target.api_key})
-            limits = resp.json().get("limits") or {}
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    value = limits.get("timeout_seconds") if isinstance(limits, dict) else None
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+async def _app_limits(target: RunTarget) -> tuple[float | None, float | None]:
+    """The app's declared ``limits.timeout_seconds`` (/info) and when it sends a long
+    rollout's head (/health ``rollouts.head_after_s``, said by apps this kit serves)."""
+    found: list[float | None] = []
+    async with httpx.AsyncClient(timeout=10.0, follow_redirects=True) as client:
+        for path, section, name in (("/info", "limits", "timeout_seconds"),
+                                    ("/health", "rollouts", "head_after_s")):
+            try:
+                resp = await client.get(target.url + path, headers={"X-API-Key": target.api_key})
+                value = (resp.json().get(section) or {}).get(name)
+            except (httpx.HTTPError, ValueError, AttributeError):
+                value = None
+            found.append(float(value) if isinstance(value, int | float) and value > 0 else None)
+    return found[0], found[1]
 
 
 def _progress(on_progress: ProgressCallback | None, stage: str, total: int
@@ -163,7 +168,7 @@ def _progress(on_progress: ProgressCallback | None, stage: str, total: int
 async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerPlan,
                       options: RehearsalOptions, app_or_url: str, *, mocked: bool,
                       on_progress: ProgressCallback | None) -> None:
-    app_limit = await _app_limit(target)
+    app_limit, head_after_s = await _app_limits(target)
     run = _Rehearsal(target, plan, options, on_progress,
                      budget_s=options.budget_s or app_limit or DEFAULT_BUDGET_S)
     idle = run.start_idle_probe() if "idle" not in options.skip else None
@@ -176,7 +181,8 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
     report.checks += [verdicts.step_check(step), verdicts.signal_check(step)]
     report.checks.append(await run.determinism(mocked) if "determinism" not in options.skip
                          else RehearsalCheck("determinism", "skip", "skipped (--skip)"))
-    modal = _modal_settings(app_or_url)
+    entry = _app_entry(app_or_url)
+    modal = entry.modal if entry is not None else None
     capacity = None
     if "capacity" in options.skip:
         report.checks.append(RehearsalCheck("capacity", "skip", "skipped (--skip)"))
@@ -184,11 +190,13 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
         capacity = await run.capacity()
         report.checks.append(verdicts.capacity_check(capacity, plan.max_concurrent_rollouts,
                                                      modal, one_process=target.local))
+        if entry is not None and target.local:  # one process, as a container runs one:
+            record_capacity(entry.app_id, capacity)  # kept for `deploy` to hold settings to
     run.idle_release.set()  # the measurements are done: the idle probe may send its second
     budget_source = ("--max-time" if options.budget_s else "the app's limits.timeout_seconds"
                      if app_limit else "default")
     report.checks.append(run.timeouts(app_limit, budget_source, modal,
-                                      _slowest(step, capacity, run.concurrency)))
+                                      _slowest(step, capacity, run.concurrency), head_after_s))
     if idle is None:
         report.checks.append(RehearsalCheck("idle connection", "skip", "skipped (--skip)"))
     else:
@@ -273,14 +281,25 @@ class _Rehearsal:
         return capacity
 
     def timeouts(self, app_limit: float | None, budget_source: str, modal: Any,
-                 slowest_s: float | None) -> RehearsalCheck:
+                 slowest_s: float | None, head_after_s: float | None) -> RehearsalCheck:
         options, plan = self.options, self.plan
         trainer_s = options.trainer_timeout_s or plan.trainer_timeout_s
         trainer_source = ("--trainer-timeout" if options.trainer_timeout_s
                           else plan.trainer_timeout_source)
         layers = _timeout_layers(self.target.url, self.budget_s, budget_source, app_limit,
                                  modal, trainer_s, trainer_source)
+        # Proxies cut silence, not length: an app that sends its head early passes them.
+        proxies = [layer for layer in layers if layer.proxy]
+        passed = head_after_s is not None and proxies and all(
+            head_after_s < layer.seconds for layer in proxies)
+        if passed:
+            layers = [layer for layer in layers if not layer.proxy]
         assessment = assess_timeouts(layers, self.budget_s, slowest_s)
+        if passed:
+            names = " and ".join(f"the {layer.name} ({layer.seconds:g}s)" for layer in proxies)
+            assessment.notes.append(f"the app sends a long rollout's head after "
+                                    f"{head_after_s:g}s, then a byte at intervals: {names} "
+                                    "never see it silent")
         if trainer_s is None:
             assessment.notes.append("the trainer's per-rollout timeout is not in the config: "
                                     "pass --trainer-timeout S to check it too")
@@ -305,13 +324,13 @@ def _loopback(url: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _modal_settings(app_or_url: str) -> Any:
-    """The app's declared ModalSettings when it is served from its id or file, else None."""
+def _app_entry(app_or_url: str) -> Any:
+    """The registered app when it is served from its id or file, else None."""
     if is_url(app_or_url):
         return None
     from synth_deploy.taskapp import load_app
 
-    return load_app(app_or_url).modal
+    return load_app(app_or_url)
 
 
 def _timeout_layers(url: str, budget_s: float, budget_source: str, app_limit: float | None,

@@ -123,9 +123,12 @@ def capacity_check(report: CapacityReport, wanted: int, modal: Any = None, *,
     tested = report.levels[-1].concurrency if report.levels else 0
     details = [f"stopped at {stopped.concurrency}: {stopped.problem}"] if stopped else []
     if rec["concurrent_inputs"] and one_process:
-        details.append(f"recommended: max_concurrent_rollouts = {rec['max_concurrent_rollouts']}"
-                       f"; Modal concurrent_inputs = {rec['concurrent_inputs']}, "
-                       f"max_containers = {rec['max_containers']}")
+        # Settings to paste, each where it is written.
+        details += [
+            f"rl.toml:    [rollout] max_concurrent_rollouts = {rec['max_concurrent_rollouts']}",
+            f"app file:   ModalSettings(concurrent_inputs={rec['concurrent_inputs']}, "
+            f"max_containers={rec['max_containers']}, max_rollouts={report.sustained})",
+            f"serve:      synth-deploy serve APP --max-rollouts {report.sustained}"]
     elif rec["concurrent_inputs"]:
         details.append(f"recommended: max_concurrent_rollouts = {rec['max_concurrent_rollouts']}"
                        " (measured across the whole deployment; rehearse with --app for "

@@ -32,6 +32,7 @@ class TimeoutLayer:
     fix: str
     inner: bool = False  # the budget itself (the app enforces it): nothing sits inside it
     hard: bool = True  # False: passing it is survivable (Modal's 303 redirect)
+    proxy: bool = False  # a proxy's limit on a silent answer: an early head passes it
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "seconds": self.seconds, "source": self.source,
@@ -105,16 +106,17 @@ def modal_web_layer(seconds: float) -> TimeoutLayer:
     return TimeoutLayer(
         "Modal web request limit", seconds, "Modal (all web endpoints)",
         "is answered with a 303 redirect to a result URL: the trainer's client must follow "
-        "redirects", "make sure the trainer's HTTP client follows 303 redirects, or keep "
-        f"rollouts under {seconds:g}s", hard=False)
+        "redirects", "serve the app with synth-deploy (it answers a long rollout's head "
+        "early), make sure the trainer's HTTP client follows 303 redirects, or keep "
+        f"rollouts under {seconds:g}s", hard=False, proxy=True)
 
 
 def tunnel_layer(seconds: float) -> TimeoutLayer:
     return TimeoutLayer(
         "tunnel response timeout", seconds, "Cloudflare (quick and named tunnels)",
         "is cut by Cloudflare with HTTP 524",
-        f"keep rollouts under {seconds:g}s, or deploy to Modal (`synth-deploy deploy`) "
-        "instead of tunnelling")
+        "serve the app with synth-deploy (it answers a long rollout's head early and keeps "
+        f"the answer alive), or keep rollouts under {seconds:g}s", proxy=True)
 
 
 def trainer_layer(seconds: float, source: str) -> TimeoutLayer:

@@ -148,7 +148,8 @@ def create_app(
             "healthy": True, "service": config.app_id, "version": config.version,
             "auth": {"required": auth.enabled, "enabled": auth.enabled},
             "tracing": {"enabled": trace_store is not None},
-            "rollouts": {"in_flight": stats.in_flight, "max_in_flight": stats.capacity},
+            "rollouts": {"in_flight": stats.in_flight, "max_in_flight": stats.capacity,
+                         "head_after_s": limits.head_after_s},
         })
 
     async def info(request: Request) -> Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sqlite3
@@ -165,6 +166,24 @@ def test_dry_run_prints_the_plan_and_sends_nothing(standin):
     assert "pip_install fastapi==" in out and "lost when it stops" in out
     assert not (standin["state"] / "pids").exists()
     assert "TASK_APP_URL" not in (standin["dir"] / ".env").read_text()
+
+
+def test_the_plan_warns_when_settings_promise_more_than_rehearse_measured(standin):
+    # What `rehearse --app math` keeps when its ramp found the limit (at 4 here): the math
+    # app's ModalSettings promise more concurrent inputs a container.
+    record = standin["dir"] / ".synth-deploy" / "capacity.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({"math": {
+        "app_id": "math", "sustained": 4, "knee": 2, "rollouts_per_s": 9.5, "limited": True,
+        "measured_at": "2026-11-26 21:00"}}))
+    result = _run("math", "--dry-run")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert re.search(r"ModalSettings\.concurrent_inputs = \d+ promises more than one process "
+                     r"held 4 rollouts at once .* set it between 2 .* and 4", said), said
+    record.write_text(json.dumps({"math": {**json.loads(record.read_text())["math"],
+                                           "limited": False}}))  # a lower bound: no warning
+    assert "promises more" not in _run("math", "--dry-run").output
 
 
 def test_a_broken_app_never_reaches_modal(standin):
