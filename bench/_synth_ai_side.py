@@ -43,6 +43,34 @@ def rollout(url: str, api_key: str, inference_url: str, seed: int) -> dict[str, 
             "tokens": _count_tokens_from_trace(parsed.get("trace"))}
 
 
+def client_rollouts(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rollouts sent at once, each by synth-ai's own `TaskAppClient` (its retries, timeout
+    and redirect rule): what the trainer's client makes of each answer."""
+    from synth_ai.sdk.task.client import TaskAppClient
+    from synth_ai.sdk.task.contracts import RolloutRequest
+
+    async def one(call: dict[str, Any]) -> dict[str, Any]:
+        request = RolloutRequest.model_validate({
+            "run_id": call["run_id"], "env": {"seed": 1, "config": {}},
+            "policy": {"policy_name": "p", "config": {
+                "model": "m", "inference_url": "http://127.0.0.1:9/v1"}},
+            "mode": "rl"})
+        started = time.monotonic()
+        try:
+            async with TaskAppClient(call["url"], call["api_key"]) as client:
+                response = await client.rollout(request)
+        except Exception as exc:  # what the trainer would see, reported
+            return {"run_id": call["run_id"], "error": f"{type(exc).__name__}: {exc}"[:300],
+                    "seconds": round(time.monotonic() - started, 1)}
+        return {"run_id": response.run_id, "reward": response.metrics.outcome_reward,
+                "seconds": round(time.monotonic() - started, 1)}
+
+    async def all_at_once() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(one(c) for c in calls)))
+
+    return asyncio.run(all_at_once())
+
+
 def validate_config(path: str, kind: str) -> dict[str, Any]:
     import tomllib
 
@@ -112,7 +140,8 @@ def validate_sft(path: str) -> list[str]:
     return collect_sft_jsonl_errors(Path(path))
 
 
-OPERATIONS = {f.__name__: f for f in (rollout, validate_config, rl_payload, sft_payload,
+OPERATIONS = {f.__name__: f for f in (rollout, client_rollouts, validate_config, rl_payload,
+                                      sft_payload,
                                       shipped_configs, write_sessions, validate_sft)}
 
 
