@@ -153,13 +153,57 @@ def load(url: str, bodies: Callable[[int], bytes], key: str, *, seconds: float,
                       (cpu_after - cpu_before) / result.answered * 1e6)
 
 
+_WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["X-API-Key"] = %s
+wrk.body = %s
+"""
+
+
+def wrk_load(url: str, body: bytes, key: str, *, seconds: float, concurrency: int,
+             threads: int = 1) -> LoadResult:
+    """`load` by wrk (Debian's `wrk`): a C client, so that a fast server is not measured
+    against the speed of a Python load generator. One body for every request."""
+    import shutil
+    import tempfile
+
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install wrk")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(_WRK_SCRIPT % (json.dumps(key), json.dumps(body.decode())))
+    pid = server_pid(url)
+    cpu_before = tree_cpu_s(pid) if pid else None
+    try:
+        out = subprocess.run(
+            ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
+             "--latency", "-s", script.name, url + "/rollout"],
+            capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
+    finally:
+        os.unlink(script.name)
+    cpu_after = tree_cpu_s(pid) if pid else None
+    if "Non-2xx" in out:
+        raise SystemExit(f"{url} answered errors under load:\n{out}")
+    rate = float(next(line.split()[1] for line in out.splitlines()
+                      if line.startswith("Requests/sec")))
+    p99 = next(line.split()[1] for line in out.splitlines() if line.strip().startswith("99%"))
+    p99_ms = float(p99[:-2]) if p99.endswith("ms") else float(p99[:-2]) / 1000 \
+        if p99.endswith("us") else float(p99[:-1]) * 1000
+    answered = int(next(line.split()[0] for line in out.splitlines()
+                        if "requests in" in line))
+    cpu = None if cpu_before is None or cpu_after is None or not answered else \
+        (cpu_after - cpu_before) / answered * 1e6
+    return LoadResult(rate, p99_ms, answered, cpu)
+
+
 def fixed_body(body: dict) -> Callable[[int], bytes]:
     payload = json.dumps(body).encode()
     return lambda _: payload
 
 
 def paired_rounds(servers: dict[str, str], bodies: Callable[[int], bytes], key: str, *,
-                  rounds: int, seconds: float, concurrency: int
+                  rounds: int, seconds: float, concurrency: int,
+                  client: Callable[..., LoadResult] | None = None
                   ) -> dict[str, list[LoadResult]]:
     """Load every server once per round, the order alternating, each after a short warm-up.
 
@@ -167,19 +211,21 @@ def paired_rounds(servers: dict[str, str], bodies: Callable[[int], bytes], key: 
     were loaded has let its connections to the policy expire (3 s), and would otherwise pay
     for opening them again in whichever round follows a switch.
     """
+    measure = client or load
     results: dict[str, list[LoadResult]] = {name: [] for name in servers}
     order = list(servers.items())
     for round_no in range(rounds):
         for name, url in order if round_no % 2 == 0 else reversed(order):
             load(url, bodies, key, seconds=0.5, concurrency=concurrency)
-            results[name].append(load(url, bodies, key, seconds=seconds,
-                                      concurrency=concurrency))
+            results[name].append(measure(url, bodies, key, seconds=seconds,
+                                         concurrency=concurrency))
     return results
 
 
 def rounds_on_fresh_servers(start: dict[str, Callable[[], AbstractContextManager[str]]],
                             bodies: Callable[[int], bytes], key: str, *, pairs: int,
-                            rounds: int, seconds: float, concurrency: int
+                            rounds: int, seconds: float, concurrency: int,
+                            client: Callable[..., LoadResult] | None = None
                             ) -> dict[str, list[LoadResult]]:
     """`paired_rounds` on ``pairs`` sets of servers, each set started afresh (``start``: a
     name's server, as a context manager yielding its URL), the rounds of all sets together.
@@ -195,8 +241,8 @@ def rounds_on_fresh_servers(start: dict[str, Callable[[], AbstractContextManager
         with ExitStack() as stack:
             urls = {name: stack.enter_context(begin()) for name, begin in starting}
             for name, measured in paired_rounds(urls, bodies, key, rounds=rounds,
-                                                seconds=seconds,
-                                                concurrency=concurrency).items():
+                                                seconds=seconds, concurrency=concurrency,
+                                                client=client).items():
                 results[name] += measured
     return results
 
