@@ -36,12 +36,16 @@ def free_port() -> int:
 
 @contextmanager
 def child_server(source: str, *, ready_path: str = "/", wrapper: Sequence[str] = (),
-                 start_timeout_s: float = 30, **values: object) -> Iterator[str]:
+                 start_timeout_s: float = 30, quiet: bool = False,
+                 **values: object) -> Iterator[str]:
     """Run ``source % values`` (a script that serves on ``%(port)d``) and yield its URL;
-    ``wrapper``: a command the interpreter runs under (valgrind)."""
+    ``wrapper``: a command the interpreter runs under (valgrind); ``quiet``: its output
+    dropped (a server that logs as users see it)."""
     port = free_port()
+    output = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen([*wrapper, sys.executable, "-c", source % {**values, "port": port}],
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=output,
+                            stderr=output)
     url = f"http://127.0.0.1:{port}"
     _SERVER_PIDS[url] = proc.pid
     try:

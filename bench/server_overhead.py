@@ -120,9 +120,9 @@ def main() -> None:
         app.write_text(TRIVIAL_APP)
         db = str(Path(tmp) / "traces.db")
         results = rounds_on_fresh_servers(
-            {"serve": partial(child_server, SERVE_CLI, app=str(app), key=KEY,
+            {"serve": partial(child_server, SERVE_CLI, app=str(app), key=KEY, quiet=True,
                               flags=["--no-trace"]),
-             "traced": partial(child_server, SERVE_CLI, app=str(app), key=KEY,
+             "traced": partial(child_server, SERVE_CLI, app=str(app), key=KEY, quiet=True,
                                flags=["--trace-db", db]),
              "bare": partial(child_server, BARE_SERVER, ready_path="/rollout", key=KEY),
              "checked": partial(child_server, CHECKED_SERVER, ready_path="/rollout", key=KEY)},

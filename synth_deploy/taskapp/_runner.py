@@ -122,6 +122,9 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # No "server: uvicorn" on every response: it tells a scanner what to try. The Date
     # header, which HTTP requires, stays.
     extra.setdefault("server_header", False)
+    # A trainer may open thousands of connections at once: the kernel caps the queue of
+    # those not yet accepted at its own limit (net.core.somaxconn).
+    extra.setdefault("backlog", max(2048, min(65535, limits.max_connections)))
     return dict(app=app, host=host, port=port, log_level=log_level, access_log=access_log,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]

@@ -1,0 +1,211 @@
+"""Capacity: thousands of LLM-bound rollouts in flight on one core.
+
+A real RL run keeps hundreds to thousands of episodes in flight, each waiting on a policy for
+a long while. Here each rollout sleeps ``--rollout-s`` (10 s) and N of them are sent at once
+(N = 1k, 2k, 4k, 8k), each on its own connection as a trainer's client pool opens them, the
+openings spread over the first second. Two servers, each pinned to core 0 (the load client
+runs on the other core):
+
+  serve  `synth-deploy serve APP --no-trace`, the kit with its defaults
+  bare   a Starlette endpoint doing the same sleep, on uvicorn's fast path
+
+For each N: rollouts answered 200, errors (any other status, or a dropped connection), and
+p50/p99 of the time a rollout took. Target (issue 37): serve holds 4,000 with 0 errors and
+p99 <= 10.5 s.
+
+Then the crowd: 2,000 clients without a key hammer the kit (each sends a request, reads its
+401, connects again) while a keyed client keeps 256 rollouts in flight. Target: the keyed
+client sees 0 x 503.
+
+    python bench/capacity.py [--levels 1000,2000,4000,8000] [--rollout-s 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _harness import child_server
+
+KEY = "sk_env_bench_0123456789abcdef0123"
+PIN = ["taskset", "-c", "0"]
+
+SLEEPY_APP = '''
+import asyncio
+from synth_deploy.taskapp import TaskApp
+
+task_app = TaskApp("bench-sleepy", name="sleepy", description="waits like an LLM-bound episode")
+
+
+@task_app.rollout
+async def rollout(request, ctx):
+    await asyncio.sleep(%(seconds)r)
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0], "num_steps": 1}}
+'''
+
+SERVE_CLI = """
+import os, sys
+os.environ["ENVIRONMENT_API_KEY"] = %(key)r
+sys.argv = ["synth-deploy", "serve", %(app)r, "--port", "%(port)d", "--no-trace"]
+from synth_deploy.cli import main
+main()
+"""
+
+BARE_SERVER = """
+import asyncio, hmac, json, uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+async def rollout(request):
+    if not hmac.compare_digest(request.headers.get("x-api-key", "").encode(), b"%(key)s"):
+        return JSONResponse({"detail": "forbidden"}, 403)
+    body = json.loads(await request.body())
+    await asyncio.sleep(%(seconds)r)
+    return JSONResponse({"run_id": body["run_id"], "metrics": {"episode_rewards": [1.0]}})
+
+async def health(request):
+    return JSONResponse({"healthy": True})
+
+uvicorn.run(Starlette(routes=[Route("/rollout", rollout, methods=["POST"]),
+                             Route("/", health)]),
+            host="127.0.0.1", port=%(port)d, log_level="warning", access_log=False,
+            http="httptools", loop="uvloop", backlog=4096)
+"""
+
+
+def _request(host: str, port: int, run_id: str, key: str | None) -> bytes:
+    body = json.dumps({"run_id": run_id, "env": {"seed": 1, "config": {}},
+                       "policy": {"policy_name": "p", "config": {
+                           "model": "m", "inference_url": "http://127.0.0.1:1/v1"}},
+                       "mode": "rl"}).encode()
+    head = (f"POST /rollout HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            + (f"X-API-Key: {key}\r\n" if key else "")
+            + f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+async def _one(host: str, port: int, run_id: str, key: str | None, delay: float
+               ) -> tuple[int | str, float]:
+    """One rollout on its own connection: (status or error, seconds)."""
+    await asyncio.sleep(delay)
+    started = time.perf_counter()
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except OSError as exc:
+        return f"connect: {type(exc).__name__}", time.perf_counter() - started
+    try:
+        writer.write(_request(host, port, run_id, key))
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        lines = head.lower().split(b"\r\n")
+        if any(line.startswith(b"transfer-encoding: chunked") for line in lines):
+            await reader.readuntil(b"0\r\n\r\n")
+        else:
+            length = next(int(line.split(b":")[1]) for line in lines
+                          if line.startswith(b"content-length"))
+            await reader.readexactly(length)
+        return status, time.perf_counter() - started
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        return f"dropped: {type(exc).__name__}", time.perf_counter() - started
+    finally:
+        writer.close()
+
+
+async def _level(url: str, n: int) -> list[tuple[int | str, float]]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.gather(*(_one(host, int(port), f"cap-{n}-{i}", KEY, i / n)
+                                  for i in range(n)))
+
+
+def _summary(results: list[tuple[int | str, float]]) -> dict[str, object]:
+    ok = [seconds for status, seconds in results if status == 200]
+    errors: dict[str, int] = {}
+    for status, _ in results:
+        if status != 200:
+            errors[str(status)] = errors.get(str(status), 0) + 1
+    cuts = statistics.quantiles(ok, n=100) if len(ok) >= 2 else [float("nan")] * 99
+    return {"ok": len(ok), "errors": errors, "p50": cuts[49], "p99": cuts[98]}
+
+
+async def _crowd(url: str, keyless: int, keyed: int, seconds: float
+                 ) -> tuple[dict[str, object], int]:
+    """``keyless`` clients hammering without a key while ``keyed`` rollouts stay in flight
+    for ``seconds``: the keyed results, and how many keyless requests were answered."""
+    host, port = url.removeprefix("http://").split(":")
+    port_n = int(port)
+    stop_at = time.monotonic() + seconds
+    keyless_answers = [0]
+
+    async def hammer(i: int) -> None:
+        await asyncio.sleep(i / keyless)
+        while time.monotonic() < stop_at:
+            status, _ = await _one(host, port_n, "keyless", None, 0)
+            keyless_answers[0] += 1
+            if status != 401:
+                await asyncio.sleep(0.1)
+
+    async def keyed_slot(i: int) -> list[tuple[int | str, float]]:
+        await asyncio.sleep(i / keyed)
+        done = []
+        while time.monotonic() < stop_at:
+            done.append(await _one(host, port_n, f"keyed-{i}", KEY, 0))
+        return done
+
+    hammers = [asyncio.ensure_future(hammer(i)) for i in range(keyless)]
+    slots = await asyncio.gather(*(keyed_slot(i) for i in range(keyed)))
+    await asyncio.gather(*hammers)
+    return _summary([r for slot in slots for r in slot]), keyless_answers[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="1000,2000,4000,8000")
+    parser.add_argument("--rollout-s", type=float, default=10.0)
+    parser.add_argument("--crowd-s", type=float, default=25.0)
+    args = parser.parse_args()
+    levels = [int(n) for n in args.levels.split(",")]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    os.sched_setaffinity(0, {1})  # the load client on core 1, the servers on core 0
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    print(f"N concurrent rollouts of {args.rollout_s:g}s, each server pinned to core 0 "
+          f"(open files: {hard})")
+    print(f"{'N':>6} {'server':>7} {'ok':>6} {'errors':>22} {'p50 s':>7} {'p99 s':>7}")
+    with tempfile.TemporaryDirectory() as tmp:
+        app = Path(tmp) / "sleepy.py"
+        app.write_text(SLEEPY_APP % {"seconds": args.rollout_s})
+        for n in levels:
+            for name, source in (("serve", SERVE_CLI), ("bare", BARE_SERVER)):
+                with child_server(source, wrapper=PIN, quiet=True, app=str(app), key=KEY,
+                                  seconds=args.rollout_s) as url:
+                    found = _summary(asyncio.run(_level(url, n)))
+                errors = ", ".join(f"{v}x {k}" for k, v in found["errors"].items()) or "0"
+                print(f"{n:>6} {name:>7} {found['ok']:>6} {errors:>22} {found['p50']:>7.2f} "
+                      f"{found['p99']:>7.2f}", flush=True)
+        with child_server(SERVE_CLI, wrapper=PIN, quiet=True, app=str(app), key=KEY) as url:
+            keyed, keyless = asyncio.run(_crowd(url, 2000, 256, args.crowd_s))
+        refused = keyed["errors"].get("503", 0)
+        print(f"\ncrowd: 2000 clients without a key ({keyless} requests answered) beside a "
+              f"keyed client at 256 in flight for {args.crowd_s:g}s: keyed {keyed['ok']} "
+              f"ok, {refused} x 503 (target 0), other errors {keyed['errors']}, p99 "
+              f"{keyed['p99']:.2f}s")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
