@@ -22,9 +22,12 @@ _warned: set[str] = set()
 
 
 def function_name(fn: Any) -> str:
-    """``module.qualname`` of a function (or of a callable object's class)."""
-    target = fn if hasattr(fn, "__qualname__") else type(fn)
-    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(fn))}"
+    """A function's name and where it is written (``rollout (apps/x/task_app.py:12)``); a
+    callable object is named by its class's ``__call__``."""
+    target = fn if hasattr(fn, "__code__") else getattr(type(fn), "__call__", fn)
+    name = getattr(target, "__qualname__", repr(fn))
+    code = getattr(target, "__code__", None)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
 
 
 def _warn_once(name: str, held_s: float) -> None:

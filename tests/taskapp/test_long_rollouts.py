@@ -264,5 +264,5 @@ def test_an_async_rollout_that_holds_the_loop_is_named_once_with_the_fix(serve, 
                           headers={"X-API-Key": api_key}).status_code == 200
     warnings = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
     assert len(warnings) == 1, warnings
-    assert "test_long_rollouts.cpu_bound_rollout" in warnings[0]
+    assert f"cpu_bound_rollout ({__file__}:" in warnings[0]
     assert "worker_object" in warnings[0] and "def" in warnings[0]
