@@ -266,3 +266,42 @@ def test_an_async_rollout_that_holds_the_loop_is_named_once_with_the_fix(serve, 
     assert len(warnings) == 1, warnings
     assert f"cpu_bound_rollout ({__file__}:" in warnings[0]
     assert "worker_object" in warnings[0] and "def" in warnings[0]
+
+
+def test_rehearse_runs_a_training_step_of_long_rollouts_through_both_proxies(tmp_path, serve,
+                                                                           api_key):
+    import re
+    import threading
+    from pathlib import Path
+
+    from synth_deploy.env import load_env
+    from synth_deploy.runs import RehearsalOptions, rehearse
+    from synth_deploy.train import load_config
+
+    text = (Path(__file__).parents[2] / "apps" / "math" / "configs" / "rl.toml").read_text()
+    for name, value in {"episodes_per_batch": 2, "group_size": 2,
+                        "max_concurrent_rollouts": 2}.items():
+        text = re.sub(rf"^{name} = \d+", f"{name} = {value}", text, flags=re.M)
+    (tmp_path / "rl.toml").write_text(text)
+    config = load_config(tmp_path / "rl.toml")
+    app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY))
+    env = load_env(environ={"ENVIRONMENT_API_KEY": api_key})
+    options = RehearsalOptions(skip=frozenset({"capacity", "idle"}), budget_s=60)
+    reports = {}
+    with EdgeProxy(app.url, silence_s=SILENCE_S) as edge, \
+            ModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal:
+
+        def rehearse_through(name: str, url: str) -> None:
+            reports[name] = rehearse(config, url, env, options)
+
+        threads = [threading.Thread(target=rehearse_through, args=pair)
+                   for pair in (("tunnel", edge.url), ("modal", modal.url))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    for name in ("tunnel", "modal"):
+        found = {c.name: c for c in reports[name].checks}
+        assert found["training step"].verdict == "pass", (name, found["training step"])
+        assert found["determinism"].verdict == "pass", (name, found["determinism"])
+        assert found["training step"].data["failures"] == 0
