@@ -77,7 +77,9 @@ def evaluate(
     seeds: Annotated[str | None, typer.Option(
         help="Seeds: 0-9, 1,3,5 or mixes (default: the split's default seeds, else 0-9).")
     ] = None,
-    split: Annotated[str | None, typer.Option(help="Dataset split, e.g. train or test.")] = None,
+    split: Annotated[str | None, typer.Option(
+        help="Dataset split, e.g. train or test (default: the split the app declares as its "
+             "default).", show_default=False)] = None,
     model: ModelOption = None,
     inference_url: InferenceUrlOption = None,
     policy: PolicyOption = "mock",
@@ -94,21 +96,26 @@ def evaluate(
     Rollouts in eval mode: per-seed rewards, judge scores, a summary; traces stored.
     """
     with handling_errors(json_output):
-        from synth_deploy.runs import RunOptions, default_seeds
+        from synth_deploy.runs import RunOptions, default_seeds, default_split
 
         env = resolve_env(env_file)
         target_policy = _policy(policy, inference_url, model, env)
+        note = None
         if seeds is not None:
             seed_list = parse_seeds(seeds)
         elif split is not None:
             seed_list = default_seeds(app_or_url, split, env)
+        elif (declared := default_split(app_or_url, env)) is not None:
+            split, seed_list = declared
+            note = (f"seeds: the {len(seed_list)} default seeds of the app's default split "
+                    f"{split!r} (--seeds or --split to choose)")
         else:
             seed_list = parse_seeds("0-9")
         _run_and_report(app_or_url, seed_list, env,
                         RunOptions(mode="eval", concurrency=concurrency, max_time_s=max_time,
                                    split=split),
                         policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
-                        json_output=json_output, prices=_prices(prices, env))
+                        json_output=json_output, prices=_prices(prices, env), note=note)
 
 
 def _policy(policy: str, inference_url: str | None, model: str | None, env):
@@ -130,13 +137,15 @@ def _prices(flag, env):
 
 
 def _run_and_report(app_or_url: str, seeds: list[int], env, options, *, policy, traces,
-                    json_output: bool, prices=None) -> None:
+                    json_output: bool, prices=None, note: str | None = None) -> None:
     """Run the seeds with a progress bar, render the report, exit 1 on any rollout error."""
     from synth_deploy.runs import run_suite
 
     with _progress(len(seeds), enabled=not json_output) as advance:
         report = run_suite(app_or_url, seeds, env, options=options, policy=policy,
                            traces=traces, on_outcome=advance)
+    if note:
+        report.notes.append(note)
     if json_output:
         ledger = report.ledger
         print_json({**report.to_dict(), "traces": traces_where(traces),
