@@ -181,11 +181,28 @@ def cost_lines(ledger, prices) -> tuple[str, dict[str, Any] | None]:
             "rollouts)")
     if ledger.cost_usd is not None:
         line += f" · recorded ${ledger.cost_usd:.4f}"
-    if estimate is not None:
+    if estimate is not None and estimate.unpriced and not any(
+            prices.price_of(model) for model in ledger.by_model):
+        # Nothing it used has a price: no estimate at all, never one of $0.
+        line += f" · no price for {', '.join(estimate.unpriced)} in {estimate.source}"
+    elif estimate is not None:
         line += f" · est. ${estimate.usd:.{4 if estimate.usd >= 0.01 else 6}f} ({estimate.source})"
         if estimate.unpriced:
             line += f", without {', '.join(estimate.unpriced)} (no price)"
     return line, estimate.to_dict() if estimate is not None else None
+
+
+def folded(line: str, width: int, indent: str = "  ") -> str:
+    """``line``'s " · "-separated parts packed into lines of at most ``width`` columns, the
+    later ones indented: a summary that fits the terminal and never splits a figure from its
+    label (a part wider than the terminal stays whole)."""
+    lines: list[str] = []
+    for part in line.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part if not lines else indent + part)
+    return "\n".join(lines)
 
 
 def load_table(levels: Sequence[dict[str, Any]], *, width: int):
@@ -250,6 +267,7 @@ __all__ = [
     "cost_lines",
     "escape",
     "fitted_table",
+    "folded",
     "handling_errors",
     "load_table",
     "parse_seeds",

@@ -24,6 +24,7 @@ from synth_deploy.cli._common import (
     console,
     cost_lines,
     fitted_table,
+    folded,
     handling_errors,
     print_error,
     print_json,
@@ -212,16 +213,19 @@ def stats(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
         with _open(trace_db, env_file) as store:
             result = store.stats()
     cost_line, estimate = cost_lines(result.ledger, table)
+    # What the LM calls recorded, None when none did: an unpriced model is never $0.
+    recorded = result.ledger.cost_usd
     if json_output:
-        print_json({**result.to_dict(), "cost_estimate": estimate})
+        print_json({**result.to_dict(), "cost_usd": recorded, "cost_estimate": estimate})
         return
     out = console()
     out.print(f"[bold]{_esc(store.display)}[/bold]", markup=True)
     out.print(f"  sessions {result.sessions} (ok {result.ok}, errors {result.errors}) from "
               f"{result.first_at or '-'} to {result.last_at or '-'}", markup=False)
+    # The cost, recorded or estimated, is on the cost line.
     out.print(f"  lm calls {result.lm_calls}, tokens in {result.input_tokens} / out "
-              f"{result.output_tokens}, cost ${result.cost_usd:.4f}", markup=False)
-    out.print(f"  {cost_line}", markup=False, soft_wrap=True)
+              f"{result.output_tokens}", markup=False)
+    out.print(folded(f"  {cost_line}", out.width, "    "), markup=False, soft_wrap=True)
     for row in result.by_app:
         out.print(f"  app {row['app_id'] or '-'}: {row['sessions']} sessions, "
                   f"{row['errors'] or 0} errors, mean reward {_num(row['mean_reward'])}",
