@@ -192,6 +192,11 @@ def cost_lines(ledger, prices) -> tuple[str, dict[str, Any] | None]:
     return line, estimate.to_dict() if estimate is not None else None
 
 
+def plural(count: int, noun: str) -> str:
+    """"1 error", "2 errors": a count with its noun (regular plurals only)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def folded(line: str, width: int, indent: str = "  ") -> str:
     """``line``'s " · "-separated parts packed into lines of at most ``width`` columns, the
     later ones indented: a summary that fits the terminal and never splits a figure from its
@@ -271,6 +276,7 @@ __all__ = [
     "handling_errors",
     "load_table",
     "parse_seeds",
+    "plural",
     "print_error",
     "print_json",
     "resolve_env",

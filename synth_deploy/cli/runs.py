@@ -18,8 +18,10 @@ from synth_deploy.cli._common import (
     cost_lines,
     escape,
     fitted_table,
+    folded,
     handling_errors,
     parse_seeds,
+    plural,
     print_json,
     resolve_env,
     resolve_traces,
@@ -211,24 +213,27 @@ def _render_report(report, where: str, prices=None) -> None:
     out.print(fitted_table(columns, rows, width=out.width, box=box.SIMPLE_HEAD))
     failed = [o for o in report.outcomes if not o.ok]
     if failed:
-        out.print(f"[red]{len(failed)} failed rollout(s):[/red]")
+        out.print(f"[red]{plural(len(failed), 'failed rollout')}:[/red]")
         for o in failed:
             out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.error)}", soft_wrap=True,
                       highlight=False)
     warned = [o for o in report.outcomes if o.warning]
     if warned:
-        out.print(f"[yellow]{len(warned)} warning(s):[/yellow]")
+        out.print(f"[yellow]{plural(len(warned), 'warning')}:[/yellow]")
         for o in warned:
             out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.warning)}", soft_wrap=True,
                       highlight=False)
     s = report.summary()
     tokens = f" · {s['tokens']} tokens" if s["tokens"] is not None else ""
-    out.print(
-        f"{s['rollouts']} rollouts ({report.mode}), {s['errors']} errors · mean reward "
-        f"{_fmt(s['mean_reward'], 3)} · outcome {_fmt(s['mean_outcome_score'], 3)} · events "
-        f"{_fmt(s['mean_events_score'], 3)}{tokens} · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 "
-        f"{_fmt(s['latency_p95_s'], 3)}s · {s['elapsed_s']:.2f}s at concurrency "
-        f"{report.concurrency}", soft_wrap=True)
+    # Failed rollouts have no reward: the means are over the others, and say so.
+    over = f" over {s['ok']} ok ({s['errors']} failed left out)" if s["errors"] else ""
+    out.print(folded(
+        f"{plural(s['rollouts'], 'rollout')} ({report.mode}), {plural(s['errors'], 'error')} · "
+        f"mean reward {_fmt(s['mean_reward'], 3)}{over} · outcome "
+        f"{_fmt(s['mean_outcome_score'], 3)} · events {_fmt(s['mean_events_score'], 3)}{tokens}"
+        f" · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 {_fmt(s['latency_p95_s'], 3)}s · "
+        f"{s['elapsed_s']:.2f}s at concurrency {report.concurrency}", out.width),
+        soft_wrap=True)
     if (ledger := report.ledger) is not None:
-        out.print(escape(cost_lines(ledger, prices)[0]), soft_wrap=True)
+        out.print(escape(folded(cost_lines(ledger, prices)[0], out.width)), soft_wrap=True)
     out.print(f"traces → {escape(where)}", soft_wrap=True)

@@ -26,6 +26,7 @@ from synth_deploy.cli._common import (
     fitted_table,
     folded,
     handling_errors,
+    plural,
     print_error,
     print_json,
     warn,
@@ -227,11 +228,11 @@ def stats(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
               f"{result.output_tokens}", markup=False)
     out.print(folded(f"  {cost_line}", out.width, "    "), markup=False, soft_wrap=True)
     for row in result.by_app:
-        out.print(f"  app {row['app_id'] or '-'}: {row['sessions']} sessions, "
-                  f"{row['errors'] or 0} errors, mean reward {_num(row['mean_reward'])}",
-                  markup=False)
+        out.print(f"  app {row['app_id'] or '-'}: {plural(row['sessions'], 'session')}, "
+                  f"{plural(row['errors'] or 0, 'error')}, mean reward "
+                  f"{_num(row['mean_reward'])}", markup=False)
     for row in result.by_model:
-        out.print(f"  model {row['model'] or '-'}: {row['lm_calls']} calls, mean latency "
+        out.print(f"  model {row['model'] or '-'}: {plural(row['lm_calls'], 'call')}, mean latency "
                   f"{_num(row['mean_latency_ms'], 4)} ms", markup=False)
 
 
