@@ -30,5 +30,5 @@ def test_the_example_lists_without_being_imported(tmp_path):
     (tmp_path / "apps" / "tiny").mkdir(parents=True)
     (tmp_path / "apps" / "tiny" / "tiny.py").write_text(readme_example())
     result = run_cli(tmp_path, "apps", "--json")
-    apps = {a["app_id"]: a for a in json.loads(result.stdout)}
+    apps = {a["app_id"]: a for a in json.loads(result.stdout)["apps"]}
     assert apps["tiny"]["description"] == "Add two numbers."
