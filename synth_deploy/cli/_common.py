@@ -87,13 +87,16 @@ def print_error(message: str, hint: str | None = None) -> None:
 class Column:
     """A table column. Its header is never cut; ``wrap`` cells fold onto more lines (no
     narrower than ``min_width``) instead of being cut; ``optional`` columns are dropped (the
-    last first) when the terminal is too narrow to show every column whole."""
+    last first) when the terminal is too narrow to show every column whole, or to give a
+    ``wrap`` column the ``prefer_width`` its cells need (when even dropping them all cannot,
+    they stay dropped and it folds)."""
 
     header: str
     wrap: bool = False
     optional: bool = False
     justify: str = "left"
     min_width: int = 0
+    prefer_width: int = 0
 
 
 def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], *,
@@ -104,13 +107,19 @@ def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], *,
     from rich.console import Console
     from rich.measure import Measurement
     from rich.table import Table
+    from rich.text import Text
+
+    def preferred(i: int) -> int:
+        widest = max((Text.from_markup(str(row[i])).cell_len for row in rows), default=0)
+        return min(columns[i].prefer_width, widest)
 
     def build(keep: list[int], *, probe: bool = False) -> Table:
         table = Table(**table_options)
         for i in keep:
             c = columns[i]
+            floor = max(len(c.header), c.min_width, preferred(i) if probe else 0)
             table.add_column(c.header, justify=c.justify, no_wrap=not c.wrap, overflow="fold",
-                             min_width=max(len(c.header), c.min_width))
+                             min_width=floor)
         for row in rows:
             # The probe measures what cannot shrink: unwrapped cells and every header.
             table.add_row(*("" if probe and columns[i].wrap else row[i] for i in keep))

@@ -137,21 +137,41 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     title = (f"newest {len(rows)} of {stored} sessions in {_esc(store.display)} (--limit N "
              "shows more)" if stored > len(rows)
              else f"{len(rows)} session(s) in {_esc(store.display)}")
-    columns = [Column("session"), Column("created (UTC)"), Column("app", wrap=True),
-               Column("seed", justify="right"), Column("model", wrap=True, min_width=8),
-               Column("status"), Column("reward", justify="right"),
-               Column("steps", justify="right", optional=True),
-               Column("events", justify="right", optional=True),
-               Column("msgs", justify="right", optional=True)]
+    # An app or model every row shares is said once, above the table: a column of the same
+    # name over and over would take the room the others need to stay whole.
+    shared = {}
+    for name, values in (("app", {r.app_id for r in rows}), ("model", {r.model for r in rows})):
+        if len(values) == 1 and None not in values:
+            shared[name] = values.pop()
     # 16 characters: ids are time-ordered (11 are the millisecond), the other 5 tell apart
-    # the sessions a busy millisecond holds, so `traces show` takes what is printed.
-    cells = [[_esc(cell) for cell in (
-        r.session_id[:16], r.created_at[5:19], r.app_id or "-", _num(r.seed), r.model or "-",
-        r.status or "-", _num(r.total_reward), r.num_timesteps, r.num_events, r.num_messages)]
-        for r in rows]
+    # the sessions a busy millisecond holds, so `traces show` takes what is printed. Neither
+    # it nor the time is ever cut: at 60 columns the time goes rather than lose its seconds.
+    columns = {"session": Column("session", min_width=16),
+               "created (UTC)": Column("created (UTC)", optional=True, min_width=14),
+               "app": Column("app", wrap=True, prefer_width=12),
+               "seed": Column("seed", justify="right"),
+               "model": Column("model", wrap=True, min_width=8, prefer_width=20),
+               "status": Column("status"),
+               "reward": Column("reward", justify="right"),
+               "steps": Column("steps", justify="right", optional=True),
+               "events": Column("events", justify="right", optional=True),
+               "msgs": Column("msgs", justify="right", optional=True)}
+    for name in shared:
+        del columns[name]
+    cells = [[_esc(cell[name]) for name in columns] for cell in ({
+        "session": r.session_id[:16], "created (UTC)": r.created_at[5:19],
+        "app": r.app_id or "-", "seed": _num(r.seed), "model": r.model or "-",
+        "status": r.status or "-", "reward": _num(r.total_reward), "steps": r.num_timesteps,
+        "events": r.num_events, "msgs": r.num_messages} for r in rows)]
     out = console()
-    out.print(fitted_table(columns, cells, width=out.width, title=title, title_justify="left",
-                           box=box.SIMPLE_HEAD))
+    out.print(title, markup=True)
+    if shared:
+        out.print(folded("every one shown: " + " · ".join(
+            f"{name} {value}" for name, value in shared.items()), out.width), markup=False,
+            soft_wrap=True)
+    out.print(fitted_table(list(columns.values()), cells, width=out.width,
+                           box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                           padding=(0, 1, 0, 0)))
 
 
 @traces_app.command("show")
