@@ -42,6 +42,7 @@ from synth_deploy.runs._suite import (
     policy_target,
     run_seeds,
     run_suite,
+    serve_mock_policy,
 )
 
 # The mock policy imports starlette: only when a run needs it.
@@ -85,4 +86,5 @@ __all__ = [
     "run_rollouts",
     "run_seeds",
     "run_suite",
+    "serve_mock_policy",
 ]

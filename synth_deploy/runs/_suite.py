@@ -124,21 +124,27 @@ def run_suite(app_or_url: str, seeds: Sequence[int], env: Env, *,
         return run_seeds(target, seeds, options, on_outcome=on_outcome)
 
 
+def serve_mock_policy(stack: ExitStack) -> tuple[PolicyTarget, Any]:
+    """The built-in mock policy served on a free loopback port until ``stack`` closes: the
+    target to send rollouts to, and its server. Every command that needs the mock starts it
+    here."""
+    from synth_deploy.runs._mock_policy import MOCK_MODEL, create_mock_policy_app
+    from synth_deploy.taskapp import BackgroundServer
+
+    server = stack.enter_context(BackgroundServer(create_mock_policy_app()))
+    return PolicyTarget(server.url + "/v1", MOCK_MODEL), server
+
+
 @contextmanager
 def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None,
                 traces: TraceDbSetting | None = None) -> Iterator[RunTarget]:
     """Serve the app (when given an id or path, with an ephemeral key) and the mock policy
     (when no policy is given); ``traces`` records every rollout either way."""
-    from synth_deploy.taskapp import BackgroundServer
-
     notes: list[str] = []
     with ExitStack() as stack:
         if policy is None:
-            from synth_deploy.runs._mock_policy import MOCK_MODEL, create_mock_policy_app
-
-            mock = stack.enter_context(BackgroundServer(create_mock_policy_app()))
-            policy = PolicyTarget(mock.url + "/v1", MOCK_MODEL)
-            notes.append(f"policy: built-in mock at {mock.url}/v1")
+            policy, mock = serve_mock_policy(stack)
+            notes.append(f"policy: built-in mock at {policy.inference_url}")
             mocked = True
         else:
             mocked = False
@@ -242,5 +248,6 @@ __all__ = [
     "policy_target",
     "run_seeds",
     "run_suite",
+    "serve_mock_policy",
     "store_returned_traces",
 ]
