@@ -126,7 +126,7 @@ def test_a_wheel_install_serves_and_plans_the_bundled_math_app(tmp_path):
 
     listing = run("apps", "--json")
     assert listing.returncode == 0, listing.stderr
-    math = next(a for a in json.loads(listing.stdout) if a["app_id"] == "math")
+    math = next(a for a in json.loads(listing.stdout)["apps"] if a["app_id"] == "math")
     assert Path(math["path"]) == package / "_apps" / "math" / "task_app.py"
 
     smoke = run("smoke", "math", "--seeds", "0-2", "--json")

@@ -8,12 +8,17 @@ from pathlib import Path
 
 from processes import run_cli
 
+from synth_deploy.tracing import open_trace_store
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def readme_example() -> str:
-    section = README.read_text().split("## Writing a task app", 1)[1]
+def readme_example(heading: str = "## Writing a task app") -> str:
+    section = README.read_text().split(heading, 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+MOCK_SECTION = "## The mock policy: what it plays, and an app it plays well"
 
 
 def test_the_writing_a_task_app_example_scores_above_zero_with_the_mock(tmp_path):
@@ -30,5 +35,24 @@ def test_the_example_lists_without_being_imported(tmp_path):
     (tmp_path / "apps" / "tiny").mkdir(parents=True)
     (tmp_path / "apps" / "tiny" / "tiny.py").write_text(readme_example())
     result = run_cli(tmp_path, "apps", "--json")
-    apps = {a["app_id"]: a for a in json.loads(result.stdout)}
+    apps = {a["app_id"]: a for a in json.loads(result.stdout)["apps"]}
     assert apps["tiny"]["description"] == "Add two numbers."
+
+
+def test_the_mock_policy_sections_game_is_won_on_some_seeds_and_lost_on_others(tmp_path):
+    (tmp_path / "guess.py").write_text(readme_example(MOCK_SECTION))
+    db = tmp_path / "t.db"
+    result = run_cli(tmp_path, "smoke", "guess.py", "--seeds", "0-19", "--json",
+                     "--trace-db", str(db), timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rewards = [r["reward"] for r in json.loads(result.stdout)["rollouts"]]
+    assert set(rewards) == {0.0, 1.0}, rewards
+    # As the section says: the prompt every seed shares gets a call on every seed's first
+    # turn (never the text reply), and the same first call.
+    with open_trace_store(str(db), read_only=True) as store:
+        firsts = [min((e for e in store.get_session(s.session_id).events
+                       if e.event_type == "cais"), key=lambda e: e.event_time)
+                  for s in store.list_sessions(limit=None)]
+    calls = {json.dumps(lm.call_records[0]["response"]["tool_calls"][0]["function"])
+             for lm in firsts}
+    assert len(firsts) == 20 and len(calls) == 1, calls

@@ -87,13 +87,16 @@ def print_error(message: str, hint: str | None = None) -> None:
 class Column:
     """A table column. Its header is never cut; ``wrap`` cells fold onto more lines (no
     narrower than ``min_width``) instead of being cut; ``optional`` columns are dropped (the
-    last first) when the terminal is too narrow to show every column whole."""
+    last first) when the terminal is too narrow to show every column whole, or to give a
+    ``wrap`` column the ``prefer_width`` its cells need (when even dropping them all cannot,
+    they stay dropped and it folds)."""
 
     header: str
     wrap: bool = False
     optional: bool = False
     justify: str = "left"
     min_width: int = 0
+    prefer_width: int = 0
 
 
 def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], *,
@@ -104,13 +107,19 @@ def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], *,
     from rich.console import Console
     from rich.measure import Measurement
     from rich.table import Table
+    from rich.text import Text
+
+    def preferred(i: int) -> int:
+        widest = max((Text.from_markup(str(row[i])).cell_len for row in rows), default=0)
+        return min(columns[i].prefer_width, widest)
 
     def build(keep: list[int], *, probe: bool = False) -> Table:
         table = Table(**table_options)
         for i in keep:
             c = columns[i]
+            floor = max(len(c.header), c.min_width, preferred(i) if probe else 0)
             table.add_column(c.header, justify=c.justify, no_wrap=not c.wrap, overflow="fold",
-                             min_width=max(len(c.header), c.min_width))
+                             min_width=floor)
         for row in rows:
             # The probe measures what cannot shrink: unwrapped cells and every header.
             table.add_row(*("" if probe and columns[i].wrap else row[i] for i in keep))
@@ -181,11 +190,33 @@ def cost_lines(ledger, prices) -> tuple[str, dict[str, Any] | None]:
             "rollouts)")
     if ledger.cost_usd is not None:
         line += f" · recorded ${ledger.cost_usd:.4f}"
-    if estimate is not None:
+    if estimate is not None and estimate.unpriced and not any(
+            prices.price_of(model) for model in ledger.by_model):
+        # Nothing it used has a price: no estimate at all, never one of $0.
+        line += f" · no price for {', '.join(estimate.unpriced)} in {estimate.source}"
+    elif estimate is not None:
         line += f" · est. ${estimate.usd:.{4 if estimate.usd >= 0.01 else 6}f} ({estimate.source})"
         if estimate.unpriced:
             line += f", without {', '.join(estimate.unpriced)} (no price)"
     return line, estimate.to_dict() if estimate is not None else None
+
+
+def plural(count: int, noun: str) -> str:
+    """"1 error", "2 errors": a count with its noun (regular plurals only)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def folded(line: str, width: int, indent: str = "  ") -> str:
+    """``line``'s " · "-separated parts packed into lines of at most ``width`` columns, the
+    later ones indented: a summary that fits the terminal and never splits a figure from its
+    label (a part wider than the terminal stays whole)."""
+    lines: list[str] = []
+    for part in line.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part if not lines else indent + part)
+    return "\n".join(lines)
 
 
 def load_table(levels: Sequence[dict[str, Any]], *, width: int):
@@ -250,9 +281,11 @@ __all__ = [
     "cost_lines",
     "escape",
     "fitted_table",
+    "folded",
     "handling_errors",
     "load_table",
     "parse_seeds",
+    "plural",
     "print_error",
     "print_json",
     "resolve_env",

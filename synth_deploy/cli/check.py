@@ -10,6 +10,7 @@ else ENVIRONMENT_API_KEY; both from the `Env` (``--env-file``, the process envir
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from typing import Annotated, Any
 
 import typer
@@ -51,7 +52,8 @@ def check_command(
     seeds: Annotated[str, typer.Option(
         "--seeds", help="Seeds whose /task_info to validate, e.g. 0-4 or 1,3,5.")] = "0",
     rollout: Annotated[bool, typer.Option(
-        "--rollout", help="Also run one eval-mode rollout (needs --inference-url).")] = False,
+        "--rollout", help="Also run one eval-mode rollout (mock policy unless "
+                          "--inference-url).")] = False,
     inference_url: Annotated[str | None, typer.Option(
         "--inference-url", help="OpenAI-compatible base URL the rollout's policy calls.",
         show_default=False)] = None,
@@ -79,28 +81,21 @@ def check_command(
         if api_key and env_file:
             raise UsageError("pass either --api-key or --env-file, not both",
                              hint="--env-file reads ENVIRONMENT_API_KEY from the file")
-        if rollout and not inference_url:
-            raise UsageError("--rollout needs --inference-url",
-                             hint="pass an OpenAI-compatible base URL, e.g. "
-                                  "--inference-url https://api.openai.com/v1 --model gpt-4o-mini")
-        from synth_deploy.health import (
-            CheckOptions,
-            RolloutOptions,
-            check,
-            wait_until_healthy,
-        )
+        from synth_deploy.health import CheckOptions, check, wait_until_healthy
 
         # Read only when something is taken from it: `check URL --api-key K` reads no file.
         env = resolve_env(env_file) if url is None or not api_key or load else None
         url = _url(url, env)
         key, source = _api_key(api_key, env)
-        asked = RolloutOptions(inference_url, model) if rollout and inference_url else None
-        options = CheckOptions(seeds=seed_list, rollout=asked, timeout_s=timeout)
-        if wait is None:
-            report = check(url, key, options, key_source=source)
-        else:
-            report = wait_until_healthy(url, key, options, key_source=source, timeout_s=wait,
-                                        on_attempt=_progress(url, wait))
+        with ExitStack() as stack:
+            asked = _rollout(stack, url, inference_url, model, quiet=json_output) \
+                if rollout else None
+            options = CheckOptions(seeds=seed_list, rollout=asked, timeout_s=timeout)
+            if wait is None:
+                report = check(url, key, options, key_source=source)
+            else:
+                report = wait_until_healthy(url, key, options, key_source=source,
+                                            timeout_s=wait, on_attempt=_progress(url, wait))
         capacity = None
         if load and report.healthy:
             from synth_deploy.runs import LoadOptions
@@ -116,6 +111,26 @@ def check_command(
             _render_load(capacity)
     raise typer.Exit(1 if capacity is not None and not capacity.sustained
                      else report.exit_code)
+
+
+def _rollout(stack: ExitStack, url: str, inference_url: str | None, model: str | None, *,
+             quiet: bool) -> Any:
+    """The rollout to check: through ``--inference-url``, else through the built-in mock
+    policy, served here until ``stack`` closes (as `--load` and `smoke` serve it)."""
+    from synth_deploy.health import RolloutOptions
+
+    if inference_url:
+        return RolloutOptions(inference_url, model)
+    from synth_deploy.runs import serve_mock_policy
+    from synth_deploy.urls import is_loopback
+
+    policy, _ = serve_mock_policy(stack)
+    if not quiet:
+        reach = "" if is_loopback(url) else (
+            "; an app on another machine cannot reach it: pass --inference-url and --model")
+        console(stderr=True).print(f"[dim]rollout policy: built-in mock at "
+                                   f"{escape(policy.inference_url)}{reach}[/dim]")
+    return RolloutOptions(policy.inference_url, policy.model)
 
 
 def _load(url: str, key: str | None, env: Any, inference_url: str | None, model: str | None,

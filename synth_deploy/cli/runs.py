@@ -18,8 +18,10 @@ from synth_deploy.cli._common import (
     cost_lines,
     escape,
     fitted_table,
+    folded,
     handling_errors,
     parse_seeds,
+    plural,
     print_json,
     resolve_env,
     resolve_traces,
@@ -77,7 +79,9 @@ def evaluate(
     seeds: Annotated[str | None, typer.Option(
         help="Seeds: 0-9, 1,3,5 or mixes (default: the split's default seeds, else 0-9).")
     ] = None,
-    split: Annotated[str | None, typer.Option(help="Dataset split, e.g. train or test.")] = None,
+    split: Annotated[str | None, typer.Option(
+        help="Dataset split, e.g. train or test (default: the split the app declares as its "
+             "default).", show_default=False)] = None,
     model: ModelOption = None,
     inference_url: InferenceUrlOption = None,
     policy: PolicyOption = "mock",
@@ -94,21 +98,26 @@ def evaluate(
     Rollouts in eval mode: per-seed rewards, judge scores, a summary; traces stored.
     """
     with handling_errors(json_output):
-        from synth_deploy.runs import RunOptions, default_seeds
+        from synth_deploy.runs import RunOptions, default_seeds, default_split
 
         env = resolve_env(env_file)
         target_policy = _policy(policy, inference_url, model, env)
+        note = None
         if seeds is not None:
             seed_list = parse_seeds(seeds)
         elif split is not None:
             seed_list = default_seeds(app_or_url, split, env)
+        elif (declared := default_split(app_or_url, env)) is not None:
+            split, seed_list = declared
+            note = (f"seeds: the {len(seed_list)} default seeds of the app's default split "
+                    f"{split!r} (--seeds or --split to choose)")
         else:
             seed_list = parse_seeds("0-9")
         _run_and_report(app_or_url, seed_list, env,
                         RunOptions(mode="eval", concurrency=concurrency, max_time_s=max_time,
                                    split=split),
                         policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
-                        json_output=json_output, prices=_prices(prices, env))
+                        json_output=json_output, prices=_prices(prices, env), note=note)
 
 
 def _policy(policy: str, inference_url: str | None, model: str | None, env):
@@ -130,13 +139,15 @@ def _prices(flag, env):
 
 
 def _run_and_report(app_or_url: str, seeds: list[int], env, options, *, policy, traces,
-                    json_output: bool, prices=None) -> None:
+                    json_output: bool, prices=None, note: str | None = None) -> None:
     """Run the seeds with a progress bar, render the report, exit 1 on any rollout error."""
     from synth_deploy.runs import run_suite
 
     with _progress(len(seeds), enabled=not json_output) as advance:
         report = run_suite(app_or_url, seeds, env, options=options, policy=policy,
                            traces=traces, on_outcome=advance)
+    if note:
+        report.notes.append(note)
     if json_output:
         ledger = report.ledger
         print_json({**report.to_dict(), "traces": traces_where(traces),
@@ -202,24 +213,27 @@ def _render_report(report, where: str, prices=None) -> None:
     out.print(fitted_table(columns, rows, width=out.width, box=box.SIMPLE_HEAD))
     failed = [o for o in report.outcomes if not o.ok]
     if failed:
-        out.print(f"[red]{len(failed)} failed rollout(s):[/red]")
+        out.print(f"[red]{plural(len(failed), 'failed rollout')}:[/red]")
         for o in failed:
             out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.error)}", soft_wrap=True,
                       highlight=False)
     warned = [o for o in report.outcomes if o.warning]
     if warned:
-        out.print(f"[yellow]{len(warned)} warning(s):[/yellow]")
+        out.print(f"[yellow]{plural(len(warned), 'warning')}:[/yellow]")
         for o in warned:
             out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.warning)}", soft_wrap=True,
                       highlight=False)
     s = report.summary()
     tokens = f" · {s['tokens']} tokens" if s["tokens"] is not None else ""
-    out.print(
-        f"{s['rollouts']} rollouts ({report.mode}), {s['errors']} errors · mean reward "
-        f"{_fmt(s['mean_reward'], 3)} · outcome {_fmt(s['mean_outcome_score'], 3)} · events "
-        f"{_fmt(s['mean_events_score'], 3)}{tokens} · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 "
-        f"{_fmt(s['latency_p95_s'], 3)}s · {s['elapsed_s']:.2f}s at concurrency "
-        f"{report.concurrency}", soft_wrap=True)
+    # Failed rollouts have no reward: the means are over the others, and say so.
+    over = f" over {s['ok']} ok ({s['errors']} failed left out)" if s["errors"] else ""
+    out.print(folded(
+        f"{plural(s['rollouts'], 'rollout')} ({report.mode}), {plural(s['errors'], 'error')} · "
+        f"mean reward {_fmt(s['mean_reward'], 3)}{over} · outcome "
+        f"{_fmt(s['mean_outcome_score'], 3)} · events {_fmt(s['mean_events_score'], 3)}{tokens}"
+        f" · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 {_fmt(s['latency_p95_s'], 3)}s · "
+        f"{s['elapsed_s']:.2f}s at concurrency {report.concurrency}", out.width),
+        soft_wrap=True)
     if (ledger := report.ledger) is not None:
-        out.print(escape(cost_lines(ledger, prices)[0]), soft_wrap=True)
+        out.print(escape(folded(cost_lines(ledger, prices)[0], out.width)), soft_wrap=True)
     out.print(f"traces → {escape(where)}", soft_wrap=True)

@@ -96,14 +96,19 @@ def apps(json_output: JsonOption = False) -> None:
     """List the task apps found here.
 
     Looks under ./apps and the kit's bundled examples, without importing them. Files that
-    cannot be read (a syntax error...) are listed on stderr with file:line, and exit 1.
+    cannot be read (a syntax error...) are listed with file:line (on stderr, or under
+    "problems" with --json), and exit 1.
     """
     from synth_deploy.taskapp import scan_apps
 
     found = scan_apps()
     if json_output:
-        print_json([a.to_dict() for a in found.apps])
-    elif not found.apps:
+        print_json({"apps": [a.to_dict() for a in found.apps],
+                    "problems": [p.to_dict() for p in found.problems]})
+        if found.problems:
+            raise typer.Exit(EXIT_FAILURE)
+        return
+    if not found.apps:
         console().print("no task apps found under ./apps")
     else:
         rows = [[escape(a.app_id), escape(a.description), escape(a.path)] for a in found.apps]

@@ -24,7 +24,9 @@ from synth_deploy.cli._common import (
     console,
     cost_lines,
     fitted_table,
+    folded,
     handling_errors,
+    plural,
     print_error,
     print_json,
     warn,
@@ -135,21 +137,41 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     title = (f"newest {len(rows)} of {stored} sessions in {_esc(store.display)} (--limit N "
              "shows more)" if stored > len(rows)
              else f"{len(rows)} session(s) in {_esc(store.display)}")
-    columns = [Column("session"), Column("created (UTC)"), Column("app", wrap=True),
-               Column("seed", justify="right"), Column("model", wrap=True, min_width=8),
-               Column("status"), Column("reward", justify="right"),
-               Column("steps", justify="right", optional=True),
-               Column("events", justify="right", optional=True),
-               Column("msgs", justify="right", optional=True)]
+    # An app or model every row shares is said once, above the table: a column of the same
+    # name over and over would take the room the others need to stay whole.
+    shared = {}
+    for name, values in (("app", {r.app_id for r in rows}), ("model", {r.model for r in rows})):
+        if len(values) == 1 and None not in values:
+            shared[name] = values.pop()
     # 16 characters: ids are time-ordered (11 are the millisecond), the other 5 tell apart
-    # the sessions a busy millisecond holds, so `traces show` takes what is printed.
-    cells = [[_esc(cell) for cell in (
-        r.session_id[:16], r.created_at[5:19], r.app_id or "-", _num(r.seed), r.model or "-",
-        r.status or "-", _num(r.total_reward), r.num_timesteps, r.num_events, r.num_messages)]
-        for r in rows]
+    # the sessions a busy millisecond holds, so `traces show` takes what is printed. Neither
+    # it nor the time is ever cut: at 60 columns the time goes rather than lose its seconds.
+    columns = {"session": Column("session", min_width=16),
+               "created (UTC)": Column("created (UTC)", optional=True, min_width=14),
+               "app": Column("app", wrap=True, prefer_width=12),
+               "seed": Column("seed", justify="right"),
+               "model": Column("model", wrap=True, min_width=8, prefer_width=20),
+               "status": Column("status"),
+               "reward": Column("reward", justify="right"),
+               "steps": Column("steps", justify="right", optional=True),
+               "events": Column("events", justify="right", optional=True),
+               "msgs": Column("msgs", justify="right", optional=True)}
+    for name in shared:
+        del columns[name]
+    cells = [[_esc(cell[name]) for name in columns] for cell in ({
+        "session": r.session_id[:16], "created (UTC)": r.created_at[5:19],
+        "app": r.app_id or "-", "seed": _num(r.seed), "model": r.model or "-",
+        "status": r.status or "-", "reward": _num(r.total_reward), "steps": r.num_timesteps,
+        "events": r.num_events, "msgs": r.num_messages} for r in rows)]
     out = console()
-    out.print(fitted_table(columns, cells, width=out.width, title=title, title_justify="left",
-                           box=box.SIMPLE_HEAD))
+    out.print(title, markup=True)
+    if shared:
+        out.print(folded("every one shown: " + " · ".join(
+            f"{name} {value}" for name, value in shared.items()), out.width), markup=False,
+            soft_wrap=True)
+    out.print(fitted_table(list(columns.values()), cells, width=out.width,
+                           box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                           padding=(0, 1, 0, 0)))
 
 
 @traces_app.command("show")
@@ -212,22 +234,25 @@ def stats(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
         with _open(trace_db, env_file) as store:
             result = store.stats()
     cost_line, estimate = cost_lines(result.ledger, table)
+    # What the LM calls recorded, None when none did: an unpriced model is never $0.
+    recorded = result.ledger.cost_usd
     if json_output:
-        print_json({**result.to_dict(), "cost_estimate": estimate})
+        print_json({**result.to_dict(), "cost_usd": recorded, "cost_estimate": estimate})
         return
     out = console()
     out.print(f"[bold]{_esc(store.display)}[/bold]", markup=True)
     out.print(f"  sessions {result.sessions} (ok {result.ok}, errors {result.errors}) from "
               f"{result.first_at or '-'} to {result.last_at or '-'}", markup=False)
+    # The cost, recorded or estimated, is on the cost line.
     out.print(f"  lm calls {result.lm_calls}, tokens in {result.input_tokens} / out "
-              f"{result.output_tokens}, cost ${result.cost_usd:.4f}", markup=False)
-    out.print(f"  {cost_line}", markup=False, soft_wrap=True)
+              f"{result.output_tokens}", markup=False)
+    out.print(folded(f"  {cost_line}", out.width, "    "), markup=False, soft_wrap=True)
     for row in result.by_app:
-        out.print(f"  app {row['app_id'] or '-'}: {row['sessions']} sessions, "
-                  f"{row['errors'] or 0} errors, mean reward {_num(row['mean_reward'])}",
-                  markup=False)
+        out.print(f"  app {row['app_id'] or '-'}: {plural(row['sessions'], 'session')}, "
+                  f"{plural(row['errors'] or 0, 'error')}, mean reward "
+                  f"{_num(row['mean_reward'])}", markup=False)
     for row in result.by_model:
-        out.print(f"  model {row['model'] or '-'}: {row['lm_calls']} calls, mean latency "
+        out.print(f"  model {row['model'] or '-'}: {plural(row['lm_calls'], 'call')}, mean latency "
                   f"{_num(row['mean_latency_ms'], 4)} ms", markup=False)
 
 

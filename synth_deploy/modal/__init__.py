@@ -18,6 +18,7 @@ The modules, one concept each:
     _container     container_app     what Modal runs in the container
     _modal_cli     ModalCLI          Modal's command line as a bounded child process
     _credentials   has_modal_token   is there a Modal token, answered locally
+    _reachability  require_modal_reachable   does Modal's API answer, within a deadline
     _deployment    deploy            plan ▸ validate ▸ modal deploy ▸ URL ▸ healthy ▸ .env
 """
 
@@ -47,6 +48,7 @@ from synth_deploy.modal._modal_cli import (
     find_web_url,
 )
 from synth_deploy.modal._plan import DeployPlan, build_plan
+from synth_deploy.modal._reachability import modal_api_endpoints, require_modal_reachable
 from synth_deploy.modal._secrets import SecretSource
 from synth_deploy.modal._settings import WEB_REQUEST_TIMEOUT_S, ModalSettings, is_modal_url
 
@@ -74,8 +76,10 @@ __all__ = [
     "find_web_url",
     "has_modal_token",
     "is_modal_url",
+    "modal_api_endpoints",
     "modal_app",
     "modal_app_for",
+    "require_modal_reachable",
     "require_modal_token",
     "serve_dev",
     "validate_locally",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -122,14 +123,16 @@ def validate_locally(entry: Any, env: Env | None = None, *, seed: int = 0,
     the rollout runs against the kit's mock policy, so no model endpoint is needed.
     """
     from synth_deploy.health import CheckOptions, RolloutOptions, check
-    from synth_deploy.runs import MOCK_MODEL, create_mock_policy_app
-    from synth_deploy.taskapp import BackgroundServer, LocalRunner, ServeSettings, server_keys
+    from synth_deploy.runs import serve_mock_policy
+    from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
 
     env = env or Env()
     settings = ServeSettings(app=str(entry.source or entry.app_id), env=env,
                              keys=server_keys(env, "ephemeral"))
-    with BackgroundServer(create_mock_policy_app()) as policy, LocalRunner(settings) as server:
-        rollout = RolloutOptions(inference_url=policy.url + "/v1", model=MOCK_MODEL)
+    with ExitStack() as stack:
+        policy, _ = serve_mock_policy(stack)
+        server = stack.enter_context(LocalRunner(settings))
+        rollout = RolloutOptions(inference_url=policy.inference_url, model=policy.model)
         return check(server.url, settings.keys.primary,
                      CheckOptions(seeds=(seed,), rollout=rollout, timeout_s=timeout_s),
                      key_source="an ephemeral key for local validation")

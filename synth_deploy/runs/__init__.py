@@ -36,11 +36,13 @@ from synth_deploy.runs._suite import (
     POLICY_API_KEY,
     RunTarget,
     default_seeds,
+    default_split,
     is_url,
     open_target,
     policy_target,
     run_seeds,
     run_suite,
+    serve_mock_policy,
 )
 
 # The mock policy imports starlette: only when a run needs it.
@@ -69,6 +71,7 @@ __all__ = [
     "capacity_warnings",
     "create_mock_policy_app",
     "default_seeds",
+    "default_split",
     "idle_probe",
     "is_url",
     "measured_capacity",
@@ -83,4 +86,5 @@ __all__ = [
     "run_rollouts",
     "run_seeds",
     "run_suite",
+    "serve_mock_policy",
 ]

@@ -3,9 +3,11 @@
 Given ``tools``, the mock answers like a small tool-calling model: it calls one of the offered
 functions (the one ``tool_choice`` names, if any) with arguments drawn from the function's
 JSON schema (enum values, array lengths within ``minItems``/``maxItems``, required
-properties), so a multi-turn environment gets a legal, varied game. About one reply in ten is
-plain text with no tool call, as small models do; a reply right after such a miss always
-calls a tool. The draw is keyed by the whole conversation: the same conversation (the same
+properties), so a multi-turn environment gets a legal, varied game. About one later reply in
+ten is plain text with no tool call, as small models do, so an app's corrective path gets
+exercised; the first reply of a conversation (no assistant turn yet) and a reply right after
+such a miss always call a tool, as does any reply when ``tool_choice`` is "required" or names
+a function. The draw is keyed by the whole conversation: the same conversation (the same
 seed, turn after turn) always gets the same call, unless a sample key is given.
 """
 
@@ -33,9 +35,10 @@ def mock_tool_reply(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any],
     if not functions or tool_choice == "none":
         return {"role": "assistant", "content": TEXT_REPLY}
     chosen = _named_choice(tool_choice, functions)
-    just_missed = bool(messages) and _missed_a_call(messages)
-    if chosen is None and not just_missed and tool_choice != "required" \
-            and rng.random() < TEXT_REPLY_RATE:
+    # A first turn is never text: a prompt every seed shares would get it on every seed.
+    first_turn = not any(m.get("role") == "assistant" for m in messages)
+    if chosen is None and not first_turn and not _missed_a_call(messages) \
+            and tool_choice != "required" and rng.random() < TEXT_REPLY_RATE:
         return {"role": "assistant", "content": TEXT_REPLY}
     function = chosen or rng.choice(functions)
     arguments = sample_schema(function.get("parameters") or {"type": "object"}, rng)

@@ -71,6 +71,29 @@ def policy_target(inference_url: str | None, model: str | None, env: Env
 
 def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
     """The default seeds a task app advertises for ``split`` (its registry, or its /info)."""
+    datasets = _advertised_datasets(app_or_url, split, env)
+    for dataset in datasets:
+        seeds = (dataset.get("default_seeds") or {}).get(split)
+        if seeds:
+            return list(seeds)
+    known = sorted({s for d in datasets for s in (d.get("default_seeds") or {})})
+    raise UsageError(f"the app advertises no default seeds for split {split!r}",
+                     hint=f"splits with seeds: {', '.join(known) or 'none'}; or pass --seeds")
+
+
+def default_split(app_or_url: str, env: Env) -> tuple[str, list[int]] | None:
+    """The split a task app declares as its default and that split's default seeds (None:
+    it declares none with seeds): what `eval` runs when given neither --seeds nor --split."""
+    for dataset in _advertised_datasets(app_or_url, None, env):
+        split = dataset.get("default_split")
+        seeds = (dataset.get("default_seeds") or {}).get(split) if split else None
+        if seeds:
+            return split, list(seeds)
+    return None
+
+
+def _advertised_datasets(app_or_url: str, split: str | None, env: Env) -> list[dict[str, Any]]:
+    """The datasets a task app advertises: from its registry, or from its /info."""
     if is_url(app_or_url):
         import httpx
 
@@ -79,24 +102,17 @@ def default_seeds(app_or_url: str, split: str, env: Env) -> list[int]:
             info = httpx.get(app_or_url.rstrip("/") + "/info", timeout=15,
                              headers={"X-API-Key": env.get(ENVIRONMENT_API_KEY) or ""},
                              follow_redirects=True).json()
-            datasets = info["dataset"]["datasets"]
+            return list(info["dataset"]["datasets"])
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"cannot read the default seeds of split {split!r} from "
+            which = f"split {split!r}" if split else "the default split"
+            raise UsageError(f"cannot read the default seeds of {which} from "
                              f"{app_or_url}/info: {type(exc).__name__}: {exc}",
                              hint="pass --seeds") from None
-    else:
-        from synth_deploy.taskapp import load_app
+    from synth_deploy.taskapp import load_app
 
-        with _url_without_scheme_told(app_or_url):
-            entry = load_app(app_or_url)
-        datasets = entry.build_config().dataset_registry.describe()
-    for dataset in datasets:
-        seeds = (dataset.get("default_seeds") or {}).get(split)
-        if seeds:
-            return list(seeds)
-    known = sorted({s for d in datasets for s in (d.get("default_seeds") or {})})
-    raise UsageError(f"the app advertises no default seeds for split {split!r}",
-                     hint=f"splits with seeds: {', '.join(known) or 'none'}; or pass --seeds")
+    with _url_without_scheme_told(app_or_url):
+        entry = load_app(app_or_url)
+    return entry.build_config().dataset_registry.describe()
 
 
 def run_suite(app_or_url: str, seeds: Sequence[int], env: Env, *,
@@ -108,21 +124,27 @@ def run_suite(app_or_url: str, seeds: Sequence[int], env: Env, *,
         return run_seeds(target, seeds, options, on_outcome=on_outcome)
 
 
+def serve_mock_policy(stack: ExitStack) -> tuple[PolicyTarget, Any]:
+    """The built-in mock policy served on a free loopback port until ``stack`` closes: the
+    target to send rollouts to, and its server. Every command that needs the mock starts it
+    here."""
+    from synth_deploy.runs._mock_policy import MOCK_MODEL, create_mock_policy_app
+    from synth_deploy.taskapp import BackgroundServer
+
+    server = stack.enter_context(BackgroundServer(create_mock_policy_app()))
+    return PolicyTarget(server.url + "/v1", MOCK_MODEL), server
+
+
 @contextmanager
 def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None,
                 traces: TraceDbSetting | None = None) -> Iterator[RunTarget]:
     """Serve the app (when given an id or path, with an ephemeral key) and the mock policy
     (when no policy is given); ``traces`` records every rollout either way."""
-    from synth_deploy.taskapp import BackgroundServer
-
     notes: list[str] = []
     with ExitStack() as stack:
         if policy is None:
-            from synth_deploy.runs._mock_policy import MOCK_MODEL, create_mock_policy_app
-
-            mock = stack.enter_context(BackgroundServer(create_mock_policy_app()))
-            policy = PolicyTarget(mock.url + "/v1", MOCK_MODEL)
-            notes.append(f"policy: built-in mock at {mock.url}/v1")
+            policy, mock = serve_mock_policy(stack)
+            notes.append(f"policy: built-in mock at {policy.inference_url}")
             mocked = True
         else:
             mocked = False
@@ -220,10 +242,12 @@ __all__ = [
     "POLICY_API_KEY",
     "RunTarget",
     "default_seeds",
+    "default_split",
     "is_url",
     "open_target",
     "policy_target",
     "run_seeds",
     "run_suite",
+    "serve_mock_policy",
     "store_returned_traces",
 ]

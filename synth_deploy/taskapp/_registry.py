@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from synth_deploy.errors import AppNotFoundError, TaskAppError
+from synth_deploy.errors import AppNotFoundError, TaskAppError, UsageError
 from synth_deploy.taskapp._config import TaskAppConfig
 
 
@@ -223,6 +223,11 @@ def _import_file(path: Path) -> list[TaskAppEntry]:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
+        except SyntaxError as exc:  # a file to fix, as when the app is named by its id
+            sys.modules.pop(name, None)
+            problem = AppFileProblem(Path(exc.filename or path), f"{type(exc).__name__}: "
+                                     f"{exc.msg}", exc.lineno, exc.offset)
+            raise UsageError(f"cannot import {problem}", hint="fix the file") from exc
         except Exception as exc:
             sys.modules.pop(name, None)
             raise TaskAppError(f"importing {path} failed{_user_frame(exc, path)}: "

@@ -7,7 +7,7 @@
      ├── TraceDbMissingError    nothing at that path yet (a read asked for it)
      ├── TraceDbUnreachableError  a remote libSQL server did not answer in time (exit 3)
      ├── TraceDbAuthError       the remote server refused the token
-     ├── SessionNotFoundError   no session with that id (or prefix)
+     ├── SessionNotFoundError   no session with that id (or prefix) (exit 2)
      ├── SessionConflictError   a session id already stored with other content
      └── TraceFormatError       a returned trace that cannot be read as a session
 """
@@ -46,7 +46,9 @@ class TraceDbAuthError(TraceStoreError):
 
 
 class SessionNotFoundError(TraceStoreError):
-    """No session matches the given id or id prefix."""
+    """No session matches the given id or id prefix (or several do): a bad value (exit 2)."""
+
+    exit_code = 2
 
 
 class SessionConflictError(TraceStoreError):

@@ -3,7 +3,9 @@
 Each turn holds the messages the policy saw that no earlier turn showed (text and images: a
 policy call records the whole conversation, `tracing.replay` keeps what is new), its replies
 and tool calls, its LM calls (model, tokens, latency), the environment's events with their
-rewards and achievements, and the turn's timing. Images are passed on only as ``data:``
+rewards and achievements, and the turn's timing; its two rewards are kept apart (the
+environment's, the event rewards recorded), and achievements are shown only for an app that
+records them. Images are passed on only as ``data:``
 URLs of raster types: the page never loads anything from outside (it works offline, and a
 trace cannot make the browser call a remote address).
 """
@@ -65,6 +67,9 @@ def session_replay(session: SessionTrace) -> dict[str, Any]:
                           if p["type"] == "image"),
         },
         "turns": turns,
+        # Whether the app records achievements at all: an outcome's count defaults to 0.
+        "has_achievements": any(o.achievements_count for o in session.outcome_rewards)
+        or any(e["achievements"] is not None for t in turns for e in t["env_events"]),
     }
 
 
@@ -88,8 +93,13 @@ def _turn(replayed: ReplayStep, by_event: dict[str, list[EventReward]],
         "lm_calls": [_lm_call(e) for e in step.events if e.event_type == "cais"],
         "env_events": env_events,
         "rewards": [_reward(r) for r in loose],
+        # Two different numbers: the rewards the environment's events carry, and the event
+        # rewards (rubric scores) recorded for the turn.
+        "env_reward": sum(e["reward"] for e in env_events if e["reward"] is not None)
+        if any(e["reward"] is not None for e in env_events) else None,
         "reward": sum(r["value"] for ev in env_events for r in ev["rewards"])
         + sum(r.reward_value for r in loose),
+        "event_rewards": sum(len(ev["rewards"]) for ev in env_events) + len(loose),
     }
 
 
@@ -166,16 +176,17 @@ def _env_event(e: Event, rewards: list[EventReward]) -> dict[str, Any]:
             "rewards": [_reward(r) for r in rewards], "at": _iso(e.event_time)}
 
 
-def _achievements(state: Any) -> list[str]:
+def _achievements(state: Any) -> list[str] | None:
+    """The achievements the state names (None: it names none, the app has no such thing)."""
     if not isinstance(state, dict):
-        return []
+        return None
     for key in _ACHIEVEMENT_KEYS:
         value = state.get(key)
         if isinstance(value, dict):  # {"collect_wood": 1, "place_table": 0}
             return [str(k) for k, v in value.items() if v]
         if isinstance(value, list):
             return [str(v) for v in value]
-    return []
+    return None
 
 
 def _reward(r: EventReward) -> dict[str, Any]:

@@ -86,13 +86,25 @@ def test_endpoint_in_url_exits_2_with_the_fix(run):
 
 @pytest.mark.parametrize("args", [
     ["--api-key", "k", "--env-file", "x.env"],
-    ["--rollout"],
     ["--seeds", "9-1"],
     ["--timeout", "0"],
 ])
 def test_usage_errors_exit_2(run, args):
     result = run("http://127.0.0.1:8001", *args)
     assert result.exit_code == 2, result.output
+
+
+def test_rollout_without_an_inference_url_plays_through_the_mock_policy(run, math_server,
+                                                                         api_key):
+    # As `check --load` does: the mock policy, served for the check, plays the rollout.
+    result = run(math_server.url, "--api-key", api_key, "--rollout", "--seeds", "3", "--json")
+    assert result.exit_code == 0, result.output
+    [rollout] = [c for c in json.loads(result.stdout)["checks"] if c["name"] == "rollout"]
+    assert rollout["verdict"] == "pass" and rollout["actual"].startswith("reward_mean=")
+    human = run(math_server.url, "--api-key", api_key, "--rollout")
+    assert human.exit_code == 0, human.output
+    assert "rollout policy: built-in mock at http://127.0.0.1:" in human.stderr
+    assert "another machine" not in human.stderr
 
 
 def test_wait_polls_with_a_progress_line_until_healthy(run, serve, math_config, api_key):

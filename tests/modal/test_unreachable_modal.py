@@ -18,7 +18,12 @@ from standins.modal_api import ModalAPIStandin
 
 from synth_deploy.env import Env
 from synth_deploy.errors import DeployError
-from synth_deploy.modal import DeployOptions, deploy
+from synth_deploy.modal import (
+    DeployOptions,
+    deploy,
+    modal_api_endpoints,
+    require_modal_reachable,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = f"{sys.executable} {ROOT / 'tests' / 'standins' / 'modal_cli.py'}"
@@ -68,6 +73,23 @@ def test_a_network_that_drops_packets_is_bounded_by_the_connect_timeout(tmp_path
     assert 0.9 < elapsed < 6
     assert f"Modal's API at 127.0.0.1:{api.port}" in err.value.message
     assert "1s" in err.value.message and "nothing was sent" in err.value.message
+
+
+def test_a_list_of_api_servers_is_probed_server_by_server():
+    # Modal's own default is a list ("https://api.modal.com,https://api.modal2.com"): its
+    # client uses the first server that connects, and the error names each host.
+    assert modal_api_endpoints("https://api.modal.com,https://api.modal2.com") == [
+        ("api.modal.com", 443), ("api.modal2.com", 443)]
+    with ModalAPIStandin("down") as first, ModalAPIStandin("down") as second:
+        servers = f"{first.url},{second.url}"
+        with pytest.raises(DeployError) as err:
+            require_modal_reachable(Env({"MODAL_SERVER_URL": servers}), timeout_s=5)
+    message = err.value.message
+    assert message.startswith(f"Modal's API at 127.0.0.1:{first.port} or "
+                              f"127.0.0.1:{second.port} is unreachable (127.0.0.1:{first.port}: ")
+    assert "," not in message.split(" is unreachable")[0]
+    with ModalAPIStandin("down") as down, ModalAPIStandin("up") as up:
+        require_modal_reachable(Env({"MODAL_SERVER_URL": f"{down.url},{up.url}"}), timeout_s=5)
 
 
 def test_a_reachable_api_lets_the_deploy_through(tmp_path):

@@ -28,13 +28,18 @@ def ask(policy, messages, tools=(TOOL,), cid=None, **extra):
 
 
 def conversation(n: int) -> list[dict]:
-    return [{"role": "system", "content": "Play."}, {"role": "user", "content": f"world {n}"}]
+    """A conversation one turn in: the policy called the tool once and got its answer."""
+    return [{"role": "system", "content": "Play."}, {"role": "user", "content": f"world {n}"},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "interact", "arguments": '{"actions": ["noop"]}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": f"world {n}, a turn later"}]
 
 
 def test_calls_are_valid_for_the_schema_and_the_same_for_the_same_conversation(mock_policy):
     replies = [ask(mock_policy, conversation(n)) for n in range(40)]
     calls = [r["message"]["tool_calls"][0] for r in replies if r["message"].get("tool_calls")]
-    assert 28 <= len(calls) < 40  # about one reply in ten is text, as small models do
+    assert 28 <= len(calls) < 40  # about one later reply in ten is text, as small models do
     for call in calls:
         assert call["function"]["name"] == "interact" and call["id"].startswith("call_")
         actions = json.loads(call["function"]["arguments"])["actions"]
@@ -42,6 +47,14 @@ def test_calls_are_valid_for_the_schema_and_the_same_for_the_same_conversation(m
     assert {r["finish_reason"] for r in replies} == {"tool_calls", "stop"}
     assert [ask(mock_policy, conversation(n)) for n in range(10)] == replies[:10]
     assert len({c["function"]["arguments"] for c in calls}) > len(calls) // 2
+
+
+def test_a_first_turn_always_calls_a_tool(mock_policy):
+    # A prompt every seed shares got the text reply on every seed's first turn.
+    for prompt in ["I picked a number from 1 to 10. Guess it.", *(f"world {n}" for n in
+                                                                  range(60))]:
+        first = [{"role": "system", "content": "Play."}, {"role": "user", "content": prompt}]
+        assert ask(mock_policy, first)["message"].get("tool_calls"), prompt
 
 
 def test_after_a_reply_without_a_call_the_next_one_calls(mock_policy):

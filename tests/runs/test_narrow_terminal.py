@@ -39,7 +39,7 @@ def test_failed_rollouts_print_their_whole_cause_at_80_columns(failing_app, comm
     assert "…" not in out
     for header in HEADERS:
         assert header in out
-    assert "2 failed rollout(s):" in out
+    assert "2 failed rollouts:" in out
     lines = out.splitlines()
     for seed in (1, 3):
         [line] = [line for line in lines if line.startswith(f"  seed {seed} (")]
@@ -60,3 +60,17 @@ def test_a_narrow_terminal_drops_low_value_columns_before_cutting_any(failing_ap
     [header_line] = [line for line in out.splitlines() if "latency s" in line]
     assert "outcome" not in header_line and "events" not in header_line  # dropped first
     assert f"RuntimeError: {CAUSE}" in out
+
+
+def test_the_summary_counts_in_words_says_what_the_mean_leaves_out_and_fits(failing_app):
+    result = run_cli(failing_app, "smoke", "boom", "--seeds", "0-2", "--no-trace",
+                     COLUMNS="80")
+    assert result.returncode == 1, result.stderr
+    out = result.stdout
+    assert "1 failed rollout:" in out and "1 errors" not in out
+    summary = out[out.index("3 rollouts (rl), 1 error · "):]
+    # Seed 1 failed: the mean is of seeds 0 and 2, and the line says so.
+    assert "mean reward 1.000 over 2 ok (1 failed left out)" in summary
+    assert all(len(line) <= 80 for line in summary.splitlines()), summary
+    one = run_cli(failing_app, "smoke", "boom", "--seeds", "0", "--no-trace", COLUMNS="80")
+    assert "1 rollout (rl), 0 errors · mean reward 1.000 · " in one.stdout

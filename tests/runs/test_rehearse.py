@@ -232,6 +232,31 @@ def test_an_idle_connection_dropped_on_the_path_is_reported(math_server, mock_po
     assert direct.statuses == [200, 200] and direct.idle_s >= 2.0
 
 
+def test_the_idle_time_held_is_the_one_asked_however_long_the_other_checks_take(
+        math_server, mock_policy, api_key):
+    # rehearse releases the probe's second rollout only once its measurements are done; they
+    # took 17 s and 65 s for two apps, and the probe reported those as its idle time.
+    def body(seed: int) -> dict:
+        return {"run_id": f"idle-late-{seed}", "env": {"seed": seed},
+                "policy": {"config": {"model": "m", "inference_url": mock_policy.url + "/v1"}},
+                "mode": "rl"}
+
+    async def probe(url: str, release_after_s: float):
+        release = asyncio.Event()
+        asyncio.get_running_loop().call_later(release_after_s, release.set)
+        return await idle_probe(url, api_key, (body(1), body(2)), 1.0, timeout_s=30,
+                                release=release)
+
+    held = asyncio.run(probe(math_server.url, 3.5))
+    assert held.survived is True and held.statuses == [200, 200]
+    assert 1.0 <= held.idle_s < 1.5, held
+    port = httpx.URL(math_server.url).port
+    with IdleDroppingProxy("127.0.0.1", port, forget_after_s=0.5) as proxy:
+        dropped = asyncio.run(probe(proxy.url, 3.5))
+    assert dropped.survived is False and 1.0 <= dropped.idle_s < 1.5, dropped
+    assert dropped.error.startswith("after 1s idle, a request on the kept connection failed")
+
+
 def test_check_load_ramps_a_running_app(tmp_path, math_server, api_key):
     result = run_cli(tmp_path, "check", math_server.url, "--load", "--max-concurrency", "4",
                      "--json", ENVIRONMENT_API_KEY=api_key)

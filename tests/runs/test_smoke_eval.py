@@ -64,6 +64,29 @@ def test_eval_split_uses_the_apps_default_seeds(tmp_path):
     assert seeds == list(range(9000, 9050))
 
 
+def test_eval_without_split_or_seeds_runs_the_apps_default_split(tmp_path, math_server,
+                                                                 api_key):
+    # The help promises the split's default seeds: math declares "train" with seeds 0-99.
+    for target in ("math", math_server.url):
+        result = run_cli(tmp_path, "eval", target, "--json", "--no-trace",
+                         ENVIRONMENT_API_KEY=api_key)
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert [r["seed"] for r in report["rollouts"]] == list(range(100)), target
+        assert any("default split 'train'" in n for n in report["notes"])
+
+
+def test_eval_without_a_declared_default_split_runs_seeds_0_to_9(tmp_path):
+    (tmp_path / "tiny.py").write_text(
+        "from synth_deploy.taskapp import TaskApp\n"
+        "task_app = TaskApp('tiny', name='Tiny', description='No datasets.')\n\n"
+        "@task_app.rollout\nasync def rollout(request, ctx):\n"
+        "    ctx.tracer.record_outcome_reward(1.0)\n")
+    result = run_cli(tmp_path, "eval", "tiny.py", "--json", "--no-trace")
+    assert result.returncode == 0, result.stderr
+    assert [r["seed"] for r in json.loads(result.stdout)["rollouts"]] == list(range(10))
+
+
 def test_eval_against_a_url_stores_the_returned_traces(tmp_path, math_server, api_key):
     db = tmp_path / "remote-evals.db"
     result = run_cli(tmp_path, "eval", math_server.url, "--seeds", "1-5", "--trace-db", str(db),

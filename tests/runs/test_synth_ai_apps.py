@@ -91,7 +91,7 @@ def test_the_table_shows_the_warning_and_the_tokens(tmp_path, serve):
     result = run_cli(tmp_path, "smoke", app.url, "--seeds", "2-3", "--trace-db",
                      str(tmp_path / "t.db"), ENVIRONMENT_API_KEY=KEY)
     assert result.returncode == 0, result.stderr
-    assert "1 warning(s)" in result.stdout and "its trace was not stored" in result.stdout
+    assert "1 warning:" in result.stdout and "its trace was not stored" in result.stdout
     assert "33 tokens" in result.stdout
 
 

@@ -174,7 +174,7 @@ def test_setup_refuses_a_broken_env_file_and_leaves_it_alone(tmp_path):
 
 def test_apps_lists_math_as_json(tmp_path):
     result = run_cli(tmp_path, "apps", "--json")
-    apps = {a["app_id"]: a for a in json.loads(result.stdout)}
+    apps = {a["app_id"]: a for a in json.loads(result.stdout)["apps"]}
     assert apps["math"]["path"].endswith("apps/math/task_app.py")
 
 

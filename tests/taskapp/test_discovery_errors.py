@@ -4,6 +4,7 @@ with file:line and the error, by `apps` and by `serve`/`smoke` of the app it wou
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from processes import run_cli
@@ -71,14 +72,25 @@ def test_apps_lists_what_it_found_and_what_it_could_not_read(apps_dir):
     assert f"{apps_dir / 'apps' / 'broken' / 'task_app.py'}:6:12: SyntaxError" in result.stderr
     as_json = run_cli(apps_dir, "apps", "--json")
     assert as_json.returncode == 1
-    assert {a["app_id"] for a in json.loads(as_json.stdout)} >= {"good", "math"}
+    document = json.loads(as_json.stdout)
+    assert {a["app_id"] for a in document["apps"]} >= {"good", "math"}
+    # The files it could not read are in the document, not only on stderr.
+    problems = {Path(p["path"]).parent.name: p for p in document["problems"]}
+    assert set(problems) == {"broken", "latin1"}
+    assert problems["broken"] == {"path": str(apps_dir / "apps" / "broken" / "task_app.py"),
+                                  "line": 6, "column": 12,
+                                  "error": "SyntaxError: '(' was never closed"}
+    assert "not UTF-8" in problems["latin1"]["error"]
 
 
 def test_serve_and_smoke_of_the_broken_app_say_why_it_is_missing(apps_dir, api_key):
-    for args in (("serve", "broken"), ("smoke", "broken", "--no-trace")):
+    # By id or by file path: the same file:line, the same exit code (2: a file to fix).
+    path = "apps/broken/task_app.py"
+    for args in (("serve", "broken"), ("smoke", "broken", "--no-trace"), ("serve", path),
+                 ("smoke", path, "--no-trace"), ("eval", path, "--seeds", "0", "--no-trace")):
         result = run_cli(apps_dir, *args, timeout=60, ENVIRONMENT_API_KEY=api_key)
         assert result.returncode == 2, result.stderr
-        assert "no task app with id 'broken'" in result.stderr
+        assert "no task app with id 'broken'" in result.stderr or args[1] == path
         assert f"{apps_dir / 'apps' / 'broken' / 'task_app.py'}:6:12: SyntaxError" \
             in result.stderr
 

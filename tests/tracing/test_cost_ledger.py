@@ -173,6 +173,27 @@ def test_traces_stats_shows_the_ledger_and_an_estimate(smoked_db, tmp_path):
     assert wrong.returncode == 2 and f"{bad}:1" in wrong.stderr
 
 
+def test_traces_stats_never_prices_an_unpriced_model_at_zero_and_fits_80_columns(smoked_db,
+                                                                                 tmp_path):
+    path, _ = smoked_db  # the mock model: no LM call records a cost
+    other = tmp_path / "other.toml"
+    other.write_text('[models."gpt-4o-mini"]\ninput_per_million = 0.15\n'
+                     'output_per_million = 0.60\n')
+    plain = run_cli(tmp_path, "traces", "stats", "--trace-db", str(path), COLUMNS="80")
+    priced = run_cli(tmp_path, "traces", "stats", "--trace-db", str(path), "--prices",
+                     other.name, COLUMNS="80")
+    machine = run_cli(tmp_path, "traces", "stats", "--trace-db", str(path), "--json")
+
+    for human in (plain, priced):
+        assert human.returncode == 0, human.stderr
+        assert "$0.0" not in human.stdout and "est. $" not in human.stdout
+        cost = human.stdout[human.stdout.index("cost: "):]
+        assert all(len(line) <= 80 for line in cost.splitlines()), cost
+        assert "wall" in cost and "summed over 4 rollouts" in cost
+    assert "no price for synth-deploy/mock-policy in other.toml" in priced.stdout
+    assert json.loads(machine.stdout)["cost_usd"] is None
+
+
 def test_each_sft_example_carries_its_rollouts_ledger(smoked_db, tmp_path):
     path, _ = smoked_db
     out = tmp_path / "sft.jsonl"

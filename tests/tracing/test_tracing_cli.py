@@ -56,7 +56,8 @@ def test_ls_show_stats(tmp_path):
     stats = json.loads(run("stats", "--json", "--trace-db", db).stdout)
     assert stats["sessions"] == 5 and stats["lm_calls"] == 10
     missing = run("show", "nope", "--trace-db", db)
-    assert missing.exit_code == 1 and "no session" in missing.stderr
+    # A bad value, as the README's exit codes say: 2.
+    assert missing.exit_code == 2 and "no session" in missing.stderr
 
 
 def test_export_writes_valid_sft_and_refuses_to_overwrite(tmp_path):

@@ -110,6 +110,11 @@ def test_replay_of_a_multi_turn_episode(viewer, known):
     assert first["lm_calls"][0]["tool_calls"][0]["name"] == "interact"
     assert first["messages"][-1]["tool_calls"][0]["arguments"] == '{"actions": ["move_left", "do"]}'
     assert (first["reward"], second["reward"], third["reward"]) == (0, 1.0, 1.0)
+    assert [t["env_reward"] for t in data["turns"]] == [0.0, 1.0, 1.0]
+    assert [t["event_rewards"] for t in data["turns"]] == [0, 1, 1]
+    assert data["has_achievements"] is True and first["env_events"][0]["achievements"] == []
+    plain = next(s for s in sessions if s.app == "math" and s.reward is not None)
+    assert viewer.get(f"/api/sessions/{plain.session_id}").json()["has_achievements"] is False
     assert third["env_events"][0]["achievements"] == ["collect_wood", "place_table"]
     assert third["env_events"][0]["terminated"] is True
     assert second["env_events"][0]["rewards"][0]["type"] == "achievement_delta"

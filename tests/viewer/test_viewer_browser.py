@@ -8,11 +8,18 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from chromium import chromium, find_chromium, wait_ready
-from known_traces import EPISODE, build_known_store, build_learning_run, mean
+from known_traces import (
+    ACHIEVEMENTS,
+    EPISODE,
+    build_known_store,
+    build_learning_run,
+    mean,
+)
 
-from synth_deploy.tracing import export_sft, open_trace_store
+from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store
 from synth_deploy.viewer import create_viewer_app
 
 # Set to a folder to keep the screenshots: the README's docs/viewer.png is made by
@@ -122,8 +129,13 @@ def test_filter_then_replay_shows_the_stored_numbers(page, known, tmp_path):
     assert (facts["turns"], facts["lm_calls"], facts["seed"], facts["split"]) == (
         "3", "3", "1", "train")
     assert facts["event_reward"] == shown(sum(episode.event_rewards))
+    assert facts["achievements"] == str(len(ACHIEVEMENTS))
+    # Each turn's header: the environment's reward, and the event rewards when some were
+    # recorded (turn 1 unlocked nothing: no event reward).
+    env_rewards = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".turn-env-reward")]
+    assert env_rewards == ["· env reward 0", "· env reward 1", "· env reward 1"]
     turn_rewards = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".turn-reward")]
-    assert turn_rewards == ["· reward 0", "· reward 1", "· reward 1"]
+    assert turn_rewards == ["· event rewards 1", "· event rewards 1"]
     frames = driver.execute_script(
         "return [...document.querySelectorAll('img.frame')].map(i => "
         "[i.complete, i.naturalWidth, i.naturalHeight])")
@@ -240,3 +252,70 @@ def test_a_learning_run_at_a_glance(tmp_path, serve):
             legend = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#chart-legend span")]
             assert legend == ["math · model-a (300)", "math · model-b (300)"]
             screenshot(driver, tmp_path, "viewer")
+
+
+def test_a_replay_tells_the_environments_reward_from_event_rewards(tmp_path, serve):
+    # A wrong answer in the right format, as the math app records it: the environment's
+    # reward is 0, the format's event reward 1; the app has no achievements.
+    tracer = SessionTracer(metadata={"app_id": "quiz", "model": "m", "seed": 3})
+    tracer.start_timestep("turn-1", turn_number=1)
+    tracer.record_message("user", "What is 3 + 4?")
+    tracer.record_message("assistant", "Answer: 8")
+    event = tracer.record_environment_event(reward=0.0, terminated=True)
+    tracer.record_event_reward(1.0, reward_type="answer_format", event_id=event.id,
+                               turn_number=1)
+    tracer.record_outcome_reward(0.0)
+    session = tracer.finish()
+    db = tmp_path / "quiz.db"
+    with open_trace_store(str(db)) as store:
+        store.write_session_sync(session)
+    with open_trace_store(str(db), read_only=True) as store:
+        server = serve(create_viewer_app(store))
+        with chromium(tmp_path / "profile") as driver:
+            driver.get(f"{server.url}/#/session/{session.session_id}")
+            wait_ready(driver, session.session_id)
+            header = text(driver, ".turn h3")
+            assert "· env reward 0 · event rewards 1" in header and "· reward" not in header
+            fields = driver.execute_script(
+                "return [...document.querySelectorAll('.fact')].map(f => f.dataset.field)")
+            assert "reward" in fields and "achievements" not in fields
+
+
+def test_the_time_axis_says_the_day_once_and_the_times_within_a_day(page, known):
+    from selenium.webdriver.common.by import By
+
+    driver, url = page
+    _, sessions = known
+    math = sorted(s.created_at for s in sessions if s.app == "math")
+    driver.get(url + "/#/sessions?app=math")  # a dozen minutes of one day
+    wait_ready(driver, "app=math")
+    labels = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#chart-curve .axis-label")]
+    # The curve's points are buckets of sessions: its ends are the buckets' times.
+    day = time.strftime("%Y-%m-%d", time.gmtime(math[0]))
+    assert len(labels) == 2 and labels[0].startswith(day + " ") and len(labels[0]) == 16
+    assert len(labels[1]) == 5 and labels[1] != labels[0][11:], labels
+    driver.get(url + "/#/sessions")  # math, then crafter a day later: the days
+    wait_ready(driver, "#/sessions")
+    labels = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#chart-curve .axis-label")]
+    assert len(labels) == 2 and len(set(labels)) == 2 and all(len(x) == 10 for x in labels)
+
+
+def test_headless_chromium_given_time_captures_the_drawn_page_as_the_readme_says(
+        known, serve, tmp_path):
+    # The README: at the load event the cards hold placeholders (the data come from /api
+    # after), and --virtual-time-budget lets headless Chromium wait for them.
+    import re
+    import subprocess
+
+    from chromium import FLAGS
+
+    with open_trace_store(str(known[0]), read_only=True) as store:
+        url = serve(create_viewer_app(store)).url
+        served = httpx.get(url + "/", timeout=10).text
+        assert re.search(r'id="glance-sessions" class="big">…<', served)
+        browser, _ = find_chromium()
+        dom = subprocess.run([browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                              "--virtual-time-budget=10000", "--dump-dom", url + "/"],
+                             capture_output=True, text=True, timeout=60).stdout
+    assert 'data-ready="#/sessions"' in dom
+    assert re.search(r'id="glance-sessions" class="big">24<', dom), dom[-2000:]

@@ -247,8 +247,9 @@ function drawCurve(series, total) {
   fill(box, svg("svg", { viewBox: `0 0 ${W} ${H + 16}`, role: "img" },
     svg("line", { x1: pad, y1: y(y0), x2: W, y2: y(y0), class: "axis" }),
     svg("text", { x: 0, y: y(y1) + 4 }, num(y1, 2)), svg("text", { x: 0, y: y(y0) }, num(y0, 2)),
-    svg("text", { x: pad, y: H + 14 }, new Date(t0).toISOString().slice(0, 10)),
-    svg("text", { x: W, y: H + 14, "text-anchor": "end" }, new Date(t1).toISOString().slice(0, 10)),
+    ...axisLabels(t0, t1).map((label, i) => svg("text", i
+      ? { x: W, y: H + 14, "text-anchor": "end", class: "axis-label" }
+      : { x: pad, y: H + 14, class: "axis-label" }, label)),
     series.map((s, i) => {
       const pts = s.points.filter((p) => p.mean_reward !== null);
       return svg("g", { class: "series" },
@@ -263,6 +264,16 @@ function drawCurve(series, total) {
     h("i", { class: `swatch c${i % COLORS.length}` }),
     `${s.app ?? "–"} · ${s.model ?? "–"} (${count(s.sessions)})`)),
   total > series.length ? h("span", { class: "muted" }, `${total - series.length} more not shown`) : null);
+}
+
+// The time axis's two ends (UTC), as precise as the span needs: days apart, the dates; within
+// a day, the date once and the times; within minutes, to the second; one instant, one label.
+function axisLabels(t0, t1) {
+  const [a, b] = [new Date(t0).toISOString(), new Date(t1).toISOString()];
+  if (t1 <= t0) return [`${a.slice(0, 10)} ${a.slice(11, 19)}`];
+  if (a.slice(0, 10) !== b.slice(0, 10)) return [a.slice(0, 10), b.slice(0, 10)];
+  const end = t1 - t0 < 120000 ? 19 : 16;
+  return [`${a.slice(0, 10)} ${a.slice(11, end)}`, b.slice(11, end)];
 }
 
 // -- one session, turn by turn ---------------------------------------------------------------
@@ -291,7 +302,7 @@ async function showReplay(sessionId, token) {
       fact("created", s.created_at),
       fact("duration", s.duration_s === null || s.duration_s === undefined ? null : `${num(s.duration_s, 3)} s`),
       fact("reward", outcome ? num(outcome.total_reward) : "–", "outcome reward"),
-      fact("achievements", outcome ? outcome.achievements_count : null),
+      s.has_achievements ? fact("achievements", outcome ? outcome.achievements_count : null) : null,
       fact("event_reward", num(s.totals.event_reward), "event rewards Σ"),
       fact("turns", s.totals.turns), fact("lm_calls", s.totals.lm_calls, "LM calls"),
       fact("tokens", `${count(s.totals.input_tokens)} in / ${count(s.totals.output_tokens)} out`),
@@ -309,7 +320,11 @@ function drawTurn(t) {
   return h("article", { class: "turn", "data-turn": t.index },
     h("h3", {}, title,
       h("span", { class: "muted" }, t.duration_ms === null ? "" : ` · ${num(t.duration_ms, 1)} ms`),
-      h("span", { class: "turn-reward", "data-field": "turn-reward" }, ` · reward ${num(t.reward)}`)),
+      // The environment's reward and the event rewards recorded for the turn: two numbers.
+      t.env_reward === null ? null
+        : h("span", { class: "turn-env-reward", "data-field": "turn-env-reward" }, ` · env reward ${num(t.env_reward)}`),
+      t.event_rewards ? h("span", { class: "turn-reward", "data-field": "turn-reward" },
+        ` · event rewards ${num(t.reward)}`) : null),
     t.repeated_messages ? h("p", { class: "muted repeated" },
       `${t.repeated_messages} earlier message(s) shown to the policy again, not repeated here`) : null,
     t.messages.map(drawMessage),
@@ -324,7 +339,7 @@ function drawTurn(t) {
       h("b", {}, `${e.kind} `), e.system,
       e.reward === null ? "" : h("span", { "data-field": "env-reward" }, ` · reward ${num(e.reward)}`),
       e.terminated ? " · terminated" : "", e.truncated ? " · truncated" : "",
-      e.achievements.length ? h("div", { class: "achievements" }, "achievements: ",
+      e.achievements && e.achievements.length ? h("div", { class: "achievements" }, "achievements: ",
         e.achievements.map((a) => h("span", { class: "tag" }, a))) : null,
       e.rewards.map(drawReward),
       e.state_after ? h("details", {}, h("summary", {}, "state after"),
