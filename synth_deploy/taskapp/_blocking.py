@@ -24,7 +24,7 @@ _warned: set[str] = set()
 def function_name(fn: Any) -> str:
     """A function's name and where it is written (``rollout (apps/x/task_app.py:12)``); a
     callable object is named by its class's ``__call__``."""
-    target = fn if hasattr(fn, "__code__") else getattr(type(fn), "__call__", fn)
+    target = fn if hasattr(fn, "__code__") else type(fn).__call__
     name = getattr(target, "__qualname__", repr(fn))
     code = getattr(target, "__code__", None)
     return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
