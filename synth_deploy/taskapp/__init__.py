@@ -12,6 +12,7 @@ from synth_deploy.errors import BadRequest
 from synth_deploy.taskapp._admission import (
     DEFAULT_MAX_ROLLOUTS,
     MAX_ROLLOUTS_VAR,
+    ConnectionLimits,
     RolloutLimits,
     answered_status,
     rollout_limits,
@@ -74,7 +75,6 @@ _LAZY = {
     "TraceSink": "_server",
     "error_response": "_responses",
     "BackgroundServer": "_runner",
-    "ConnectionLimits": "_runner",
     "DEFAULT_SUMMARY_EVERY_S": "_runner",
     "prepare_serving_process": "_runner",
     "LocalRunner": "_runner",

@@ -1,4 +1,6 @@
-"""How many rollouts a served app runs at once, and how a long one outlives proxy cutoffs.
+"""What a served app admits: how many rollouts run at once, how a long one outlives proxy
+cutoffs, and what a client may hold of its connections (`ConnectionLimits`, enforced by
+`_connections`).
 
 `RolloutLimits` is resolved once where the app is served (`rollout_limits`: a flag, else
 ``SYNTH_DEPLOY_MAX_ROLLOUTS``, else the default) and given to `create_app`:
@@ -219,5 +221,23 @@ class EarlyHeads:
             await asyncio.sleep(self.heartbeat_s)
 
 
-__all__ = ["DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "MAX_ROLLOUTS_VAR", "RolloutLimits",
-           "RolloutStats", "answered_status", "rollout_limits"]
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What clients may hold of a served app: a connection beyond ``max_connections`` is
+    answered 503 and closed; a request's headers must arrive within ``header_timeout_s`` (of
+    the connection opening or the previous response) and its body within ``body_timeout_s``;
+    an idle keep-alive connection is closed after ``keep_alive_s``.
+
+    ``max_connections`` guards file descriptors, not capacity (rollouts are admitted by
+    `RolloutLimits`): None (the default) is what the open-file limit leaves when the server
+    starts, once the server's own files are counted.
+    """
+
+    max_connections: int | None = None
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: float = 5.0
+
+
+__all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "MAX_ROLLOUTS_VAR",
+           "RolloutLimits", "RolloutStats", "answered_status", "rollout_limits"]

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -35,8 +35,7 @@ try:  # the fast path: uvicorn's C parser (the `httptools` wheel)
 except ImportError:  # pragma: no cover - where the wheel does not install
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
-if TYPE_CHECKING:
-    from synth_deploy.taskapp._runner import ConnectionLimits
+from synth_deploy.taskapp._admission import ConnectionLimits
 
 logger = logging.getLogger("synth_deploy.taskapp")
 _REFUSED_LINGER_S = 1.0  # a refused client still gets to read its 503 before the close

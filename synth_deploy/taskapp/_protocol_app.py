@@ -8,6 +8,7 @@ it is a fifth of a second of start-up, paid on every cold start of a deployed co
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -61,14 +62,24 @@ def new_protocol_app(config: TaskAppConfig, lifespan: Callable[[Any], Any]) -> S
     """The app for ``config``, its routes still to add: FastAPI when it has routers."""
     if not config.routers:
         return ProtocolApp(lifespan=lifespan)
-    from synth_deploy.taskapp._protocol_fastapi import ProtocolFastAPI
-
-    app = ProtocolFastAPI(title=config.name, description=config.description,
-                          version=config.version, lifespan=lifespan, docs_url=None,
-                          redoc_url=None, openapi_url=None)
+    app = _protocol_fastapi()(title=config.name, description=config.description,
+                              version=config.version, lifespan=lifespan, docs_url=None,
+                              redoc_url=None, openapi_url=None)
     for router in config.routers:
         app.include_router(router)
     return app
+
+
+@functools.cache
+def _protocol_fastapi() -> type:
+    """FastAPI with the protocol's endpoints on the lean path: imported only for an app with
+    its own routers."""
+    from fastapi import FastAPI
+
+    class ProtocolFastAPI(LeanProtocolPaths, FastAPI):
+        """FastAPI, the protocol's endpoints on the lean path."""
+
+    return ProtocolFastAPI
 
 
 __all__ = ["ProtocolApp", "new_protocol_app"]

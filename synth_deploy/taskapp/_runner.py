@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from synth_deploy.env import Env, applied_env, apply_env
 from synth_deploy.errors import SynthDeployError, UsageError
-from synth_deploy.taskapp._admission import RolloutLimits, rollout_limits
+from synth_deploy.taskapp._admission import ConnectionLimits, RolloutLimits, rollout_limits
 from synth_deploy.taskapp._auth import ServerKeys, server_keys
 from synth_deploy.taskapp._registry import TaskAppEntry, load_app
 
@@ -60,24 +60,6 @@ def _open_file_limit() -> int:
     except ImportError:  # pragma: no cover - not on POSIX
         return 1024
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What clients may hold of a served app: a connection beyond ``max_connections`` is
-    answered 503 and closed; a request's headers must arrive within ``header_timeout_s`` (of
-    the connection opening or the previous response) and its body within ``body_timeout_s``;
-    an idle keep-alive connection is closed after ``keep_alive_s``.
-
-    ``max_connections`` guards file descriptors, not capacity (rollouts are admitted by
-    `RolloutLimits`): None (the default) is what the open-file limit leaves when the server
-    starts, once the server's own files are counted.
-    """
-
-    max_connections: int | None = None
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    keep_alive_s: float = 5.0
 
 
 def prepare_serving_process() -> None:
