@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from _harness import child_server
+from server_overhead import BARE_SERVER, KEY, SERVE_CLI
 
-KEY = "sk_env_bench_0123456789abcdef0123"
 PIN = ["taskset", "-c", "0"]
 
 SLEEPY_APP = '''
@@ -50,37 +50,6 @@ async def rollout(request, ctx):
     await asyncio.sleep(%(seconds)r)
     return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0], "num_steps": 1}}
 '''
-
-SERVE_CLI = """
-import os, sys
-os.environ["ENVIRONMENT_API_KEY"] = %(key)r
-sys.argv = ["synth-deploy", "serve", %(app)r, "--port", "%(port)d", "--no-trace"]
-from synth_deploy.cli import main
-main()
-"""
-
-BARE_SERVER = """
-import asyncio, hmac, json, uvicorn
-from starlette.applications import Starlette
-from starlette.responses import JSONResponse
-from starlette.routing import Route
-
-async def rollout(request):
-    if not hmac.compare_digest(request.headers.get("x-api-key", "").encode(), b"%(key)s"):
-        return JSONResponse({"detail": "forbidden"}, 403)
-    body = json.loads(await request.body())
-    await asyncio.sleep(%(seconds)r)
-    return JSONResponse({"run_id": body["run_id"], "metrics": {"episode_rewards": [1.0]}})
-
-async def health(request):
-    return JSONResponse({"healthy": True})
-
-uvicorn.run(Starlette(routes=[Route("/rollout", rollout, methods=["POST"]),
-                             Route("/", health)]),
-            host="127.0.0.1", port=%(port)d, log_level="warning", access_log=False,
-            http="httptools", loop="uvloop", backlog=4096)
-"""
-
 
 def _request(host: str, port: int, run_id: str, key: str | None) -> bytes:
     body = json.dumps({"run_id": run_id, "env": {"seed": 1, "config": {}},
@@ -192,12 +161,14 @@ def main() -> None:
         for n in levels:
             for name, source in (("serve", SERVE_CLI), ("bare", BARE_SERVER)):
                 with child_server(source, wrapper=PIN, quiet=True, app=str(app), key=KEY,
-                                  seconds=args.rollout_s) as url:
+                                  flags=["--no-trace"],
+                                  work=f"await asyncio.sleep({args.rollout_s!r})") as url:
                     found = _summary(asyncio.run(_level(url, n)))
                 errors = ", ".join(f"{v}x {k}" for k, v in found["errors"].items()) or "0"
                 print(f"{n:>6} {name:>7} {found['ok']:>6} {errors:>22} {found['p50']:>7.2f} "
                       f"{found['p99']:>7.2f}", flush=True)
-        with child_server(SERVE_CLI, wrapper=PIN, quiet=True, app=str(app), key=KEY) as url:
+        with child_server(SERVE_CLI, wrapper=PIN, quiet=True, app=str(app), key=KEY,
+                          flags=["--no-trace"]) as url:
             keyed, keyless = asyncio.run(_crowd(url, 2000, 256, args.crowd_s))
         refused = keyed["errors"].get("503", 0)
         print(f"\ncrowd: 2000 clients without a key ({keyless} requests answered) beside a "

@@ -49,8 +49,10 @@ from synth_deploy.cli import main
 main()
 """
 
+# The floor: Starlette on uvicorn's fast path. ``%(work)s``: what a rollout does besides
+# answering ("" here; bench/capacity.py sleeps like an LLM-bound episode).
 BARE_SERVER = """
-import hmac, json, uvicorn
+import asyncio, hmac, json, uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -59,6 +61,7 @@ async def rollout(request):
     if not hmac.compare_digest(request.headers.get("x-api-key", "").encode(), b"%(key)s"):
         return JSONResponse({"detail": "forbidden"}, 403)
     body = json.loads(await request.body())
+    %(work)s
     rewards = [1.0]
     return JSONResponse({"run_id": body["run_id"], "metrics": {
         "episode_rewards": rewards, "reward_mean": 1.0, "episode_returns": rewards,
@@ -67,9 +70,12 @@ async def rollout(request):
         "trajectories": [], "branches": {}, "aborted": False, "trace": None,
         "trace_correlation_id": None, "inference_url": None, "pipeline_metadata": {}})
 
-uvicorn.run(Starlette(routes=[Route("/rollout", rollout, methods=["POST"])]), host="127.0.0.1",
-            port=%(port)d, log_level="warning", access_log=False, http="httptools",
-            loop="uvloop")
+async def alive(request):
+    return JSONResponse({"ok": True})
+
+uvicorn.run(Starlette(routes=[Route("/rollout", rollout, methods=["POST"]), Route("/", alive)]),
+            host="127.0.0.1", port=%(port)d, log_level="warning", access_log=False,
+            http="httptools", loop="uvloop", backlog=4096)
 """
 
 # The bare endpoint, checking the request and the response with the protocol's models.
@@ -124,7 +130,7 @@ def main() -> None:
                               flags=["--no-trace"]),
              "traced": partial(child_server, SERVE_CLI, app=str(app), key=KEY, quiet=True,
                                flags=["--trace-db", db]),
-             "bare": partial(child_server, BARE_SERVER, ready_path="/rollout", key=KEY),
+             "bare": partial(child_server, BARE_SERVER, key=KEY, work=""),
              "checked": partial(child_server, CHECKED_SERVER, ready_path="/rollout", key=KEY)},
             fixed_body(BODY), KEY, pairs=args.pairs, rounds=args.rounds,
             seconds=args.seconds, concurrency=args.concurrency, client=client)

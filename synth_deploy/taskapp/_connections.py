@@ -64,6 +64,12 @@ class _Bounded:
     _waiting_for: str | None = "headers"
     _waiting_since = 0.0
 
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *,
+                 limits: ConnectionLimits) -> None:
+        super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
+        self._limits = limits
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescedWrites(transport, self.loop))  # type: ignore[misc]
         if len(self.connections) > self._limits.max_connections:  # type: ignore[attr-defined]
@@ -116,22 +122,10 @@ class _Bounded:
 class BoundedH11Protocol(_Bounded, H11Protocol):
     """uvicorn's h11 protocol with the kit's bounds: the fallback without httptools."""
 
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *,
-                 limits: ConnectionLimits) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self._limits = limits
-
 
 if HttpToolsProtocol is not None:
     class BoundedHttpToolsProtocol(_Bounded, HttpToolsProtocol):
         """uvicorn's httptools protocol with the kit's bounds: the fast path."""
-
-        def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                     _loop: asyncio.AbstractEventLoop | None = None, *,
-                     limits: ConnectionLimits) -> None:
-            super().__init__(config, server_state, app_state, _loop)
-            self._limits = limits
 else:  # pragma: no cover
     BoundedHttpToolsProtocol = None  # type: ignore[assignment,misc]
 
