@@ -305,3 +305,18 @@ def test_rehearse_runs_a_training_step_of_long_rollouts_through_both_proxies(tmp
         assert found["training step"].verdict == "pass", (name, found["training step"])
         assert found["determinism"].verdict == "pass", (name, found["determinism"])
         assert found["training step"].data["failures"] == 0
+
+
+def test_the_summary_line_says_what_happened_since_the_last_one(serve, api_key):
+    app = create_app(toy_config(sleeping(0.0)), api_keys=[api_key],
+                     limits=RolloutLimits(max_in_flight=64))
+    server = serve(app)
+    stats = app.state.stats
+    assert stats.summary(10) is None  # nothing happened: no line
+    for i in range(20):
+        httpx.post(server.url + "/rollout", json=trainer_body(f"s{i}"), timeout=10,
+                   headers={"X-API-Key": api_key})
+    line = stats.summary(10)
+    assert line.startswith("20 rollouts in 10s (2.0/s) · p50 ") and " p99 " in line
+    assert line.endswith("0 errors · 0/64 in flight"), line
+    assert stats.summary(10) is None  # said once
