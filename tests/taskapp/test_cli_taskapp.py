@@ -128,6 +128,17 @@ def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
     assert f"127.0.0.1:{port}" in err and "--port" in err
+    assert "serving math" not in err  # the banner follows a successful bind only
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_serve_on_a_port_out_of_range_is_a_usage_error_without_a_traceback(tmp_path, port):
+    proc = subprocess.run([sys.executable, "-m", "synth_deploy.cli", "serve", "math",
+                           "--port", port], cwd=tmp_path, capture_output=True, text=True,
+                          env=clean_env(ENVIRONMENT_API_KEY="k" * 20), timeout=20)
+    assert proc.returncode == 2
+    assert "Invalid value for '--port'" in proc.stderr
+    assert "Traceback" not in proc.stderr and "serving math" not in proc.stderr
 
 
 def test_serve_unknown_app_suggests_the_close_match(tmp_path):
