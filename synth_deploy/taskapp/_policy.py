@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +88,10 @@ async def call_policy(
     body: dict[str, Any] = {"model": config.get("model"), "messages": messages}
     for name in ("temperature", "max_tokens", "max_completion_tokens", "top_p"):
         if name in config:
-            body[name] = config[name]
+            value = body[name] = config[name]
+            if isinstance(value, float) and not math.isfinite(value):  # 1e400 reads as inf
+                raise BadRequest(f"policy.config.{name} must be a finite number, got {value}",
+                                 code="invalid_policy_config", field=f"policy.config.{name}")
     body.update(params)
     # A copy, sent and recorded: the caller's list grows with later turns, and the record
     # must show what this call sent.

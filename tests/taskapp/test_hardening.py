@@ -189,6 +189,22 @@ def test_the_opt_out_serves_the_app_with_an_unguarded_client(serve, api_key):
         assert seen["guarded"] is not allow
 
 
+# -- what the client sends the policy call, and what the policy answers (issue 38) ------------
+
+def test_a_sampling_parameter_json_cannot_carry_is_the_clients_mistake(policy_app, mock_policy,
+                                                                       api_key):
+    # 1e400 is valid JSON syntax but no double: read as infinity, which JSON cannot send on.
+    body = ('{"run_id": "f-1", "env": {"seed": 1}, "policy": {"config": {"model": "m", '
+            f'"inference_url": "{mock_policy.url}/v1", "temperature": 1e400}}}}}}')
+    resp = httpx.post(policy_app.url + "/rollout", content=body, timeout=20,
+                      headers={"X-API-Key": api_key, "Content-Type": "application/json"})
+    assert resp.status_code == 422, resp.text
+    error = error_of(resp)
+    assert error["code"] == "invalid_policy_config"
+    assert error["errors"][0]["path"] == "policy.config.temperature"
+
+
+
 # -- methods ------------------------------------------------------------------------------------
 
 @pytest.fixture
