@@ -47,14 +47,21 @@ def chat_completions_url(inference_url: str) -> str:
         parts.port  # noqa: B018 - raises ValueError for a port out of range
     except (TypeError, ValueError, AttributeError):
         valid = False
+    shown = redact_userinfo(repr(inference_url))[:120]
     if not valid:
-        shown = redact_userinfo(repr(inference_url))[:120]
         raise BadRequest(f"{INFERENCE_URL_FIELD} must be an http(s) URL, got {shown}",
                          code="invalid_inference_url", field=INFERENCE_URL_FIELD)
     path = parts.path.rstrip("/")
     if not path.endswith("/chat/completions"):
         path += "/chat/completions"
-    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+    url = urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+    try:  # what httpx refuses to send to: an octal IPv4 address, full-width digits...
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise BadRequest(f"{INFERENCE_URL_FIELD} is not a URL the server can call ({exc}), "
+                         f"got {shown}"[:300], code="invalid_inference_url",
+                         field=INFERENCE_URL_FIELD) from None
+    return url
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,16 @@ def test_a_sampling_parameter_json_cannot_carry_is_the_clients_mistake(policy_ap
 
 
 
+@pytest.mark.parametrize("host", ["0251.0376.0251.0376", "\uff11\uff12\uff17.0.0.1"],
+                         ids=["octal", "full-width"])
+def test_an_inference_url_the_server_cannot_call_is_422(policy_app, api_key, host):
+    resp = rollout(policy_app, api_key, f"http://{host}:9/v1")
+    assert resp.status_code == 422, resp.text
+    error = error_of(resp)
+    assert error["code"] == "invalid_inference_url"
+    assert error["errors"][0]["path"] == "policy.config.inference_url"
+
+
 # -- methods ------------------------------------------------------------------------------------
 
 @pytest.fixture
