@@ -120,14 +120,13 @@ async def call_policy(
     try:
         data = resp.json()
         message = data["choices"][0]["message"]
-        if not isinstance(message, dict):
-            raise TypeError("message is not an object")
+        _check_completion(data, message)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         _log_answer(ctx, url, resp)
         raise PolicyError(f"policy at {_origin(url)} answered HTTP {resp.status_code} with "
                           f"something that is not an OpenAI chat completion "
                           f"({resp.headers.get('content-type', 'no content type')}, "
-                          f"{len(resp.content)} bytes)") from exc
+                          f"{len(resp.content)} bytes{_why(exc)})") from exc
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
     # Tool calls and tool call ids stay with their messages; a second call of the same turn
     # (after a corrective message) records only what is new.
@@ -144,6 +143,35 @@ async def call_policy(
     ctx.tracer.record_chat([*body["messages"], assistant_message(copy.deepcopy(message))])
     return PolicyReply(content=content, tool_calls=tool_calls, raw=data,
                        latency_ms=latency_ms)
+
+
+class _WrongShape(TypeError):
+    """A field of a chat completion with a type OpenAI's API never gives it."""
+
+
+def _check_completion(data: Any, message: Any) -> None:
+    """`_WrongShape` naming the field, unless the parts the kit and the app read have the types
+    OpenAI's API gives them: a policy URL is whatever a key holder chose, and a reply of the
+    wrong shape must be the policy's failure (502), not the app's (500)."""
+    if not isinstance(message, dict):
+        raise _WrongShape("choices[0].message is not an object")
+    for name, kinds in (("content", str), ("tool_calls", list)):
+        value = message.get(name)
+        if value is not None and not isinstance(value, kinds):
+            raise _WrongShape(f"choices[0].message.{name} is {_json_type(value)}")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _WrongShape(f"model is {_json_type(model)}")
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _why(exc: Exception) -> str:
+    return f"; {exc}" if isinstance(exc, _WrongShape) else ""
 
 
 # A pooled keep-alive connection the server closed a moment ago fails before any answer

@@ -204,7 +204,6 @@ def test_a_sampling_parameter_json_cannot_carry_is_the_clients_mistake(policy_ap
     assert error["errors"][0]["path"] == "policy.config.temperature"
 
 
-
 @pytest.mark.parametrize("host", ["0251.0376.0251.0376", "\uff11\uff12\uff17.0.0.1"],
                          ids=["octal", "full-width"])
 def test_an_inference_url_the_server_cannot_call_is_422(policy_app, api_key, host):
@@ -213,6 +212,41 @@ def test_an_inference_url_the_server_cannot_call_is_422(policy_app, api_key, hos
     error = error_of(resp)
     assert error["code"] == "invalid_inference_url"
     assert error["errors"][0]["path"] == "policy.config.inference_url"
+
+
+def completion_with(message: dict, model: object = "m") -> Starlette:
+    """A "policy" answering 200 with ``message`` as its one choice, and ``model``."""
+
+    async def chat(request):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"id": "x", "model": model, "choices": [
+            {"index": 0, "message": message, "finish_reason": "stop"}]})
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.mark.parametrize("message, model, what", [
+    ({"role": "assistant", "content": {"text": "4"}}, "m", "content is an object"),
+    ({"role": "assistant", "content": ["4"]}, "m", "content is an array"),
+    ({"role": "assistant", "content": 4}, "m", "content is a number"),
+    ({"role": "assistant", "content": "4", "tool_calls": {"id": 1}}, "m",
+     "tool_calls is an object"),
+    ({"role": "assistant", "content": "4"}, {"name": "m"}, "model is an object"),
+], ids=["content-dict", "content-list", "content-int", "tool-calls-dict", "model-object"])
+def test_a_reply_of_the_wrong_shape_is_the_policys_failure(tmp_path, serve, math_config,
+                                                           api_key, message, model, what):
+    from synth_deploy.tracing import open_trace_store
+
+    upstream = serve(completion_with(message, model))
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        app = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        resp = rollout(app, api_key, upstream.url + "/v1")
+        assert resp.status_code == 502, resp.text
+        error = error_of(resp)
+        assert error["code"] == "policy_failed" and what in error["message"]
+        assert str(tmp_path) not in resp.text
+        assert [s.status for s in store.list_sessions(limit=None)] == ["error"]
 
 
 # -- methods ------------------------------------------------------------------------------------
