@@ -93,6 +93,9 @@ async def call_policy(
                          code="missing_inference_url", field=INFERENCE_URL_FIELD,
                          hint="send the OpenAI-compatible base URL the app should call")
     body: dict[str, Any] = {"model": config.get("model"), "messages": messages}
+    if not isinstance(body["model"], str | None):
+        raise BadRequest("policy.config.model must be a string (the model's name)",
+                         code="invalid_policy_config", field="policy.config.model")
     for name in ("temperature", "max_tokens", "max_completion_tokens", "top_p"):
         if name in config:
             value = body[name] = config[name]

@@ -160,7 +160,8 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
         sessions_out.append((
             sid, iso(s.created_at), len(s.timesteps), num_events, num_messages,
             _json(meta), s.experiment_id, meta.get("app_id"), meta.get("run_id"),
-            meta.get("status"), meta.get("model"), seed if isinstance(seed, int) else None,
+            meta.get("status"), _json_value(meta.get("model")),  # a client's, any JSON
+            seed if isinstance(seed, int) and -2**63 <= seed < 2**63 else None,
             session_reward(s), *[_metadata_value(meta, keys) for keys in _METADATA_KEYS]))
         seen: set[str] = set()
         event_ids: dict[str, int] = {}

@@ -249,6 +249,34 @@ def test_a_reply_of_the_wrong_shape_is_the_policys_failure(tmp_path, serve, math
         assert [s.status for s in store.list_sessions(limit=None)] == ["error"]
 
 
+@pytest.mark.parametrize("model", [{"name": "m"}, ["m"], 5])
+def test_a_model_that_is_not_a_name_is_the_clients_mistake(tmp_path, serve, math_config,
+                                                           mock_policy, api_key, model):
+    from synth_deploy.tracing import open_trace_store
+
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        app = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        resp = rollout(app, api_key, mock_policy.url + "/v1", model=model)
+        assert resp.status_code == 422, resp.text
+        assert error_of(resp)["errors"][0]["path"] == "policy.config.model"
+        assert store.count_sessions() == 1  # the refusal is traced too
+
+
+def test_whatever_json_a_client_sends_for_model_and_seed_is_stored(tmp_path, serve, api_key):
+    # An app that never calls the policy takes any policy.config, and any seed when it
+    # declares no datasets: its trace must still store, not fail the rollout with a 500.
+    from synth_deploy.tracing import open_trace_store
+
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        app = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store))
+        for run_id, seed, model in (("t-1", 2**64, {"name": "m"}), ("t-2", -2**63 - 1, [1])):
+            resp = httpx.post(app.url + "/rollout", headers={"X-API-Key": api_key}, timeout=10,
+                              json={"run_id": run_id, "env": {"seed": seed},
+                                    "policy": {"config": {"model": model}}})
+            assert resp.status_code == 200, resp.text
+        assert store.count_sessions() == 2
+
+
 # -- methods ------------------------------------------------------------------------------------
 
 @pytest.fixture
