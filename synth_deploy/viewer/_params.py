@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import date, timedelta
 
@@ -9,6 +10,7 @@ from synth_deploy.errors import UsageError
 from synth_deploy.tracing import SORT_KEYS, SessionFilter, since_timestamp
 
 MAX_PAGE = 500
+_INTEGER = re.compile(r"-?[0-9]+")
 # Parameter → SessionFilter field, for the plain text ones.
 _TEXT = {"app": "app", "model": "model", "run": "run_id", "split": "split", "mode": "mode",
          "status": "status"}
@@ -56,13 +58,20 @@ def page(params: Mapping[str, str]) -> tuple[str, bool, int, int]:
 
 def _number(params: Mapping[str, str], name: str, kind: type) -> int | float:
     text = params.get(name, "").strip()
+    shown = text if len(text) <= 40 else text[:40] + "…"
     try:
+        # int() also reads "1_000" and other scripts' digits; the page sends ASCII.
+        if kind is int and not _INTEGER.fullmatch(text):
+            raise ValueError(text)
         value = kind(text)
     except ValueError:
-        raise UsageError(f"{name}={text!r} is not {'an integer' if kind is int else 'a number'}",
+        raise UsageError(f"{name}={shown!r} is not {'an integer' if kind is int else 'a number'}",
                          hint=f"give {name} as a number, or leave it empty") from None
     if value != value or value in (float("inf"), float("-inf")):
-        raise UsageError(f"{name}={text!r} is not a finite number")
+        raise UsageError(f"{name}={shown!r} is not a finite number")
+    if kind is int and not -2**63 <= value < 2**63:  # what SQLite stores
+        raise UsageError(f"{name}={shown!r} is out of range",
+                         hint=f"{name} is a 64-bit integer")
     return value
 
 

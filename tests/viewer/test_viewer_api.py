@@ -75,6 +75,22 @@ def test_bad_parameters_are_400_naming_the_parameter(viewer, params, says):
     assert says in resp.json()["error"]["message"]
 
 
+BIG = str(2**63)  # one past the largest integer SQLite stores
+
+
+@pytest.mark.parametrize("path, params", [
+    ("/api/sessions", {"seed": BIG}), ("/api/sessions", {"seed": "-" + BIG + "1"}),
+    ("/api/sessions", {"offset": BIG}), ("/api/summary", {"seed": BIG}),
+    ("/api/compare", {"seed": BIG, "a": "model-a", "b": "model-b"}),
+    ("/api/export.jsonl", {"seed": BIG}), ("/api/sessions", {"min_reward": "1e400"}),
+])
+def test_a_number_past_64_bits_is_400_not_a_server_error(viewer, path, params):
+    resp = viewer.get(path, params=params)
+    assert resp.status_code == 400, resp.text
+    name = next(iter(params))
+    assert resp.json()["error"]["message"].startswith(f"{name}=")
+
+
 def test_summary_endpoint(viewer, known):
     _, sessions = known
     data = viewer.get("/api/summary", params={"model": "model-a"}).json()
