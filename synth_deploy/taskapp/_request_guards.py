@@ -83,21 +83,24 @@ def unsupported_media_type(request: Request) -> Response | None:
 
 
 def requested_seeds(request: Request, limit: int) -> list[int]:
-    """The seeds of ``?seed=N`` / ``?seeds=A,B`` (repeatable); `BadRequest` (422) when one is
-    not an ASCII integer or there are more than ``limit``."""
+    """The seeds of ``?seed=N`` (repeatable) / ``?seeds=A,B``, as the OpenAPI document
+    declares them; `BadRequest` (422) when one is not an ASCII integer (an empty one neither:
+    ``?seeds=`` is not "no seeds") or there are more than ``limit``."""
     params = request.query_params
-    raw = [part.strip() for value in params.getlist("seed") + params.getlist("seeds")
-           for part in value.split(",") if part.strip()]
+    raw = [(name, part) for name in ("seed", "seeds") for value in params.getlist(name)
+           for part in (value.split(",") if name == "seeds" else (value,))]
     if len(raw) > limit:
         raise BadRequest(f"{len(raw)} seeds asked for; at most {limit} per request",
                          code="too_many_seeds", field="query.seed",
                          hint="ask for the seeds in batches")
-    for text in raw:
+    for name, text in raw:
         if not _SEED.fullmatch(text):
             shown = text if len(text) <= 24 else text[:24] + "…"
-            raise BadRequest(f"seed must be an integer of at most 18 digits, got {shown!r}",
-                             code="invalid_seed", field="query.seed")
-    return [int(text) for text in raw]
+            raise BadRequest(f"{name} must be an integer of at most 18 digits, got {shown!r}",
+                             code="invalid_seed", field=f"query.{name}",
+                             hint="leave the parameter out for the taskset; "
+                                  "seeds=A,B takes no spaces or empty parts")
+    return [int(text) for _, text in raw]
 
 
 def bad_request_response(exc: BadRequest, **extra: Any) -> Response:

@@ -399,15 +399,29 @@ def test_declared_dataset_seeds_are_checked_before_the_app_runs(serve, api_key):
 
 # -- /task_info seeds ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("seed", ["²", "٣", "1e3", "0x10", "9" * 5000, "1.5", "--1", " "])
-def test_task_info_takes_ascii_integers_only(math_server, api_key, seed):
-    resp = httpx.get(math_server.url + "/task_info", params={"seed": seed},
+@pytest.mark.parametrize("seed", ["²", "٣", "1e3", "0x10", "9" * 5000, "1.5", "--1", " ", "",
+                                  " 1", "1,2"])
+@pytest.mark.parametrize("name", ["seed", "seeds"])
+def test_task_info_takes_ascii_integers_only(math_server, api_key, name, seed):
+    # As the OpenAPI document says (issue 38): an empty or spaced value is not "no seeds".
+    if name == "seeds" and seed == "1,2":
+        seed = "1,,2"
+    resp = httpx.get(math_server.url + "/task_info", params={name: seed},
                      headers={"X-API-Key": api_key}, timeout=5)
-    if not seed.strip():  # no seed at all: the taskset
-        assert resp.status_code == 200 and "taskset" in resp.json()
-        return
     assert resp.status_code == 422, resp.text
-    assert error_of(resp)["code"] == "invalid_seed" and len(resp.text) < 1000
+    error = error_of(resp)
+    assert error["code"] == "invalid_seed" and len(resp.text) < 1000
+    assert error["errors"][0]["path"] == f"query.{name}"
+
+
+def test_task_info_without_seeds_is_the_taskset_and_with_them_instances(math_server, api_key):
+    headers = {"X-API-Key": api_key}
+    resp = httpx.get(math_server.url + "/task_info", headers=headers, timeout=5)
+    assert resp.status_code == 200 and "taskset" in resp.json()
+    resp = httpx.get(math_server.url + "/task_info?seed=1&seed=-0&seeds=2,3", headers=headers,
+                     timeout=5)
+    assert resp.status_code == 200, resp.text
+    assert [i["task_metadata"]["seed"] for i in resp.json()] == [1, 0, 2, 3]
 
 
 def test_task_info_caps_the_seeds_of_one_request(math_server, api_key):
