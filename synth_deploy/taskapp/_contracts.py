@@ -84,10 +84,25 @@ class RolloutEnvSpec(WireModel):
     seed: int | None = None
 
 
+# What a trainer sends in ``policy.config`` (the protocol spec; synth-ai's trainers and its
+# `task_app validate`): the model, and the OpenAI-compatible base the app calls. The schema
+# requires the base, the validator does not: an app that never calls the policy takes a request
+# without it, and one that does answers 422 (missing_inference_url), as the schema says.
+_POLICY_CONFIG_SCHEMA: dict[str, Any] = {
+    "properties": {
+        "inference_url": {"type": "string", "pattern": r"^https?://[^\s/?#]+",
+                          "description": "the OpenAI-compatible base URL the app calls for "
+                                         "every policy step (its query, e.g. ?cid=, is kept)"},
+        "model": {"type": "string", "description": "the model's name, sent as is"}},
+    "required": ["inference_url"]}
+
+
 class RolloutPolicySpec(WireModel):
+    model_config = ConfigDict(json_schema_extra={"required": ["config"]})
+
     policy_id: str | None = None
     policy_name: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict, json_schema_extra=_POLICY_CONFIG_SCHEMA)
     output_mode: Literal["tool_calls", "text", "structured"] = "tool_calls"
     structured_config: dict[str, Any] | None = None
 
@@ -105,6 +120,9 @@ class RolloutSafetyConfig(WireModel):
 
 
 class RolloutRequest(WireModel):
+    # As synth-ai's model declares them; ours defaults them, for older and hand-made clients.
+    model_config = ConfigDict(json_schema_extra={"required": ["run_id", "env", "policy"]})
+
     run_id: str = Field(min_length=1)
     env: RolloutEnvSpec = Field(default_factory=RolloutEnvSpec)
     policy: RolloutPolicySpec = Field(default_factory=RolloutPolicySpec)

@@ -12,6 +12,7 @@ The example counts are small on purpose (the suite stays fast); raise FUZZ_EXAMP
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -53,6 +54,12 @@ def _findings(api_key: str, resp: httpx.Response | object, what: str) -> list[st
     return found
 
 
+def _generated_url(body: object) -> bool:
+    policy = body.get("policy") if isinstance(body, dict) else None
+    config = policy.get("config") if isinstance(policy, dict) else None
+    return isinstance(config, dict) and isinstance(config.get("inference_url"), str)
+
+
 def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api_key):
     schema = schemathesis.openapi.from_url(served.url + "/openapi.json",
                                            headers={"X-API-Key": api_key})
@@ -66,6 +73,11 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
                    if k.lower() not in KEY_HEADERS}
         if key is not None:
             headers["X-API-Key"] = key
+        if body_override is None and _generated_url(case.body):
+            # The schema has an inference_url in every valid rollout: never a generated host
+            # (no network but loopback), whatever else was generated.
+            body_override = copy.deepcopy(case.body)
+            body_override["policy"]["config"]["inference_url"] = mock_policy.url + "/v1"
         kwargs = {"json": body_override} if body_override is not None else {}
         resp = case.call(base_url=served.url, headers=headers, timeout=30, **kwargs)
         sent += 1

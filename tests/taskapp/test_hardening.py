@@ -494,3 +494,25 @@ def test_the_openapi_document_is_behind_the_key(math_server, api_key):
     body = doc["paths"]["/rollout"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"] == {"$ref": "#/components/schemas/RolloutRequest"}
     assert api_key not in str(doc)
+
+
+def test_the_schema_and_the_server_agree_on_a_rollout_without_an_inference_url(
+        math_server, mock_policy, api_key):
+    # The protocol has trainers send policy.config.inference_url; an app that calls the policy
+    # refuses a request without it (422), so the schema must not call that request valid.
+    import jsonschema_rs  # schemathesis's own validator
+
+    doc = httpx.get(math_server.url + "/openapi.json", headers={"X-API-Key": api_key},
+                    timeout=5).json()
+    schema = {"$ref": "#/components/schemas/RolloutRequest", **doc}
+    valid = jsonschema_rs.Draft202012Validator(schema).is_valid
+    without = {"run_id": "w-1", "env": {"seed": 1}, "policy": {"config": {"model": "m"}}}
+    with_url = {**without, "policy": {"config": {"model": "m",
+                                                 "inference_url": mock_policy.url + "/v1"}}}
+    for body, schema_valid, status in ((without, False, 422), (with_url, True, 200)):
+        assert valid(body) is schema_valid, body
+        resp = httpx.post(math_server.url + "/rollout", json=body, timeout=20,
+                          headers={"X-API-Key": api_key})
+        assert resp.status_code == status, resp.text
+    assert error_of(httpx.post(math_server.url + "/rollout", json=without, timeout=20, headers={
+        "X-API-Key": api_key}))["code"] == "missing_inference_url"
