@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from synth_deploy.errors import EnvFileError
 
@@ -28,7 +29,11 @@ ENVIRONMENT_API_KEY_ALIASES = "ENVIRONMENT_API_KEY_ALIASES"
 TASK_APP_URL = "TASK_APP_URL"  # written by `deploy` and `tunnel`, read by `train` and `check`
 DEFAULT_ENV_FILE = ".env"
 
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|AUTH)", re.IGNORECASE)
+# The words of a name (snake, kebab, dotted or camel case) that say it holds a credential.
+_NAME_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_SECRET_WORDS = frozenset({
+    "key", "keys", "apikey", "apikeys", "token", "secret", "secrets", "password", "passwords",
+    "passwd", "auth", "authorization", "credential", "credentials", "cookie", "signature"})
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _LEADING_NAME = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]{0,63})(?![A-Za-z0-9_.-])")
 
@@ -37,8 +42,10 @@ _LEADING_NAME = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]{0,63})(?![A
 # time, and the case-blind search costs 11k instructions against 1k for a cache hit.
 @functools.lru_cache(maxsize=1024)
 def is_secret_name(name: str) -> bool:
-    """True for variable names that hold credentials (…_KEY, …_TOKEN, …_SECRET…)."""
-    return bool(_SECRET_NAME.search(name))
+    """True for names that hold credentials: a word of the name is key, token, secret,
+    password, auth… (``OPENAI_API_KEY``, ``MODAL_TOKEN_ID``, ``Authorization``, ``authToken``,
+    ``x-api-key``), not merely contains one (``max_tokens``, ``keyboard``, ``author``)."""
+    return any(word.lower() in _SECRET_WORDS for word in _NAME_WORDS.findall(name))
 
 
 def fingerprint(secret: str) -> str:
@@ -62,11 +69,54 @@ def redact(text: str, secret_values: Iterable[str]) -> str:
 
 # scheme://userinfo@ : the userinfo (a user and password, or a token) is never shown.
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
+# ?name=value / &name=value: a query parameter, masked when its name is a secret's.
+_QUERY_PARAM = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s]*)")
 
 
 def redact_userinfo(text: str) -> str:
-    """``text`` with the userinfo of every URL in it replaced: ``libsql://****@host``."""
-    return _URL_USERINFO.sub(r"\1****@", text)
+    """``text`` with the credentials of every URL in it replaced: the userinfo
+    (``libsql://****@host``) and the value of each secret-named query parameter
+    (``/v1?api_key=****``)."""
+    text = _URL_USERINFO.sub(r"\1****@", text)
+    return _QUERY_PARAM.sub(_masked_param, text) if "=" in text else text
+
+
+def _masked_param(match: re.Match[str]) -> str:
+    sep, name, value = match.groups()
+    return f"{sep}{name}=****" if value and is_secret_name(name) else match.group(0)
+
+
+def mask_secrets(data: Any) -> Any:
+    """JSON data (dicts, lists, scalars) with every secret in it masked, at any depth: the
+    value of a secret-named key (``api_key``, ``headers.Authorization``, ``openai_api_key``…)
+    as `mask` shows it, and the credentials of every URL in a string (`redact_userinfo`).
+
+    For what is kept of a request a client sent, which may carry keys anywhere. Dicts and
+    lists are changed in place; the result is ``data`` (a string comes back masked)."""
+    if isinstance(data, dict):
+        for name, value in data.items():
+            if isinstance(name, str) and is_secret_name(name):
+                data[name] = _masked_all(value)
+            elif isinstance(value, dict | list) or (isinstance(value, str) and "://" in value):
+                data[name] = mask_secrets(value)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            if isinstance(value, dict | list) or (isinstance(value, str) and "://" in value):
+                data[i] = mask_secrets(value)
+    elif isinstance(data, str):
+        return redact_userinfo(data)
+    return data
+
+
+def _masked_all(value: Any) -> Any:
+    """Everything held under a secret's name, masked: ``api_keys: [...]`` holds keys too."""
+    if isinstance(value, dict):
+        return {k: _masked_all(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked_all(v) for v in value]
+    if value is None or isinstance(value, bool) or value == "":
+        return value
+    return mask(str(value))
 
 
 def mint_key() -> str:
@@ -238,6 +288,7 @@ __all__ = [
     "is_secret_name",
     "load_env",
     "mask",
+    "mask_secrets",
     "mint_key",
     "parse_env_file",
     "redact",

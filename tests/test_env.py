@@ -6,11 +6,14 @@ import pytest
 
 from synth_deploy.env import (
     fingerprint,
+    is_secret_name,
     load_env,
     mask,
+    mask_secrets,
     mint_key,
     parse_env_file,
     redact,
+    redact_userinfo,
     write_env_var,
 )
 from synth_deploy.errors import EnvFileError
@@ -87,3 +90,40 @@ def test_mask_shows_no_key_material():
     assert fingerprint(key) in shown and fingerprint(key) != fingerprint(mint_key())
     assert redact(f"token={key}!", [key]) == f"token={shown}!"
     assert repr(load_env(environ={"X_TOKEN": key}, cwd="/nonexistent")).count(key) == 0
+
+
+@pytest.mark.parametrize("name", ["OPENAI_API_KEY", "MODAL_TOKEN_ID", "TURSO_AUTH_TOKEN",
+                                  "Authorization", "authToken", "x-api-keys", "APIKey",
+                                  "client_secret", "db.password", "X-Amz-Signature"])
+def test_a_name_holding_a_credential_is_secret(name):
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens", "keyboard", "author",
+                                  "monkey", "TASK_APP_URL", "PWD", "model"])
+def test_a_name_merely_containing_such_a_word_is_not(name):
+    # Masking "max_tokens" in a stored request lost what the policy was asked for.
+    assert not is_secret_name(name)
+
+
+def test_every_secret_in_nested_json_is_masked_and_the_rest_kept():
+    data = {"policy": {"config": {
+        "inference_url": "http://u:pw1@h:8/v1?cid=c1&api_key=k1&token=",
+        "headers": {"Authorization": "Bearer k2", "Accept": "x"}, "api_keys": ["k3", None],
+        "extra_body": [{"apiKey": 7}], "max_tokens": 9}},
+        "env": {"config": {"openai_api_key": "k4", "note": "see https://u:pw2@h/"}}}
+    masked = mask_secrets(data)
+    config = masked["policy"]["config"]
+    assert config["inference_url"] == "http://****@h:8/v1?cid=c1&api_key=****&token="
+    assert config["headers"] == {"Authorization": mask("Bearer k2"), "Accept": "x"}
+    assert config["api_keys"] == [mask("k3"), None]
+    assert config["extra_body"] == [{"apiKey": mask("7")}] and config["max_tokens"] == 9
+    assert masked["env"]["config"] == {"openai_api_key": mask("k4"),
+                                       "note": "see https://****@h/"}
+    assert mask_secrets("libsql://db?authToken=t1") == "libsql://db?authToken=****"
+
+
+def test_a_url_in_text_keeps_everything_but_its_credentials():
+    text = "GET http://a:b@h/p?x=1&sig=2&access_token=3#f failed; retry?api_key=4"
+    assert redact_userinfo(text) == ("GET http://****@h/p?x=1&sig=2&access_token=****#f failed; "
+                                     "retry?api_key=****")

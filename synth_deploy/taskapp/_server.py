@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from synth_deploy.deadlines import deadline
-from synth_deploy.env import Env, is_secret_name, mask, redact
+from synth_deploy.env import Env, is_secret_name, mask_secrets, redact
 from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.taskapp._admission import RolloutLimits, RolloutStats
 from synth_deploy.taskapp._auth import ApiKeyAuth
@@ -357,10 +357,7 @@ def _describe_session(session: SessionTrace, req: RolloutRequest, request_json: 
     # The body itself, parsed again by pydantic-core's JSON reader: a third of the time of
     # dumping ``req`` with only the fields set (1.0 against 2.6 us), and what was sent.
     request_record = from_json(request_json)
-    policy_config = request_record.get("policy", {}).get("config", {})  # as sent, or not
-    for name in [k for k in policy_config if is_secret_name(k)]:
-        policy_config[name] = mask(str(policy_config[name]))  # traces never hold keys
-    session.metadata["request"] = request_record
+    session.metadata["request"] = mask_secrets(request_record)  # traces never hold keys
     session.metadata["status"] = "ok" if result is not None else "error"
     if result is not None:
         # All but the kit's cost ledger, which `ledger_of` derives from the stored session

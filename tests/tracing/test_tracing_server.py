@@ -100,6 +100,37 @@ def test_a_policy_key_in_the_request_is_stored_masked(tmp_path, serve, math_conf
     assert b"keyed-1" in stored and policy_key.encode() not in stored
 
 
+def test_a_key_anywhere_in_the_request_is_stored_masked(tmp_path, serve, math_config, api_key,
+                                                       mock_policy):
+    # Where clients put credentials besides policy.config.api_key (issue 38): headers, the
+    # inference URL's userinfo and query, extra bodies, the environment's own config.
+    keys = {name: f"sk-{name}-{i:02d}-0123456789abcdef" for i, name in enumerate(
+        ("header", "user", "query", "env", "extra", "list"))}
+    body = rollout_body("nested", 3, mock_policy.url.replace(
+        "http://", f"http://user:{keys['user']}@") + f"/v1?cid=trace_n&api_key={keys['query']}")
+    config = body["policy"]["config"]
+    config.update({"headers": {"Authorization": f"Bearer {keys['header']}"},
+                   "extra_body": {"api_key": keys["extra"]}, "api_keys": [keys["list"]],
+                   "max_tokens": 64})
+    body["env"]["config"] = {"openai_api_key": keys["env"], "max_turns": 2}
+    path = tmp_path / "traces.db"
+    with open_trace_store(str(path)) as store:
+        server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+        resp = httpx.post(server.url + "/rollout", json=body, timeout=30,
+                          headers={"X-API-Key": api_key})
+        assert resp.status_code == 200, resp.text
+        [summary] = store.list_sessions(limit=None)
+        request = store.get_session(summary.session_id).metadata["request"]
+    config = request["policy"]["config"]
+    assert config["headers"]["Authorization"].startswith("**** (sha256:")
+    assert config["inference_url"].startswith("http://****@127.0.0.1:")
+    assert config["inference_url"].endswith("/v1?cid=trace_n&api_key=****")
+    assert config["max_tokens"] == 64 and request["env"]["config"]["max_turns"] == 2  # kept
+    stored = b"".join(f.read_bytes() for f in tmp_path.iterdir() if f.name.startswith("traces"))
+    assert b"nested" in stored
+    assert [name for name, key in keys.items() if key.encode() in stored] == []
+
+
 def test_a_stored_session_says_which_rollout_it_was_and_keeps_what_the_app_noted(
         tmp_path, serve, math_config, api_key, mock_policy):
     async def noting(request, ctx):
