@@ -26,6 +26,7 @@ from synth_deploy.cli._common import (
     print_json,
     resolve_env,
 )
+from synth_deploy.env import redact_userinfo
 from synth_deploy.errors import UsageError
 
 _STYLES = {"pass": ("✓ pass", "green"), "fail": ("✗ fail", "red"),
@@ -206,7 +207,7 @@ def _progress(url: str, wait: float):
     def on_attempt(attempt: int, report: Any) -> None:
         elapsed = time.monotonic() - started
         state = "[green]healthy[/green]" if report.healthy else escape(report.summary())
-        err.print(f"[dim]waiting for {escape(url)}:[/dim] attempt {attempt}, "
+        err.print(f"[dim]waiting for {escape(redact_userinfo(url))}:[/dim] attempt {attempt}, "
                   f"{elapsed:.1f}s of {wait:g}s — {state}", markup=True, highlight=False)
 
     return on_attempt
@@ -217,7 +218,7 @@ def _render(report: Any) -> None:
     from rich.text import Text
 
     out = console()
-    table = Table(title=f"synth-deploy check {report.url}", title_justify="left",
+    table = Table(title=f"synth-deploy check {redact_userinfo(report.url)}", title_justify="left",
                   show_lines=False, expand=False)
     table.add_column("check", no_wrap=True)
     table.add_column("verdict", no_wrap=True)

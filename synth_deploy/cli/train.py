@@ -18,6 +18,7 @@ from synth_deploy.cli._common import (
     resolve_env,
     warn,
 )
+from synth_deploy.env import redact_userinfo
 from synth_deploy.errors import JobHTTPError, UsageError
 
 HELP = """Submit RL or SFT jobs from TOML configs.
@@ -129,8 +130,9 @@ def train(
 
         def confirm(job) -> bool:
             target = job.task_url or (job.dataset and str(job.dataset))
-            return typer.confirm(f"Submit {job.kind.upper()} job from {job.config.path.name} "
-                                 f"({target}) to {job.backend_url}?", default=True)
+            return typer.confirm(redact_userinfo(
+                f"Submit {job.kind.upper()} job from {job.config.path.name} ({target}) to "
+                f"{job.backend_url}?"), default=True)
 
         def show_plan(plan: dict) -> None:
             import json

@@ -13,7 +13,7 @@ import ssl
 import time
 from collections.abc import Callable
 
-from synth_deploy.env import fingerprint, redact
+from synth_deploy.env import fingerprint, redact, redact_userinfo
 from synth_deploy.health import _network
 from synth_deploy.health._endpoints import EndpointSteps, Stop
 from synth_deploy.health._http import HTTPClient
@@ -45,11 +45,11 @@ def check(url: str, api_key: str | None = None, options: CheckOptions | None = N
         report.checks += [CheckResult(name, "skip", actual=f"not run: {stop.reason}")
                           for name in STEPS if name not in done]
     report.duration_ms = (time.perf_counter() - started) * 1000
-    # Last line of defence: no check's text may carry a key that was sent.
+    # Last line of defence: no check's text may carry a key that was sent, or a URL's password.
     for result in report.checks:
-        result.actual = redact(result.actual, hidden)
-        result.expected = redact(result.expected, hidden)
-        result.hint = redact(result.hint, hidden) if result.hint else result.hint
+        result.actual = redact_userinfo(redact(result.actual, hidden))
+        result.expected = redact_userinfo(redact(result.expected, hidden))
+        result.hint = redact_userinfo(redact(result.hint, hidden)) if result.hint else result.hint
     return report
 
 

@@ -49,6 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from synth_deploy.env import redact_userinfo
+
 Verdict = Literal["pass", "fail", "warn", "skip"]
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_BAD_URL, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -139,7 +141,7 @@ class HealthReport:
     def to_dict(self) -> dict[str, Any]:
         failure = self.failure
         return {
-            "url": self.url,
+            "url": redact_userinfo(self.url),
             "healthy": self.healthy,
             "exit_code": self.exit_code,
             "key": {"source": self.key_source,

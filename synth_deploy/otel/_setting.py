@@ -81,7 +81,10 @@ class OtlpSetting:
         """Who receives the spans: the endpoint and the headers that choose a tenant or an
         experiment (values fingerprinted), the key of what was already sent there."""
         keys = ",".join(f"{k.lower()}={mask(v)}" for k, v in sorted(self.headers.items()))
-        return f"{self.endpoint} [{keys}]" if keys else self.endpoint
+        endpoint = self.display
+        if endpoint != self.endpoint:  # its password, as headers are: told apart, not kept
+            endpoint += f" (credentials {mask(self.endpoint)})"
+        return f"{endpoint} [{keys}]" if keys else endpoint
 
     def __repr__(self) -> str:
         shown = {k: mask(v) for k, v in self.headers.items()}

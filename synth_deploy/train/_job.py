@@ -7,6 +7,7 @@ an SFT job. `PreparedJob.plan()` is what `--dry-run` prints: every secret masked
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,8 @@ from synth_deploy.env import (
     ENVIRONMENT_API_KEY,
     TASK_APP_URL,
     Env,
-    is_secret_name,
     mask,
+    mask_secrets,
     redact,
 )
 from synth_deploy.errors import UsageError
@@ -70,19 +71,16 @@ class PreparedJob:
         return [s for s in (self.synth_api_key, self.env_api_key) if s]
 
     def plan(self) -> dict[str, Any]:
-        """What would be sent, secrets masked (the `--dry-run` output)."""
+        """What would be sent, secrets masked (the `--dry-run` output): keys, and the
+        password of every URL in it (the backend's, the task app's, in the payload too)."""
         plan: dict[str, Any] = {"config": str(self.config.path), "type": self.kind,
                                 "backend": self.backend_url}
-        body = masked(self.payload, self.secrets)
-        # Headers are built already masked: the key is not a secret, the bearer token is.
-        headers = {"Authorization": f"Bearer {mask(self.synth_api_key)}",
-                   "Idempotency-Key": self.idempotency_key}
+        create: dict[str, Any] = {"method": "POST", "json": self.payload}
         if self.kind == "rl":
             plan["preflight"] = [{"method": "POST", "path": "/api/rl/verify_task_app",
                                   "json": {"endpoint_base_url": self.task_url}},
                                  {"health_check": self.task_url}]
-            plan["create"] = {"method": "POST", "path": "/api/rl/jobs", "headers": headers,
-                              "json": body}
+            plan["create"] = {**create, "path": "/api/rl/jobs"}
         else:
             plan["uploads"] = [{"method": "POST", "path": "/api/files", "file": str(p),
                                 "purpose": "fine-tune", "field": name}
@@ -90,22 +88,27 @@ class PreparedJob:
                                                ("validation_file_id", self.validation)) if p]
             if self.options.examples:
                 plan["uploads"][0]["examples"] = self.options.examples
-            plan["create"] = {"method": "POST", "path": "/api/learning/jobs",
-                              "headers": headers, "json": body}
+            plan["create"] = {**create, "path": "/api/learning/jobs"}
             plan["start"] = {"method": "POST", "path": "/api/learning/jobs/{job_id}/start"}
+        plan = masked(plan, self.secrets)
+        # Headers go in masked already: the key is not a secret, the bearer token is.
+        plan["create"]["headers"] = {"Authorization": f"Bearer {mask(self.synth_api_key)}",
+                                     "Idempotency-Key": self.idempotency_key}
         return plan
 
 
 def masked(value: Any, secrets: Sequence[str] = ()) -> Any:
-    """A copy with every secret-named key masked and known secret values redacted."""
+    """A copy with every secret masked (`mask_secrets`: secret-named keys, URL passwords) and
+    the known ``secrets`` redacted wherever they appear."""
+    return _redacted(mask_secrets(copy.deepcopy(value)), secrets)
+
+
+def _redacted(value: Any, secrets: Sequence[str]) -> Any:
     if isinstance(value, dict):
-        return {k: (mask(str(v)) if is_secret_name(str(k)) and isinstance(v, str) and v
-                    else masked(v, secrets)) for k, v in value.items()}
+        return {k: _redacted(v, secrets) for k, v in value.items()}
     if isinstance(value, list):
-        return [masked(v, secrets) for v in value]
-    if isinstance(value, str):
-        return redact(value, secrets)
-    return value
+        return [_redacted(v, secrets) for v in value]
+    return redact(value, secrets) if isinstance(value, str) and secrets else value
 
 
 def missing_keys(env: Env, kind: str) -> list[str]:

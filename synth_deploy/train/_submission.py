@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from synth_deploy.env import ENVIRONMENT_API_KEY, Env, redact
+from synth_deploy.env import ENVIRONMENT_API_KEY, Env, redact, redact_userinfo
 from synth_deploy.errors import JobError, JobHTTPError, UsageError
 from synth_deploy.train._backend import JobClient
 from synth_deploy.train._configs import TrainConfig, load_config
@@ -102,6 +102,9 @@ class _Submitter:
 
     def __init__(self, env: Env, ui: TrainUI, *, transport: Any,
                  check: Callable[..., Any] | None) -> None:
+        # Lines name the task app and the backend by URL: never with their passwords.
+        ui = replace(ui, info=lambda m, say=ui.info: say(redact_userinfo(m)),
+                     warn=lambda m, say=ui.warn: say(redact_userinfo(m)))
         self.env, self.ui, self.transport, self.check = env, ui, transport, check
 
     def run(self, config: TrainConfig, options: TrainOptions) -> TrainResult:

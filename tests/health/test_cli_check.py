@@ -72,6 +72,15 @@ def test_key_from_dotenv_in_working_directory(run, math_server, api_key, tmp_pat
     assert "ENVIRONMENT_API_KEY from .env" in result.stdout
 
 
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--wait", "0.5")],
+                         ids=["table", "json", "wait"])
+def test_a_password_in_the_url_is_never_printed(run, math_server, api_key, extra):
+    url = math_server.url.replace("http://", "http://user:hunter2-pass@")
+    result = run(url + "/?token=hunter3-token", "--api-key", api_key, *extra)
+    assert "hunter2-pass" not in result.output and "hunter3-token" not in result.output
+    assert "http://****@127.0.0.1" in result.output
+
+
 def test_unreachable_exits_3(run):
     result = run(f"http://127.0.0.1:{closed_port()}", "--api-key", "k" * 16)
     assert result.exit_code == 3

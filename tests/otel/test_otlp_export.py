@@ -179,6 +179,25 @@ def test_export_leaves_the_trace_database_as_it_was(rollout_db, mlflow_receiver)
     assert state == rollout_db.with_name(rollout_db.name + ".otlp-sent") and state.exists()
 
 
+def test_the_export_state_keeps_no_password_of_the_endpoint(rollout_db):
+    class Taking:  # an exporter that takes every batch: only the state file is looked at
+        def export(self, spans):
+            from opentelemetry.sdk.trace.export import SpanExportResult
+
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self):
+            pass
+
+    setting = otlp_setting("http://user:hunter2-pass@127.0.0.1:9/?api_key=hunter3-key")
+    with open_trace_store(str(rollout_db), read_only=True) as store:
+        result = export_otlp(store, setting, exporter=Taking())
+    assert result.sent == 4
+    state = Path(result.state).read_bytes()
+    assert b"127.0.0.1:9" in state
+    assert b"hunter2-pass" not in state and b"hunter3-key" not in state
+
+
 def test_the_cli_exports_to_the_receiver(rollout_db, mlflow_receiver, tmp_path):
     experiment = mlflow_receiver.new_experiment()
     state = tmp_path / "sent.sqlite"

@@ -53,6 +53,17 @@ def test_header_values_are_never_shown():
     assert SECRET not in bad.value.message and "NAME=VALUE" in bad.value.hint
 
 
+def test_a_password_in_the_endpoint_is_never_kept_or_shown():
+    # The destination is the key of what was sent there, kept in <db>.otlp-sent (issue 38).
+    first = otlp_setting(f"http://user:{SECRET}@127.0.0.1:5000")
+    second = otlp_setting("http://user:other-password@127.0.0.1:5000")
+    assert SECRET not in first.destination() and SECRET not in repr(first)
+    assert first.destination().startswith("http://****@127.0.0.1:5000/v1/traces (credentials")
+    assert first.destination() != second.destination()  # other credentials, other tenant
+    plain = otlp_setting("http://127.0.0.1:5000")
+    assert plain.destination() == plain.endpoint  # what older state files hold: still resumed
+
+
 @pytest.mark.parametrize("variables, named", [
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"),
     ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, "OTEL_EXPORTER_OTLP_TIMEOUT='soon'"),

@@ -189,6 +189,31 @@ def test_dry_run_prints_the_payload_masked_and_sends_nothing(backend, rl_env, sy
     assert backend.requests == []
 
 
+@pytest.mark.parametrize("stream_format", ["cli", "json"])
+def test_a_password_in_the_backend_or_task_url_is_never_printed(backend, rl_env, math_server,
+                                                                 stream_format):
+    userinfo = "user:hunter2-pass@"
+    result = rl(rl_env, "--dry-run", "--stream-format", stream_format,
+                "--backend", backend.url.replace("http://", "http://" + userinfo),
+                "--task-url", math_server.url.replace("http://", "http://" + userinfo))
+    assert result.exit_code == 0, result.output
+    assert "hunter2-pass" not in result.output
+    plan = json.loads(result.stdout)
+    assert plan["backend"].startswith("http://****@127.0.0.1:")
+    assert plan["preflight"][1]["health_check"].startswith("http://****@127.0.0.1:")
+
+
+def test_progress_lines_name_the_task_app_without_its_password(backend, rl_env, math_server):
+    # The health check refuses a URL with credentials; no line that names it shows them.
+    backend.faults.verify_says_ok = True
+    url = math_server.url.replace("http://", "http://user:hunter2-pass@")
+    result = rl(rl_env, "--task-url", url, "--no-poll")
+    assert result.exit_code == 2, result.output
+    assert "verifying task app http://****@127.0.0.1" in result.output
+    assert "checking http://****@127.0.0.1" in result.output
+    assert "hunter2-pass" not in result.output and backend.jobs == {}
+
+
 def test_rejected_payload_prints_masked_payload_and_body(backend, rl_env, synth_key, api_key):
     backend.faults.reject_payload = True
     result = rl(rl_env)
