@@ -77,6 +77,11 @@ def parse_trace_db(url: str, *, source: str = "argument", env: Env | None = None
                               auth_token=token, token_source=token_source)
     if scheme in ("sqlite", "sqlite+aiosqlite", "sqlite+libsql", "file"):
         raw = text.split(":", 1)[1]
+        if raw.startswith("//") and "@" in raw[2:].split("/", 1)[0]:
+            raise TraceDbUrlError(
+                f"{redact_userinfo(text)}: a SQLite file takes no user or password",
+                hint="name the file: sqlite:///relative/t.db, sqlite:////absolute/t.db or a "
+                     "plain path; a libsql:// or http:// URL for a database server")
         if raw.startswith("///"):
             raw = raw[2:]
         elif raw.startswith("//"):

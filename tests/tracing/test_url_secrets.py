@@ -38,6 +38,21 @@ def test_traces_ls_never_prints_the_urls_password(url, says, json_output):
         assert json.loads(result.stdout.strip().splitlines()[-1])["ok"] is False
 
 
+@pytest.mark.parametrize("url", [f"sqlite+aiosqlite://user:{PASSWORD}@//data/t.db",
+                                 f"sqlite://user:{PASSWORD}@/t.db", f"file://{PASSWORD}@/t.db"])
+@pytest.mark.parametrize("command", ["where", "ls", "stats", "init"])
+def test_a_sqlite_url_with_credentials_is_refused_not_taken_for_a_path(tmp_path, monkeypatch,
+                                                                       url, command):
+    # It was read as the relative path "user:PASSWORD@//data/t.db": printed by every command,
+    # and `init` made a folder named after the password (issue 38).
+    monkeypatch.chdir(tmp_path)
+    result = traces(command, "--trace-db", url)
+    assert result.exit_code == 2, result.output
+    assert "a SQLite file takes no user or password" in result.output
+    assert PASSWORD not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_traces_where_shows_the_url_without_its_credentials():
     url = f"libsql://user:{PASSWORD}@127.0.0.1:{free_port()}?authToken=tok-{PASSWORD}"
     result = traces("where", "--trace-db", url)
