@@ -9,7 +9,9 @@ Exit codes (documented in the README):
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,10 +45,55 @@ PricesOption = Annotated[Path | None, typer.Option(
 
 
 def console(stderr: bool = False):
-    """A rich Console, created on first use so `--help` does not pay for it."""
+    """A rich Console, created on first use so `--help` does not pay for it.
+
+    Everything it prints reaches the terminal without control characters: outside text (a
+    stored run id or model name, a server's message, a model's reply) holding an escape
+    sequence could retitle the terminal, clear it or forge a link. Each is shown as its escape
+    (``\\x1b``); the styles rich adds itself are kept."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    out = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    out.push_render_hook(_control_free_hook())
+    return out
+
+
+# C0 controls but tab and newline, DEL, and the C1 controls (\x9b is a one-byte CSI).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character but tab and newline shown as its escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+@functools.cache
+def _control_free_hook() -> Any:
+    from rich.console import RenderHook
+    from rich.measure import Measurement
+    from rich.segment import Segment
+
+    class ControlFree:
+        """A renderable's segments with `terminal_safe` text (rich's own controls kept)."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __rich_console__(self, out: Any, options: Any) -> Any:
+            for segment in out.render(self.inner, options):
+                if segment.control or not _CONTROL.search(segment.text):
+                    yield segment
+                else:
+                    yield Segment(terminal_safe(segment.text), segment.style)
+
+        def __rich_measure__(self, out: Any, options: Any) -> Any:
+            return Measurement.get(out, options, self.inner)
+
+    class Hook(RenderHook):
+        def process_renderables(self, renderables: list[Any]) -> list[Any]:
+            return [ControlFree(r) for r in renderables]
+
+    return Hook()
 
 
 def print_json(data: Any, *, one_line: bool = False) -> None:

@@ -119,6 +119,31 @@ def test_stored_text_is_printed_literally_not_as_markup(tmp_path):
     assert where.exit_code == 0 and "runs[/old]" in where.stdout
 
 
+TITLE, CLEAR, LINK = "\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "\x1b]8;;http://evil.example\x1b\\"
+
+
+def test_stored_escape_sequences_never_reach_the_terminal(tmp_path):
+    # A run id, a model name, a reply: whoever wrote the trace chose them (issue 38).
+    db = str(tmp_path / "t.db")
+    tracer = SessionTracer(metadata={"app_id": "math", "run_id": f"run{TITLE}",
+                                     "model": f"m{CLEAR}", "status": "error",
+                                     "error": {"message": f"failed{LINK}here"}})
+    tracer.start_timestep(f"turn{CLEAR}", turn_number=1)
+    tracer.record_message("user", f"hi{TITLE}")
+    tracer.record_lm_call(model_name=f"m{CLEAR}", input_tokens=3, output_tokens=2)
+    tracer.record_message("assistant", f"{LINK}click\x9b31m\x1b\\")
+    session = tracer.finish()
+    with open_trace_store(db) as store:
+        store.write_session_sync(session)
+    env = {"COLUMNS": "200"}
+    for args in (("show", session.session_id), ("ls",), ("stats",)):
+        result = run(*args, "--trace-db", db, env=env)
+        assert result.exit_code == 0, repr(result.exception)
+        assert not {"\x1b", "\x07", "\x9b"} & set(result.output), (args, result.output)
+    shown = run("show", session.session_id, "--trace-db", db, env=env).stdout
+    assert "run\\x1b]0;pwned" in shown  # shown as what it is (rich drops the bell itself)
+
+
 def test_bad_inputs_exit_with_clear_errors(tmp_path):
     junk = tmp_path / "junk.db"
     junk.write_text("not sqlite")
