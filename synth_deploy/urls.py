@@ -92,6 +92,12 @@ def is_loopback(url: str) -> bool:
         host = urlsplit(url).hostname or ""
     except ValueError:
         return False
+    return is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when ``host`` (a name or an address, IPv6 bracketed or not) is this machine."""
+    host = host.strip().lower().removeprefix("[").removesuffix("]")
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -100,4 +106,4 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-__all__ = ["SHAPE", "URLError", "http_url", "is_loopback", "looks_like_url"]
+__all__ = ["SHAPE", "URLError", "http_url", "is_loopback", "is_loopback_host", "looks_like_url"]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from synth_deploy.tracing import TraceStore
+from synth_deploy.urls import is_loopback_host
 from synth_deploy.viewer._app import LOOPBACK_HOSTS, create_viewer_app
 
 DEFAULT_PORT = 8765
@@ -17,7 +18,8 @@ class ViewerOptions:
     """Where the viewer listens, and whether it opens a browser tab once it is up.
 
     ``port=0`` lets the OS choose a free port. A ``host`` other than a loopback address
-    serves the traces to anyone who can reach it (and turns off the Host check).
+    serves the traces to anyone who can reach it (and turns off the Host check); on loopback
+    (127.0.0.0/8, ::1, localhost) the page answers only to loopback names and ``host``.
     """
 
     host: str = "127.0.0.1"
@@ -26,7 +28,12 @@ class ViewerOptions:
 
     @property
     def loopback(self) -> bool:
-        return self.host in LOOPBACK_HOSTS
+        return is_loopback_host(self.host)
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...] | None:
+        """The Host names the page answers (None: any, for a bind beyond loopback)."""
+        return tuple(dict.fromkeys((*LOOPBACK_HOSTS, self.host))) if self.loopback else None
 
 
 def serve_viewer(store: TraceStore, options: ViewerOptions = ViewerOptions(), *,
@@ -37,7 +44,7 @@ def serve_viewer(store: TraceStore, options: ViewerOptions = ViewerOptions(), *,
     """
     from synth_deploy.taskapp import BackgroundServer
 
-    app = create_viewer_app(store, allowed_hosts=LOOPBACK_HOSTS if options.loopback else None)
+    app = create_viewer_app(store, allowed_hosts=options.allowed_hosts)
     with BackgroundServer(app, host=options.host, port=options.port) as server:
         if on_ready is not None:
             on_ready(server.url)

@@ -93,6 +93,19 @@ def test_view_of_our_own_store_leaves_it_as_it_was(tmp_path):
     assert code == 0 and digest(tmp_path) == before
 
 
+def test_view_on_another_loopback_address_keeps_the_host_check(tmp_path):
+    # 127.0.0.2 is loopback too: binding there must not let a DNS name reach the traces.
+    build_known_store(tmp_path / "t.db")
+    proc, url, _ = start_view(tmp_path, "--trace-db", "t.db", "--host", "127.0.0.2")
+    try:
+        assert url.startswith("http://127.0.0.2:")
+        assert httpx.get(url + "/api/choices", timeout=30).status_code == 200
+        evil = httpx.get(url + "/api/choices", headers={"Host": "evil.example"}, timeout=30)
+        assert evil.status_code == 400
+    finally:
+        stop(proc)
+
+
 def test_view_of_a_missing_database_says_so_and_creates_nothing(tmp_path):
     result = run_cli(tmp_path, "traces", "view", "--no-browser", "--trace-db", "nope/t.db",
                      timeout=60)
