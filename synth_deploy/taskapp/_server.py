@@ -27,6 +27,7 @@ from starlette.routing import Route
 from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, is_secret_name, mask_secrets, redact
 from synth_deploy.errors import BadRequest, TraceStoreError
+from synth_deploy.logs import CoalescedLog
 from synth_deploy.taskapp._admission import RolloutLimits, RolloutStats
 from synth_deploy.taskapp._auth import ApiKeyAuth
 from synth_deploy.taskapp._blocking import timed_steps
@@ -247,6 +248,7 @@ class _Rollouts:
         self.secret_values = secret_values
         self.stats = stats
         self.running = 0  # rollouts whose app code has not returned yet
+        self.trace_failures = CoalescedLog(logger)  # a full disk fails every rollout
 
     async def run(self, req: RolloutRequest, request_json: bytes, http: Any) -> Response:
         """``request_json``: the body ``req`` was read from."""
@@ -292,11 +294,13 @@ class _Rollouts:
                 # While other rollouts run, their sessions can share this one's commit.
                 await trace_store.write_session(session, more_coming=self.running > 0)
             except Exception as exc:
-                # A 200 promises a durable trace: if the write fails, the rollout fails.
-                logger.exception("trace write failed for rollout %s", req.run_id)
+                # A 200 promises a durable trace: if the write fails, the rollout fails. Why
+                # is the operator's to read (where the file is, how full its disk), once.
+                self.trace_failures.error(exc, "trace write failed for rollout %s", req.run_id)
                 return error_response(500, "trace_write_failed",
                                       f"rollout {req.run_id} ran but its trace could not be "
-                                      f"stored: {type(exc).__name__}: {exc}", run_id=req.run_id)
+                                      f"stored ({type(exc).__name__}); see the server's log",
+                                      run_id=req.run_id)
         if result is None:
             assert error is not None
             return error

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import logging
 import os
 import signal
 import sqlite3
@@ -188,6 +189,62 @@ def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config,
     assert metadata["error"]["code"] == "rollout_failed"
     assert "the board caught fire" in metadata["error"]["message"]
     assert "metrics" not in metadata
+
+
+def full_disk_logs(caplog, server_url: str, api_key: str, rollouts: int, **body) -> list:
+    """Send ``rollouts`` rollouts to an app whose trace store is on a full disk; each must be
+    a 500 that does not say where the store is. Returns what the server logged."""
+    with caplog.at_level(logging.ERROR, logger="synth_deploy.taskapp"):
+        with httpx.Client(timeout=30, headers={"X-API-Key": api_key}) as client:
+            for i in range(rollouts):
+                resp = client.post(server_url + "/rollout", json={
+                    "run_id": f"full-{i}", "env": {"seed": 1}, **body})
+                assert resp.status_code == 500, resp.text
+                error = resp.json()["detail"]["error"]
+                assert error["code"] == "trace_write_failed"
+                assert "/" not in error["message"], error["message"]  # no path of the server's
+    return [r for r in caplog.records if r.name == "synth_deploy.taskapp"]
+
+
+def test_a_full_disk_fails_each_rollout_and_is_logged_once(serve, api_key, caplog):
+    from toy_apps import toy_config
+
+    from synth_deploy.errors import TraceStoreError
+
+    class FullDisk:  # what the kit's store raises when its disk is full
+        async def write_session(self, session, *, more_coming=False):
+            raise TraceStoreError("trace database /srv/secret/traces.db: cannot write: "
+                                  "database or disk is full")
+
+    server = serve(create_app(toy_config(), api_keys=[api_key], trace_store=FullDisk()))
+    logged = full_disk_logs(caplog, server.url, api_key, 200)
+    assert [r.getMessage() for r in logged] == ["trace write failed for rollout full-0"]
+    assert "database or disk is full" in logged[0].exc_text or str(logged[0].exc_info[1])
+
+
+def test_a_real_full_disk_is_logged_once(tmp_path, serve, math_config, api_key, caplog):
+    # A 1 MiB tmpfs the store fills: needs the right to mount (root), else skipped.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        with open_trace_store(str(disk / "traces.db")) as store:
+            server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
+            pad = {"policy": {"config": {"model": "m"}}, "env": {"seed": 1, "config": {
+                "pad": "x" * 200_000}}}
+            with httpx.Client(timeout=30, headers={"X-API-Key": api_key}) as client:
+                while client.post(server.url + "/rollout", json={"run_id": "fill", **pad}
+                                  ).status_code != 500:
+                    pass  # until the disk is full
+            caplog.clear()
+            logged = full_disk_logs(caplog, server.url, api_key, 30, **pad)
+            server.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    assert len(logged) <= 1 and all(r.exc_info is not None for r in logged)
 
 
 def test_a_session_written_while_other_rollouts_run_says_more_are_coming(serve, api_key):
