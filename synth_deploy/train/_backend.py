@@ -1,6 +1,8 @@
 """The training backend's HTTP API (see shared/spec/backend-api.md), behind one client.
 
-Every call is bounded by a timeout. Connection errors, timeouts, 5xx, 408 and 429 answers are
+Every call is bounded: each request, answer included, by its timeout as a whole (a backend
+dripping bytes cannot hold it), and each answer by a size (`MAX_ANSWER_BYTES`). Connection
+errors, timeouts, 5xx, 408 and 429 answers are
 retried: after the wait the backend's ``Retry-After`` asks for (capped at
 ``RetryPolicy.max_retry_after_s``), else with exponential backoff. Job creation sends the same
 ``Idempotency-Key`` on every attempt, so a create whose answer was lost (502 after the job was
@@ -22,6 +24,12 @@ import httpx
 
 from synth_deploy.env import mask
 from synth_deploy.errors import JobError, JobHTTPError
+from synth_deploy.train._bounded import (
+    MAX_ANSWER_BYTES,
+    AnswerTooLarge,
+    bounded_send,
+    install_deadlines,
+)
 from synth_deploy.urls import http_url
 
 DEFAULT_BACKEND_URL = "https://api.usesynth.ai"
@@ -104,10 +112,12 @@ class JobClient:
         self._api_key = api_key
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
+        self.timeout_s = timeout_s
         self._http = httpx.Client(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s), transport=transport,
             headers={"Authorization": f"Bearer {api_key}", "User-Agent": "synth-deploy"},
         )
+        install_deadlines(self._http)
 
     def __repr__(self) -> str:
         return f"JobClient({self.base_url!r}, api_key={mask(self._api_key)!r})"
@@ -131,14 +141,22 @@ class JobClient:
         its JSON."""
         url = f"/api{path}"
         extra = {"timeout": timeout_s} if timeout_s is not None else {}
+        within_s = timeout_s if timeout_s is not None else self.timeout_s
         last_reason = ""
         for attempt in range(self.retry.retries + 1):
             if files is not None:
                 for _name, (_fname, fh, _ctype) in files.items():
                     fh.seek(0)  # a retried upload must send the whole file again
             try:
-                resp = self._http.request(method, url, json=json, params=params, headers=headers,
-                                          files=files, data=data, **extra)
+                request = self._http.build_request(method, url, json=json, params=params,
+                                                   headers=headers, files=files, data=data,
+                                                   **extra)
+                resp = bounded_send(self._http, request, within_s=within_s)
+            except AnswerTooLarge:
+                raise JobError(f"{method} {self.base_url}{url} answered more than "
+                               f"{MAX_ANSWER_BYTES // 2**20} MiB; the answer was not read",
+                               hint="check --backend / SYNTH_BACKEND_URL: is it the training "
+                                    "backend?") from None
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 last_reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 retryable = True

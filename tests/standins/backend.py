@@ -9,7 +9,9 @@ answer would), creates that stall past the client's timeout, a job that fails, a
 stream, an upload that takes a while to become ready, event and error text full of rich
 markup, a refusal on any path that echoes the caller's Authorization header back, and rate
 limiting: the first N requests matching a pattern answered 429 (or 408) with ``Retry-After``,
-before they reach the API (so a throttled create records nothing, as a real limiter's would).
+before they reach the API (so a throttled create records nothing, as a real limiter's would);
+creates answered with an HTML page once the job is recorded; answers that drip a byte at a
+time, or never end.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 
 def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
@@ -66,6 +68,12 @@ class Faults:
     throttle_count: int = 0        # how many of them (then they pass)
     throttle_status: int = 429
     retry_after: str | None = "1"  # the Retry-After header of a throttled answer
+    html_creates: int = 0          # first N creates answer 200 with an HTML page, after
+                                   # recording the job (a proxy's page in place of the answer)
+    drip: str | None = None        # regex on "METHOD /path": answered 200, a byte every drip_s
+    drip_s: float = 1.0
+    huge: str | None = None        # regex on "METHOD /path": answered 200 with huge_bytes
+    huge_bytes: int = 0            # of JSON-looking padding, streamed without a length
 
 
 @dataclass
@@ -157,6 +165,8 @@ class StandinBackend:
                 self.jobs[job.id] = job
                 if key is not None:
                     self.by_key[key] = job.id
+        if total <= self.faults.html_creates:
+            return HTMLResponse("<html><body><h1>502 Bad Gateway</h1>nginx</body></html>")
         if total <= self.faults.stall_creates:
             await asyncio.sleep(self.faults.stall_s)
         if total <= self.faults.stall_creates + self.faults.fail_creates and \
@@ -186,6 +196,22 @@ class StandinBackend:
                                        request.headers.get("idempotency-key")))
                 headers = {"Retry-After": faults.retry_after} if faults.retry_after else {}
                 return JSONResponse({"detail": "slow down"}, faults.throttle_status, headers)
+            where = f"{request.method} {request.url.path}"
+            if faults.drip and re.search(faults.drip, where):
+                async def drip():
+                    for byte in b'{"job_id": "job_dripped", "status": "queued"}':
+                        yield bytes([byte])
+                        await asyncio.sleep(faults.drip_s)
+                return StreamingResponse(drip(), media_type="application/json")
+            if faults.huge and re.search(faults.huge, where):
+                async def huge():
+                    sent = 0
+                    yield b'{"pad": "'
+                    while sent < faults.huge_bytes:
+                        yield b"x" * 2**20
+                        sent += 2**20
+                    yield b'"}'
+                return StreamingResponse(huge(), media_type="application/json")
             suffix = self.faults.refuse_path_suffix
             if suffix and request.url.path.endswith(suffix):
                 # A careless backend quoting the request back, credentials included.

@@ -4,8 +4,9 @@
   auth, a Modal-style 303 to a result URL, a cold start (503 for a while), slow answers, a
   /task_info whose answer breaks the schema.
 - ASGI apps that answer one status everywhere (Cloudflare's 530, gateways' 502/503/504).
-- Raw socket servers: one that accepts connections and never answers (a stall), and a TLS
-  server with a self-signed certificate generated here.
+- Raw socket servers: one that accepts connections and never answers (a stall), one that
+  drips its headers a byte at a time, and a TLS server with a self-signed certificate
+  generated here.
 Serve the ASGI ones with `BackgroundServer` (the ``serve`` fixture); the socket servers are
 context managers that stop their thread and close every socket on exit.
 """
@@ -267,6 +268,28 @@ class StallServer(_SocketServer):
 
     def handle(self, conn: socket.socket) -> None:
         pass  # keep the connection open and silent until the server stops
+
+
+class HeaderDripServer(_SocketServer):
+    """Answers a status line at once, then its headers a byte every ``every_s`` seconds (a
+    proxy or server that never finishes an answer, yet never goes quiet long enough for a
+    read timeout)."""
+
+    every_s = 0.05
+
+    def handle(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        try:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for byte in b"x-padding: " + b"y" * 10_000:
+                if self._stop.wait(self.every_s):
+                    return
+                conn.sendall(bytes([byte]))
+        except OSError:
+            return
 
 
 class SelfSignedTLSServer(_SocketServer):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import json
 import secrets
+import time
 
 import httpx
 import pytest
+from standins.health_servers import HeaderDripServer
 
 from synth_deploy.errors import JobError, JobHTTPError, UsageError
 from synth_deploy.train import (
@@ -87,6 +89,49 @@ def test_unreachable_backend_is_a_job_error_after_bounded_retries():
     with JobClient(f"http://127.0.0.1:{port}", "k", timeout_s=1.0, retry=FAST) as c:
         with pytest.raises(JobError, match="failed after 4 attempts"):
             c.verify_task_app("http://127.0.0.1:1")
+
+
+ONCE = RetryPolicy(retries=0)
+
+
+def test_a_backend_dripping_its_answer_is_given_up_at_the_timeout(backend, synth_key):
+    # Each byte comes well within the read timeout; the answer as a whole never does.
+    backend.faults.drip, backend.faults.drip_s = "GET /api/rl/jobs/", 0.1
+    started = time.monotonic()
+    with JobClient(backend.url, synth_key, timeout_s=1.0, retry=ONCE) as c:
+        with pytest.raises(JobError, match="failed after 1 attempts .*ReadTimeout"):
+            c.get_job("rl", "job_0001")
+    assert time.monotonic() - started < 3
+
+
+def test_a_backend_dripping_its_headers_is_given_up_at_the_timeout():
+    with HeaderDripServer() as server, JobClient(f"http://127.0.0.1:{server.port}", "k",
+                                                 timeout_s=1.0, retry=ONCE) as c:
+        started = time.monotonic()
+        with pytest.raises(JobError, match="ReadTimeout"):
+            c.get_job("rl", "job_0001")
+        assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["streamed", "content-length"])
+def test_an_answer_too_large_is_not_read(backend, synth_key, declared):
+    backend.faults.huge, backend.faults.huge_bytes = "GET /api/rl/jobs/", 64 * 2**20
+    transport = None
+    if declared:  # says its size up front: refused before a byte of the body is read
+        transport = httpx.MockTransport(lambda request: httpx.Response(
+            200, headers={"content-length": str(2**30)}, stream=httpx.ByteStream(b"{}")))
+    with JobClient(backend.url, synth_key, timeout_s=10.0, retry=ONCE,
+                   transport=transport) as c:
+        with pytest.raises(JobError, match="answered more than 16 MiB"):
+            c.get_job("rl", "job_0001")
+
+
+def test_the_deadline_rides_on_httpx_s_own_pool():
+    # install_deadlines wraps the network backend of httpx's pool: if httpx stops keeping it
+    # in `_transport._pool._network_backend`, the headers' deadline is silently lost.
+    with JobClient("http://127.0.0.1:9", "k") as c:
+        backend = c._http._transport._pool._network_backend
+        assert type(backend).__name__ == "_DeadlineBackend"
 
 
 def test_upload_waits_until_ready_and_times_out_when_it_never_is(backend, client, tmp_path):
