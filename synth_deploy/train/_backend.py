@@ -178,8 +178,7 @@ class JobClient:
         raise JobError(
             f"{method} {self.base_url}{url} failed after {self.retry.retries + 1} attempts "
             f"({last_reason})",
-            hint="check --backend / SYNTH_BACKEND_URL and your network, then retry "
-                 "(the same --idempotency key never creates a second job)",
+            hint="check --backend / SYNTH_BACKEND_URL and your network, then retry",
         )
 
     def _decode(self, resp: httpx.Response, method: str, url: str, payload: Any) -> Any:
@@ -190,8 +189,7 @@ class JobClient:
                 404: "the backend does not know this path or id: check --backend",
                 408: "the backend timed out reading the request: check the network, retry",
                 422: "the backend rejected the payload: see its response body above",
-                429: "the backend is rate limiting this key: wait a minute and run the same "
-                     "command again (the same --idempotency key never creates a second job)",
+                429: "the backend is rate limiting this key: wait a minute and try again",
             }.get(resp.status_code)
             raise JobHTTPError(f"{method} {self.base_url}{url} answered HTTP {resp.status_code}",
                                status=resp.status_code, body=resp.text[:4000], payload=payload,

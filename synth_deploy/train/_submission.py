@@ -174,7 +174,8 @@ class _Submitter:
     def _submit(self, job: PreparedJob, client: JobClient) -> str:
         """Create (and for SFT upload and start) the job; return its id."""
         if job.kind == "rl":
-            return str(client.create_rl_job(job.payload, job.idempotency_key)["job_id"])
+            with _may_have_created(job):
+                return str(client.create_rl_job(job.payload, job.idempotency_key)["job_id"])
         payload = copy.deepcopy(job.payload)
         temps: list[Path] = []
         try:
@@ -199,8 +200,9 @@ class _Submitter:
             for temp in temps:
                 temp.unlink(missing_ok=True)
         job.payload = payload
-        job_id = str(client.create_sft_job(payload, job.idempotency_key)["job_id"])
-        client.start_sft_job(job_id)
+        with _may_have_created(job):
+            job_id = str(client.create_sft_job(payload, job.idempotency_key)["job_id"])
+            client.start_sft_job(job_id)
         return job_id
 
     def _follow(self, job: PreparedJob, job_id: str, client: JobClient) -> JobOutcome:
@@ -215,6 +217,29 @@ def _validate_data(job: PreparedJob) -> None:
     for path in (job.dataset, job.validation):
         if path is not None:
             validate_sft_file(path).raise_for_errors()
+
+
+@contextmanager
+def _may_have_created(job: PreparedJob) -> Iterator[None]:
+    """A create that failed without a refusal (no answer, a 5xx, a page that is not JSON)
+    may have made the job: the error names the key that finds it again, and how to send it."""
+    try:
+        yield
+    except JobError as exc:
+        if isinstance(exc, JobHTTPError) and 400 <= exc.status < 500 \
+                and exc.status not in (408, 429):
+            raise  # refused: nothing was made
+        options = job.options
+        if options.idempotency_key:  # given: the same command sends the same key again
+            how = "run the same command again"
+        else:
+            how = f"run it again with --idempotency {job.idempotency_key}"
+            if len(options.configs) > 1:
+                how += f" --config {job.config.path}"
+        reuse = (f"the job may have been created (idempotency key {job.idempotency_key}): "
+                 f"{how}, and the backend answers with that job instead of making a second")
+        exc.hint = f"{exc.hint}; {reuse}" if exc.hint else reuse
+        raise
 
 
 @contextmanager

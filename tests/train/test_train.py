@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,42 @@ def test_generated_idempotency_key_is_reused_on_retry(backend, rl_env):
     ((key, attempts),) = backend.create_attempts.items()
     assert key and key.startswith("synth-deploy-") and attempts == 2
     assert len(backend.jobs) == 1
+
+
+def test_a_create_answered_with_a_page_names_the_key_that_finds_the_job(backend, rl_env):
+    # The proxy's page came after the backend recorded the job (issue 38): the error gives
+    # the key, and a second run with it gets that job, not another.
+    backend.faults.html_creates = 1
+    first = rl(rl_env, "--no-poll")
+    assert first.exit_code == 1, first.output
+    [key] = backend.create_attempts
+    assert "non-JSON" in first.output and f"--idempotency {key}" in first.output
+    again = rl(rl_env, "--no-poll", "--idempotency", key)
+    assert again.exit_code == 0, again.output
+    assert len(backend.jobs) == 1 and backend.create_attempts[key] == 2
+
+
+def test_a_create_that_never_answers_names_the_key_that_finds_the_job(backend, rl_env):
+    from synth_deploy.errors import JobError
+    from synth_deploy.train import RetryPolicy
+
+    backend.faults.stall_creates, backend.faults.stall_s = 2, 2.0
+    options = TrainOptions(configs=[APP_CONFIGS / "rl.toml"], poll=False,
+                           request_timeout_s=0.5, retry=RetryPolicy(retries=1, backoff_s=0.01))
+    with pytest.raises(JobError) as failed:
+        train(options, load_env([rl_env]))
+    [key] = backend.create_attempts
+    assert "failed after 2 attempts" in failed.value.message
+    assert f"run it again with --idempotency {key}" in failed.value.hint
+    [result] = train(replace(options, idempotency_key=key), load_env([rl_env]))
+    assert [job.id for job in backend.jobs.values()] == [result.job_id]
+
+
+def test_a_refused_create_does_not_suggest_the_key(backend, rl_env):
+    backend.faults.reject_payload = True
+    result = rl(rl_env, "--no-poll")
+    assert result.exit_code == 1 and "HTTP 422" in result.output
+    assert "--idempotency" not in result.output
 
 
 def test_failed_job_exits_1(backend, rl_env):
