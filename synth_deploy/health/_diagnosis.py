@@ -15,8 +15,10 @@ from typing import Any
 from synth_deploy.health._http import RequestFailed
 
 # synth-ai echoes key prefixes in these fields of a 400 (shared/spec/task-app-protocol.md).
-LEAK_FIELDS = frozenset({"allowed_first15", "got_first15"})
-_LEAK_TEXT = re.compile(r'("(?:allowed|got)_first15"\s*:\s*)(\[[^\]]*\]|"[^"]*")')
+# Where synth-ai's apps put part of the key: its auth's 400, its health routes without a key.
+LEAK_FIELDS = frozenset({"allowed_first15", "got_first15", "expected_api_key_prefix"})
+_LEAK_TEXT = re.compile(r'("(?:allowed_first15|got_first15|expected_api_key_prefix)"\s*:\s*)'
+                        r'(\[[^\]]*\]|"[^"]*")')
 EXCERPT_CHARS = 160
 
 
@@ -57,10 +59,20 @@ def error_message(data: Any) -> str | None:
     return None
 
 
+def says_healthy(data: dict[str, Any]) -> bool:
+    """A /health body that says the app is healthy: ours (``"healthy": true``), or synth-ai's
+    health routes (``"status": "healthy"``), as synth-ai's own health checks read them."""
+    if "healthy" in data:
+        return data["healthy"] is True
+    return str(data.get("status", "")).lower() in ("healthy", "ok")
+
+
 def leaks_key_prefix(data: Any) -> bool:
-    """True when a body carries synth-ai's ``allowed_first15`` (a prefix of the valid key)."""
+    """True when a body carries a prefix of the valid key (synth-ai's ``allowed_first15``,
+    ``expected_api_key_prefix``)."""
     if isinstance(data, dict):
-        return "allowed_first15" in data or any(leaks_key_prefix(v) for v in data.values())
+        return bool(LEAK_FIELDS & data.keys()) or any(leaks_key_prefix(v)
+                                                      for v in data.values())
     if isinstance(data, list):
         return any(leaks_key_prefix(v) for v in data)
     return False

@@ -124,7 +124,7 @@ class EndpointSteps:
 
     def health(self) -> bool:
         """/health with the key; True when the key is accepted (the later steps can run)."""
-        expected = '200 {"healthy": true} with the key'
+        expected = '200 {"healthy": true} (synth-ai: {"status": "healthy"}) with the key'
         if not self.api_key:
             response, latency, failure = self.request("GET", "/health", key=None)
             seen = failure.actual if failure else f"the app answered {response.status_code}"
@@ -161,7 +161,13 @@ class EndpointSteps:
                 "not_json", dx.describe(response),
                 "/health did not answer JSON: this URL is not a task app (check the base URL)"),
                 latency, "the URL does not serve a task app")
-        if data.get("healthy") is not True:
+        if data.get("authorized") is False:  # synth-ai's health: answered, key not taken
+            self.fail("health", expected, dx.Diagnosis(
+                "key_mismatch", f"{dx.describe(response)}: the key was not authorized",
+                f"the key sent ({self.key_label}) is not one the app accepts: give the server "
+                f"and this check the same ENVIRONMENT_API_KEY and restart the server"), latency)
+            return False
+        if not dx.says_healthy(data):
             self.fail("health", expected, dx.Diagnosis(
                 "reports_unhealthy", dx.describe(response),
                 "the app says it is not healthy: read its logs (a failed startup hook or "
@@ -171,11 +177,14 @@ class EndpointSteps:
         return True
 
     def auth(self) -> None:
-        """Requests without a key and with a wrong key must be refused."""
+        """Rollouts without a key and with a wrong key must be refused. ``/health`` is asked
+        too; answering it without a key is no fault: synth-ai's apps do, by design."""
         expected = "no key → 401, wrong key → 403 (refused)"
         probes = [("no key", "GET", "/health", None, {}),
                   ("wrong key", "GET", "/health", self.wrong_key, {}),
-                  ("/rollout without key", "POST", "/rollout", None, {"json": {}})]
+                  ("/rollout without key", "POST", "/rollout", None, {"json": {}}),
+                  ("/rollout with a wrong key", "POST", "/rollout", self.wrong_key,
+                   {"json": {}})]
         seen, open_, odd, leak, latency = [], [], [], False, 0.0
         for label, method, path, key, extra in probes:
             response, ms, failure = self.request(method, path, key=key, **extra)
@@ -190,6 +199,8 @@ class EndpointSteps:
             leak |= dx.leaks_key_prefix(data) or self.wrong_key[:15] in response.text
             # A 422 means the body was validated, which auth dependencies run before: the
             # request got past auth.
+            if path == "/health" and 200 <= status < 300:
+                continue
             if 200 <= status < 300 or (status == 422 and method == "POST"):
                 open_.append(label)
             elif dx.auth_refusal(response) is None and dx.error_code(data) != \

@@ -23,6 +23,7 @@ from standins.health_servers import (
     slow,
     status_app,
     synth_ai_auth,
+    synth_ai_style,
 )
 
 from synth_deploy.env import fingerprint
@@ -167,6 +168,34 @@ def test_synth_ai_400_is_a_key_mismatch_and_a_leak_without_echoing_it(serve, mat
     assert good.healthy and good.exit_code == 0
     assert by_name(good, "auth").code == "key_leak"
     assert_no_secret(good, api_key[:15])
+
+
+@pytest.mark.parametrize("health_without_key", ["authorized", "prefix"])
+def test_a_synth_ai_style_app_is_healthy(serve, math_config, api_key, health_without_key):
+    # Its /health answers anyone (issue 38); synth-ai's own health checks accept it: so must
+    # we, judging who may run rollouts by /rollout. Its key material is still a warning.
+    server = serve(synth_ai_style(create_app(math_config, api_keys=[api_key]), api_key,
+                                  health_without_key=health_without_key))
+    report = check(server.url, api_key)
+    assert report.healthy and report.exit_code == 0, report.summary()
+    assert by_name(report, "health").verdict == "pass"
+    auth = by_name(report, "auth")
+    assert (auth.verdict, auth.code) == ("warn", "key_leak")
+    assert "no key → 200" in auth.actual and "/rollout with a wrong key → 400" in auth.actual
+    assert_no_secret(report, api_key[:15])
+
+
+def test_a_synth_ai_style_app_saying_the_key_is_not_authorized_is_a_key_mismatch(
+        serve, math_config, api_key):
+    server = serve(synth_ai_style(create_app(math_config, api_keys=[api_key]), api_key,
+                                  health_without_key="prefix"))
+    wrong = "sk_env_other_key_" + "x" * 20
+    report = check(server.url, wrong)
+    health = by_name(report, "health")
+    assert (health.verdict, health.code) == ("fail", "key_mismatch")
+    assert "not authorized" in health.actual and fingerprint(wrong) in health.hint
+    assert by_name(report, "info").verdict == "skip" and report.exit_code == 1
+    assert_no_secret(report, api_key[:15], wrong[:15])
 
 
 # --- gateways and network -------------------------------------------------------------

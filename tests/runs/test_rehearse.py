@@ -104,6 +104,25 @@ def test_a_running_app_rehearsed_by_url_has_its_returned_traces_stored(tmp_path,
     assert sum("-load-" in r for r in run_ids) == 4 + 4 + 8 + 16  # levels 1, 2, 4, 8
 
 
+def test_a_synth_ai_style_app_is_rehearsed(tmp_path, serve, math_config, api_key):
+    # Its /health answers anyone with {"status": "healthy", "authorized": true}, its /rollout
+    # wants the key (issue 38): rehearse must run, as synth-ai's own health checks let a
+    # trainer run against it.
+    from standins.health_servers import synth_ai_style
+
+    from synth_deploy.taskapp import create_app
+
+    app = serve(synth_ai_style(create_app(math_config, api_keys=[api_key]), api_key))
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL),
+                            "--task-url", app.url, "--skip", "idle", "--max-concurrency", "8",
+                            "--no-trace", ENVIRONMENT_API_KEY=api_key)
+    found = checks(report)
+    assert found["health"]["verdict"] in ("pass", "warn"), found["health"]
+    assert found["training step"]["verdict"] != "skip" and \
+        found["training step"]["data"]["failures"] == 0
+    assert code == 0 and report["ready"], found
+
+
 def test_a_constant_reward_has_no_learning_signal(tmp_path):
     config = rl_config(tmp_path, episodes_per_batch=12, max_concurrent_rollouts=4)
     code, report = rehearse(tmp_path, "--config", str(config), "--app",

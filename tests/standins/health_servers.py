@@ -1,8 +1,9 @@
 """Servers that really misbehave, for the health checker's tests (loopback only).
 
 - ASGI wrappers around a real task app: auth switched off, synth-ai's 400-with-key-prefix
-  auth, a Modal-style 303 to a result URL, a cold start (503 for a while), slow answers, a
-  /task_info whose answer breaks the schema.
+  auth, a synth-ai-style app (its open ``/health``, its auth elsewhere), a Modal-style 303
+  to a result URL, a cold start (503 for a while), slow answers, a /task_info whose answer
+  breaks the schema.
 - ASGI apps that answer one status everywhere (Cloudflare's 530, gateways' 502/503/504).
 - Raw socket servers: one that accepts connections and never answers (a stall), one that
   drips its headers a byte at a time, and a TLS server with a self-signed certificate
@@ -135,6 +136,33 @@ def synth_ai_auth(app: Any, key: str) -> Any:
                 "got_lens": [len(c) for c in candidates]}}})
             return
         await app(scope, receive, send)
+
+    return wrapper
+
+
+def synth_ai_style(app: Any, key: str, *, health_without_key: str = "authorized") -> Any:
+    """``app`` (which accepts ``key``) as synth-ai 0.4.4's task apps serve: every route wants
+    the key (`synth_ai_auth`) but ``/`` and the health routes of its `add_health_endpoints`,
+    which answer anyone 200 ``{"status": "healthy", "authorized": ...}``. Without the key:
+    ``health_without_key="authorized"`` says ``authorized: true`` all the same (as an app seen
+    in the wild did), ``"prefix"`` says false with ``expected_api_key_prefix``, half the key
+    (as synth-ai's own demo apps do)."""
+    guarded = synth_ai_auth(app, key)
+
+    async def wrapper(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] not in ("/health", "/health/rollout"):
+            await guarded(scope, receive, send)
+            return
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        sent = [headers.get("x-api-key", ""), *headers.get("x-api-keys", "").split(","),
+                headers.get("authorization", "").removeprefix("Bearer ")]
+        authorized = any(hmac.compare_digest(c.strip().encode(), key.encode()) for c in sent)
+        await _drain(receive)
+        body: dict[str, Any] = {"status": "healthy", "authorized": True}
+        if not authorized and health_without_key == "prefix":
+            body = {"status": "healthy", "authorized": False,
+                    "expected_api_key_prefix": key[: max(1, len(key) // 2)]}
+        await _send_json(send, 200, body)
 
     return wrapper
 
