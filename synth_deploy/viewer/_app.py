@@ -8,6 +8,7 @@
     GET /api/sessions/{id}         one session, turn by turn
     GET /api/compare?by=model|run&a=&b=&FILTER             per-seed rewards of two sides
     GET /api/export.jsonl?FILTER   SFT JSONL of the filtered sessions (the CLI's export)
+    GET /api/openapi.json          this API as an OpenAPI document
 
 FILTER is ``app, model, run, split, mode, status, seed, min_reward, max_reward, since,
 until`` (see `_params.session_filter`). Errors are ``{"error": {"message", "hint"}}`` with
@@ -121,6 +122,11 @@ def create_viewer_app(store: TraceStore, *,
     def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
 
+    def openapi(request: Request) -> Any:
+        from synth_deploy.viewer._openapi import viewer_openapi
+
+        return viewer_openapi()
+
     routes = [
         Route("/", index),
         Route("/api/choices", api(choices)),
@@ -129,6 +135,7 @@ def create_viewer_app(store: TraceStore, *,
         Route("/api/sessions/{session_id:str}", api(session)),
         Route("/api/compare", api(compare)),
         Route("/api/export.jsonl", export),
+        Route("/api/openapi.json", api(openapi)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(_SecurityHeaders)]

@@ -14,6 +14,21 @@ _INTEGER = re.compile(r"-?[0-9]+")
 # Parameter → SessionFilter field, for the plain text ones.
 _TEXT = {"app": "app", "model": "model", "run": "run_id", "split": "split", "mode": "mode",
          "status": "status"}
+_INT64 = {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}
+# Each query parameter as the viewer's OpenAPI document declares it (`_openapi`).
+FILTER_PARAMETERS: dict[str, dict[str, object]] = {
+    **{name: {"type": "string"} for name in _TEXT},
+    "status": {"type": "string", "enum": ["ok", "error"]},
+    "seed": _INT64, "min_reward": {"type": "number"}, "max_reward": {"type": "number"},
+    "since": {"type": "string", "description": "24h, 7d, 2025-01-31 or 2025-01-31T12:00"},
+    "until": {"type": "string", "description": "as since; a bare date includes that day"},
+}
+PAGE_PARAMETERS: dict[str, dict[str, object]] = {
+    "sort": {"type": "string", "enum": list(SORT_KEYS)},
+    "order": {"type": "string", "enum": ["asc", "desc"]},
+    "offset": {**_INT64, "minimum": 0}, "limit": {"type": "integer", "minimum": 1,
+                                                  "maximum": MAX_PAGE},
+}
 
 
 def session_filter(params: Mapping[str, str]) -> SessionFilter:
@@ -88,4 +103,4 @@ def _when(params: Mapping[str, str], name: str) -> str:
         raise UsageError(f"{name}={text!r}: {exc.message}", hint=exc.hint) from None
 
 
-__all__ = ["MAX_PAGE", "page", "session_filter"]
+__all__ = ["FILTER_PARAMETERS", "MAX_PAGE", "PAGE_PARAMETERS", "page", "session_filter"]

@@ -28,7 +28,9 @@ from synth_deploy.taskapp import LocalRunner, ServerKeys, ServeSettings
 from synth_deploy.tracing import parse_trace_db
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
-HEAVY = {"POST /rollout": 2, "GET /task_info": 2}  # these take more examples than the rest
+# These take more examples than the rest.
+HEAVY = {"POST /rollout": 2, "GET /task_info": 2, "GET /api/sessions": 2,
+         "GET /api/compare": 2}
 WRONG_KEY = "sk_env_wrong_" + "0" * 24
 KEY_HEADERS = {"x-api-key", "x-api-keys", "authorization"}
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -52,6 +54,25 @@ def _findings(api_key: str, resp: httpx.Response | object, what: str) -> list[st
     if api_key.encode() in raw:
         found.append(f"{what} -> the key is in the answer")
     return found
+
+
+def fuzz_every_operation(schema, each_case) -> None:
+    """``each_case(case)`` for valid and invalid cases of every operation of ``schema``."""
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        examples = EXAMPLES * HEAVY.get(operation.label, 1)
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(max_examples=examples, deadline=None, database=None,
+                      phases=[Phase.explicit, Phase.generate],
+                      suppress_health_check=list(HealthCheck))
+            def fuzz(case):
+                each_case(case)
+
+            try:
+                fuzz()
+            except Unsatisfiable:  # nothing to make invalid (GET / has no inputs)
+                continue
 
 
 def _generated_url(body: object) -> bool:
@@ -84,31 +105,20 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
         what = f"{case.method} {case.formatted_path} key={'valid' if key == api_key else key}"
         findings.extend(_findings(api_key, resp, what))
 
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        examples = EXAMPLES * HEAVY.get(operation.label, 1)
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=examples, deadline=None, database=None,
-                      phases=[Phase.explicit, Phase.generate],
-                      suppress_health_check=list(HealthCheck))
-            def fuzz(case):
-                for key in (api_key, WRONG_KEY, None):
-                    send(case, key)
-                body = case.body if isinstance(case.body, dict) else None
-                policy = body.get("policy") if body else None
-                if isinstance(policy, dict) and isinstance(policy.get("config"), dict):
-                    # The whole episode, on whatever else was generated.
-                    episode = {**body, "policy": {**policy, "config": {
-                        **policy["config"], "model": "mock",
-                        "inference_url": mock_policy.url + "/v1"}},
-                        "safety": {"max_time_s": 60}}
-                    send(case, api_key, body_override=episode)
+    def each_case(case) -> None:
+        for key in (api_key, WRONG_KEY, None):
+            send(case, key)
+        body = case.body if isinstance(case.body, dict) else None
+        policy = body.get("policy") if body else None
+        if isinstance(policy, dict) and isinstance(policy.get("config"), dict):
+            # The whole episode, on whatever else was generated.
+            episode = {**body, "policy": {**policy, "config": {
+                **policy["config"], "model": "mock",
+                "inference_url": mock_policy.url + "/v1"}},
+                "safety": {"max_time_s": 60}}
+            send(case, api_key, body_override=episode)
 
-            try:
-                fuzz()
-            except Unsatisfiable:  # nothing to make invalid (GET / has no inputs)
-                continue
+    fuzz_every_operation(schema, each_case)
     assert sent > 100, sent
     assert findings == [], "\n".join(findings[:20])
     print(f"fuzz: {sent} requests in {time.monotonic() - started:.1f}s, 0 findings")
@@ -131,3 +141,35 @@ def test_every_method_a_path_does_not_take_is_405_with_allow(served, api_key):
                 assert set(resp.headers["allow"].split(", ")) == documented, (method, path)
                 checked += 1
     assert checked > 50
+
+
+@pytest.fixture
+def viewer(tmp_path, serve):
+    """The viewer over a store of known sessions (two apps, models, runs, splits)."""
+    from known_traces import build_known_store
+
+    from synth_deploy.tracing import open_trace_store
+    from synth_deploy.viewer import create_viewer_app
+
+    build_known_store(tmp_path / "known.db")
+    with open_trace_store(str(tmp_path / "known.db"), read_only=True) as store:
+        yield serve(create_viewer_app(store))
+
+
+def test_fuzzed_viewer_requests_get_no_server_error(viewer):
+    # The viewer's own document: every filter, page and compare parameter, valid and not.
+    schema = schemathesis.openapi.from_url(viewer.url + "/api/openapi.json")
+    findings: list[str] = []
+    sent = 0
+
+    def each_case(case) -> None:
+        nonlocal sent
+        resp = case.call(base_url=viewer.url, timeout=30)
+        sent += 1
+        if resp.status_code >= 500:
+            findings.append(f"{case.method} {case.formatted_path}?{case.query} -> "
+                            f"{resp.status_code} {resp.text[:200]}")
+
+    fuzz_every_operation(schema, each_case)
+    assert sent > 100, sent
+    assert findings == [], "\n".join(findings[:20])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -89,6 +90,20 @@ def test_a_number_past_64_bits_is_400_not_a_server_error(viewer, path, params):
     assert resp.status_code == 400, resp.text
     name = next(iter(params))
     assert resp.json()["error"]["message"].startswith(f"{name}=")
+
+
+def test_the_openapi_document_names_every_json_endpoint_and_parameter(viewer, known):
+    from starlette.routing import Route
+
+    with open_trace_store(str(known[0]), read_only=True) as store:
+        routes = {re.sub(r":\w+}", "}", r.path) for r in create_viewer_app(store).routes
+                  if isinstance(r, Route)}  # "{session_id:str}" -> "{session_id}"
+    doc = viewer.get("/api/openapi.json").json()
+    assert set(doc["paths"]) == {p for p in routes if p.startswith("/api/")} - {
+        "/api/openapi.json"}
+    names = {p["name"] for p in doc["paths"]["/api/sessions"]["get"]["parameters"]}
+    assert names == {"app", "model", "run", "split", "mode", "status", "seed", "min_reward",
+                     "max_reward", "since", "until", "sort", "order", "offset", "limit"}
 
 
 def test_summary_endpoint(viewer, known):
