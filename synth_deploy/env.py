@@ -77,8 +77,13 @@ def redact_userinfo(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced: the userinfo
     (``libsql://****@host``) and the value of each secret-named query parameter
     (``/v1?api_key=****``)."""
-    text = _URL_USERINFO.sub(r"\1****@", text)
+    if "@" in text:  # the searches are skipped when they cannot match: a traced rollout
+        text = _URL_USERINFO.sub(_masked_userinfo, text)  # masks its inference_url
     return _QUERY_PARAM.sub(_masked_param, text) if "=" in text else text
+
+
+def _masked_userinfo(match: re.Match[str]) -> str:
+    return f"{match.group(1)}****@"
 
 
 def _masked_param(match: re.Match[str]) -> str:
@@ -95,17 +100,20 @@ def mask_secrets(data: Any) -> Any:
     lists are changed in place; the result is ``data`` (a string comes back masked)."""
     if isinstance(data, dict):
         for name, value in data.items():
-            if isinstance(name, str) and is_secret_name(name):
+            if type(name) is str and is_secret_name(name):
                 data[name] = _masked_all(value)
-            elif isinstance(value, dict | list) or (isinstance(value, str) and "://" in value):
+            elif isinstance(value, _CONTAINERS) or (type(value) is str and "://" in value):
                 data[name] = mask_secrets(value)
     elif isinstance(data, list):
         for i, value in enumerate(data):
-            if isinstance(value, dict | list) or (isinstance(value, str) and "://" in value):
+            if isinstance(value, _CONTAINERS) or (type(value) is str and "://" in value):
                 data[i] = mask_secrets(value)
     elif isinstance(data, str):
         return redact_userinfo(data)
     return data
+
+
+_CONTAINERS = (dict, list)
 
 
 def _masked_all(value: Any) -> Any:
