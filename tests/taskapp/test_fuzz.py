@@ -96,9 +96,11 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
             headers["X-API-Key"] = key
         if body_override is None and _generated_url(case.body):
             # The schema has an inference_url in every valid rollout: never a generated host
-            # (no network but loopback), whatever else was generated.
+            # (no network but loopback), whatever else was generated, and time for the
+            # episode (a generated max_time_s of 1e-300 is a 504 the client asked for).
             body_override = copy.deepcopy(case.body)
             body_override["policy"]["config"]["inference_url"] = mock_policy.url + "/v1"
+            body_override["safety"] = {"max_time_s": 60}
         kwargs = {"json": body_override} if body_override is not None else {}
         resp = case.call(base_url=served.url, headers=headers, timeout=30, **kwargs)
         sent += 1
