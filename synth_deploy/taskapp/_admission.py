@@ -83,7 +83,7 @@ class RolloutStats:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.rollout_requests = 0  # POST /rollout received, refused ones included
+        self.rollout_requests = 0  # POST /rollout with the key, refused ones included
         self.rollouts = 0  # answered 200
         self.errors = 0  # failed while running
         self.refused = 0  # answered 503: at capacity

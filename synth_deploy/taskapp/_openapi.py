@@ -10,6 +10,7 @@ are described here, from the same pydantic models the server validates with.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -28,26 +29,50 @@ _REASONS = {
 }
 
 
-def _json(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": schema}}}
+def json_body(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAPI content map of a JSON body with ``schema``."""
+    return {"content": {"application/json": {"schema": dict(schema)}}}
 
 
-def _responses(ok: dict[str, Any], *errors: int, auth: bool = True) -> dict[str, Any]:
-    codes = sorted({*errors, *((401, 403, 503) if auth else ())})
-    return {"200": {"description": "OK", **_json(ok)},
-            **{str(c): {"description": _REASONS[c], **_json(_ERROR)} for c in codes}}
+def schema_ref(model: str) -> dict[str, Any]:
+    """A reference to one of the protocol's models in the document's components."""
+    return {"$ref": f"#/components/schemas/{model}"}
 
 
-def _operation(summary: str, responses: dict[str, Any], *, auth: bool = True,
-               **extra: Any) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": responses, **extra}
-    if auth:
+def task_info_schema() -> dict[str, Any]:
+    """``/task_info``'s answer: one TaskInfo, a list of them, or the taskset (an object)."""
+    return {"anyOf": [schema_ref("TaskInfo"), {"type": "array", "items": schema_ref(
+        "TaskInfo")}, {"type": "object"}]}
+
+
+def seed_parameters(max_seeds: int) -> list[dict[str, Any]]:
+    """``/task_info``'s query: ``seed`` (repeated) or ``seeds`` (comma-separated)."""
+    seed = {"type": "integer", "minimum": -(10**18) + 1, "maximum": 10**18 - 1}
+    return [
+        {"name": "seed", "in": "query", "required": False, "style": "form", "explode": True,
+         "schema": {"type": "array", "items": seed, "maxItems": max_seeds}},
+        {"name": "seeds", "in": "query", "required": False,
+         "description": "comma-separated seeds",
+         "schema": {"type": "string", "pattern": r"^-?[0-9]{1,18}(,-?[0-9]{1,18})*$"}}]
+
+
+def _operation(endpoint: Any) -> dict[str, Any]:
+    """An endpoint's OpenAPI operation, from its declaration (`_routes.Endpoint`)."""
+    codes = sorted({*endpoint.errors, *(() if endpoint.public else (401, 403, 503))})
+    op: dict[str, Any] = {
+        "summary": endpoint.summary,
+        "responses": {"200": {"description": "OK", **json_body(endpoint.ok)},
+                      **{str(c): {"description": _REASONS[c], **json_body(_ERROR)}
+                         for c in codes}},
+        **endpoint.openapi}
+    if not endpoint.public:
         op["security"] = _SECURITY
     return op
 
 
 def protocol_openapi(config: TaskAppConfig, app_routes: list[Any]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document for an app built by `create_app` from ``config``."""
+    """The OpenAPI 3.1 document for an app built by `create_app` from ``config``: its
+    declared endpoints, and the app's own FastAPI routers as FastAPI describes them."""
     fastapi_routing = sys.modules.get("fastapi.routing")  # no FastAPI loaded: no APIRoute
     api_routes = [r for r in app_routes
                   if fastapi_routing is not None and isinstance(r, fastapi_routing.APIRoute)]
@@ -74,40 +99,16 @@ def protocol_openapi(config: TaskAppConfig, app_routes: list[Any]) -> dict[str, 
     components["securitySchemes"] = {
         "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
         "Bearer": {"type": "http", "scheme": "bearer"}}
-    ref = "#/components/schemas/{}".format
-    obj = {"type": "object"}
-    seed = {"type": "integer", "minimum": -(10**18) + 1, "maximum": 10**18 - 1}
     paths = doc.setdefault("paths", {})
-    paths["/"] = {"get": _operation("Liveness: the app's id", _responses(obj, auth=False),
-                                    auth=False)}
-    paths["/health"] = {"get": _operation("Health, auth and tracing state", _responses(obj))}
-    paths["/info"] = {"get": _operation("Service, dataset, rubrics, limits", _responses(obj))}
-    paths["/task_info"] = {"get": _operation(
-        "The taskset, or the task instance of each seed", _responses(
-            {"anyOf": [{"$ref": ref("TaskInfo")}, {"type": "array", "items": {
-                "$ref": ref("TaskInfo")}}, obj]}, 404, 422),
-        parameters=[
-            {"name": "seed", "in": "query", "required": False, "style": "form",
-             "explode": True, "schema": {"type": "array", "items": seed,
-                                         "maxItems": config.max_seeds_per_request}},
-            {"name": "seeds", "in": "query", "required": False,
-             "description": "comma-separated seeds",
-             "schema": {"type": "string", "pattern": r"^-?[0-9]{1,18}(,-?[0-9]{1,18})*$"}}])}
-    paths["/rollout"] = {"post": _operation(
-        "Run one episode", _responses({"$ref": ref("RolloutResponse")},
-                                      404, 413, 415, 422, 502, 504),
-        requestBody={"required": True, **_json({"$ref": ref("RolloutRequest")})})}
-    paths["/done"] = {"post": _operation("The trainer is done with this app", _responses(obj))}
-    paths["/openapi.json"] = {"get": _operation("This document", _responses(obj))}
-    if config.proxy is not None:
-        for enabled, path in ((config.proxy.enable_openai, "/proxy/v1/chat/completions"),
-                              (config.proxy.enable_groq, "/proxy/groq/v1/chat/completions")):
-            if enabled:
-                paths[path] = {"post": _operation(
-                    "A chat completion through the server's vendor key",
-                    _responses(obj, 413, 415, 502), requestBody={"required": True,
-                                                                 **_json(obj)})}
+    for route in app_routes:
+        endpoint = getattr(route, "declaration", None)
+        if endpoint is None:
+            continue
+        operation = _operation(endpoint)
+        paths[endpoint.path] = {method.lower(): operation for method in endpoint.method_list
+                                if method != "HEAD"}
     return doc
 
 
-__all__ = ["protocol_openapi"]
+__all__ = ["json_body", "protocol_openapi", "schema_ref", "seed_parameters",
+           "task_info_schema"]

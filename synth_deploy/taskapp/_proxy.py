@@ -15,8 +15,10 @@ from starlette.responses import Response
 
 from synth_deploy.env import Env, redact
 from synth_deploy.taskapp._config import ProxyConfig
+from synth_deploy.taskapp._openapi import json_body
 from synth_deploy.taskapp._request_guards import unsupported_media_type
 from synth_deploy.taskapp._responses import error_response
+from synth_deploy.taskapp._routes import OBJECT, Endpoint
 
 OPENAI_API_KEY, GROQ_API_KEY = "OPENAI_API_KEY", "GROQ_API_KEY"
 VENDOR_KEYS = (OPENAI_API_KEY, GROQ_API_KEY)
@@ -24,19 +26,18 @@ VENDOR_KEYS = (OPENAI_API_KEY, GROQ_API_KEY)
 _DROP = {"content-length", "transfer-encoding", "connection", "content-encoding", "set-cookie"}
 
 
-def add_proxy_routes(
+def proxy_endpoints(
     app: Starlette,
     proxy: ProxyConfig,
     env: Env,
-    denied: Callable[[Request], Response | None],
     *,
     read_body: Callable[[Request], Awaitable[bytes]],
     too_large: type[Exception],
-) -> None:
-    def route(path: str, vendor: str, base_url: str, key_name: str) -> None:
+) -> list[Endpoint]:
+    """The enabled proxies' endpoints (behind the key, as every protocol endpoint)."""
+    def endpoint(path: str, vendor: str, base_url: str, key_name: str) -> Endpoint:
         async def forward(request: Request) -> Response:
-            if (resp := denied(request)) is not None or \
-                    (resp := unsupported_media_type(request)) is not None:
+            if (resp := unsupported_media_type(request)) is not None:
                 return resp
             key = env.get(key_name)
             if not key:
@@ -64,12 +65,18 @@ def add_proxy_routes(
                             headers=headers)
 
         forward.__name__ = f"proxy_{vendor.lower()}"
-        app.add_route(path, forward, methods=["POST"])
+        return Endpoint(path, "POST", forward, "A chat completion through the server's "
+                        "vendor key", errors=(413, 415, 502),
+                        openapi={"requestBody": {"required": True, **json_body(OBJECT)}})
 
+    found = []
     if proxy.enable_openai:
-        route("/proxy/v1/chat/completions", "OpenAI", proxy.openai_base_url, OPENAI_API_KEY)
+        found.append(endpoint("/proxy/v1/chat/completions", "OpenAI", proxy.openai_base_url,
+                              OPENAI_API_KEY))
     if proxy.enable_groq:
-        route("/proxy/groq/v1/chat/completions", "Groq", proxy.groq_base_url, GROQ_API_KEY)
+        found.append(endpoint("/proxy/groq/v1/chat/completions", "Groq", proxy.groq_base_url,
+                              GROQ_API_KEY))
+    return found
 
 
-__all__ = ["GROQ_API_KEY", "OPENAI_API_KEY", "VENDOR_KEYS", "add_proxy_routes"]
+__all__ = ["GROQ_API_KEY", "OPENAI_API_KEY", "VENDOR_KEYS", "proxy_endpoints"]

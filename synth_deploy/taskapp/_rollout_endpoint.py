@@ -1,7 +1,7 @@
 """``POST /rollout`` as a bare ASGI app: the checks before a rollout runs, admission, and the
 answer (with an early head when the rollout runs long; see `_admission`).
 
-In order: the key (a failure is answered and the connection closed), the media type, the
+Behind the key check every protected route has (`_routes`), in order: the media type, the
 admission limit (503 + Retry-After, before the body is read), the body's size and shape, the
 seed; then the rollout, counted in flight until its answer is sent.
 """
@@ -38,13 +38,12 @@ RunRollout = Callable[[RolloutRequest, bytes], Awaitable[Response]]
 
 
 class RolloutEndpoint:
-    """The ``/rollout`` route's ASGI app. ``denied``: the key check (a response, or None);
-    ``run``: runs a validated request (its body given too) to its response."""
+    """The ``/rollout`` route's ASGI app. ``run``: runs a validated request (its body given
+    too) to its response."""
 
-    def __init__(self, config: TaskAppConfig, *, denied: Callable[[Request], Response | None],
-                 run: RunRollout, limits: RolloutLimits, stats: RolloutStats) -> None:
+    def __init__(self, config: TaskAppConfig, *, run: RunRollout, limits: RolloutLimits,
+                 stats: RolloutStats) -> None:
         self.config = config
-        self.denied = denied
         self.run = run
         self.stats = stats
         self.capacity = limits.max_in_flight
@@ -54,7 +53,7 @@ class RolloutEndpoint:
         stats = self.stats
         stats.rollout_requests += 1
         request = Request(scope, receive, send)
-        refusal = self.denied(request) or unsupported_media_type(request)
+        refusal = unsupported_media_type(request)
         if refusal is None and stats.in_flight >= self.capacity:
             stats.refused += 1
             refusal = error_response(

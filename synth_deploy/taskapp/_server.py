@@ -22,7 +22,6 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, is_secret_name, mask_secrets, redact
@@ -43,6 +42,7 @@ from synth_deploy.taskapp._correlation import (
     correlation_id,
     session_correlation,
 )
+from synth_deploy.taskapp._openapi import json_body, schema_ref, seed_parameters, task_info_schema
 from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._protocol_app import new_protocol_app
@@ -56,6 +56,7 @@ from synth_deploy.taskapp._request_guards import (
 )
 from synth_deploy.taskapp._responses import error_response, validation_errors
 from synth_deploy.taskapp._rollout_endpoint import RolloutEndpoint
+from synth_deploy.taskapp._routes import Endpoint, guarded_routes
 from synth_deploy.tracing import SessionTrace, SessionTracer, ledger_of
 
 logger = logging.getLogger("synth_deploy.taskapp")
@@ -131,8 +132,8 @@ def create_app(
     rollouts = _Rollouts(config, trace_store=trace_store, on_session=on_session,
                          secret_values=secret_values, stats=stats)
 
-    def denied(request: Request) -> JSONResponse | None:
-        failure = auth.check(request.scope["headers"])
+    def denied(scope: Any) -> JSONResponse | None:
+        failure = auth.check(scope["headers"])
         if failure is None:
             return None
         # Closed at once: a client without the key never holds a connection for long.
@@ -143,8 +144,6 @@ def create_app(
         return JSONResponse({"status": "ok", "service": config.app_id})
 
     async def health(request: Request) -> Response:
-        if (resp := denied(request)) is not None:
-            return resp
         return JSONResponse({
             "healthy": True, "service": config.app_id, "version": config.version,
             "auth": {"required": auth.enabled, "enabled": auth.enabled},
@@ -154,8 +153,6 @@ def create_app(
         })
 
     async def info(request: Request) -> Response:
-        if (resp := denied(request)) is not None:
-            return resp
         base = config.base_task_info
         return JSONResponse({
             "service": {"task": base.task.model_dump(exclude_none=True), "version": config.version,
@@ -168,8 +165,6 @@ def create_app(
         })
 
     async def task_info(request: Request) -> Response:
-        if (resp := denied(request)) is not None:
-            return resp
         try:
             seeds = requested_seeds(request, config.max_seeds_per_request)
             for seed in seeds:
@@ -195,13 +190,9 @@ def create_app(
         return JSONResponse(payload[0] if len(seeds) == 1 and len(payload) == 1 else payload)
 
     async def done(request: Request) -> Response:
-        if (resp := denied(request)) is not None:
-            return resp
         return JSONResponse({"ok": True, "service": config.app_id})
 
     async def openapi(request: Request) -> Response:
-        if (resp := denied(request)) is not None:
-            return resp
         if not openapi_schema:  # built once: the routes are fixed by now
             from synth_deploy.taskapp._openapi import protocol_openapi
 
@@ -209,26 +200,29 @@ def create_app(
         return JSONResponse(openapi_schema)
 
     openapi_schema: dict[str, Any] = {}
-
-    # Plain Starlette routes: these handlers take a Request and return a Response, so
-    # FastAPI's dependency solving and response encoding would be pure overhead.
-    app.serve_core_routes([
-        Route("/rollout", RolloutEndpoint(  # first: the hot path matches at once
-            config, denied=denied, limits=limits, stats=stats,
-            run=lambda req, body: rollouts.run(req, body, app.state.http)), methods=["POST"]),
-        Route("/", root, methods=["GET", "HEAD"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/info", info, methods=["GET"]),
-        Route("/task_info", task_info, methods=["GET"]),
-        Route("/done", done, methods=["POST"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-    ])
-
+    rollout = RolloutEndpoint(config, limits=limits, stats=stats,
+                              run=lambda req, body: rollouts.run(req, body, app.state.http))
+    endpoints = [  # /rollout first: the hot path matches at once
+        Endpoint("/rollout", "POST", rollout, "Run one episode", asgi=True,
+                 ok=schema_ref("RolloutResponse"), errors=(404, 413, 415, 422, 502, 504),
+                 openapi={"requestBody": {"required": True,
+                                          **json_body(schema_ref("RolloutRequest"))}}),
+        Endpoint("/", ("GET", "HEAD"), root, "Liveness: the app's id", public=True),
+        Endpoint("/health", "GET", health, "Health, auth, tracing and rollouts in flight"),
+        Endpoint("/info", "GET", info, "Service, dataset, rubrics, limits"),
+        Endpoint("/task_info", "GET", task_info, "The taskset, or the task instance of each "
+                 "seed", ok=task_info_schema(), errors=(404, 422),
+                 openapi={"parameters": seed_parameters(config.max_seeds_per_request)}),
+        Endpoint("/done", "POST", done, "The trainer is done with this app"),
+        Endpoint("/openapi.json", "GET", openapi, "This document"),
+    ]
     if config.proxy is not None:
-        from synth_deploy.taskapp._proxy import add_proxy_routes
+        from synth_deploy.taskapp._proxy import proxy_endpoints
 
-        add_proxy_routes(app, config.proxy, env, denied, read_body=lambda r: read_body(
+        endpoints += proxy_endpoints(app, config.proxy, env, read_body=lambda r: read_body(
             r, config.max_body_bytes), too_large=BodyTooLarge)
+    # Every endpoint answers only a client with the key unless it is declared public.
+    app.serve_core_routes(guarded_routes(endpoints, denied))
 
     app.add_exception_handler(HTTPException, http_error)
     return app
