@@ -11,22 +11,40 @@ from toy_apps import proxy_config, toy_config
 from synth_deploy.taskapp import ApiKeyAuth, create_app
 
 ROLLOUT = {"run_id": "auth-1", "env": {"seed": 3}}
-# (method, path, json body) for every endpoint behind the key.
-PROTECTED = [
-    ("GET", "/health", None),
-    ("GET", "/info", None),
-    ("GET", "/task_info", None),
-    ("GET", "/task_info?seed=1", None),
-    ("POST", "/rollout", ROLLOUT),
-    ("POST", "/done", {}),
-    ("POST", "/proxy/v1/chat/completions", {"model": "m", "messages": []}),
-    ("POST", "/proxy/groq/v1/chat/completions", {"model": "m", "messages": []}),
-]
+BODIES = {"/rollout": ROLLOUT, "/done": {}}  # any other POST takes a chat request
+CHAT = {"model": "m", "messages": []}
+
+
+def declared_routes(app) -> list[tuple[str, str, object, bool]]:
+    """(method, path, body, public) for every route the app declares: a new endpoint is
+    walked here without being listed."""
+    found = []
+    for route in app.routes:
+        declaration = route.declaration
+        for method in declaration.method_list:
+            found.append((method, route.path, BODIES.get(route.path, CHAT) if method == "POST"
+                          else None, declaration.public))
+    return found
+
+
+# The proxy's upstream is a closed port: only auth is under test here.
+APP_ROUTES = declared_routes(create_app(proxy_config("http://127.0.0.1:9"), api_keys=["k"]))
+PROTECTED = [(m, p, b) for m, p, b, public in APP_ROUTES if not public]
+# Answered 200 with the key: the protocol's own endpoints (a proxy's upstream is closed).
+PROTOCOL = [(m, p, b) for m, p, b in PROTECTED if not p.startswith("/proxy/")] + [
+    ("GET", "/task_info?seed=1", None)]
+
+
+def test_every_route_is_declared_and_only_the_liveness_probe_is_public():
+    assert {(m, p) for m, p, _, public in APP_ROUTES if public} == {("GET", "/"), ("HEAD", "/")}
+    assert {p for _, p, _ in PROTECTED} >= {"/health", "/info", "/task_info", "/rollout",
+                                            "/done", "/openapi.json",
+                                            "/proxy/v1/chat/completions",
+                                            "/proxy/groq/v1/chat/completions"}
 
 
 @pytest.fixture
 def server(serve, api_key):
-    # The proxy's upstream is a closed port: only auth is under test here.
     return serve(create_app(proxy_config("http://127.0.0.1:9"), api_keys=[api_key, "alias-key-2"]))
 
 
@@ -47,7 +65,7 @@ def test_missing_key_is_401_and_wrong_key_is_403(server, api_key, method, path, 
         assert str(len(api_key)) not in resp.text
 
 
-@pytest.mark.parametrize(("method", "path", "body"), PROTECTED[:6])
+@pytest.mark.parametrize(("method", "path", "body"), PROTOCOL)
 def test_right_key_passes(server, api_key, method, path, body):
     assert call(server, method, path, body, {"X-API-Key": api_key}).status_code == 200
 
@@ -91,7 +109,7 @@ def test_root_stays_open(server):
 
 def test_no_key_configured_is_503_with_the_fix(serve):
     server = serve(create_app(toy_config(), api_keys=[]))
-    for method, path, body in PROTECTED[:6]:
+    for method, path, body in PROTOCOL:
         resp = call(server, method, path, body, {"X-API-Key": "anything"})
         assert resp.status_code == 503
         error = resp.json()["detail"]["error"]
