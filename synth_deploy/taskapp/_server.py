@@ -42,6 +42,7 @@ from synth_deploy.taskapp._correlation import (
     correlation_id,
     session_correlation,
 )
+from synth_deploy.taskapp._openenv import openenv_routes
 from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._protocol_app import new_protocol_app
@@ -221,6 +222,8 @@ def create_app(
         Route("/task_info", task_info, methods=["GET"]),
         Route("/done", done, methods=["POST"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        *openenv_routes(config, denied=denied, capacity=limits.max_in_flight,
+                        trace_store=trace_store, on_session=on_session),
     ])
 
     if config.proxy is not None:
