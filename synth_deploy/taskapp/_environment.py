@@ -324,5 +324,80 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     }
 
 
+
+
+# -- an OpenEnv Environment class as a declared environment ---------------------------------------
+
+def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str | None = None,
+                 max_turns: int = 20) -> type:
+    """An environment class wrapping OpenEnv's ``env_cls`` (an ``Environment``: reset/step/
+    state, pydantic ``Action`` and ``Observation``) and ``action_cls``, duck-typed: OpenEnv is
+    needed by the wrapped class, never by the kit. The action schema is the action class's
+    (its ``metadata`` field aside); an observation is its fields but ``reward``, ``done`` and
+    ``metadata`` (as OpenEnv serializes it), the latter going to the step's info. An episode
+    the environment never ends is cut after ``max_turns`` steps (``env.config.max_turns``)."""
+    schema = dict(action_cls.model_json_schema())
+    schema["properties"] = {k: v for k, v in schema.get("properties", {}).items()
+                            if k != "metadata"}
+    name = tool_name or _snake(action_cls.__name__)
+    description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
+    from synth_deploy.taskapp._tools import function_tool
+
+    class OpenEnvEnvironment:
+        tool = function_tool(name, description, schema)
+        observation_schema = None
+
+        def __init__(self) -> None:
+            self.env = env_cls()
+            self.turns, self.limit = 0, max_turns
+
+        def reset(self, seed: int | None, *, episode_id: str, config: dict[str, Any]) -> Step:
+            options = dict(config)
+            self.limit = int(options.pop("max_turns", max_turns))
+            self.turns = 0
+            accepted = inspect.signature(self.env.reset).parameters
+            if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+                options = {k: v for k, v in options.items() if k in accepted}
+            return self._step(self.env.reset(seed=seed, episode_id=episode_id, **options))
+
+        def step(self, action: dict[str, Any]) -> Step:
+            from pydantic import ValidationError
+
+            try:
+                typed = action_cls.model_validate(action)
+            except ValidationError as exc:
+                raise InvalidAction("; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'action'}: {e['msg']}"
+                    for e in exc.errors(include_url=False))) from None
+            self.turns += 1
+            result = self._step(self.env.step(typed))
+            if not result.done and self.turns >= self.limit:
+                result.done = result.truncated = True
+            return result
+
+        def state(self) -> dict[str, Any]:
+            state = self.env.state
+            return state.model_dump() if hasattr(state, "model_dump") else dict(state or {})
+
+        def close(self) -> None:
+            self.env.close()
+
+        @staticmethod
+        def _step(observation: Any) -> Step:
+            data = observation.model_dump(exclude={"reward", "done", "metadata"})
+            return Step(data, reward=float(observation.reward or 0.0),
+                        done=bool(observation.done), info=dict(observation.metadata or {}))
+
+    OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = getattr(
+        env_cls, "__name__", "OpenEnvEnvironment")
+    return OpenEnvEnvironment
+
+
+def _snake(name: str) -> str:
+    name = name.removesuffix("Action") or name
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower()
+                   for i, c in enumerate(name))
+
+
 __all__ = ["EnvironmentSpec", "Outcome", "Reward", "Step", "call", "close", "episode_rollout",
-           "prompt_of", "reset", "step", "text_of"]
+           "from_openenv", "prompt_of", "reset", "step", "text_of"]

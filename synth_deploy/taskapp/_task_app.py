@@ -32,7 +32,7 @@ from synth_deploy.taskapp._config import (
     TaskDatasetRegistry,
 )
 from synth_deploy.taskapp._contracts import LimitsInfo, TaskDescriptor, TaskInfo
-from synth_deploy.taskapp._environment import EnvironmentSpec, episode_rollout
+from synth_deploy.taskapp._environment import EnvironmentSpec, episode_rollout, from_openenv
 from synth_deploy.taskapp._registry import TaskAppEntry, add_entry, caller_file
 
 
@@ -75,6 +75,13 @@ class TaskApp:
         self._environment = EnvironmentSpec(factory, app_id=self.app_id,
                                             description=self.description)
         return factory
+
+    def openenv(self, env_cls: Callable[[], Any], action_cls: Any, *,
+                tool_name: str | None = None, max_turns: int = 20) -> None:
+        """Declare an OpenEnv ``Environment`` class (with its ``Action`` class) as this app's
+        environment: served, traced and trained on like any other (see `from_openenv`)."""
+        self.environment(from_openenv(env_cls, action_cls, tool_name=tool_name,
+                                      max_turns=max_turns))
 
     def instances(self, fn: Callable[[Sequence[int]], Iterable[TaskInfo]]
                   ) -> Callable[[Sequence[int]], Iterable[TaskInfo]]:

@@ -231,3 +231,87 @@ def test_an_idle_session_is_reaped_and_its_slot_comes_back(serve, api_key):
 def test_an_app_without_an_environment_serves_no_openenv_routes(serve, api_key):
     server = serve(create_app(toy_config(), api_keys=[api_key]))
     assert httpx.get(server.url + "/openenv/health", timeout=5).status_code == 404
+
+
+# An environment shaped as OpenEnv's are (its `openenv init` template, an echo), written here
+# from OpenEnv's documented interface: the kit wraps it without importing openenv.
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metadata: dict = Field(default_factory=dict)
+
+
+class EchoAction(_Base):
+    """Message to echo back."""
+
+    message: str
+
+
+class EchoObservation(_Base):
+    done: bool = False
+    reward: float | None = None
+    echoed_message: str = ""
+    message_length: int = 0
+
+
+class EchoState(BaseModel):
+    episode_id: str | None = None
+    step_count: int = 0
+
+
+class EchoEnvironment:
+    def __init__(self):
+        self._state = EchoState()
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self._state = EchoState(episode_id=episode_id, step_count=0)
+        return EchoObservation(echoed_message="Echo environment ready!", reward=0.0)
+
+    def step(self, action):
+        self._state.step_count += 1
+        return EchoObservation(echoed_message=action.message,
+                               message_length=len(action.message),
+                               reward=min(len(action.message) * 0.1, 1.0),
+                               metadata={"step": self._state.step_count})
+
+    @property
+    def state(self):
+        return self._state
+
+    def close(self):
+        pass
+
+
+def echo_config(**settings):
+    from synth_deploy.taskapp import TaskApp
+
+    task_app = TaskApp("echo", name="Echo", description="Echoes messages.", **settings)
+    task_app.openenv(EchoEnvironment, EchoAction, max_turns=3)
+    return task_app.build_config()
+
+
+def test_an_openenv_environment_class_becomes_a_task_app(serve, mock_policy, api_key, store):
+    server = serve(create_app(echo_config(), api_keys=[api_key], trace_store=store))
+    resp = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
+                      json={"run_id": "e1", "env": {"seed": 1},
+                            "policy": {"config": {"inference_url": mock_policy.url + "/v1"}}})
+    assert resp.status_code == 200, resp.text
+    steps = resp.json()["trajectories"][0]["steps"]
+    assert len(steps) == 3 and steps[-1]["truncated"]  # the echo never ends: cut at 3
+    assert [s["tool_calls"][0]["function"]["name"] for s in steps] == ["echo"] * 3
+    assert all(s["info"]["step"] == i + 1 for i, s in enumerate(steps))
+    base = server.url + "/openenv"
+    schema = httpx.get(base + "/schema", timeout=5).json()["action"]
+    assert set(schema["properties"]) == {"message"} and schema["required"] == ["message"]
+    with WSEnvClient(base, headers={"X-API-Key": api_key}) as env:
+        assert env.reset(seed=0)["observation"] == {"echoed_message": "Echo environment ready!",
+                                                   "message_length": 0}
+        result = env.step({"message": "hello"})
+        assert result == {"observation": {"echoed_message": "hello", "message_length": 5},
+                          "reward": 0.5, "done": False}
+        with pytest.raises(ServerError) as wrong:
+            env.step({"text": "hello"})
+        assert wrong.value.code == "VALIDATION_ERROR" and "message" in str(wrong.value)
+        assert env.state()["step_count"] == 1
