@@ -6,6 +6,7 @@
      │    └── AppNotFoundError       an app id or path that names no task app
      ├── TaskAppError                a task app that fails to load or build
      ├── BadRequest                  a task app refusing one request: answered 4xx, not 500
+     │    └── InvalidAction          an environment refusing an action (nothing changed)
      ├── HealthError                 the health checker could not run
      ├── UnreachableError            nothing answers at a task app's URL (exit 3)
      ├── TunnelError                 cloudflared missing, failing or dying (carries its logs)
@@ -70,6 +71,15 @@ class BadRequest(SynthDeployError):
         self.status, self.code, self.field = status, code, field
 
 
+class InvalidAction(BadRequest):
+    """Raise it from an environment's ``step`` to refuse an action, before anything changed:
+    in an episode the kit derives, the policy is told the message and asked once more; over
+    OpenEnv's wire the client gets a validation error (422)."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, code="invalid_action", field="action", hint=hint)
+
+
 class HealthError(SynthDeployError):
     """The health checker itself could not run (not: the app is unhealthy)."""
 
@@ -124,6 +134,7 @@ __all__ = [
     "DeployError",
     "EnvFileError",
     "HealthError",
+    "InvalidAction",
     "JobError",
     "JobHTTPError",
     "SynthDeployError",

@@ -6,12 +6,17 @@ import asyncio
 import time
 
 from synth_deploy.taskapp import (
+    InvalidAction,
     ProxyConfig,
+    Reward,
     RolloutContext,
     RolloutRequest,
+    Step,
+    TaskApp,
     TaskAppConfig,
     TaskDescriptor,
     TaskInfo,
+    function_tool,
 )
 
 
@@ -57,3 +62,45 @@ def proxy_config(openai_base_url: str) -> TaskAppConfig:
     return toy_config(proxy=ProxyConfig(enable_openai=True, enable_groq=True,
                                         openai_base_url=openai_base_url,
                                         groq_base_url=openai_base_url + "/groq"))
+
+
+class CountEnv:
+    """Count to a target: each step adds 1, 2 or 3; reward 1 for landing on it exactly, and a
+    ``progress`` reward each step. Refuses other numbers (`InvalidAction`)."""
+
+    tool = function_tool("add", "Add 1, 2 or 3 to the total.", {
+        "type": "object", "properties": {"n": {"type": "integer", "enum": [1, 2, 3]}},
+        "required": ["n"]})
+    noop = {"n": 1}
+    closed = 0  # environments closed, over every instance
+
+    def reset(self, seed, *, episode_id, config):
+        self.total, self.target = 0, 3 + (seed or 0) % 5 + int(config.get("extra", 0))
+        return self._observation()
+
+    def _observation(self):
+        return {"text": f"Reach {self.target} exactly; the total is {self.total}.",
+                "total": self.total, "target": self.target}
+
+    def step(self, action):
+        n = action.get("n")
+        if n not in (1, 2, 3):
+            raise InvalidAction(f"n must be 1, 2 or 3, got {n!r}")
+        self.total += n
+        done = self.total >= self.target
+        return Step(self._observation(), reward=float(self.total == self.target), done=done,
+                    info={"added": n}, state={"total": self.total},
+                    rewards=[Reward("progress", n / self.target)])
+
+    def state(self):
+        return {"total": self.total}
+
+    def close(self):
+        CountEnv.closed += 1
+
+
+def env_config(factory=CountEnv, *, app_id: str = "count", **settings) -> TaskAppConfig:
+    """A task app whose episodes the kit derives from ``factory`` (default `CountEnv`)."""
+    task_app = TaskApp(app_id, name="Toy", description="Count to a target.", **settings)
+    task_app.environment(factory)
+    return task_app.build_config()

@@ -7,6 +7,9 @@ is offered when no answer can be read), and scores it:
 - outcome reward: 1.0 for the right integer, else 0.0 (``outcome_score`` too);
 - event reward ``answer_format``: 1.0 when the answer was tagged as asked (``events_score``).
 
+The same problems are an environment (`MathEnvironment`: reset with a seed, step with
+``{"answer": <integer>}``), served on OpenEnv's wire at ``/openenv`` for OpenEnv's clients.
+
 Serve it with ``synth-deploy serve math``; deploy it with ``synth-deploy deploy math`` or
 plain ``modal deploy apps/math/task_app.py``.
 """
@@ -20,6 +23,7 @@ from math_problems import TEST_SEEDS, TIERS, TRAIN_SEEDS, make_problem, parse_an
 from synth_deploy.modal import ModalSettings, modal_app
 from synth_deploy.taskapp import (
     BadRequest,
+    InvalidAction,
     LimitsInfo,
     RolloutContext,
     RolloutRequest,
@@ -28,10 +32,12 @@ from synth_deploy.taskapp import (
     RubricBundle,
     RubricCriterion,
     RubricSection,
+    Step,
     TaskApp,
     TaskDataset,
     TaskInfo,
     call_policy,
+    function_tool,
 )
 
 # -- what this app is, what it offers, how it is judged and where it runs ---------------------
@@ -151,6 +157,29 @@ async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
         "pipeline_metadata": {"prompt": SYSTEM_PROMPT,
                               "model": request.policy.config.get("model")},
     }
+
+
+# -- the same problems as an environment (OpenEnv's wire: /openenv) --------------------------------
+
+@task_app.environment
+class MathEnvironment:
+    """One problem an episode: the observation is the question, the action the answer."""
+
+    tool = function_tool("answer", "Give the final answer to the problem.", {
+        "type": "object", "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"], "additionalProperties": False})
+
+    def reset(self, seed, *, episode_id, config):
+        self.problem = make_problem(seed if seed is not None else 0)
+        return {"text": self.problem.question, "difficulty": self.problem.difficulty}
+
+    def step(self, action):
+        answer = action.get("answer")
+        if isinstance(answer, bool) or not isinstance(answer, int):
+            raise InvalidAction(f"answer must be an integer, got {str(answer)[:40]!r}")
+        correct = answer == self.problem.answer
+        return Step({"text": "Correct." if correct else "Not correct.", "correct": correct},
+                    reward=float(correct), done=True, info={"answer": answer})
 
 
 app = modal_app(__file__)  # `modal deploy apps/math/task_app.py` deploys this

@@ -8,7 +8,7 @@ Declaring (contracts, config, registry) is light; serving (`create_app`, `LocalR
 """
 
 from synth_deploy._lazy import lazy_attributes
-from synth_deploy.errors import BadRequest
+from synth_deploy.errors import BadRequest, InvalidAction
 from synth_deploy.taskapp._admission import (
     DEFAULT_MAX_ROLLOUTS,
     MAX_ROLLOUTS_VAR,
@@ -45,6 +45,7 @@ from synth_deploy.taskapp._contracts import (
     TaskDescriptor,
     TaskInfo,
 )
+from synth_deploy.taskapp._environment import Outcome, Reward, Step
 from synth_deploy.taskapp._registry import (
     BUNDLED_APPS_DIR,
     AppFileProblem,
@@ -107,14 +108,17 @@ __all__ = [
     "DatasetInfo",
     "Discovery",
     "InferenceInfo",
+    "InvalidAction",
     "KeyRule",
     "LimitsInfo",
     "LocalRunner",
     "MAX_ROLLOUTS_VAR",
+    "Outcome",
     "PolicyError",
     "PolicyReply",
     "ProxyConfig",
     "RemoteObject",
+    "Reward",
     "RolloutContext",
     "RolloutEnvSpec",
     "RolloutLimits",
@@ -132,6 +136,7 @@ __all__ = [
     "RubricSection",
     "ServeSettings",
     "ServerKeys",
+    "Step",
     "TaskApp",
     "TaskAppConfig",
     "TaskAppEntry",

@@ -18,11 +18,15 @@ from synth_deploy.taskapp._contracts import (
 if TYPE_CHECKING:
     import httpx
 
+    from synth_deploy.taskapp._environment import EnvironmentSpec
     from synth_deploy.tracing import SessionTracer
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_ROLLOUT_SECONDS = 3600.0
 DEFAULT_MAX_SEEDS_PER_REQUEST = 1000
+# An environment session (OpenEnv's wire) nobody used for this long is closed: long enough for
+# a large model's turn, short enough that a vanished client's slot comes back.
+DEFAULT_SESSION_IDLE_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ class TaskAppConfig:
     ``allow_link_local``: let ``ctx.http`` and the policy call reach link-local addresses
     (169.254.0.0/16, fe80::/10, fd00:ec2::254), where cloud metadata services answer; off by
     default, because a key holder chooses the policy URL.
+    ``environment``: the app's `@task_app.environment`; ``session_idle_seconds``: the lease of
+    an environment session on OpenEnv's wire (closed after that long unused).
     """
 
     app_id: str
@@ -193,6 +199,8 @@ class TaskAppConfig:
     max_rollout_seconds: float = DEFAULT_MAX_ROLLOUT_SECONDS
     max_seeds_per_request: int = DEFAULT_MAX_SEEDS_PER_REQUEST
     allow_link_local: bool = False
+    environment: EnvironmentSpec | None = None  # served on OpenEnv's wire when declared
+    session_idle_seconds: float = DEFAULT_SESSION_IDLE_SECONDS
 
     def __post_init__(self) -> None:
         if not self.app_id or not self.app_id.replace("-", "").replace("_", "").isalnum():

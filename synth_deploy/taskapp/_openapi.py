@@ -102,7 +102,7 @@ def protocol_openapi(config: TaskAppConfig, app_routes: list[Any]) -> dict[str, 
     paths = doc.setdefault("paths", {})
     for route in app_routes:
         endpoint = getattr(route, "declaration", None)
-        if endpoint is None:
+        if endpoint is None or endpoint.websocket:  # OpenAPI has no WebSockets
             continue
         operation = _operation(endpoint)
         paths[endpoint.path] = {method.lower(): operation for method in endpoint.method_list

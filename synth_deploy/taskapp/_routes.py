@@ -19,9 +19,11 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 Denied = Callable[[Any], Response | None]  # an ASGI scope -> a refusal, or None
+_POLICY_VIOLATION = 1008  # a WebSocket close code: the server refused the client
 OBJECT: Mapping[str, Any] = MappingProxyType({"type": "object"})  # any JSON object
 
 
@@ -42,6 +44,7 @@ class Endpoint:
     errors: tuple[int, ...] = ()
     public: bool = False
     asgi: bool = False
+    websocket: bool = False  # ``handler`` takes a `WebSocket`; refused at the handshake
     openapi: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,9 +61,19 @@ class DeclaredRoute(Route):
         self.declaration = endpoint
 
 
-def guarded_routes(endpoints: list[Endpoint], denied: Denied) -> list[DeclaredRoute]:
+class DeclaredWebSocketRoute(WebSocketRoute):
+    """A WebSocket route that keeps its declaration."""
+
+    def __init__(self, endpoint: Endpoint, app: Any) -> None:
+        super().__init__(endpoint.path, app)
+        self.declaration = endpoint
+
+
+def guarded_routes(endpoints: list[Endpoint], denied: Denied
+                   ) -> list[DeclaredRoute | DeclaredWebSocketRoute]:
     """The routes of ``endpoints``, each behind ``denied`` unless declared public."""
-    return [DeclaredRoute(e, _guarded(e, denied)) for e in endpoints]
+    return [(DeclaredWebSocketRoute if e.websocket else DeclaredRoute)(e, _guarded(e, denied))
+            for e in endpoints]
 
 
 def _guarded(endpoint: Endpoint, denied: Denied) -> Any:
@@ -69,6 +82,17 @@ def _guarded(endpoint: Endpoint, denied: Denied) -> Any:
         return handler
     if endpoint.asgi:
         return _GuardedApp(handler, denied)
+    if endpoint.websocket:
+        async def guarded_socket(websocket: WebSocket) -> None:
+            if (refusal := denied(websocket.scope)) is not None:
+                # Refused at the handshake: the handler never runs, nothing is held.
+                if "websocket.http.response" in websocket.scope.get("extensions", {}):
+                    await websocket.send_denial_response(refusal)
+                else:
+                    await websocket.close(_POLICY_VIOLATION)
+                return
+            await handler(websocket)
+        return guarded_socket
 
     async def guarded(request: Request) -> Response:
         refusal = denied(request.scope)
@@ -93,4 +117,5 @@ class _GuardedApp:
         await self.app(scope, receive, send)
 
 
-__all__ = ["DeclaredRoute", "Denied", "Endpoint", "OBJECT", "guarded_routes"]
+__all__ = ["DeclaredRoute", "DeclaredWebSocketRoute", "Denied", "Endpoint", "OBJECT",
+           "guarded_routes"]

@@ -100,7 +100,8 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # The client address a proxy forwards (X-Forwarded-For from cloudflared on 127.0.0.1) is
     # read by the access log alone: without it, nobody reads it and it is not parsed.
     extra.setdefault("proxy_headers", access_log)
-    extra.setdefault("ws", "none")  # a task app serves no websockets: their library stays unloaded
+    # OpenEnv's sessions (`_openenv`): wsproto, pure Python on the h11 uvicorn already has.
+    extra.setdefault("ws", "wsproto")
     # No "server: uvicorn" on every response: it tells a scanner what to try. The Date
     # header, which HTTP requires, stays.
     extra.setdefault("server_header", False)

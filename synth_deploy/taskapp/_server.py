@@ -43,6 +43,7 @@ from synth_deploy.taskapp._correlation import (
     session_correlation,
 )
 from synth_deploy.taskapp._openapi import json_body, schema_ref, seed_parameters, task_info_schema
+from synth_deploy.taskapp._openenv import openenv_endpoints
 from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._protocol_app import new_protocol_app
@@ -215,6 +216,8 @@ def create_app(
                  openapi={"parameters": seed_parameters(config.max_seeds_per_request)}),
         Endpoint("/done", "POST", done, "The trainer is done with this app"),
         Endpoint("/openapi.json", "GET", openapi, "This document"),
+        *openenv_endpoints(config, capacity=limits.max_in_flight, trace_store=trace_store,
+                           on_session=on_session),
     ]
     if config.proxy is not None:
         from synth_deploy.taskapp._proxy import proxy_endpoints

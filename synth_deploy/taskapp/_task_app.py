@@ -9,6 +9,9 @@
     @task_app.rollout
     async def rollout(request, ctx): ...  # one episode; record the reward with ctx.tracer
 
+    @task_app.environment                 # or: reset/step, and the kit derives the rollout
+    class Game: ...                       # (see `_environment`); served on OpenEnv's wire too
+
     app = modal_app(__file__)             # the `modal deploy` entry
 
 Declaring registers it (by id, for `synth-deploy serve ID`); `build_config()` turns the
@@ -29,6 +32,7 @@ from synth_deploy.taskapp._config import (
     TaskDatasetRegistry,
 )
 from synth_deploy.taskapp._contracts import LimitsInfo, TaskDescriptor, TaskInfo
+from synth_deploy.taskapp._environment import EnvironmentSpec, episode_rollout, from_openenv
 from synth_deploy.taskapp._registry import TaskAppEntry, add_entry, caller_file
 
 
@@ -54,6 +58,7 @@ class TaskApp:
         self._rollout: RolloutExecutor | None = None
         self._instances: Callable[[Sequence[int]], Iterable[TaskInfo]] | None = None
         self._taskset: Callable[[], Mapping[str, Any]] | None = None
+        self._environment: EnvironmentSpec | None = None
         self.entry: TaskAppEntry = add_entry(TaskAppEntry(
             app_id, self.build_config, description, modal, caller_file(1)))
 
@@ -61,6 +66,22 @@ class TaskApp:
         """Decorator: the episode function ``(request, ctx) -> result`` (sync or async)."""
         self._rollout = fn
         return fn
+
+    def environment(self, factory: Callable[[], Any]) -> Callable[[], Any]:
+        """Decorator: the app's environment, a class (or factory) whose instances reset with
+        a seed and step with an action (`synth_deploy.taskapp.Step`). Without
+        ``@task_app.rollout`` the kit derives the episode loop from it; either way the app is
+        also served on OpenEnv's wire (``/openenv``)."""
+        self._environment = EnvironmentSpec(factory, app_id=self.app_id,
+                                            description=self.description)
+        return factory
+
+    def openenv(self, env_cls: Callable[[], Any], action_cls: Any, *,
+                tool_name: str | None = None, max_turns: int = 20) -> None:
+        """Declare an OpenEnv ``Environment`` class (with its ``Action`` class) as this app's
+        environment: served, traced and trained on like any other (see `from_openenv`)."""
+        self.environment(from_openenv(env_cls, action_cls, tool_name=tool_name,
+                                      max_turns=max_turns))
 
     def instances(self, fn: Callable[[Sequence[int]], Iterable[TaskInfo]]
                   ) -> Callable[[Sequence[int]], Iterable[TaskInfo]]:
@@ -81,12 +102,17 @@ class TaskApp:
         return info
 
     def build_config(self) -> TaskAppConfig:
-        if self._rollout is None:
+        rollout = self._rollout
+        if rollout is None and self._environment is not None:
+            rollout = episode_rollout(self._environment)
+        if rollout is None:
             raise TaskAppError(f"task app {self.app_id!r} declares no rollout",
-                               hint="decorate its episode function with @task_app.rollout")
+                               hint="decorate its episode function with @task_app.rollout, "
+                                    "or its environment with @task_app.environment")
         return TaskAppConfig(
             app_id=self.app_id, name=self.name, description=self.description,
-            version=self.version, base_task_info=self.task_info, rollout=self._rollout,
+            version=self.version, base_task_info=self.task_info, rollout=rollout,
+            environment=self._environment,
             provide_task_instances=self._instances or (
                 lambda seeds: [self.instance(seed) for seed in seeds]),
             describe_taskset=self._taskset, rubrics=self.rubrics,

@@ -1,0 +1,164 @@
+"""The OpenEnv half of bench/openenv_wire.py: runs in a venv with openenv (0.10, or openenv-core
+0.3) and reports JSON on stdout. Never imported by the kit or its tests.
+
+    python _openenv_side.py episodes URL --episodes N --action JSON [--key K]
+    python _openenv_side.py validate URL
+    python _openenv_side.py serve-echo PORT ECHO_DIR     OpenEnv's own server, the same env
+    python _openenv_side.py latency URL --sessions N --steps S [--key K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import statistics
+import sys
+import time
+
+
+def _client(url: str, key: str | None):
+    from openenv.core.generic_client import GenericEnvClient
+
+    kwargs = {}
+    if key and "headers" in inspect.signature(GenericEnvClient.__init__).parameters:
+        kwargs["headers"] = {"X-API-Key": key}
+    return GenericEnvClient(base_url=url, **kwargs)
+
+
+async def _episodes(url: str, n: int, action: dict, key: str | None, max_steps: int) -> dict:
+    played = []
+    for seed in range(n):
+        env = _client(url, key)
+        await env.connect()
+        try:
+            result = await env.reset(seed=seed, episode_id=f"openenv-bench-{seed}")
+            steps, total = 0, 0.0
+            while not result.done and steps < max_steps:
+                result = await env.step(action)
+                steps += 1
+                total += result.reward or 0.0
+            state = await env.state()
+        finally:
+            await env.close()
+        played.append({"seed": seed, "steps": steps, "reward": total, "done": result.done,
+                       "state": state})
+    return {"episodes": played}
+
+
+def _http_episodes(url: str, n: int, action: dict, key: str | None, max_steps: int,
+                   legacy_path: str) -> dict:
+    """openenv-core 0.1's HTTPEnvClient (a requests.Session: POST /reset, /step, GET /state);
+    no later release has an HTTP client for sessions."""
+    sys.path.insert(0, legacy_path)
+    from openenv_core.client_types import StepResult
+    from openenv_core.http_env_client import HTTPEnvClient
+
+    class Client(HTTPEnvClient):
+        def _step_payload(self, action):
+            return action
+
+        def _parse_result(self, payload):
+            return StepResult(observation=payload.get("observation", {}),
+                              reward=payload.get("reward"), done=payload.get("done", False))
+
+        def _parse_state(self, payload):
+            return payload
+
+    env = Client(url, default_headers={"X-API-Key": key} if key else None)
+    played = []
+    for _ in range(n):
+        result = env.reset()  # 0.1 sends no seed: an episode of the default seed
+        steps, total = 0, 0.0
+        while not result.done and steps < max_steps:
+            result = env.step(action)
+            steps += 1
+            total += result.reward or 0.0
+        played.append({"steps": steps, "reward": total, "done": result.done,
+                       "state": env.state()})
+    env.close()
+    return {"episodes": played}
+
+
+async def _latency(url: str, sessions: int, steps: int, key: str | None) -> dict:
+    """``sessions`` clients at once, each a reset then ``steps`` steps; every step timed."""
+    times: list[float] = []
+    failures: list[str] = []
+
+    async def one(i: int) -> None:
+        env = _client(url, key)
+        try:
+            await env.connect()
+            await env.reset(seed=i)
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                await env.step({"message": "hello"})
+                times.append(time.perf_counter() - t0)
+        except Exception as exc:  # counted: a refused or dropped session
+            failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+        finally:
+            try:
+                await env.close()
+            except Exception:
+                pass
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(sessions)))
+    wall = time.perf_counter() - started
+    times.sort()
+    return {"steps": len(times), "wall_s": wall, "failures": failures[:5],
+            "failed": len(failures),
+            "p50_ms": 1000 * times[len(times) // 2] if times else None,
+            "p99_ms": 1000 * times[min(len(times) - 1, int(len(times) * 0.99))]
+            if times else None,
+            "mean_ms": 1000 * statistics.fmean(times) if times else None}
+
+
+def _serve_echo(port: int, echo_dir: str, sessions: int) -> None:
+    import uvicorn
+
+    sys.path.insert(0, echo_dir)
+    from models import EchoAction, EchoObservation  # the `openenv init` template
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from server.echo_env_environment import EchoEnvironment
+
+    app = create_fastapi_app(EchoEnvironment, EchoAction, EchoObservation,
+                             max_concurrent_envs=sessions)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what")
+    parser.add_argument("target")
+    parser.add_argument("extra", nargs="?")
+    parser.add_argument("--episodes", type=int, default=3)
+    parser.add_argument("--action", default="{}")
+    parser.add_argument("--key")
+    parser.add_argument("--max-steps", type=int, default=50)
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    if args.what == "episodes":
+        out = asyncio.run(_episodes(args.target, args.episodes, json.loads(args.action),
+                                    args.key, args.max_steps))
+    elif args.what == "http-episodes":
+        out = _http_episodes(args.target, args.episodes, json.loads(args.action), args.key,
+                             args.max_steps, args.extra)
+    elif args.what == "validate":
+        from openenv.cli._validation import validate_running_environment
+
+        out = validate_running_environment(args.target)
+    elif args.what == "latency":
+        out = asyncio.run(_latency(args.target, args.sessions, args.steps, args.key))
+    elif args.what == "serve-echo":
+        _serve_echo(int(args.target), args.extra, args.sessions)
+        return
+    else:
+        raise SystemExit(f"unknown: {args.what}")
+    print(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Environment sessions held for OpenEnv's clients: a lease each, a capacity, a trace per episode.
+
+A session is one environment instance a client drives step by step (a WebSocket connection,
+or a run of HTTP calls naming it). Unlike OpenEnv's own server, whose idle reaper is off by
+default (sessions pile up until it answers ``CAPACITY_REACHED`` for good, OpenEnv#1000):
+
+- **a lease**: a session nobody has used for the app's ``session_idle_seconds`` is closed by
+  the reaper, its episode traced as incomplete; a step still running keeps it alive;
+- **capacity**: at most ``capacity`` sessions at once; the next is refused at once with a
+  retry hint (`AtCapacity`), never queued; the count is advertised;
+- **traces**: each episode (a reset and the steps after it) is one session in the trace
+  store, like a rollout: its steps, rewards and outcome; finished (``ok``) or, when the
+  client reset again, closed or vanished first, an ``error`` that says which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from synth_deploy.taskapp import _environment as environment
+from synth_deploy.taskapp._contracts import RolloutStep
+from synth_deploy.taskapp._environment import EnvironmentSpec, Outcome, Step
+from synth_deploy.tracing import SessionTrace, SessionTracer
+
+logger = logging.getLogger("synth_deploy.taskapp")
+
+RETRY_AFTER_S = 1
+
+
+class AtCapacity(Exception):
+    """Every session slot is taken: retry after `RETRY_AFTER_S`."""
+
+    def __init__(self, active: int, capacity: int) -> None:
+        super().__init__(f"the app holds its maximum of {capacity} environment sessions; "
+                         f"retry in {RETRY_AFTER_S} s")
+        self.active, self.capacity = active, capacity
+
+
+class SessionGone(LookupError):
+    """The session was closed (by its client, or by the reaper after its lease ran out)."""
+
+
+@dataclass
+class _Episode:
+    episode_id: str
+    seed: int | None
+    tracer: SessionTracer
+    started: float
+    steps: list[RolloutStep] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass(eq=False)
+class EnvSession:
+    """One client's environment: used by one request at a time (``lock``)."""
+
+    id: str
+    transport: str  # "ws" or "http"
+    env: Any
+    last_used: float
+    on_reap: Callable[[], None] | None = None  # how a WebSocket is told its lease ran out
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    busy: int = 0
+    step_count: int = 0
+    episode: _Episode | None = None
+    closed: bool = False
+
+
+class EnvSessions:
+    """The environment sessions of one served app."""
+
+    def __init__(self, spec: EnvironmentSpec, *, app_id: str, capacity: int, idle_s: float,
+                 trace_store: Any = None,
+                 on_session: Callable[[SessionTrace], None] | None = None) -> None:
+        self.spec, self.app_id = spec, app_id
+        self.capacity, self.idle_s = capacity, idle_s
+        self.trace_store, self.on_session = trace_store, on_session
+        self.sessions: dict[str, EnvSession] = {}
+        self.reserved = 0  # slots taken by sessions whose environment is being made
+        self._sweeping: asyncio.AbstractEventLoop | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"active_sessions": len(self.sessions), "max_sessions": self.capacity,
+                "idle_timeout_s": self.idle_s}
+
+    async def open(self, transport: str, *, on_reap: Callable[[], None] | None = None
+                   ) -> EnvSession:
+        """A new session (`AtCapacity` when every slot is taken)."""
+        active = len(self.sessions) + self.reserved
+        if active >= self.capacity:
+            raise AtCapacity(active, self.capacity)
+        self.reserved += 1
+        try:
+            env = await environment.call(self.spec.new)
+        finally:
+            self.reserved -= 1
+        loop = asyncio.get_running_loop()
+        session = EnvSession(uuid.uuid4().hex, transport, env, loop.time(), on_reap)
+        self.sessions[session.id] = session
+        if self._sweeping is not loop:
+            self._sweeping = loop
+            loop.call_later(self._interval, self._sweep, loop)
+        return session
+
+    def get(self, session_id: str) -> EnvSession:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionGone(session_id)
+        return session
+
+    async def reset(self, session: EnvSession, seed: int | None, episode_id: str | None,
+                    config: Mapping[str, Any]) -> Step:
+        async with self._using(session):
+            if session.episode is not None:
+                await self._end_episode(session, "the client reset the environment")
+            episode_id = episode_id or uuid.uuid4().hex
+            episode = _Episode(episode_id, seed, SessionTracer(metadata={}),
+                               time.perf_counter())
+            first = await environment.reset(session.env, seed, episode_id=episode_id,
+                                            config=config)
+            session.episode, session.step_count = episode, 0
+            episode.done = first.done
+            return first
+
+    async def step(self, session: EnvSession, action: Mapping[str, Any]) -> Step:
+        async with self._using(session):
+            episode = session.episode
+            result = await environment.step(session.env, action)
+            session.step_count += 1
+            if episode is not None and not episode.done:
+                self._record(episode, session.step_count, action, result)
+                if result.done:
+                    episode.done = True
+                    await self._write(episode, session, None)
+            return result
+
+    async def state(self, session: EnvSession) -> dict[str, Any]:
+        async with self._using(session):
+            extra = {}
+            if callable(getattr(session.env, "state", None)):
+                extra = dict(await environment.call(session.env.state) or {})
+            episode = session.episode
+            return {**extra, "episode_id": episode.episode_id if episode else None,
+                    "step_count": session.step_count}
+
+    async def close(self, session: EnvSession, reason: str) -> None:
+        """End ``session``: its episode traced, its environment closed, its slot free."""
+        if session.closed:
+            return
+        session.closed = True
+        self.sessions.pop(session.id, None)
+        try:
+            if session.episode is not None:
+                await self._end_episode(session, reason)
+        finally:
+            try:
+                await environment.close(session.env)
+            except Exception:  # a failing close must not keep the slot
+                logger.exception("closing environment session %s failed", session.id)
+
+    async def close_all(self) -> None:
+        for session in list(self.sessions.values()):
+            await self.close(session, "the server stopped")
+
+    # -- the lease -----------------------------------------------------------------------------
+
+    @property
+    def _interval(self) -> float:
+        return min(max(self.idle_s / 4, 0.05), 5.0)
+
+    @contextlib.asynccontextmanager
+    async def _using(self, session: EnvSession) -> AsyncIterator[None]:
+        if session.closed:
+            raise SessionGone(session.id)
+        session.busy += 1  # a long step is not idleness
+        try:
+            async with session.lock:
+                if session.closed:
+                    raise SessionGone(session.id)
+                yield
+        finally:
+            session.busy -= 1
+            session.last_used = asyncio.get_running_loop().time()
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._sweeping is not loop:
+            return
+        if not self.sessions:
+            self._sweeping = None
+            return
+        expired = loop.time() - self.idle_s
+        for session in list(self.sessions.values()):
+            if not session.busy and session.last_used <= expired:
+                task = loop.create_task(self._reap(session))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+        loop.call_later(self._interval, self._sweep, loop)
+
+    async def _reap(self, session: EnvSession) -> None:
+        logger.info("environment session %s idle for %g s: closed", session.id, self.idle_s)
+        await self.close(session, f"idle for {self.idle_s:g} s: the lease ran out")
+        if session.on_reap is not None:
+            session.on_reap()
+
+    # -- the trace ------------------------------------------------------------------------------
+
+    def _record(self, episode: _Episode, number: int, action: Mapping[str, Any],
+                result: Step) -> None:
+        tracer = episode.tracer
+        tracer.start_timestep(f"step-{number}", turn_number=number,
+                              metadata={"seed": episode.seed})
+        tracer.record_message("user", {"action": dict(action)})
+        info = dict(result.info)
+        event = tracer.record_environment_event(
+            reward=float(result.reward), terminated=result.done and not result.truncated,
+            truncated=result.truncated, state_after=result.state,
+            metadata={**info, "action": dict(action)})
+        for r in result.rewards:
+            tracer.record_event_reward(r.value, reward_type=r.kind, source="environment",
+                                       turn_number=number, event_id=event.id,
+                                       annotation=r.annotation)
+        episode.steps.append(RolloutStep(obs=result.observation, reward=float(result.reward),
+                                         done=result.done, truncated=result.truncated,
+                                         info=info))
+
+    async def _end_episode(self, session: EnvSession, reason: str) -> None:
+        episode, session.episode = session.episode, None
+        if episode is not None and not episode.done:
+            await self._write(episode, session, reason)
+
+    async def _write(self, episode: _Episode, session: EnvSession, unfinished: str | None
+                     ) -> None:
+        """The episode as a traced session: ``unfinished`` says why it ended before done."""
+        tracer = episode.tracer
+        if unfinished is None:
+            if callable(getattr(session.env, "outcome", None)):
+                outcome = await environment.call(session.env.outcome, episode.steps)
+            else:
+                outcome = Outcome(reward=sum(s.reward or 0.0 for s in episode.steps))
+            tracer.record_outcome_reward(float(outcome.reward),
+                                         achievements_count=outcome.achievements,
+                                         total_steps=len(episode.steps),
+                                         metadata=dict(outcome.metadata))
+        trace = tracer.finish()
+        rewards = [s.reward or 0.0 for s in episode.steps]
+        trace.metadata = {
+            "app_id": self.app_id, "run_id": episode.episode_id, "mode": "openenv",
+            "seed": episode.seed, "model": None, "env_name": self.spec.name,
+            "transport": f"openenv-{session.transport}", "openenv_session": session.id,
+            **trace.metadata, "duration_s": round(time.perf_counter() - episode.started, 6),
+            "status": "ok" if unfinished is None else "error",
+            "metrics": {"outcome_reward": trace.outcome_rewards[-1].total_reward
+                        if trace.outcome_rewards else sum(rewards),
+                        "num_steps": len(episode.steps), "episode_rewards": rewards}}
+        if unfinished is not None:
+            trace.metadata["error"] = {"code": "episode_unfinished",
+                                       "message": f"the episode ended before done: {unfinished}"}
+        if self.on_session is not None:
+            try:
+                self.on_session(trace)
+            except Exception:  # spans are a view of the episode: they never fail it
+                logger.exception("live export of episode %s failed", episode.episode_id)
+        if self.trace_store is not None:
+            try:
+                await self.trace_store.write_session(trace, more_coming=len(self.sessions) > 1)
+            except Exception:
+                logger.exception("trace write failed for episode %s", episode.episode_id)
+                if unfinished is None:
+                    raise
+
+
+__all__ = ["AtCapacity", "EnvSession", "EnvSessions", "RETRY_AFTER_S", "SessionGone"]

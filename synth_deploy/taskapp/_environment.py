@@ -1,0 +1,403 @@
+"""An environment, declared once: reset with a seed, step with an action.
+
+    @task_app.environment
+    class Guess:
+        tool = function_tool("guess", "Guess the number.", {...})  # the action's JSON schema
+
+        def reset(self, seed, *, episode_id, config):
+            return {"text": "I picked a number from 1 to 10."}       # the observation
+
+        def step(self, action):                                      # the tool's arguments
+            if action.get("number") not in range(1, 11):
+                raise InvalidAction("number must be 1-10")           # nothing changed
+            return Step({"text": "Right!"}, reward=1.0, done=True)
+
+From it the kit derives the episode loop of ``/rollout`` (`episode_rollout`): the policy is
+called through the request's ``inference_url`` with the observation, its call of ``tool`` is
+the action, each step's reward, state and named rewards go to the trace, and the answer is the
+one synth-ai's trainer expects. The same declaration is served on OpenEnv's wire (`_openenv`).
+
+Methods may be sync (run on a worker thread) or async (run on the loop). Beside ``tool``,
+``reset`` and ``step``, an environment may define:
+
+- ``prompt(observation)``: what the policy is shown (text, or content parts with images);
+  default: the observation's ``"text"``, else its JSON;
+- ``system_prompt()``: the system message (default: the app's description and the tool);
+- ``state()``: a dict for OpenEnv's ``/state`` (the kit adds ``episode_id``, ``step_count``);
+- ``outcome(steps)``: the episode's `Outcome` (default: the sum of the step rewards);
+- ``close()``; ``noop`` (the action a turn takes after a second reply without a valid call;
+  without it such a turn ends the episode); ``no_call_message``; ``history_turns`` (earlier
+  turns shown to the policy, as text; default all).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from synth_deploy.errors import InvalidAction, TaskAppError
+from synth_deploy.taskapp._contracts import RolloutRequest, RolloutStep, RolloutTrajectory
+from synth_deploy.taskapp._tools import ToolCall, tool_message
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A named reward of one step (traced as an event reward: ``kind`` is its type)."""
+
+    kind: str
+    value: float
+    annotation: Mapping[str, Any] | Sequence[Any] | None = None
+
+
+@dataclass
+class Step:
+    """What an action did: the next observation (a JSON object), its reward, whether the
+    episode is over (``truncated``: cut short rather than finished), ``info`` for the trace
+    and the trajectory, ``state`` (the trace's state after the step), ``rewards`` (named
+    rewards) and ``message`` (the tool result the policy reads; default: the reward)."""
+
+    observation: dict[str, Any]
+    reward: float = 0.0
+    done: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] | None = None
+    rewards: Sequence[Reward] = ()
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """An episode's result: its outcome ``reward`` (with ``achievements`` and ``metadata``
+    for the trace), ``metrics`` merged into the rollout's (scores, ``details``), and the
+    trajectory's ``final`` and ``env_id``."""
+
+    reward: float
+    achievements: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    final: Mapping[str, Any] | None = None
+    env_id: str | None = None
+
+
+async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``: awaited when async, on a worker thread when sync (an
+    environment's step may hold the CPU for a while; the server must not)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+    return await result if inspect.isawaitable(result) else result
+
+
+class EnvironmentSpec:
+    """A declared environment: how to make one, and what the kit asks of it."""
+
+    def __init__(self, factory: Callable[[], Any], *, app_id: str, description: str) -> None:
+        if not callable(factory):
+            raise TaskAppError(f"task app {app_id!r}: @task_app.environment takes a class or a "
+                               f"factory, got {type(factory).__name__}")
+        self.factory = factory
+        self.app_id = app_id
+        self.description = description
+        self.name = getattr(factory, "__name__", app_id)
+
+    def new(self) -> Any:
+        env = self.factory()
+        for method in ("reset", "step"):
+            if not callable(getattr(env, method, None)):
+                raise TaskAppError(f"environment {self.name} of task app {self.app_id!r} has "
+                                   f"no {method}() method")
+        return env
+
+    @staticmethod
+    def tool(env: Any) -> dict[str, Any]:
+        tool = getattr(env, "tool", None)
+        tool = tool() if callable(tool) else tool
+        if not (isinstance(tool, Mapping) and isinstance(tool.get("function"), Mapping)):
+            raise TaskAppError(f"environment {type(env).__name__} declares no tool: set "
+                               "`tool = function_tool(name, description, action_schema)`")
+        return dict(tool)
+
+    def action_schema(self, env: Any) -> dict[str, Any]:
+        return dict(self.tool(env)["function"].get("parameters") or {"type": "object"})
+
+    async def system_prompt(self, env: Any) -> str:
+        if callable(getattr(env, "system_prompt", None)):
+            return await call(env.system_prompt)
+        name = self.tool(env)["function"]["name"]
+        return f"{self.description}\nAct by calling the `{name}` tool."
+
+
+async def reset(env: Any, seed: int | None, *, episode_id: str,
+                config: Mapping[str, Any]) -> Step:
+    """The environment reset, its first observation as a `Step` (no reward, not done)."""
+    first = await call(env.reset, seed, episode_id=episode_id, config=dict(config))
+    return first if isinstance(first, Step) else Step(_observation(first))
+
+
+async def step(env: Any, action: Mapping[str, Any]) -> Step:
+    result = await call(env.step, dict(action))
+    if not isinstance(result, Step):
+        raise TaskAppError(f"{type(env).__name__}.step returned {type(result).__name__}, "
+                           "expected a Step")
+    result.observation = _observation(result.observation)
+    return result
+
+
+async def close(env: Any) -> None:
+    if callable(getattr(env, "close", None)):
+        await call(env.close)
+
+
+def _observation(value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        return dict(value)
+    return {"text": value} if isinstance(value, str) else {"value": value}
+
+
+def prompt_of(env: Any, observation: dict[str, Any]) -> Any:
+    if callable(getattr(env, "prompt", None)):
+        return env.prompt(observation)
+    text = observation.get("text")
+    return text if isinstance(text, str) else json.dumps(observation, default=str)
+
+
+def text_of(content: Any) -> str:
+    """A prompt's text: earlier turns are shown without their images."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content or ()
+                     if isinstance(p, Mapping) and p.get("type") == "text")
+
+
+# -- the episode loop /rollout runs ---------------------------------------------------------------
+
+@dataclass
+class _Attempt:
+    """A reply's tool calls tried in order: the first call of the tool that the environment
+    accepts is executed, every other call has a problem."""
+
+    calls: list[ToolCall]
+    executed: ToolCall | None = None
+    step: Step | None = None
+    problems: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def problem(self) -> str:
+        if not self.calls:
+            return "no tool call"
+        return "; ".join(self.problems.values())
+
+    def corrections(self, no_call_message: str) -> list[dict[str, Any]]:
+        if not self.calls:
+            return [{"role": "user", "content": no_call_message}]
+        return [tool_message(c.id, f"error: {self.problems[c.id]}") for c in self.calls]
+
+    def answers(self, result: str) -> list[dict[str, Any]]:
+        return [tool_message(c.id, result if c is self.executed
+                             else f"error: {self.problems[c.id]}") for c in self.calls]
+
+
+async def _attempt(env: Any, calls: list[ToolCall], tool_name: str) -> _Attempt:
+    attempt = _Attempt(list(calls))
+    for c in calls:
+        if attempt.executed is not None:
+            attempt.problems[c.id] = f"not executed: one {tool_name} call per turn"
+        elif c.name != tool_name:
+            attempt.problems[c.id] = f"unknown tool {c.name!r}; the only tool is {tool_name}"
+        elif c.arguments is None:
+            attempt.problems[c.id] = c.error or "arguments could not be read"
+        else:
+            try:
+                attempt.step = await step(env, c.arguments)
+                attempt.executed = c
+            except InvalidAction as exc:
+                attempt.problems[c.id] = exc.message
+    return attempt
+
+
+def _result_text(result: Step) -> str:
+    if result.message is not None:
+        return result.message
+    return f"reward {result.reward:g}" + ("; the episode is over" if result.done else "")
+
+
+def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
+    """The ``/rollout`` executor derived from ``spec``: one episode per request."""
+    from synth_deploy.taskapp._policy import call_policy
+
+    async def rollout(request: RolloutRequest, ctx: Any) -> dict[str, Any]:
+        env = spec.new()
+        try:
+            first = await reset(env, request.env.seed, episode_id=request.run_id,
+                                config=request.env.config)
+            return await _play(spec, env, first, request, ctx, call_policy)
+        finally:
+            await close(env)
+
+    rollout.__name__ = rollout.__qualname__ = f"{spec.name}.episode"
+    return rollout
+
+
+async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRequest, ctx: Any,
+                call_policy: Callable[..., Any]) -> dict[str, Any]:
+    tracer = ctx.tracer
+    tool = spec.tool(env)
+    tool_name = tool["function"]["name"]
+    system = {"role": "system", "content": await spec.system_prompt(env)}
+    no_call = getattr(env, "no_call_message", None) or (
+        f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
+    noop = getattr(env, "noop", None)
+    keep = getattr(env, "history_turns", None)
+    history: list[list[dict[str, Any]]] = []
+    steps: list[RolloutStep] = []
+    observation, done = first.observation, first.done
+    turn = 0
+    while not done:
+        turn += 1
+        tracer.start_timestep(f"turn-{turn}", turn_number=turn,
+                              metadata={"seed": request.env.seed})
+        content = prompt_of(env, observation)
+        shown = history if keep is None else history[-keep:] if keep else []
+        messages = [system, *(m for group in shown for m in group),
+                    {"role": "user", "content": content}]
+        reply = await call_policy(ctx, messages, tools=[tool])
+        exchange = [reply.message]
+        attempt, problem = await _attempt(env, reply.calls, tool_name), None
+        if attempt.step is None:  # one correction, one more try
+            problem = attempt.problem
+            exchange += attempt.corrections(no_call)
+            reply = await call_policy(ctx, [*messages, *exchange], tools=[tool])
+            exchange.append(reply.message)
+            attempt = await _attempt(env, reply.calls, tool_name)
+        missed = attempt.step is None
+        if not missed:
+            result = attempt.step
+        elif noop is not None:
+            result = await step(env, noop)
+        else:
+            result = Step(observation, done=True, truncated=True,
+                          message="no valid action: the episode ends")
+        exchange += attempt.answers(_result_text(result))
+        info = {**result.info, "reply_problem": problem, "noop_after_invalid_replies": missed}
+        event = tracer.record_environment_event(
+            reward=float(result.reward), terminated=result.done and not result.truncated,
+            truncated=result.truncated, state_after=result.state, metadata=info)
+        for r in result.rewards:
+            tracer.record_event_reward(r.value, reward_type=r.kind, source="environment",
+                                       turn_number=turn, event_id=event.id,
+                                       annotation=r.annotation)
+        executed = attempt.executed
+        steps.append(RolloutStep(
+            obs={"text": text_of(content)}, reward=float(result.reward), done=result.done,
+            truncated=result.truncated, info=info,
+            tool_calls=[{"id": executed.id, "type": "function",
+                         "function": {"name": executed.name,
+                                      "arguments": executed.raw_arguments}}]
+            if executed else []))
+        history.append([{"role": "user", "content": text_of(content)}, *exchange])
+        observation, done = result.observation, result.done
+    if callable(getattr(env, "outcome", None)):
+        outcome = await call(env.outcome, steps)
+    else:
+        outcome = Outcome(reward=sum(s.reward or 0.0 for s in steps))
+    tracer.record_outcome_reward(float(outcome.reward), achievements_count=outcome.achievements,
+                                 total_steps=len(steps), metadata=dict(outcome.metadata))
+    policy = request.policy
+    inference_url = policy.config.get("inference_url")
+    return {
+        "metrics": dict(outcome.metrics),
+        "trajectories": [RolloutTrajectory(
+            env_id=outcome.env_id or f"{spec.app_id}:{request.env.seed}",
+            policy_id=policy.policy_id or policy.policy_name or "policy", steps=steps,
+            length=len(steps), inference_url=inference_url,
+            final=dict(outcome.final) if outcome.final is not None else {
+                "reward": float(outcome.reward)})],
+        "inference_url": inference_url,
+        "pipeline_metadata": {"model": policy.config.get("model"), "tool": tool_name},
+    }
+
+
+
+
+# -- an OpenEnv Environment class as a declared environment ---------------------------------------
+
+def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str | None = None,
+                 max_turns: int = 20) -> type:
+    """An environment class wrapping OpenEnv's ``env_cls`` (an ``Environment``: reset/step/
+    state, pydantic ``Action`` and ``Observation``) and ``action_cls``, duck-typed: OpenEnv is
+    needed by the wrapped class, never by the kit. The action schema is the action class's
+    (its ``metadata`` field aside); an observation is its fields but ``reward``, ``done`` and
+    ``metadata`` (as OpenEnv serializes it), the latter going to the step's info. An episode
+    the environment never ends is cut after ``max_turns`` steps (``env.config.max_turns``)."""
+    schema = dict(action_cls.model_json_schema())
+    schema["properties"] = {k: v for k, v in schema.get("properties", {}).items()
+                            if k != "metadata"}
+    name = tool_name or _snake(action_cls.__name__)
+    description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
+    from synth_deploy.taskapp._tools import function_tool
+
+    class OpenEnvEnvironment:
+        tool = function_tool(name, description, schema)
+        observation_schema = None
+
+        def __init__(self) -> None:
+            self.env = env_cls()
+            self.turns, self.limit = 0, max_turns
+
+        def reset(self, seed: int | None, *, episode_id: str, config: dict[str, Any]) -> Step:
+            options = dict(config)
+            self.limit = int(options.pop("max_turns", max_turns))
+            self.turns = 0
+            accepted = inspect.signature(self.env.reset).parameters
+            if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+                options = {k: v for k, v in options.items() if k in accepted}
+            return self._step(self.env.reset(seed=seed, episode_id=episode_id, **options))
+
+        def step(self, action: dict[str, Any]) -> Step:
+            from pydantic import ValidationError
+
+            try:
+                typed = action_cls.model_validate(action)
+            except ValidationError as exc:
+                raise InvalidAction("; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'action'}: {e['msg']}"
+                    for e in exc.errors(include_url=False))) from None
+            self.turns += 1
+            result = self._step(self.env.step(typed))
+            if not result.done and self.turns >= self.limit:
+                result.done = result.truncated = True
+            return result
+
+        def state(self) -> dict[str, Any]:
+            state = self.env.state
+            return state.model_dump() if hasattr(state, "model_dump") else dict(state or {})
+
+        def close(self) -> None:
+            self.env.close()
+
+        @staticmethod
+        def _step(observation: Any) -> Step:
+            data = observation.model_dump(exclude={"reward", "done", "metadata"})
+            return Step(data, reward=float(observation.reward or 0.0),
+                        done=bool(observation.done), info=dict(observation.metadata or {}))
+
+    OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = getattr(
+        env_cls, "__name__", "OpenEnvEnvironment")
+    return OpenEnvEnvironment
+
+
+def _snake(name: str) -> str:
+    name = name.removesuffix("Action") or name
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower()
+                   for i, c in enumerate(name))
+
+
+__all__ = ["EnvironmentSpec", "Outcome", "Reward", "Step", "call", "close", "episode_rollout",
+           "from_openenv", "prompt_of", "reset", "step", "text_of"]

@@ -1,0 +1,389 @@
+"""OpenEnv's wire for an app that declares an environment, under ``/openenv``.
+
+OpenEnv's clients (``EnvClient``, TRL's, ``openenv validate``) take a base URL: give them
+``{app URL}/openenv``. Served there, as OpenEnv's server has them (learned from
+openenv-core's ``http_server.py``; it is not imported):
+
+- ``WS /ws``: a session per connection. Messages ``{"type": "reset"|"step"|"state"|"close",
+  "data": ...}``; answers ``{"type": "observation", "data": {"observation", "reward",
+  "done"}}``, ``{"type": "state", "data": ...}`` or ``{"type": "error", "data": {"message",
+  "code"}}`` with OpenEnv's codes (``CAPACITY_REACHED`` carries ``retry_after_s`` and the
+  socket is closed with 1013, try again later).
+- ``POST /reset``, ``POST /step``, ``GET /state``: OpenEnv's HTTP routes are stateless (each
+  call makes and drops an environment); here ``/reset`` opens a session (or resets the one
+  named) and names it in a cookie and the ``openenv-session-id`` header, which ``/step`` and
+  ``/state`` read back: a ``requests.Session`` client (openenv-core 0.1's ``HTTPEnvClient``)
+  plays whole episodes. A full server answers 503 with ``Retry-After``.
+- ``GET /health``, ``/metadata``, ``/schema``, ``/openapi.json``, ``POST /mcp``: what the
+  environment is, and a JSON-RPC endpoint that says it offers no MCP tools.
+
+Access: the key rule of every other route, except the five descriptive routes above, which
+``openenv validate`` reads without a key and which tell nothing but the environment's name,
+description, schemas and session capacity. A keyless WebSocket is refused at the handshake
+(401/403, no session made). Sessions, their lease and their traces: `_env_sessions`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from synth_deploy.errors import BadRequest
+from synth_deploy.taskapp._config import TaskAppConfig
+from synth_deploy.taskapp._env_sessions import (
+    RETRY_AFTER_S,
+    AtCapacity,
+    EnvSession,
+    EnvSessions,
+    SessionGone,
+)
+from synth_deploy.taskapp._environment import Step
+from synth_deploy.taskapp._request_guards import BodyTooLarge, read_body
+from synth_deploy.taskapp._responses import error_response
+from synth_deploy.taskapp._routes import Endpoint
+
+logger = logging.getLogger("synth_deploy.taskapp")
+
+PREFIX = "/openenv"
+SESSION_COOKIE = "openenv_session"
+SESSION_HEADER = "openenv-session-id"
+API_VERSION = "1.0.0"  # the OpenEnv HTTP API this wire follows (openenv-http/1.x)
+_STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": True,
+                 "properties": {"episode_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                                "step_count": {"type": "integer", "minimum": 0}}}
+_CLOSE_TRY_AGAIN_LATER = 1013
+_CLOSE_GOING_AWAY = 1001
+
+
+
+def openenv_endpoints(config: TaskAppConfig, *, capacity: int, trace_store: Any = None,
+                      on_session: Any = None) -> list[Endpoint]:
+    """OpenEnv's endpoints for ``config`` (none when it declares no environment), declared
+    with their access: what `openenv validate` reads is public, the episodes take the
+    key. ``capacity``: sessions held at once."""
+    spec = config.environment
+    if spec is None:
+        return []
+    sessions = EnvSessions(spec, app_id=config.app_id, capacity=capacity,
+                           idle_s=config.session_idle_seconds, trace_store=trace_store,
+                           on_session=on_session)
+    wire = _Wire(config, sessions)
+    public = {"public": True}
+    return [
+        Endpoint(PREFIX + "/ws", "GET", wire.websocket, "OpenEnv: an episode session over "
+                 "WebSocket", websocket=True),
+        Endpoint(PREFIX + "/reset", "POST", wire.reset, "OpenEnv: start an episode",
+                 errors=(422, 503)),
+        Endpoint(PREFIX + "/step", "POST", wire.step, "OpenEnv: one step of the episode",
+                 errors=(404, 422)),
+        Endpoint(PREFIX + "/state", "GET", wire.state, "OpenEnv: the episode's state",
+                 errors=(404,)),
+        Endpoint(PREFIX + "/health", "GET", wire.health, "OpenEnv: health and capacity",
+                 **public),
+        Endpoint(PREFIX + "/metadata", "GET", wire.metadata, "OpenEnv: the environment",
+                 **public),
+        Endpoint(PREFIX + "/schema", "GET", wire.schema, "OpenEnv: action, observation and "
+                 "state schemas", **public),
+        Endpoint(PREFIX + "/openapi.json", "GET", wire.openapi, "OpenEnv: its OpenAPI "
+                 "document", **public),
+        Endpoint(PREFIX + "/mcp", "POST", wire.mcp, "OpenEnv: MCP (answers JSON-RPC "
+                 "errors)", **public),
+    ]
+
+
+def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:
+    """OpenEnv's ``{"observation", "reward", "done"}`` (a reset has no reward)."""
+    return {"observation": result.observation,
+            "reward": None if first else float(result.reward), "done": bool(result.done)}
+
+
+class _Wire:
+    def __init__(self, config: TaskAppConfig, sessions: EnvSessions) -> None:
+        self.config, self.sessions = config, sessions
+        self.spec = sessions.spec
+        self._described: dict[str, Any] = {}
+
+    # -- what the environment is (public) ----------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "healthy", "capacity": self.sessions.snapshot()})
+
+    async def metadata(self, request: Request) -> Response:
+        config = self.config
+        return JSONResponse({"name": config.name, "description": config.description,
+                             "version": config.version, "readme_content": None,
+                             "author": None, "documentation_url": None})
+
+    async def schema(self, request: Request) -> Response:
+        if not self._described:  # one instance, made once, to read its declared schemas
+            from synth_deploy.taskapp import _environment as environment
+
+            env = await environment.call(self.spec.new)
+            try:
+                observation = getattr(env, "observation_schema", None) or {"type": "object"}
+                self._described = {"action": self.spec.action_schema(env),
+                                   "observation": dict(observation), "state": _STATE_SCHEMA}
+            finally:
+                await environment.close(env)
+        return JSONResponse(self._described)
+
+    async def openapi(self, request: Request) -> Response:
+        def op(method: str, summary: str, guarded: bool = True) -> dict[str, Any]:
+            answer = {"summary": summary, "responses": {"200": {"description": "OK"}}}
+            if guarded:
+                answer["security"] = [{"ApiKey": []}]
+            return {method: answer}
+
+        return JSONResponse({
+            "openapi": "3.1.0",
+            "info": {"title": f"{self.config.name} (OpenEnv)", "version": API_VERSION,
+                     "description": self.config.description},
+            "components": {"securitySchemes": {"ApiKey": {"type": "apiKey", "in": "header",
+                                                          "name": "X-API-Key"}}},
+            "paths": {
+                "/reset": op("post", "Reset the environment (opens or names a session)"),
+                "/step": op("post", "Take an action in the session's environment"),
+                "/state": op("get", "The session's state"),
+                "/health": op("get", "Health and session capacity", False),
+                "/metadata": op("get", "The environment's name and description", False),
+                "/schema": op("get", "Action, observation and state JSON schemas", False),
+                "/mcp": op("post", "JSON-RPC: this environment offers no MCP tools", False),
+            }})
+
+    async def mcp(self, request: Request) -> Response:
+        try:
+            message = json.loads(await read_body(request, 64 * 1024) or b"null")
+        except (BodyTooLarge, ValueError):
+            message = None
+        return JSONResponse(_mcp_answer(message))
+
+    # -- sessions over HTTP (behind the key) -----------------------------------------------------
+
+    async def reset(self, request: Request) -> Response:
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            seed, episode_id, options = self._reset_args(body)
+        except BadRequest as exc:
+            return _bad_request(exc)
+        session, opened = self._named(request), False
+        if session is None:
+            try:
+                session = await self.sessions.open("http")
+            except AtCapacity as exc:
+                return error_response(503, "at_capacity", str(exc), active_sessions=exc.active,
+                                      max_sessions=exc.capacity,
+                                      headers={"retry-after": str(RETRY_AFTER_S)})
+            opened = True
+        try:
+            first = await self.sessions.reset(session, seed, episode_id, options)
+        except BadRequest as exc:
+            if opened:
+                await self.sessions.close(session, "its reset was refused")
+            return _bad_request(exc)
+        except SessionGone:
+            return _gone(self.sessions)
+        response = JSONResponse(observation_payload(first, first=True),
+                                headers={SESSION_HEADER: session.id})
+        response.set_cookie(SESSION_COOKIE, session.id, path=PREFIX, httponly=True,
+                            samesite="strict")
+        return response
+
+    async def step(self, request: Request) -> Response:
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        action = body.get("action")
+        if not isinstance(action, dict):
+            return error_response(422, "invalid_request", "the body must be {\"action\": {...}}"
+                                  " (an object the /schema action schema describes)",
+                                  field="action")
+        if (session := self._named(request)) is None:
+            return self._unnamed(request)
+        try:
+            result = await self.sessions.step(session, action)
+        except BadRequest as exc:
+            return _bad_request(exc)
+        except SessionGone:
+            return _gone(self.sessions)
+        return JSONResponse(observation_payload(result))
+
+    async def state(self, request: Request) -> Response:
+        if (session := self._named(request)) is None:
+            if _session_id(request):
+                return self._unnamed(request)
+            return JSONResponse({"episode_id": None, "step_count": 0})
+        try:
+            return JSONResponse(await self.sessions.state(session))
+        except SessionGone:
+            return _gone(self.sessions)
+
+    def _named(self, request: HTTPConnection) -> EnvSession | None:
+        session_id = _session_id(request)
+        session = self.sessions.sessions.get(session_id) if session_id else None
+        return session if session is not None and session.transport == "http" else None
+
+    def _unnamed(self, request: Request) -> Response:
+        if _session_id(request):
+            return _gone(self.sessions)
+        return error_response(409, "no_session", f"no session named: POST {PREFIX}/reset "
+                              f"first; its answer names the session in the {SESSION_COOKIE} "
+                              f"cookie and the {SESSION_HEADER} header, send either back")
+
+    async def _body(self, request: Request) -> dict[str, Any] | Response:
+        try:
+            raw = await read_body(request, self.config.max_body_bytes)
+        except BodyTooLarge:
+            return error_response(413, "body_too_large",
+                                  f"request body exceeds {self.config.max_body_bytes} bytes")
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            return error_response(422, "invalid_json", f"request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return error_response(422, "invalid_request", "the body must be a JSON object")
+        return body
+
+    def _reset_args(self, data: Mapping[str, Any]) -> tuple[int | None, str | None,
+                                                            dict[str, Any]]:
+        options = dict(data)
+        seed = options.pop("seed", None)
+        episode_id = options.pop("episode_id", None)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or seed < 0):
+            raise BadRequest(f"seed must be an integer >= 0, got {seed!r}", field="seed")
+        if seed is not None and (why := self.config.dataset_registry.unknown_seed(seed)):
+            raise BadRequest(why, code="unknown_seed", field="seed")
+        if episode_id is not None and not (isinstance(episode_id, str)
+                                           and 0 < len(episode_id) <= 255):
+            raise BadRequest("episode_id must be a string of 1 to 255 characters",
+                             field="episode_id")
+        return seed, episode_id, options
+
+    # -- sessions over a WebSocket -----------------------------------------------------------
+
+    async def websocket(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        reaped: list[bool] = []
+
+        def on_reap() -> None:  # the lease ran out: the session is gone, close the socket
+            reaped.append(True)
+            import asyncio
+
+            asyncio.get_running_loop().create_task(_close_quietly(
+                websocket, _CLOSE_GOING_AWAY, "session idle too long: its lease ran out"))
+
+        try:
+            session = await self.sessions.open("ws", on_reap=on_reap)
+        except AtCapacity as exc:
+            await websocket.send_text(json.dumps({"type": "error", "data": {
+                "message": str(exc), "code": "CAPACITY_REACHED", "active_sessions": exc.active,
+                "max_sessions": exc.capacity, "retry_after_s": RETRY_AFTER_S}}))
+            await _close_quietly(websocket, _CLOSE_TRY_AGAIN_LATER, "at capacity: retry")
+            return
+        reason = "the client disconnected"
+        try:
+            while True:
+                try:
+                    raw = await websocket.receive_text()
+                except (WebSocketDisconnect, RuntimeError, KeyError):
+                    break  # gone (a vanished client, or the reaper closed the socket)
+                answer = await self._message(session, raw)
+                if answer is None:
+                    reason = "the client closed the session"
+                    break
+                await websocket.send_text(json.dumps(answer))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            await self.sessions.close(session, reason)
+            if not reaped:
+                await _close_quietly(websocket, 1000, "")
+
+    async def _message(self, session: EnvSession, raw: str) -> dict[str, Any] | None:
+        """The answer to one message (None: the client closed the session)."""
+        try:
+            message = json.loads(raw)
+        except ValueError as exc:
+            return _ws_error("INVALID_JSON", f"Invalid JSON: {exc}")
+        kind = message.get("type") if isinstance(message, dict) else None
+        data = message.get("data", {}) if isinstance(message, dict) else None
+        try:
+            if kind == "reset":
+                if not isinstance(data, dict):
+                    raise BadRequest("reset data must be an object", field="data")
+                seed, episode_id, options = self._reset_args(data)
+                first = await self.sessions.reset(session, seed, episode_id, options)
+                return {"type": "observation", "data": observation_payload(first, first=True)}
+            if kind == "step":
+                if not isinstance(data, dict):
+                    raise BadRequest("step data must be the action, an object", field="data")
+                result = await self.sessions.step(session, data)
+                return {"type": "observation", "data": observation_payload(result)}
+            if kind == "state":
+                return {"type": "state", "data": await self.sessions.state(session)}
+            if kind == "close":
+                return None
+            if kind == "mcp":
+                return {"type": "mcp", "data": _mcp_answer(data)}
+            return _ws_error("UNKNOWN_TYPE", f"Unknown message type: {kind}")
+        except BadRequest as exc:
+            return _ws_error("VALIDATION_ERROR", exc.message, field=exc.field)
+        except SessionGone:
+            return _ws_error("SESSION_ERROR", "the session was closed: its lease ran out")
+        except Exception:
+            logger.exception("environment session %s: %s failed", session.id, kind)
+            return _ws_error("EXECUTION_ERROR", f"the environment failed in {kind}; see the "
+                             "server's log")
+
+
+def _session_id(request: HTTPConnection) -> str | None:
+    return (request.headers.get(SESSION_HEADER) or request.cookies.get(SESSION_COOKIE)
+            or request.query_params.get("session_id") or None)
+
+
+def _bad_request(exc: BadRequest) -> Response:
+    return error_response(exc.status, exc.code, exc.message,
+                          **({"field": exc.field} if exc.field else {}))
+
+
+def _gone(sessions: EnvSessions) -> Response:
+    return error_response(404, "session_gone", "this session is closed or unknown (sessions "
+                          f"idle for {sessions.idle_s:g} s are closed); POST {PREFIX}/reset "
+                          "for a new one")
+
+
+def _ws_error(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "data": {"message": message, "code": code,
+                                      **{k: v for k, v in extra.items() if v is not None}}}
+
+
+def _mcp_answer(message: Any) -> dict[str, Any]:
+    """JSON-RPC 2.0's answer: this environment offers no MCP tools."""
+    if not (isinstance(message, dict) and isinstance(message.get("method"), str)):
+        return {"jsonrpc": "2.0", "id": None,
+                "error": {"code": -32600, "message": "Invalid Request"}}
+    request_id = message.get("id")
+    if message["method"] in ("tools/list", "tools/call"):
+        error = {"code": -32603, "message": "Environment does not support MCP"}
+    else:
+        error = {"code": -32601, "message": f"Method not found: {message['method']}"}
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
+    try:
+        await websocket.close(code, reason)
+    except (RuntimeError, WebSocketDisconnect, OSError):
+        pass  # closed already
+
+
+__all__ = ["API_VERSION", "PREFIX", "SESSION_COOKIE", "SESSION_HEADER",
+           "observation_payload", "openenv_endpoints"]
