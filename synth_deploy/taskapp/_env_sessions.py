@@ -136,7 +136,7 @@ class EnvSessions:
             result = await environment.step(session.env, action)
             session.step_count += 1
             if episode is not None and not episode.done:
-                self._record(episode, session.step_count, action, result)
+                self._record(episode, session, action, result)
                 if result.done:
                     episode.done = True
                     await self._write(episode, session, None)
@@ -212,11 +212,11 @@ class EnvSessions:
 
     # -- the trace ------------------------------------------------------------------------------
 
-    def _record(self, episode: _Episode, number: int, action: Mapping[str, Any],
+    def _record(self, episode: _Episode, session: EnvSession, action: Mapping[str, Any],
                 result: Step) -> None:
-        tracer = episode.tracer
+        tracer, number = episode.tracer, session.step_count
         tracer.start_timestep(f"step-{number}", turn_number=number,
-                              metadata={"seed": episode.seed})
+                              metadata=environment.timestep_metadata(session.env, episode.seed))
         tracer.record_message("user", {"action": dict(action)})
         info = dict(result.info)
         event = tracer.record_environment_event(

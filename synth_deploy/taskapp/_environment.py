@@ -27,7 +27,8 @@ Methods may be sync (run on a worker thread) or async (run on the loop). Beside 
 - ``outcome(steps)``: the episode's `Outcome` (default: the sum of the step rewards);
 - ``close()``; ``noop`` (the action a turn takes after a second reply without a valid call;
   without it such a turn ends the episode); ``no_call_message``; ``history_turns`` (earlier
-  turns shown to the policy, as text; default all).
+  turns shown to the policy, as text; default all); ``timestep_metadata`` (a dict each
+  traced step carries, read after reset; default: the requested seed).
 """
 
 from __future__ import annotations
@@ -168,6 +169,13 @@ def prompt_of(env: Any, observation: dict[str, Any]) -> Any:
     return text if isinstance(text, str) else json.dumps(observation, default=str)
 
 
+def timestep_metadata(env: Any, seed: int | None) -> dict[str, Any]:
+    """What the trace says of each step: the environment's ``timestep_metadata`` (read after
+    reset: e.g. the seed it chose when none was given), else the requested seed."""
+    metadata = getattr(env, "timestep_metadata", None)
+    return dict(metadata) if metadata is not None else {"seed": seed}
+
+
 def text_of(content: Any) -> str:
     """A prompt's text: earlier turns are shown without their images."""
     if isinstance(content, str):
@@ -262,7 +270,7 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     while not done:
         turn += 1
         tracer.start_timestep(f"turn-{turn}", turn_number=turn,
-                              metadata={"seed": request.env.seed})
+                              metadata=timestep_metadata(env, request.env.seed))
         content = prompt_of(env, observation)
         shown = history if keep is None else history[-keep:] if keep else []
         messages = [system, *(m for group in shown for m in group),
@@ -400,4 +408,4 @@ def _snake(name: str) -> str:
 
 
 __all__ = ["EnvironmentSpec", "Outcome", "Reward", "Step", "call", "close", "episode_rollout",
-           "from_openenv", "prompt_of", "reset", "step", "text_of"]
+           "from_openenv", "prompt_of", "reset", "step", "text_of", "timestep_metadata"]

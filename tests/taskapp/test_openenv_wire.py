@@ -65,6 +65,33 @@ def test_the_kit_derives_the_rollout_from_the_environment(serve, mock_policy, ap
     assert first_prompt[1]["content"] == f"Reach {target} exactly; the total is 0."
 
 
+class LabeledCountEnv(CountEnv):
+    """A CountEnv whose traced steps carry what its reset chose (a seed when none was asked)."""
+
+    def reset(self, seed, *, episode_id, config):
+        self.timestep_metadata = {"seed": seed if seed is not None else 4, "label": "chosen"}
+        return super().reset(seed, episode_id=episode_id, config=config)
+
+
+def test_each_traced_step_carries_the_environments_timestep_metadata(serve, mock_policy,
+                                                                        api_key, store):
+    server = serve(create_app(env_config(LabeledCountEnv), api_keys=[api_key],
+                              trace_store=store))
+    body = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
+                      json={"run_id": "r3", "env": {},
+                            "policy": {"config": {"inference_url": mock_policy.url + "/v1"}},
+                            "record": {"return_trace": True}}).json()
+    steps = body["trace"]["session_time_steps"]
+    assert steps and all(s["step_metadata"] == {"seed": 4, "label": "chosen"} for s in steps)
+    with WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+        env.reset(episode_id="ep-label")
+        env.step({"n": 1})
+    wait_for(lambda: any(s.run_id == "ep-label" for s in store.list_sessions(app="count")))
+    episode = store.get_session(next(s.session_id for s in store.list_sessions(app="count")
+                                     if s.run_id == "ep-label"))
+    assert episode.timesteps[0].step_metadata == {"seed": 4, "label": "chosen"}
+
+
 def test_a_refused_action_is_told_to_the_policy_then_the_noop_plays(serve, api_key):
     from standins.scripted_policy import calls, scripted_policy, tool_call
 
