@@ -5,20 +5,19 @@ what the player faces, the nearest thing of each kind with its direction, and th
 as a 9×7 grid of symbols with a legend. The game's rules in the system prompt are generated
 from Crafter's own tables, so they cannot drift from the game.
 
-A reply is valid when it calls `interact` with 1..N action names. Anything else gets one
-corrective message (a tool error for a broken call, a user message for a reply without one);
-the turn after a second miss is a no-op.
+A reply is valid when it calls `interact` with 1..N action names (`read_actions`; the kit's
+episode loop reads the calls). Anything else gets one corrective message (a tool error for a
+broken call, `NO_CALL` for a reply without one); the turn after a second miss is a no-op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
 
 import crafter.constants as rules
 from crafter_world import ACHIEVEMENTS, ACTIONS, VIEW_SIZE, TurnResult, View
 
-from synth_deploy.taskapp import ToolCall, function_tool, tool_message
+from synth_deploy.taskapp import InvalidAction, function_tool
 
 TOOL_NAME = "interact"
 NOOP = ("noop",)
@@ -117,79 +116,22 @@ NO_CALL = (f"You did not call the {TOOL_NAME} tool. Reply with a call like "
            f"{', '.join(ACTIONS)}.")
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What a reply asks for: the actions of its first valid `interact` call, if any."""
-
-    calls: tuple[ToolCall, ...]
-    actions: tuple[str, ...] = ()
-    executed: ToolCall | None = None
-    problems: dict[str, str] | None = None  # call id -> why it is not executed
-    note: str | None = None  # e.g. actions beyond the limit were dropped
-
-    @property
-    def valid(self) -> bool:
-        return self.executed is not None
-
-    @property
-    def problem(self) -> str:
-        """One line saying why nothing runs (for the trace)."""
-        if not self.calls:
-            return "no tool call"
-        return "; ".join(self.problems.values()) if self.problems else ""
-
-    def corrections(self) -> list[dict]:
-        """The one corrective message(s) for an invalid reply: a tool error answering each
-        call, or, for a reply without calls, a user message."""
-        if not self.calls:
-            return [{"role": "user", "content": NO_CALL}]
-        return [tool_message(c.id, f"error: {self.problems[c.id]}") for c in self.calls]
-
-    def answers(self, result: TurnResult | None) -> list[dict]:
-        """Tool messages answering every call of the reply, once the turn has run."""
-        out = []
-        for call in self.calls:
-            if call is self.executed and result is not None:
-                out.append(tool_message(call.id, result_text(result, self.note)))
-            else:
-                out.append(tool_message(call.id, f"error: {self.problems[call.id]}"))
-        return out
-
-
-def decide(calls: Sequence[ToolCall], max_actions: int) -> Decision:
-    """Read a reply's tool calls: the first valid `interact` call runs, the others do not."""
-    problems: dict[str, str] = {}
-    executed, actions, note = None, (), None
-    for call in calls:
-        if executed is not None:
-            problems[call.id] = f"not executed: one {TOOL_NAME} call per turn"
-            continue
-        why, names = _check(call)
-        if why:
-            problems[call.id] = why
-            continue
-        executed, actions = call, names[:max_actions]
-        if len(names) > max_actions:
-            note = f"only the first {max_actions} of {len(names)} actions were taken"
-    return Decision(tuple(calls), actions, executed, problems, note)
-
-
-def _check(call: ToolCall) -> tuple[str | None, tuple[str, ...]]:
-    if call.name != TOOL_NAME:
-        return f"unknown tool {call.name!r}; the only tool is {TOOL_NAME}", ()
-    if call.arguments is None:
-        return call.error or "arguments could not be read", ()
-    raw = call.arguments.get("actions")
+def read_actions(arguments: dict, max_actions: int) -> tuple[tuple[str, ...], str | None]:
+    """The action names an `interact` call asks for (at most ``max_actions``; the note says
+    when more were dropped), or `InvalidAction` saying what is wrong with its arguments."""
+    raw = arguments.get("actions")
     if not isinstance(raw, list) or not raw:
-        return ('arguments must be {"actions": [...]} with at least one action name, got '
-                f"{call.raw_arguments[:120]}"), ()
+        raise InvalidAction('arguments must be {"actions": [...]} with at least one action '
+                            f"name, got {json.dumps(arguments)[:120]}")
     names = [a.strip().lower().replace(" ", "_").replace("-", "_") if isinstance(a, str)
              else a for a in raw]
     unknown = [repr(a) for a in names if a not in ACTIONS]
     if unknown:
-        return (f"unknown action(s) {', '.join(unknown[:5])}; valid actions: "
-                f"{', '.join(ACTIONS)}"), ()
-    return None, tuple(names)
+        raise InvalidAction(f"unknown action(s) {', '.join(unknown[:5])}; valid actions: "
+                            f"{', '.join(ACTIONS)}")
+    note = (f"only the first {max_actions} of {len(names)} actions were taken"
+            if len(names) > max_actions else None)
+    return tuple(names[:max_actions]), note
 
 
 def result_text(result: TurnResult, note: str | None = None) -> str:
@@ -205,5 +147,5 @@ def result_text(result: TurnResult, note: str | None = None) -> str:
     return " ".join(parts)
 
 
-__all__ = ["NOOP", "NO_CALL", "SYMBOLS", "TOOL_NAME", "Decision", "decide", "interact_tool",
-           "observation_text", "result_text", "system_prompt"]
+__all__ = ["NOOP", "NO_CALL", "SYMBOLS", "TOOL_NAME", "interact_tool", "observation_text",
+           "read_actions", "result_text", "system_prompt"]

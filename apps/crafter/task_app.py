@@ -21,34 +21,36 @@ or plain ``modal deploy apps/crafter/task_app.py``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crafter_prompt import (
+    NO_CALL,
     NOOP,
-    decide,
     interact_tool,
     observation_text,
+    read_actions,
+    result_text,
     system_prompt,
 )
-from crafter_world import ACHIEVEMENTS, MAX_SEED, TIERS, Episode, TurnResult, tier_of_seed
+from crafter_world import ACHIEVEMENTS, MAX_SEED, TIERS, Episode, tier_of_seed
 
 from synth_deploy.modal import ModalSettings, modal_app
 from synth_deploy.taskapp import (
     BadRequest,
     LimitsInfo,
-    RolloutContext,
-    RolloutRequest,
+    Outcome,
+    Reward,
     RolloutStep,
-    RolloutTrajectory,
     RubricBundle,
     RubricCriterion,
     RubricSection,
+    Step,
     TaskApp,
     TaskDataset,
     TaskInfo,
-    call_policy,
     image_part,
     png_data_url,
     text_part,
@@ -157,143 +159,119 @@ def taskset() -> dict:
                        "test": [TEST_SEEDS.start, TEST_SEEDS.stop - 1]}}
 
 
-# -- one episode --------------------------------------------------------------------------------
+# -- one episode: the world, in a worker process ---------------------------------------------
 
-@task_app.rollout
-async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
-    settings = EpisodeSettings.from_config(request.env.config)
-    seed = request.env.seed if request.env.seed is not None else _seed_of(request.run_id)
-    tier = TIERS[settings.difficulty] if settings.difficulty else tier_of_seed(seed)
-    # The world lives in a worker process: generating it (~1.5 s of CPU for 64×64) and
-    # stepping it never hold up the server. Rollouts of one seed share a process and its
-    # kept worlds.
-    async with worker_object(Episode, seed, tier, affinity=(seed, tier.name)) as episode:
-        view, png = await episode.observe(settings.image_size if settings.image else None)
-        steps, last = await _play(ctx, episode, settings, view, png, seed, tier.name)
-    unlocked = list(last.view.achievements)
-    # The one place the reward is stated: the kit fills every metric spelling from it.
-    ctx.tracer.record_outcome_reward(
-        float(len(unlocked)), achievements_count=len(unlocked), total_steps=len(steps),
-        metadata={"achievements": unlocked, "difficulty": tier.name, "died": last.died,
-                  "achievement_share": len(unlocked) / len(ACHIEVEMENTS)})
-    return _response(request, seed, tier.name, steps, last)
+@task_app.environment
+class CrafterEnvironment:
+    """A seeded world a policy plays by `interact` calls; the kit runs the turns (`/rollout`,
+    and OpenEnv's wire at /openenv)."""
 
+    no_call_message = NO_CALL
+    noop = {"actions": list(NOOP)}
 
-async def _play(ctx: RolloutContext, episode, settings: EpisodeSettings, view, png,
-                seed: int, tier: str) -> tuple[list[RolloutStep], TurnResult]:
-    """The turns of one episode: observe, ask the policy, act, record."""
-    tracer = ctx.tracer
-    system = {"role": "system",
-              "content": system_prompt(settings.max_turns, settings.max_actions)}
-    tools = [interact_tool(settings.max_actions)]
-    image_size = settings.image_size if settings.image else None
-    text = observation_text(view, 1, settings.max_turns)
-    history: list[list[dict]] = []  # each earlier turn: its observation, reply and answers
-    steps: list[RolloutStep] = []
-    for turn in range(1, settings.max_turns + 1):
-        tracer.start_timestep(f"turn-{turn}", turn_number=turn,
-                              metadata={"difficulty": tier, "seed": seed})
-        observation = {"role": "user", "content": [text_part(text), image_part(
-            png_data_url(png))] if png else text}
-        shown = [m for group in history[-settings.history_turns:] for m in group] \
-            if settings.history_turns else []
-        prompt = [system, *shown, observation]
-        reply = await call_policy(ctx, prompt, tools=tools)
-        decision = decide(reply.calls, settings.max_actions)
-        exchange, problem = [reply.message], None
-        if not decision.valid:  # one corrective message, one more try; then a no-op
-            problem = decision.problem
-            exchange += decision.corrections()
-            reply = await call_policy(ctx, [*prompt, *exchange], tools=tools)
-            decision = decide(reply.calls, settings.max_actions)
-            exchange.append(reply.message)
-        result = await episode.play(decision.actions if decision.valid else NOOP, image_size)
-        exchange += decision.answers(result)
-        truncated = turn == settings.max_turns and not result.died
-        _record_turn(tracer, turn, result, problem, decision.valid, truncated=truncated)
-        steps.append(_step(text, decision, result, problem, truncated))
-        # Earlier turns are shown as text: one image (the current frame) per prompt.
-        history.append([{"role": "user", "content": text}, *exchange])
-        if result.died:
-            break
-        text, png = observation_text(result.view, turn + 1, settings.max_turns), result.png
-    return steps, result
+    def __init__(self) -> None:
+        self.settings, self.world = EpisodeSettings(), None
 
+    def tool(self) -> dict:
+        return interact_tool(self.settings.max_actions)
 
-def _step(text: str, decision, result: TurnResult, problem: str | None,
-          truncated: bool) -> RolloutStep:
-    call = decision.executed
-    return RolloutStep(
-        obs={"text": text}, reward=float(result.achievement_delta),
-        done=result.died or truncated, truncated=truncated,
-        tool_calls=[{"id": call.id, "type": "function",
-                     "function": {"name": call.name, "arguments": call.raw_arguments}}]
-        if call else [],
-        info={"actions": list(result.actions), "gained": result.gained,
-              "new_achievements": list(result.new_unique), "reply_problem": problem,
-              "noop_after_invalid_replies": not decision.valid})
+    def system_prompt(self) -> str:
+        return system_prompt(self.settings.max_turns, self.settings.max_actions)
+
+    async def reset(self, seed, *, episode_id, config) -> dict:
+        self.settings = settings = EpisodeSettings.from_config(config)
+        self.seed = seed if seed is not None else _seed_of(episode_id)
+        self.tier = TIERS[settings.difficulty] if settings.difficulty else tier_of_seed(self.seed)
+        self.history_turns, self.turn, self.last = settings.history_turns, 0, None
+        self.timestep_metadata = {"difficulty": self.tier.name, "seed": self.seed}
+        await self.close()
+        # The world lives in a worker process: generating it (~1.5 s of CPU for 64×64) and
+        # stepping it never hold up the server. Episodes of one seed share a process and its
+        # kept worlds.
+        self.world = contextlib.AsyncExitStack()
+        episode = await self.world.enter_async_context(worker_object(
+            Episode, self.seed, self.tier, affinity=(self.seed, self.tier.name)))
+        self.episode = episode
+        view, png = await episode.observe(self._image_size)
+        return self._observation(view, png)
+
+    async def step(self, action: dict) -> Step:
+        actions, note = read_actions(action, self.settings.max_actions)
+        result = await self.episode.play(actions, self._image_size)
+        self.turn, self.last = self.turn + 1, result
+        truncated = self.turn == self.settings.max_turns and not result.died
+        view = result.view
+        rewards = [Reward("achievement_delta", result.achievement_delta,
+                          {"achievements": result.gained})]
+        if result.new_unique:
+            rewards.append(Reward("unique_achievement_delta", len(result.new_unique),
+                                  {"achievements": list(result.new_unique)}))
+        return Step(
+            self._observation(view, result.png), reward=float(result.achievement_delta),
+            done=result.died or truncated, truncated=truncated, rewards=rewards,
+            message=result_text(result, note), state=self.state(),
+            info={"actions": list(result.actions), "gained": result.gained,
+                  "new_achievements": list(result.new_unique)})
+
+    def prompt(self, observation: dict):
+        image = observation.get("image")
+        return [text_part(observation["text"]), image_part(image)] if image else \
+            observation["text"]
+
+    def state(self) -> dict:
+        view = self.last.view if self.last else None
+        return {"vitals": view.vitals, "inventory": view.inventory,
+                "achievements": list(view.achievements), "step": view.step} if view else {}
+
+    def outcome(self, steps: list[RolloutStep]) -> Outcome:
+        last, tier = self.last, self.tier.name
+        unlocked = list(last.view.achievements)
+        share = len(unlocked) / len(ACHIEVEMENTS)
+        vitals = last.view.vitals
+        survival = 0.0 if last.died else sum(vitals.values()) / (9 * len(vitals))
+        turns = len(steps)
+        events = {"achievement_delta": sum(s.reward > 0 for s in steps) / turns,
+                  "unique_achievement_delta": sum(bool(s.info["new_achievements"])
+                                                  for s in steps) / turns}
+        rubric = task_app.rubrics
+        details = {
+            "difficulty": tier, "achievements": len(unlocked), "turns": turns,
+            "unlocked": unlocked, "achievement_share": round(share, 4), "died": last.died,
+            "env_steps": last.view.step,
+            "valid_first_replies": sum(not s.info.get("reply_problem") for s in steps),
+            "rubric": {"outcome": {"unique_achievements": share,
+                                   "survival": round(survival, 4)}, "events": events},
+        }
+        # The one place the reward is stated: the kit fills every metric spelling from it.
+        return Outcome(
+            reward=float(len(unlocked)), achievements=len(unlocked),
+            metadata={"achievements": unlocked, "difficulty": tier, "died": last.died,
+                      "achievement_share": share},
+            metrics={"outcome_score": _weighted(rubric.outcome, {
+                "unique_achievements": share, "survival": survival}),
+                "events_score": _weighted(rubric.events, events), "details": details},
+            final={"achievements": unlocked, "reward": float(len(unlocked)),
+                   "died": last.died},
+            env_id=f"crafter:{self.seed}:{tier}")
+
+    async def close(self) -> None:
+        if self.world is not None:
+            world, self.world = self.world, None
+            await world.aclose()
+
+    @property
+    def _image_size(self) -> int | None:
+        return self.settings.image_size if self.settings.image else None
+
+    def _observation(self, view, png: bytes | None) -> dict:
+        turn = min(self.turn + 1, self.settings.max_turns)
+        text = observation_text(view, turn, self.settings.max_turns)
+        return {"text": text, "image": png_data_url(png)} if png else {"text": text}
 
 
 def _seed_of(run_id: str) -> int:
     """A request without a seed plays the world its run id names (as synth-ai's apps do)."""
     return int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16) % (MAX_SEED + 1)
-
-
-def _record_turn(tracer, turn: int, result: TurnResult, problem: str | None, valid: bool,
-                 *, truncated: bool) -> None:
-    view = result.view
-    event = tracer.record_environment_event(
-        reward=float(result.achievement_delta), terminated=result.died, truncated=truncated,
-        state_after={"vitals": view.vitals, "inventory": view.inventory,
-                     "achievements": list(view.achievements), "step": view.step},
-        metadata={"actions": list(result.actions), "gained": result.gained,
-                  "new_achievements": list(result.new_unique), "reply_problem": problem,
-                  "noop_after_invalid_replies": not valid})
-    tracer.record_event_reward(result.achievement_delta, reward_type="achievement_delta",
-                               source="environment", turn_number=turn, event_id=event.id,
-                               annotation={"achievements": result.gained})
-    if result.new_unique:
-        tracer.record_event_reward(len(result.new_unique),
-                                   reward_type="unique_achievement_delta", source="environment",
-                                   turn_number=turn, event_id=event.id,
-                                   annotation={"achievements": list(result.new_unique)})
-
-
-def _response(request: RolloutRequest, seed: int, tier: str, steps: list[RolloutStep],
-              last: TurnResult) -> dict:
-    unlocked = list(last.view.achievements)
-    share = len(unlocked) / len(ACHIEVEMENTS)
-    vitals = last.view.vitals
-    survival = 0.0 if last.died else sum(vitals.values()) / (9 * len(vitals))
-    turns = len(steps)
-    events = {"achievement_delta": sum(s.reward > 0 for s in steps) / turns,
-              "unique_achievement_delta": sum(bool(s.info["new_achievements"])
-                                              for s in steps) / turns}
-    rubric = task_app.rubrics
-    inference_url = request.policy.config.get("inference_url")
-    details = {
-        "difficulty": tier, "achievements": len(unlocked), "turns": turns,
-        "unlocked": unlocked, "achievement_share": round(share, 4), "died": last.died,
-        "env_steps": last.view.step,
-        "valid_first_replies": sum(not s.info["reply_problem"] for s in steps),
-        "rubric": {"outcome": {"unique_achievements": share, "survival": round(survival, 4)},
-                   "events": events},
-    }
-    return {
-        "metrics": {
-            "outcome_score": _weighted(rubric.outcome, {"unique_achievements": share,
-                                                        "survival": survival}),
-            "events_score": _weighted(rubric.events, events), "details": details},
-        "trajectories": [RolloutTrajectory(
-            env_id=f"crafter:{seed}:{tier}",
-            policy_id=request.policy.policy_id or request.policy.policy_name or "policy",
-            steps=steps, length=turns, inference_url=inference_url,
-            final={"achievements": unlocked, "reward": float(len(unlocked)),
-                   "died": last.died})],
-        "inference_url": inference_url,
-        "pipeline_metadata": {"model": request.policy.config.get("model"),
-                              "tool": "interact"},
-    }
 
 
 def _weighted(section: RubricSection | None, scores: dict[str, float]) -> float:

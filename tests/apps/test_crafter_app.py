@@ -159,6 +159,22 @@ def test_a_broken_call_is_answered_by_a_tool_error_before_the_retry(
         "unknown action(s) 'jump'")
 
 
+def test_only_the_first_valid_call_runs_and_every_call_is_answered(
+        serve, crafter_server, api_key):
+    reply = calls(tool_call("move", {"actions": ["do"]}, call_id="a"),
+                  tool_call("interact", {"actions": ["do"] * 7}, call_id="b"),
+                  tool_call("interact", {"actions": ["noop"]}, call_id="c"))
+    policy = serve(scripted_policy([reply, interact("noop")]))
+    body = play(crafter_server.url, api_key, 0, policy.url + "/v1", max_turns=2).json()
+    first = body["trajectories"][0]["steps"][0]
+    assert first["info"]["actions"] == ["do"] * 5 and first["tool_calls"][0]["id"] == "b"
+    answers = policy.app.state.requests[1]["messages"][-4:-1]
+    assert [a["tool_call_id"] for a in answers] == ["a", "b", "c"]
+    assert answers[0]["content"] == "error: unknown tool 'move'; the only tool is interact"
+    assert answers[1]["content"].startswith("Took do, do, do, do, do. (only the first 5")
+    assert answers[2]["content"] == "error: not executed: one interact call per turn"
+
+
 def test_image_observations_are_png_data_urls_for_the_current_turn_only(
         serve, crafter_server, api_key):
     from PIL import Image

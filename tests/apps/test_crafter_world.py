@@ -15,9 +15,10 @@ CRAFTER_DIR = Path(__file__).resolve().parents[2] / "apps" / "crafter"
 sys.path.insert(0, str(CRAFTER_DIR))
 from crafter_prompt import (  # noqa: E402
     NO_CALL,
-    decide,
     interact_tool,
     observation_text,
+    read_actions,
+    result_text,
     system_prompt,
 )
 from crafter_world import (  # noqa: E402
@@ -29,7 +30,7 @@ from crafter_world import (  # noqa: E402
     tier_of_seed,
 )
 
-from synth_deploy.taskapp import ToolCall, parse_tool_calls  # noqa: E402
+from synth_deploy.taskapp import InvalidAction, ToolCall, parse_tool_calls  # noqa: E402
 
 EASY = TIERS["easy"]
 # Seed 0 (easy): a tree 4 left and 1 up, another 2 left and 1 up of the first.
@@ -137,50 +138,30 @@ def call(arguments, name="interact", call_id="c1"):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": raw}}
 
 
-def decision_for(*raw_calls, max_actions=5):
-    return decide(parse_tool_calls({"tool_calls": list(raw_calls)}), max_actions)
-
+# Which call of a reply runs, and what answers the others, is the kit's episode loop
+# (tests/taskapp/test_openenv_wire.py); what an `interact` call's arguments ask for is the app's.
 
 def test_a_valid_call_runs_its_actions():
-    d = decision_for(call({"actions": ["move_left", " DO "]}))
-    assert d.valid and d.actions == ("move_left", "do") and d.note is None
+    assert read_actions({"actions": ["move_left", " DO "]}, 5) == (("move_left", "do"), None)
 
 
-@pytest.mark.parametrize(("raw", "problem"), [
-    (call('{"actions": ["move_left"'), "arguments are not valid JSON"),
-    (call({"actions": ["jump", "do"]}), "unknown action(s) 'jump'; valid actions: noop,"),
-    (call({"actions": []}), 'arguments must be {"actions": [...]}'),
-    (call({"moves": ["do"]}), 'arguments must be {"actions": [...]}'),
-    (call('["do"]'), "arguments must be a JSON object, got list"),
-    (call({"actions": ["do"]}, name="move"), "unknown tool 'move'; the only tool is interact"),
+@pytest.mark.parametrize(("arguments", "problem"), [
+    ({"actions": ["jump", "do"]}, "unknown action(s) 'jump'; valid actions: noop,"),
+    ({"actions": []}, 'arguments must be {"actions": [...]}'),
+    ({"moves": ["do"]}, 'arguments must be {"actions": [...]}'),
 ])
-def test_a_broken_call_is_answered_with_what_is_wrong(raw, problem):
-    d = decision_for(raw)
-    assert not d.valid and d.actions == ()
-    [answer] = d.corrections()
-    assert answer["role"] == "tool" and answer["tool_call_id"] == "c1"
-    assert answer["content"].startswith("error: " + problem)
+def test_a_broken_call_is_refused_with_what_is_wrong(arguments, problem):
+    with pytest.raises(InvalidAction) as refused:
+        read_actions(arguments, 5)
+    assert refused.value.message.startswith(problem)
 
 
-def test_a_reply_without_a_call_gets_a_user_correction():
-    d = decide([], 5)
-    assert not d.valid and d.problem == "no tool call"
-    assert d.corrections() == [{"role": "user", "content": NO_CALL}]
+def test_actions_beyond_the_limit_are_dropped_with_a_note():
+    actions, note = read_actions({"actions": ["do"] * 7}, 5)
+    assert actions == ("do",) * 5 and note == "only the first 5 of 7 actions were taken"
+    result = Episode(0, EASY).play(actions)
+    assert result_text(result, note).startswith("Took do, do, do, do, do. (only the first 5")
     assert "interact" in NO_CALL and "move_left" in NO_CALL
-
-
-def test_only_the_first_valid_call_runs_and_every_call_is_answered():
-    d = decision_for(call({"actions": ["jump"]}, call_id="a"),
-                     call({"actions": ["do"] * 7}, call_id="b"),
-                     call({"actions": ["noop"]}, call_id="c"), max_actions=5)
-    assert d.executed.id == "b" and d.actions == ("do",) * 5
-    assert d.note == "only the first 5 of 7 actions were taken"
-    episode = Episode(0, EASY)
-    answers = d.answers(episode.play(d.actions))
-    assert [a["tool_call_id"] for a in answers] == ["a", "b", "c"]
-    assert answers[0]["content"].startswith("error: unknown action(s) 'jump'")
-    assert answers[1]["content"].startswith("Took do, do, do, do, do. (only the first 5")
-    assert answers[2]["content"] == "error: not executed: one interact call per turn"
 
 
 def test_tool_calls_are_parsed_as_far_as_they_go():
