@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import statistics
 import sys
 import time
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from standins.openenv_client import HTTPEnvClient, ServerError, WSEnvClient
 from standins.scripted_policy import calls, interact, scripted_policy, tool_call
 
 from synth_deploy.taskapp import create_app, load_app
+from synth_deploy.tracing import open_trace_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "apps" / "crafter"))
 from crafter_prompt import NO_CALL  # noqa: E402
@@ -292,3 +295,59 @@ def test_an_episode_plays_through_a_tunnel(tmp_path, crafter_server, mock_policy
         resp = play(public, api_key, 3, mock_policy.url + "/v1", max_turns=3)
     assert resp.status_code == 200, resp.text
     assert resp.json()["metrics"]["details"]["turns"] == 3
+
+
+WOOD_ACTIONS = [c["tool_calls"][0]["function"]["arguments"] for c in WOOD_SCRIPT]
+WOOD_REWARDS = [("achievement_delta", 0.0), ("achievement_delta", 1.0),
+                ("unique_achievement_delta", 1.0), ("achievement_delta", 1.0),
+                ("achievement_delta", 1.0), ("unique_achievement_delta", 1.0)]
+
+
+def play_wood_over_openenv(env, episode_id: str) -> list[dict]:
+    """The wood script, one `interact` action a step, with one refused action on the way."""
+    first = env.reset(seed=0, episode_id=episode_id, max_turns=4)
+    assert first["reward"] is None and not first["done"]
+    assert first["observation"]["text"].startswith("Turn 1 of 4 (step 0).")
+    results = []
+    for arguments in WOOD_ACTIONS:
+        results.append(env.step(json.loads(arguments)))
+        if len(results) == 1:
+            with pytest.raises((ServerError, httpx.HTTPStatusError)):
+                env.step({"actions": ["jump"]})  # refused: the world is unchanged
+    return results
+
+
+def test_openenv_clients_play_crafter_over_websocket_and_http_each_traced(
+        serve, api_key, tmp_path):
+    """Crafter on OpenEnv's wire: the world the trainer's /rollout plays, stepped by a client;
+    the same seed and actions earn the same rewards by either transport."""
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        server = serve(create_app(load_app("crafter").build_config(), api_keys=[api_key],
+                                  trace_store=store))
+        headers = {"X-API-Key": api_key}
+        with WSEnvClient(server.url + "/openenv", headers=headers, timeout=60) as env:
+            over_ws = play_wood_over_openenv(env, "wood-ws")
+            state = env.state()
+        with HTTPEnvClient(server.url + "/openenv", headers=headers, timeout=60) as env:
+            over_http = play_wood_over_openenv(env, "wood-http")
+        assert over_ws == over_http
+        assert [r["reward"] for r in over_ws] == [0.0, 1.0, 1.0, 1.0]
+        assert [r["done"] for r in over_ws] == [False, False, False, True]
+        assert over_ws[1]["observation"]["text"].startswith("Turn 3 of 4 (step 6).")
+        assert state["achievements"] == ["collect_wood", "place_table"]
+        assert state["episode_id"] == "wood-ws" and state["step_count"] == 4
+        deadline = time.monotonic() + 10
+        while store.count_sessions(app="crafter") < 2:
+            assert time.monotonic() < deadline, "the episodes were not traced"
+            time.sleep(0.05)
+        for summary in store.list_sessions(app="crafter"):
+            episode = store.get_session(summary.session_id)
+            assert episode.metadata["status"] == "ok", episode.metadata
+            assert episode.metadata["transport"] == {"wood-ws": "openenv-ws",
+                                                     "wood-http": "openenv-http"}[
+                summary.run_id]
+            assert [(r.reward_type, r.reward_value) for r in episode.event_rewards] == \
+                WOOD_REWARDS
+            assert episode.outcome_rewards[-1].total_reward == 2.0
+            assert [t.step_metadata for t in episode.timesteps] == [
+                {"difficulty": "easy", "seed": 0}] * 4
