@@ -15,7 +15,9 @@ episode early. Rewards, as synth-ai's ``grpo-crafter`` gives them:
 (easy | normal | hard; default: seed % 3), ``history_turns`` (earlier turns the policy is
 shown, 3), ``image_observation`` (false) and ``image_size`` (pixels a side, 128).
 
-Serve it with ``synth-deploy serve crafter``; deploy it with ``synth-deploy deploy crafter``
+The world is a declared environment (`CrafterEnvironment`): the kit runs the turns of
+``/rollout`` from it and serves it on OpenEnv's wire at ``/openenv``. Serve it with
+``synth-deploy serve crafter``; deploy it with ``synth-deploy deploy crafter``
 or plain ``modal deploy apps/crafter/task_app.py``.
 """
 
@@ -170,7 +172,7 @@ class CrafterEnvironment:
     noop = {"actions": list(NOOP)}
 
     def __init__(self) -> None:
-        self.settings, self.world = EpisodeSettings(), None
+        self.settings, self.world, self.view = EpisodeSettings(), None, None
 
     def tool(self) -> dict:
         return interact_tool(self.settings.max_actions)
@@ -189,25 +191,23 @@ class CrafterEnvironment:
         # stepping it never hold up the server. Episodes of one seed share a process and its
         # kept worlds.
         self.world = contextlib.AsyncExitStack()
-        episode = await self.world.enter_async_context(worker_object(
+        self.episode = await self.world.enter_async_context(worker_object(
             Episode, self.seed, self.tier, affinity=(self.seed, self.tier.name)))
-        self.episode = episode
-        view, png = await episode.observe(self._image_size)
-        return self._observation(view, png)
+        self.view, png = await self.episode.observe(self._image_size)
+        return self._observation(self.view, png)
 
     async def step(self, action: dict) -> Step:
         actions, note = read_actions(action, self.settings.max_actions)
         result = await self.episode.play(actions, self._image_size)
-        self.turn, self.last = self.turn + 1, result
+        self.turn, self.last, self.view = self.turn + 1, result, result.view
         truncated = self.turn == self.settings.max_turns and not result.died
-        view = result.view
         rewards = [Reward("achievement_delta", result.achievement_delta,
                           {"achievements": result.gained})]
         if result.new_unique:
             rewards.append(Reward("unique_achievement_delta", len(result.new_unique),
                                   {"achievements": list(result.new_unique)}))
         return Step(
-            self._observation(view, result.png), reward=float(result.achievement_delta),
+            self._observation(result.view, result.png), reward=float(result.achievement_delta),
             done=result.died or truncated, truncated=truncated, rewards=rewards,
             message=result_text(result, note), state=self.state(),
             info={"actions": list(result.actions), "gained": result.gained,
@@ -219,7 +219,7 @@ class CrafterEnvironment:
             observation["text"]
 
     def state(self) -> dict:
-        view = self.last.view if self.last else None
+        view = self.view
         return {"vitals": view.vitals, "inventory": view.inventory,
                 "achievements": list(view.achievements), "step": view.step} if view else {}
 
