@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +71,16 @@ def backend(serve, synth_key, api_key):
 def math_server(serve, math_config, api_key) -> BackgroundServer:
     """The math task app served with ``api_key``."""
     return serve(create_app(math_config, api_keys=[api_key]))
+
+
+@pytest.fixture(autouse=True)
+def writes_nothing_into_the_working_directory(request):
+    """A test writes under its tmp_path only: what it leaves in the working directory (the
+    checkout, for a plain `pytest` run) fails it, named."""
+    cwd = Path.cwd()
+    before = set(os.listdir(cwd))
+    yield
+    if Path.cwd() != cwd:  # a test that chdir'd into its tmp_path has it back by now
+        return
+    left = sorted(set(os.listdir(cwd)) - before)
+    assert not left, f"{request.node.nodeid} left {left} in {cwd}"

@@ -75,6 +75,20 @@ def test_tests_and_benchmarks_use_package_surfaces():
     assert offenders == []
 
 
+def test_test_modules_share_through_helpers_and_conftest_only():
+    # A test module imported by another runs its tests' module code twice and ties the two
+    # files' fates: shared fixtures live in a conftest.py, shared helpers in a helper module.
+    root = PACKAGE.parent / "tests"
+    offenders = []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{p.relative_to(root)}:{node.lineno} imports {name}"
+                          for name in names if name.split(".")[-1].startswith("test_")]
+    assert offenders == []
+
+
 def test_no_import_cycles_between_modules():
     graph: dict[str, set[str]] = defaultdict(set)
     known = {p.removesuffix(".py").removesuffix("/__init__").replace("/", ".")

@@ -1,11 +1,13 @@
-"""Trace database files in states the store must refuse, for the tracing tests."""
+"""Trace database files for the tracing tests: states the store must refuse, and the layout
+synth-ai's tracer leaves."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
-from synth_deploy.tracing import SCHEMA_VERSION, open_trace_store
+from synth_deploy.tracing import SCHEMA_VERSION, TraceStore, open_trace_store
 
 
 def make_schema_too_new(path: Path) -> None:
@@ -19,3 +21,59 @@ def make_schema_too_new(path: Path) -> None:
     conn.commit()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
+
+
+SYNTH_AI_V1 = [
+    "CREATE TABLE session_traces (session_id VARCHAR PRIMARY KEY, created_at DATETIME NOT "
+    "NULL, num_timesteps INTEGER NOT NULL, num_events INTEGER NOT NULL, num_messages INTEGER "
+    "NOT NULL, metadata TEXT, experiment_id VARCHAR, embedding VECTOR)",
+    "CREATE TABLE session_timesteps (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR "
+    "NOT NULL, step_id VARCHAR NOT NULL, step_index INTEGER NOT NULL, turn_number INTEGER, "
+    "started_at DATETIME, completed_at DATETIME, num_events INTEGER, num_messages INTEGER, "
+    "step_metadata TEXT, UNIQUE(session_id, step_id))",
+    "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR NOT NULL, "
+    "timestep_id INTEGER, event_type VARCHAR NOT NULL, system_instance_id VARCHAR, event_time "
+    "FLOAT, message_time INTEGER, created_at DATETIME, model_name VARCHAR, provider VARCHAR, "
+    "input_tokens INTEGER, output_tokens INTEGER, total_tokens INTEGER, cost_usd INTEGER, "
+    "latency_ms INTEGER, span_id VARCHAR, trace_id VARCHAR, call_records TEXT, reward FLOAT, "
+    "terminated BOOLEAN, truncated BOOLEAN, system_state_before TEXT, system_state_after "
+    "TEXT, metadata TEXT, event_metadata TEXT, embedding VECTOR)",
+    "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR NOT "
+    "NULL, timestep_id INTEGER, message_type VARCHAR NOT NULL, content TEXT NOT NULL, "
+    "timestamp DATETIME, event_time FLOAT, message_time INTEGER, metadata TEXT, embedding "
+    "VECTOR)",
+    "CREATE TABLE outcome_rewards (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR "
+    "NOT NULL, total_reward INTEGER NOT NULL, achievements_count INTEGER NOT NULL, "
+    "total_steps INTEGER NOT NULL, created_at DATETIME NOT NULL, reward_metadata TEXT)",
+    "CREATE TABLE event_rewards (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT "
+    "NULL, session_id VARCHAR NOT NULL, message_id INTEGER, turn_number INTEGER, reward_value "
+    "FLOAT NOT NULL, reward_type VARCHAR, \"key\" VARCHAR, annotation TEXT, source VARCHAR, "
+    "created_at DATETIME NOT NULL)",
+]
+
+
+def make_synth_ai_db(path: Path) -> None:
+    """A database as synth-ai's tracing v3 left it: no version table, ids autoincremented."""
+    conn = sqlite3.connect(path)
+    for sql in SYNTH_AI_V1:
+        conn.execute(sql)
+    meta = json.dumps({"env_name": "crafter", "run_id": "old-1", "seed": 4, "model": "qwen",
+                       "metrics": {"outcome_reward": 0.25}})
+    conn.execute("INSERT INTO session_traces VALUES ('old-session', '2024-05-01 10:00:00', 1, "
+                 "1, 2, ?, NULL, NULL)", (meta,))
+    conn.execute("INSERT INTO session_timesteps VALUES (1, 'old-session', 's0', 0, 1, "
+                 "'2024-05-01 10:00:00', NULL, 1, 2, '{}')")
+    conn.execute("INSERT INTO events (session_id, timestep_id, event_type, system_instance_id,"
+                 " event_time, model_name, input_tokens, output_tokens) VALUES ('old-session', "
+                 "1, 'cais', 'policy', 1714557600.0, 'qwen', 3, 4)")
+    conn.execute("INSERT INTO messages (session_id, timestep_id, message_type, content) VALUES "
+                 "('old-session', 1, 'user', 'hi'), ('old-session', 1, 'assistant', 'yo')")
+    conn.commit()
+    conn.close()
+
+
+def statements_run(store: TraceStore) -> list[str]:
+    """Every SQL statement the store's own connection runs from now on (SQLite's trace hook)."""
+    seen: list[str] = []
+    store._db._conn.set_trace_callback(seen.append)
+    return seen

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -18,8 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
-from standins.modal_api import ModalAPIStandin
+from standins.modal_helpers import COMMAND as STANDIN
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
@@ -30,7 +28,6 @@ from synth_deploy.modal import SOURCE_EXCLUDED_PACKAGES, ModalCLI
 
 ROOT = Path(__file__).resolve().parents[2]
 MATH_FILE = ROOT / "apps" / "math" / "task_app.py"
-STANDIN = f"{sys.executable} {ROOT / 'tests' / 'standins' / 'modal_cli.py'}"
 CLOSED_PORT_URL = "http://127.0.0.1:9"
 
 BROKEN_APP = '''
@@ -43,41 +40,6 @@ task_app = TaskApp("brokenmath", name="Broken math", description="Its rollout al
 async def rollout(request, ctx):
     raise RuntimeError("rollout is broken")
 '''
-
-
-@pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """cwd with a .env, fake credentials (never valid anywhere), the stand-in's state dir;
-    stops every "container" the stand-in started, by pid."""
-    state = tmp_path / "modal-state"
-    state.mkdir()
-    key = "sk_env_deploytest_" + os.urandom(8).hex()
-    (tmp_path / ".env").write_text(f"ENVIRONMENT_API_KEY={key}\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-standin")
-    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-standin")
-    api = ModalAPIStandin("up")
-    monkeypatch.setenv("MODAL_SERVER_URL", api.url)
-    monkeypatch.setenv("STANDIN_MODAL_STATE_DIR", str(state))
-    monkeypatch.delenv("STANDIN_MODAL_MODE", raising=False)
-    monkeypatch.delenv("ENVIRONMENT_API_KEY", raising=False)
-    monkeypatch.delenv("SYNTH_TRACES_DB", raising=False)
-    yield {"key": key, "state": state, "dir": tmp_path}
-    api.close()
-    pids = state / "pids"
-    for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, signal.SIGKILL)
 
 
 def _run(*args: str):

@@ -14,7 +14,7 @@ import threading
 import time
 
 import httpx
-from test_deploy_cli import STANDIN, standin  # noqa: F401 - the stand-in Modal fixture
+from standins.modal_helpers import COMMAND as STANDIN
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app

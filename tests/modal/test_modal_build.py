@@ -162,9 +162,11 @@ def test_image_holds_the_serving_set_and_no_secrets_dbs_caches_or_git(api_key, t
 
 
 def test_local_function_serves_the_app_and_passes_the_health_checker(
-        api_key, serve, mock_policy, monkeypatch):
+        api_key, serve, mock_policy, monkeypatch, tmp_path):
     app = build_modal_app(build_plan(load_app("math"), _env(api_key)))
-    # What Modal's container gets: the function's env and the secret, as variables.
+    # What Modal's container gets: the function's env and the secret, as variables; its
+    # traces go to the default file, under the working directory.
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SYNTH_DEPLOY_TASK_APP", str(MATH_DIR / "task_app.py"))
     monkeypatch.setenv("ENVIRONMENT_API_KEY", api_key)
     asgi = web_function(app).local()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from standins.modal_api import ModalAPIStandin
+from standins.modal_helpers import COMMAND as STANDIN
 
 from synth_deploy.env import Env
 from synth_deploy.errors import DeployError
@@ -25,8 +26,6 @@ from synth_deploy.modal import (
     require_modal_reachable,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-STANDIN = f"{sys.executable} {ROOT / 'tests' / 'standins' / 'modal_cli.py'}"
 BOUND_S = 30  # the test's own patience: far above the kit's bound, far below modal's retries
 
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
@@ -34,6 +35,14 @@ HEAVY = {"POST /rollout": 2, "GET /task_info": 2, "GET /api/sessions": 2,
 WRONG_KEY = "sk_env_wrong_" + "0" * 24
 KEY_HEADERS = {"x-api-key", "x-api-keys", "authorization"}
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+@pytest.fixture(autouse=True)
+def hypothesis_files_in_tmp_path(tmp_path):
+    # Hypothesis keeps what it learns under ./.hypothesis unless told otherwise.
+    set_hypothesis_home_dir(tmp_path / ".hypothesis")
+    yield
+    set_hypothesis_home_dir(None)
 
 
 @pytest.fixture

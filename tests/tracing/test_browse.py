@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 from known_traces import APPS, EPISODE, MODELS, build_known_store, mean
-from test_trace_scale import statements_run
-from test_tracing_store import make_synth_ai_db
+from trace_files import make_synth_ai_db, statements_run
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing import (

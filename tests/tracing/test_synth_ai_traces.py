@@ -10,8 +10,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sessions import assert_same, make_session
 from synth_ai_rules import build_trace_payload, session_trace_dict, write_like_session_tracer
-from test_tracing_store import assert_same, make_session
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 from processes import free_port, wait_until_up
-from test_tracing_server import SERVER_SCRIPT, fire, rollout_body
-from test_tracing_store import assert_same, make_session
+from rollouts import SERVER_SCRIPT, fire, rollout_body
+from sessions import assert_same, make_session
+from trace_files import statements_run
 
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import (
@@ -43,13 +44,6 @@ from synth_deploy.tracing import (
     parse_trace_db,
     sft_examples,
 )
-
-
-def statements_run(store: TraceStore) -> list[str]:
-    """Every SQL statement the store's own connection runs from now on (SQLite's trace hook)."""
-    seen: list[str] = []
-    store._db._conn.set_trace_callback(seen.append)
-    return seen
 
 
 def writer_children(db: Path) -> list[int]:

@@ -3,7 +3,7 @@ the rows shown from the sessions stored."""
 
 from __future__ import annotations
 
-from test_tracing_store import make_session
+from sessions import make_session
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from test_tracing_store import make_session
+from sessions import make_session
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from test_tracing_server import fire, rollout_body
+from rollouts import fire, rollout_body
 
 from synth_deploy.errors import UsageError
 from synth_deploy.taskapp import create_app

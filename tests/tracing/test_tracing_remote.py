@@ -32,9 +32,10 @@ from synth_deploy.tracing import (
 
 pytest.importorskip("libsql")
 
+from processes import free_port  # noqa: E402
+from rollouts import fire, rollout_body  # noqa: E402
+from sessions import assert_same, make_session  # noqa: E402
 from standins.libsql_hrana import start_hrana_process  # noqa: E402
-from test_tracing_server import fire, free_port, rollout_body  # noqa: E402
-from test_tracing_store import assert_same, make_session  # noqa: E402
 
 TOKEN = "turso-test-token-" + "x" * 24
 

@@ -17,31 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 from processes import free_port, wait_until_up
+from rollouts import SERVER_SCRIPT, fire, rollout_body
 
 from synth_deploy.taskapp import RolloutRequest, TaskApp, create_app
 from synth_deploy.tracing import SessionTrace, ledger_of, open_trace_store
-
-
-def rollout_body(run_id: str, seed: int, inference_url: str) -> dict:
-    return {"run_id": run_id, "env": {"seed": seed},
-            "policy": {"config": {"model": "mock-model", "inference_url": inference_url}},
-            "mode": "eval"}
-
-
-async def fire(url: str, key: str, bodies: list[dict], *, concurrency: int = 32
-               ) -> list[tuple[str, int | None]]:
-    """POST every body to /rollout; (run_id, status or None when the server went away)."""
-    limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(20.0)) as client:
-        async def one(body):
-            async with limit:
-                try:
-                    resp = await client.post(url + "/rollout", json=body,
-                                             headers={"X-API-Key": key})
-                    return body["run_id"], resp.status_code
-                except httpx.HTTPError:
-                    return body["run_id"], None
-        return await asyncio.gather(*(one(b) for b in bodies))
 
 
 def one_stored_rollout(tmp_path, serve, config, api_key, body: dict, status: int
@@ -290,15 +269,6 @@ def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, moc
     assert status == 500
 
 
-SERVER_SCRIPT = """
-import sys
-from synth_deploy.env import Env
-from synth_deploy.taskapp import LocalRunner, ServeSettings, ServerKeys
-from synth_deploy.tracing import parse_trace_db
-LocalRunner(ServeSettings(app="math", env=Env(), keys=ServerKeys((sys.argv[2],), "argv"),
-                          traces=parse_trace_db(sys.argv[1]), port=int(sys.argv[3]),
-                          log_level="warning")).serve_forever()
-"""
 
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import json
 import os
 import sqlite3
 import sys
@@ -14,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from trace_files import make_schema_too_new
+from sessions import assert_same, make_session
+from trace_files import make_schema_too_new, make_synth_ai_db
 
 from synth_deploy.env import Env
 from synth_deploy.errors import TraceStoreError, UsageError
@@ -34,45 +34,6 @@ from synth_deploy.tracing import (
     resolve_trace_db,
     since_timestamp,
 )
-
-
-def make_session(i: int = 0, *, app: str = "math", reward: float = 1.0,
-                 status: str = "ok", model: str = "mock-model") -> SessionTrace:
-    tracer = SessionTracer(metadata={"app_id": app, "run_id": f"run-{i}", "seed": i,
-                                     "model": model, "status": status})
-    for turn in (1, 2):
-        tracer.start_timestep(f"turn-{turn}", turn_number=turn, metadata={"k": turn})
-        tracer.record_message("system", "You add numbers.")
-        tracer.record_message("user", f"What is {i} + {turn}?")
-        tracer.record_lm_call(model_name=model, provider="127.0.0.1", input_tokens=10 + i,
-                              output_tokens=5, latency_ms=1.5, cost_usd=0.001,
-                              call_records=[{"request": {"n": i}}])
-        reply = tracer.record_message("assistant", f"Answer: {i + turn}")
-        event = tracer.record_environment_event(reward=reward, terminated=turn == 2,
-                                                truncated=False,
-                                                state_after={"parsed": i + turn})
-        tracer.record_event_reward(1.0, reward_type="answer_format", turn_number=turn,
-                                   event_id=event.id, message_id=reply.id, key="fmt",
-                                   annotation={"why": "tagged"})
-    tracer.record_message("tool_result", {"structured": [1, 2]})
-    tracer.record_outcome_reward(reward, achievements_count=1, metadata={"expected": i})
-    return tracer.finish()
-
-
-def assert_same(a, b, where="trace"):
-    """Equal, except stored timestamps, which keep microseconds."""
-    if isinstance(a, float) and isinstance(b, float):
-        assert abs(a - b) < 2e-6, where
-    elif isinstance(a, dict) and isinstance(b, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def sha(path: Path) -> str:
@@ -261,55 +222,6 @@ def test_since_parses_relative_and_absolute():
 
 
 # -- schema -----------------------------------------------------------------------------
-
-SYNTH_AI_V1 = [
-    "CREATE TABLE session_traces (session_id VARCHAR PRIMARY KEY, created_at DATETIME NOT "
-    "NULL, num_timesteps INTEGER NOT NULL, num_events INTEGER NOT NULL, num_messages INTEGER "
-    "NOT NULL, metadata TEXT, experiment_id VARCHAR, embedding VECTOR)",
-    "CREATE TABLE session_timesteps (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR "
-    "NOT NULL, step_id VARCHAR NOT NULL, step_index INTEGER NOT NULL, turn_number INTEGER, "
-    "started_at DATETIME, completed_at DATETIME, num_events INTEGER, num_messages INTEGER, "
-    "step_metadata TEXT, UNIQUE(session_id, step_id))",
-    "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR NOT NULL, "
-    "timestep_id INTEGER, event_type VARCHAR NOT NULL, system_instance_id VARCHAR, event_time "
-    "FLOAT, message_time INTEGER, created_at DATETIME, model_name VARCHAR, provider VARCHAR, "
-    "input_tokens INTEGER, output_tokens INTEGER, total_tokens INTEGER, cost_usd INTEGER, "
-    "latency_ms INTEGER, span_id VARCHAR, trace_id VARCHAR, call_records TEXT, reward FLOAT, "
-    "terminated BOOLEAN, truncated BOOLEAN, system_state_before TEXT, system_state_after "
-    "TEXT, metadata TEXT, event_metadata TEXT, embedding VECTOR)",
-    "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR NOT "
-    "NULL, timestep_id INTEGER, message_type VARCHAR NOT NULL, content TEXT NOT NULL, "
-    "timestamp DATETIME, event_time FLOAT, message_time INTEGER, metadata TEXT, embedding "
-    "VECTOR)",
-    "CREATE TABLE outcome_rewards (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id VARCHAR "
-    "NOT NULL, total_reward INTEGER NOT NULL, achievements_count INTEGER NOT NULL, "
-    "total_steps INTEGER NOT NULL, created_at DATETIME NOT NULL, reward_metadata TEXT)",
-    "CREATE TABLE event_rewards (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id INTEGER NOT "
-    "NULL, session_id VARCHAR NOT NULL, message_id INTEGER, turn_number INTEGER, reward_value "
-    "FLOAT NOT NULL, reward_type VARCHAR, \"key\" VARCHAR, annotation TEXT, source VARCHAR, "
-    "created_at DATETIME NOT NULL)",
-]
-
-
-def make_synth_ai_db(path: Path) -> None:
-    """A database as synth-ai's tracing v3 left it: no version table, ids autoincremented."""
-    conn = sqlite3.connect(path)
-    for sql in SYNTH_AI_V1:
-        conn.execute(sql)
-    meta = json.dumps({"env_name": "crafter", "run_id": "old-1", "seed": 4, "model": "qwen",
-                       "metrics": {"outcome_reward": 0.25}})
-    conn.execute("INSERT INTO session_traces VALUES ('old-session', '2024-05-01 10:00:00', 1, "
-                 "1, 2, ?, NULL, NULL)", (meta,))
-    conn.execute("INSERT INTO session_timesteps VALUES (1, 'old-session', 's0', 0, 1, "
-                 "'2024-05-01 10:00:00', NULL, 1, 2, '{}')")
-    conn.execute("INSERT INTO events (session_id, timestep_id, event_type, system_instance_id,"
-                 " event_time, model_name, input_tokens, output_tokens) VALUES ('old-session', "
-                 "1, 'cais', 'policy', 1714557600.0, 'qwen', 3, 4)")
-    conn.execute("INSERT INTO messages (session_id, timestep_id, message_type, content) VALUES "
-                 "('old-session', 1, 'user', 'hi'), ('old-session', 1, 'assistant', 'yo')")
-    conn.commit()
-    conn.close()
-
 
 def test_migration_from_synth_ai_layout_keeps_data(tmp_path):
     path = tmp_path / "old.db"

@@ -5,21 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from train_cli import APP_CONFIGS, RL_HEAD, write
 
 from synth_deploy.errors import UsageError
 from synth_deploy.train import RLConfig, SFTConfig, discover_configs, load_config
 
 FIXTURES = Path(__file__).parent / "configs"
-APP_CONFIGS = Path(__file__).parents[2] / "apps" / "math" / "configs"
-
-
-def write(tmp_path, text, name="c.toml"):
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-RL_HEAD = '[algorithm]\ntype = "online"\nmethod = "policy_gradient"\n'
 SFT_HEAD = '[algorithm]\ntype = "offline"\nmethod = "sft"\n[job]\nmodel = "m"\n'
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from synth_ai_rules import rl_config_problems, sft_config_problems, sft_example_problem
-from test_configs import RL_HEAD, write
-from test_train import APP_CONFIGS, FAST, env_file, run, sft_workspace, work  # noqa: F401
+from train_cli import APP_CONFIGS, FAST, RL_HEAD, env_file, run, sft_workspace, write
 
 from synth_deploy.errors import UsageError
 from synth_deploy.train import (

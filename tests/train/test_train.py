@@ -4,46 +4,20 @@ served on 127.0.0.1, against the stand-in backend (tests/standins/backend.py).""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from train_cli import APP_CONFIGS, FAST, env_file, run, sft_workspace
 
-from synth_deploy.cli import app
 from synth_deploy.env import Env, load_env
 from synth_deploy.errors import UsageError
 from synth_deploy.train import TrainOptions, TrainUI, train
-
-APP_CONFIGS = Path(__file__).parents[2] / "apps" / "math" / "configs"
-FAST = ["--poll-interval", "0.02", "--poll-timeout", "20"]
-
-
-@pytest.fixture
-def work(tmp_path, monkeypatch):
-    """A clean working directory and a process environment without the kit's keys."""
-    for name in ("SYNTH_API_KEY", "ENVIRONMENT_API_KEY", "TASK_APP_URL", "SYNTH_BACKEND_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("COLUMNS", "400")  # rich wraps at 80 otherwise, splitting file:line
-    return tmp_path
-
-
-def env_file(work: Path, **values: str) -> str:
-    path = work / "test.env"
-    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-    return str(path)
 
 
 @pytest.fixture
 def rl_env(work, backend, synth_key, api_key, math_server) -> str:
     return env_file(work, SYNTH_API_KEY=synth_key, ENVIRONMENT_API_KEY=api_key,
                     TASK_APP_URL=math_server.url, SYNTH_BACKEND_URL=backend.url)
-
-
-def run(*args: str):
-    return CliRunner().invoke(app, ["train", *args], catch_exceptions=False)
 
 
 def rl(env: str, *extra: str):
@@ -260,16 +234,6 @@ def test_rejected_payload_prints_masked_payload_and_body(backend, rl_env, synth_
     assert '"endpoint_base_url"' in result.output
     assert "response body:" in result.output and "batch_size must be > 0" in result.output
     assert synth_key not in result.output and api_key not in result.output
-
-
-def sft_workspace(work: Path, lines: int = 5) -> Path:
-    shutil.copy(APP_CONFIGS / "sft.toml", work / "sft.toml")
-    with (work / "sft_examples.jsonl").open("w") as f:
-        for i in range(lines):
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"{i}+{i}?"},
-                                             {"role": "assistant", "content": str(2 * i)}]})
-                    + "\n")
-    return work / "sft.toml"
 
 
 def test_sft_job_uploads_a_truncated_copy_waits_for_ready_creates_and_starts(
