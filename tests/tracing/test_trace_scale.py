@@ -90,6 +90,14 @@ def test_a_served_app_commits_in_a_child_process_not_a_thread(tmp_path, serve, m
         assert all(status == 200 for _, status in results)
         assert not [sql for sql in here if "INSERT" in sql.upper()]
         assert store.count_sessions() == 40 + warm
+        # what the child stored is whole: the math app's turn, its LM call and its rewards
+        for summary in store.list_sessions(limit=None):
+            if not summary.run_id.startswith("run-"):
+                continue
+            stored = store.get_session(summary.session_id)
+            assert [m.message_type for m in stored.messages] == ["system", "user", "assistant"]
+            assert [e.event_type for e in stored.events] == ["cais", "environment"]
+            assert stored.event_rewards and stored.outcome_rewards, summary.run_id
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
@@ -139,14 +147,33 @@ def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_
         assert {s.run_id for s in check.list_sessions(limit=None)} == {"run-0", "run-2"}
 
 
+async def ready_writer_child(store: TraceStore, timeout_s: float = 15.0):
+    """The running loop's writer child, once it has opened the store (until then the
+    store's own thread commits)."""
+    child = store.use_writer_process()
+    deadline = time.monotonic() + timeout_s
+    while not child.ready:
+        assert time.monotonic() < deadline, "the writer child never became ready"
+        await asyncio.sleep(0.01)
+    return child
+
+
 def test_what_the_writer_process_stores_reads_back_as_written(tmp_path):
+    # Every part of a session crosses the pipe: timesteps, events of each kind, messages
+    # (text and structured), event and outcome rewards, tool calls and their metadata.
     sessions = [make_session(i) for i in range(3)] + [tool_session()]
+    assert all(s.timesteps and s.events and s.messages and s.event_rewards
+               and s.outcome_rewards for s in sessions[:3])
     with open_trace_store(tmp_path / "t.db") as store:
+        here = statements_run(store)
+
         async def main():
-            store.use_writer_process()
+            await ready_writer_child(store)
+            here.clear()
             await asyncio.gather(*(store.write_session(s) for s in sessions))
 
         asyncio.run(main())
+        assert not [sql for sql in here if "INSERT" in sql.upper()], "the child must commit"
         for session in sessions:
             assert_same(store.get_session(session.session_id).to_dict(), session.to_dict())
 
