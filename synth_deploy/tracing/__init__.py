@@ -18,6 +18,8 @@ from synth_deploy.tracing._config import (
     parse_trace_db,
     resolve_trace_db,
 )
+from synth_deploy.tracing._db._rows import session_reward
+from synth_deploy.tracing._db._schema import SCHEMA_VERSION
 from synth_deploy.tracing._errors import (
     NotATraceDbError,
     SchemaTooNewError,
@@ -30,8 +32,6 @@ from synth_deploy.tracing._errors import (
     TraceFormatError,
 )
 from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
-from synth_deploy.tracing._rows import session_reward
-from synth_deploy.tracing._schema import SCHEMA_VERSION
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -52,14 +52,14 @@ from synth_deploy.tracing._store import (
 # What reads a store (browsing, export, reports, prices, replay) loads on first use: a
 # served app and its writer process only record and store.
 _ON_USE = {
-    "_browse": ("SORT_KEYS", "SessionFilter", "SessionPage", "SessionRow", "browse_sessions",
+    "_read._browse": ("SORT_KEYS", "SessionFilter", "SessionPage", "SessionRow", "browse_sessions",
                 "filter_choices", "matching_session_ids"),
-    "_export": ("ExportResult", "export_sft", "sft_examples"),
+    "_read._export": ("ExportResult", "export_sft", "sft_examples"),
     "_prices": ("PRICES_VAR", "CostEstimate", "ModelPrice", "PriceTable", "load_price_table",
                 "resolve_price_table"),
-    "_replay": ("ReplayStep", "content_text", "message_text", "replay"),
+    "_read._replay": ("ReplayStep", "content_text", "message_text", "replay"),
     "_report": ("TraceDbReport", "describe_trace_db", "init_trace_db"),
-    "_rewards": ("Comparison", "RewardSummary", "compare_by_seed", "reward_summary"),
+    "_read._rewards": ("Comparison", "RewardSummary", "compare_by_seed", "reward_summary"),
     "_shapes": ("session_from_trace",),
 }
 __getattr__ = lazy_attributes(__name__, {name: module for module, names in _ON_USE.items()

@@ -12,6 +12,7 @@ from typing import Any
 from synth_deploy.env import Env
 from synth_deploy.errors import SynthDeployError
 from synth_deploy.tracing._config import TraceDbSetting, resolve_trace_db
+from synth_deploy.tracing._db._schema import SCHEMA_VERSION
 from synth_deploy.tracing._errors import (
     NotATraceDbError,
     SchemaTooNewError,
@@ -19,7 +20,6 @@ from synth_deploy.tracing._errors import (
     TraceDbMissingError,
     TraceDbUnreachableError,
 )
-from synth_deploy.tracing._schema import SCHEMA_VERSION
 
 # Errors that carry the remote server's answer, so it was reached.
 _ANSWERED = (TraceDbAuthError, SchemaTooNewError, NotATraceDbError)

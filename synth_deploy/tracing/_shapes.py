@@ -23,8 +23,8 @@ import time
 from dataclasses import fields
 from typing import Any
 
+from synth_deploy.tracing._db._rows import epoch
 from synth_deploy.tracing._errors import TraceFormatError
-from synth_deploy.tracing._rows import epoch
 from synth_deploy.tracing._session import (
     Event,
     EventReward,

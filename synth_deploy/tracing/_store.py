@@ -27,9 +27,9 @@ from typing import Any
 from synth_deploy._batches import take_batch
 from synth_deploy.deadlines import deadline
 from synth_deploy.errors import TraceStoreError
-from synth_deploy.tracing import _rows, _totals
-from synth_deploy.tracing import _schema as schema
 from synth_deploy.tracing._config import TraceDbSetting, parse_trace_db
+from synth_deploy.tracing._db import _rows, _totals
+from synth_deploy.tracing._db import _schema as schema
 from synth_deploy.tracing._errors import (
     SchemaTooNewError,
     SessionConflictError,
@@ -107,13 +107,13 @@ class TraceStore:
         self.read_only = read_only
         self.write_timeout_s = write_timeout_s
         if setting.is_remote:
-            from synth_deploy.tracing._libsql import LibsqlBackend
+            from synth_deploy.tracing._db._libsql import LibsqlBackend
 
             bound = {} if connect_timeout_s is None else {"connect_timeout_s": connect_timeout_s}
             self._db: Any = LibsqlBackend(setting.remote_url or setting.url,
                                           setting.auth_token, display=setting.display, **bound)
         else:
-            from synth_deploy.tracing._sqlite import SqliteBackend
+            from synth_deploy.tracing._db._sqlite import SqliteBackend
 
             self._db = SqliteBackend(setting.path or setting.url,
                                      create=create and not read_only, read_only=read_only)
@@ -245,7 +245,7 @@ class TraceStore:
             self._check_writable()
             writer = self._loop_writers.get(loop)
             if writer is None or not writer.alive:
-                from synth_deploy.tracing._writer import LoopWriter
+                from synth_deploy.tracing._write._child import LoopWriter
 
                 for old in [lp for lp in self._loop_writers if lp.is_closed()]:
                     self._loop_writers.pop(old).finish(0)  # it exits once it has committed

@@ -54,7 +54,7 @@ def writer_children(db: Path) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"synth_deploy.tracing._writer" in cmdline and str(db).encode() in cmdline:
+        if b"synth_deploy.tracing._write._child" in cmdline and str(db).encode() in cmdline:
             found.append(int(pid))
     return found
 
@@ -204,8 +204,8 @@ def writer_acks(path: Path, send) -> list[list[tuple]]:
     """Run a writer child for ``path``, call ``send(stdin)``, close its input; the frames it
     answered, each a list of (seq, error or None)."""
     open_trace_store(path).close()
-    child = subprocess.Popen([sys.executable, "-m", "synth_deploy.tracing._writer", str(path)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-m", "synth_deploy.tracing._write._child",
+                              str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert read_frame(child.stdout) == []  # ready
         send(child.stdin)

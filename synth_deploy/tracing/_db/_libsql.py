@@ -53,7 +53,7 @@ class LibsqlBackend:
 
     def _start(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "synth_deploy.tracing._libsql_worker"],
+            [sys.executable, "-m", "synth_deploy.tracing._db._libsql_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1)
         self._proc, self._replies = proc, queue.Queue()
@@ -147,7 +147,7 @@ class LibsqlBackend:
 
     def insert_sessions(self, sessions: list[Any]) -> None:
         """Insert every row of ``sessions`` in one transaction (all or nothing)."""
-        from synth_deploy.tracing._rows import insert_statements
+        from synth_deploy.tracing._db._rows import insert_statements
 
         self.run(insert_statements(sessions))
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from synth_deploy.errors import UsageError
-from synth_deploy.tracing._browse import SessionFilter, SessionSql
+from synth_deploy.tracing._read._browse import SessionFilter, SessionSql
 from synth_deploy.tracing._store import TraceStore
 
 MAX_BARS = 20

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from synth_deploy.tracing._schema import METADATA_PATHS
+from synth_deploy.tracing._db._schema import METADATA_PATHS
 from synth_deploy.tracing._session import (
     Event,
     EventReward,

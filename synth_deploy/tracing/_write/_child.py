@@ -143,7 +143,7 @@ class LoopWriter:
         self.path, self.display, self.loop = path, display, loop
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "synth_deploy.tracing._writer", str(path)],
+                [sys.executable, "-m", "synth_deploy.tracing._write._child", str(path)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             raise TraceStoreError(f"cannot start the trace writer process for {display}: "

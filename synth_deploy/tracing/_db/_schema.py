@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from synth_deploy.tracing._totals import migration as totals_migration
+from synth_deploy.tracing._db._totals import migration as totals_migration
 
 SCHEMA_VERSION = 8
 VERSION_TABLE = "synth_deploy_schema"

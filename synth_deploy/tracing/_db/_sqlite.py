@@ -207,7 +207,7 @@ class SqliteBackend:
         Inside the transaction no other writer can take ids, so rows get theirs from the
         current maximum: children carry their parents' ids instead of looking them up.
         """
-        from synth_deploy.tracing._rows import ID_TABLES, insert_rows
+        from synth_deploy.tracing._db._rows import ID_TABLES, insert_rows
 
         with self._lock:
             conn = self._conn

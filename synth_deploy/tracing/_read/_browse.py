@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from synth_deploy.errors import UsageError
-from synth_deploy.tracing import _schema as schema
-from synth_deploy.tracing import _totals as totals
+from synth_deploy.tracing._db import _schema as schema
+from synth_deploy.tracing._db import _totals as totals
 from synth_deploy.tracing._store import TraceStore
 
 COUNT_CAP = 100_000

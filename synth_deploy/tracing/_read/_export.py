@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import UsageError
-from synth_deploy.tracing._browse import SessionFilter, SessionSql
+from synth_deploy.tracing._db._rows import _JSON_CONTENT, _loads, session_reward
 from synth_deploy.tracing._ledger import ledger_from_rows, ledger_of, stored_cost_sql
-from synth_deploy.tracing._rows import _JSON_CONTENT, _loads, session_reward
+from synth_deploy.tracing._read._browse import SessionFilter, SessionSql
 from synth_deploy.tracing._session import SessionTrace, Timestep
 from synth_deploy.tracing._store import TraceStore, _filters, since_timestamp
 
