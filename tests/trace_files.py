@@ -73,7 +73,8 @@ def make_synth_ai_db(path: Path) -> None:
 
 
 def statements_run(store: TraceStore) -> list[str]:
-    """Every SQL statement the store's own connection runs from now on (SQLite's trace hook)."""
+    """Every SQL statement the store's own connection runs from now on (SQLite's trace hook):
+    its reads, and the writes of its writer thread (not those of a writer child)."""
     seen: list[str] = []
-    store._db._conn.set_trace_callback(seen.append)
+    store.database.trace_statements(seen.append)
     return seen

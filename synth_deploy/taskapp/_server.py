@@ -70,8 +70,7 @@ _RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
 class TraceSink(Protocol):
     """Where finished rollout sessions go; `write_session` returns once the data is durable."""
 
-    async def write_session(self, session: SessionTrace, *, more_coming: bool = False
-                            ) -> None: ...
+    async def write_session(self, session: SessionTrace) -> None: ...
 
 
 class _EncodedJSON(Response):
@@ -244,7 +243,6 @@ class _Rollouts:
         self.on_session = on_session
         self.secret_values = secret_values
         self.stats = stats
-        self.running = 0  # rollouts whose app code has not returned yet
         self.trace_failures = CoalescedLog(logger)  # a full disk fails every rollout
 
     async def run(self, req: RolloutRequest, request_json: bytes, http: Any) -> Response:
@@ -259,7 +257,6 @@ class _Rollouts:
         started = time.perf_counter()
         error: JSONResponse | None = None
         result: RolloutResponse | None = None
-        self.running += 1
         try:
             with deadline(bound):
                 raw = await self.call_executor(req, ctx)
@@ -270,8 +267,6 @@ class _Rollouts:
             error = self._failure(exc, req, bound)
             elapsed = time.perf_counter() - started
             self.stats.errors += 1
-        finally:
-            self.running -= 1
         self.stats.record(elapsed)
         session = tracer.finish()
         if trace_store is not None or req.record.return_trace or on_session is not None:
@@ -288,8 +283,7 @@ class _Rollouts:
                 logger.exception("live export of rollout %s failed", req.run_id)
         if trace_store is not None:
             try:
-                # While other rollouts run, their sessions can share this one's commit.
-                await trace_store.write_session(session, more_coming=self.running > 0)
+                await trace_store.write_session(session)
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -158,14 +159,6 @@ class SessionTrace:
             "experiment_id": self.experiment_id,
         }
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SessionTrace:
-        """Invert `to_dict`; also reads every trace shape synth-ai task apps return (see
-        `synth_deploy.tracing.session_from_trace`)."""
-        from synth_deploy.tracing._shapes import session_from_trace
-
-        return session_from_trace(data)
-
 
 def usage_from_counts(input_tokens: int | None, output_tokens: int | None,
                       total_tokens: int | None) -> dict[str, Any] | None:
@@ -205,6 +198,7 @@ class SessionTracer:
                                     metadata=dict(metadata or {}))
         self._current: Timestep | None = None
         self._chat: list[Any] = []  # the chat messages the current timestep holds, in order
+        _recording.add(self)
 
     @property
     def session_id(self) -> str:
@@ -324,7 +318,19 @@ class SessionTracer:
 
     def finish(self) -> SessionTrace:
         self.end_timestep()
+        _recording.discard(self)
         return self.session
+
+
+# Tracers not finished yet: rollouts still running in this process. A tracer dropped
+# unfinished leaves the set with its last reference.
+_recording: weakref.WeakSet[SessionTracer] = weakref.WeakSet()
+
+
+def sessions_recording() -> int:
+    """How many sessions this process is still recording: the writer's hint that more
+    writes will follow soon (see `synth_deploy.tracing._write._child.GATHER_S`)."""
+    return len(_recording)
 
 
 __all__ = [

@@ -23,7 +23,6 @@ import time
 from dataclasses import fields
 from typing import Any
 
-from synth_deploy.tracing._db._rows import epoch
 from synth_deploy.tracing._errors import TraceFormatError
 from synth_deploy.tracing._session import (
     Event,
@@ -34,6 +33,7 @@ from synth_deploy.tracing._session import (
     Timestep,
     usage_from_counts,
 )
+from synth_deploy.tracing._times import epoch
 
 _EVENT_KINDS = ("cais", "environment", "runtime")
 _LM_CALL_KINDS = ("lm_call", "llm_call", "lm", "llm")

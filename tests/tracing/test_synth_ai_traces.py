@@ -19,7 +19,6 @@ from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import (
     SCHEMA_VERSION,
     SessionConflictError,
-    SessionTrace,
     TraceFormatError,
     open_trace_store,
     session_from_trace,
@@ -91,7 +90,7 @@ def test_wrapped_and_id_less_traces_are_read_and_junk_is_a_clear_error():
 
 def test_our_own_trace_round_trips_through_the_same_reader():
     session = make_session(3)
-    assert_same(SessionTrace.from_dict(json.loads(json.dumps(session.to_dict()))).to_dict(),
+    assert_same(session_from_trace(json.loads(json.dumps(session.to_dict()))).to_dict(),
                 session.to_dict())
 
 
@@ -100,7 +99,7 @@ def test_our_own_trace_round_trips_through_the_same_reader():
 
 def test_storing_a_stored_session_again_is_idempotent_and_other_content_conflicts(tmp_path):
     session = make_session(1)
-    returned = SessionTrace.from_dict(json.loads(json.dumps(session.to_dict())))
+    returned = session_from_trace(json.loads(json.dumps(session.to_dict())))
     with open_trace_store(tmp_path / "t.db") as store:
         store.write_session_sync(session)
         store.write_session_sync(returned)  # what a smoke run stores after the server did

@@ -19,7 +19,7 @@ import pytest
 from processes import free_port, wait_until_up
 from rollouts import SERVER_SCRIPT, fire, rollout_body
 
-from synth_deploy.taskapp import RolloutRequest, TaskApp, create_app
+from synth_deploy.taskapp import RolloutRequest, create_app
 from synth_deploy.tracing import SessionTrace, ledger_of, open_trace_store
 
 
@@ -191,7 +191,7 @@ def test_a_full_disk_fails_each_rollout_and_is_logged_once(serve, api_key, caplo
     from synth_deploy.errors import TraceStoreError
 
     class FullDisk:  # what the kit's store raises when its disk is full
-        async def write_session(self, session, *, more_coming=False):
+        async def write_session(self, session):
             raise TraceStoreError("trace database /srv/secret/traces.db: cannot write: "
                                   "database or disk is full")
 
@@ -224,39 +224,6 @@ def test_a_real_full_disk_is_logged_once(tmp_path, serve, math_config, api_key, 
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
     assert len(logged) <= 1 and all(r.exc_info is not None for r in logged)
-
-
-def test_a_session_written_while_other_rollouts_run_says_more_are_coming(serve, api_key):
-    # Seeds 0-2 run together: 0 finishes first, 2 last. The writer may wait a moment for the
-    # sessions still to come (to commit them together), never for none: not for those
-    # already written and waiting to be committed (here, 0.3 s each).
-    written: dict[int, bool] = {}
-
-    class Sink:
-        async def write_session(self, session, *, more_coming=False):
-            written[session.metadata["seed"]] = more_coming
-            await asyncio.sleep(0.3)
-
-    app = TaskApp("gate", name="gate", description="three rollouts in flight at once")
-    started = 0
-
-    @app.rollout
-    async def rollout(request, ctx):
-        nonlocal started
-        seed = request.env.seed
-        if seed != 9:  # 9 runs alone
-            started += 1
-            while started < 3:
-                await asyncio.sleep(0.005)
-            await asyncio.sleep(0.1 * seed)
-        return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
-
-    server = serve(create_app(app.build_config(), api_keys=[api_key], trace_store=Sink()))
-    asyncio.run(fire(server.url, api_key, [rollout_body("alone", 9, "http://127.0.0.1:1")]))
-    assert written == {9: False}
-    bodies = [rollout_body(f"r{seed}", seed, "http://127.0.0.1:1") for seed in range(3)]
-    assert [status for _, status in asyncio.run(fire(server.url, api_key, bodies))] == [200] * 3
-    assert written == {9: False, 0: True, 1: True, 2: False}
 
 
 def test_a_failed_trace_write_fails_the_rollout(serve, math_config, api_key, mock_policy,

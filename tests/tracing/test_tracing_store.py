@@ -24,7 +24,6 @@ from synth_deploy.tracing import (
     NotATraceDbError,
     SchemaTooNewError,
     SessionNotFoundError,
-    SessionTrace,
     SessionTracer,
     TraceDbMissingError,
     TraceDbUrlError,
@@ -32,6 +31,7 @@ from synth_deploy.tracing import (
     open_trace_store,
     parse_trace_db,
     resolve_trace_db,
+    session_from_trace,
     since_timestamp,
 )
 
@@ -65,7 +65,7 @@ def test_values_json_has_no_type_for_are_stored_not_refused(tmp_path):
 
 def test_dict_form_inverts():
     session = make_session(3)
-    assert SessionTrace.from_dict(session.to_dict()).to_dict() == session.to_dict()
+    assert session_from_trace(session.to_dict()).to_dict() == session.to_dict()
 
 
 def test_many_concurrent_writers_all_land(tmp_path):
@@ -122,15 +122,18 @@ def test_a_session_whose_rows_cannot_be_built_fails_alone_and_later_writes_land(
 def test_a_write_racing_close_is_refused_at_once(tmp_path):
     store = TraceStore(parse_trace_db(str(tmp_path / "t.db")), write_timeout_s=2.0)
     store.write_session_sync(make_session(0))  # the writer thread is running
-    # Hold the writing thread just before it takes the writer lock, run close() in full,
-    # then let it go on: it must see the store closed, not queue behind the stop marker.
-    lines, first = inspect.getsourcelines(TraceStore._submit)
-    lock_line = first + next(i for i, line in enumerate(lines) if "self._writer_lock" in line)
+    # Hold the writing thread just before the writer thread's queue takes the write (its
+    # `submit`, found by name), run close() in full, then let it go on: it must see the
+    # store closed, not queue behind the stop marker.
     at_lock, go_on, outcome = threading.Event(), threading.Event(), {}
 
     def tracer(frame, event, arg):
-        if frame.f_code is not TraceStore._submit.__code__:
+        code = frame.f_code
+        if code.co_name != "submit" or \
+                frame.f_globals.get("__name__") != "synth_deploy.tracing._write._thread":
             return None
+        lines, first = inspect.getsourcelines(code)
+        lock_line = first + next(i for i, text in enumerate(lines) if "with self._lock" in text)
 
         def line(frame, event, arg):
             if event == "line" and frame.f_lineno == lock_line:

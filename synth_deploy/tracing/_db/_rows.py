@@ -14,7 +14,6 @@ Two ways to write a batch of sessions, both inserting parents before children:
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic_core import to_json
@@ -29,6 +28,7 @@ from synth_deploy.tracing._session import (
     Timestep,
     usage_from_counts,
 )
+from synth_deploy.tracing._times import epoch, iso
 
 Statement = tuple[str, tuple[Any, ...]]
 _ROWS_PER_INSERT = 200
@@ -58,30 +58,6 @@ _OUTCOME_COLS = ("session_id", "total_reward", "achievements_count", "total_step
                  "created_at", "reward_metadata", "annotation")
 _EVENT_REWARD_COLS = ("event_id", "session_id", "message_id", "turn_number", "reward_value",
                       "reward_type", '"key"', "annotation", "source", "created_at")
-
-
-_EPOCH = datetime(1970, 1, 1)
-
-
-def iso(ts: float | None) -> str | None:
-    """Epoch seconds → the sortable UTC text SQLAlchemy's DATETIME used in synth-ai."""
-    if ts is None:
-        return None
-    # What datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f") writes, with
-    # the same rounding, in a third of the time (a session has a dozen timestamps).
-    return (_EPOCH + timedelta(seconds=ts)).isoformat(" ", "microseconds")
-
-
-def epoch(text: Any) -> float | None:
-    if text is None:
-        return None
-    if isinstance(text, int | float):
-        return float(text)
-    try:
-        parsed = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _json(value: Any) -> str | None:

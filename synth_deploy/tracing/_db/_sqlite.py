@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,9 @@ class SqliteBackend:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._inserted = False
+        self._checkpoint_lock = threading.Lock()
+        self._checkpointer: sqlite3.Connection | None = None
+        self._frame_bytes = 4096 + 24
         memory = str(path) == ":memory:"
         if not memory:
             self._check_path(create)
@@ -72,46 +75,64 @@ class SqliteBackend:
             # Up to 64 MiB of pages (taken as used): the index pages a million-session
             # store's inserts touch stay in memory instead of being read back each batch.
             self._conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+            # A WAL that a checkpoint started over is cut back to this size at the next commit.
+            self._conn.execute(f"PRAGMA journal_size_limit={RESTART_WAL_BYTES}")
+            self._frame_bytes = self._conn.execute("PRAGMA page_size").fetchone()[0] + 24
         except sqlite3.Error as exc:
             raise self._error(exc, "open") from exc
 
+    def checkpoint(self, *, restart_after_bytes: int = RESTART_WAL_BYTES) -> str:
+        """One round of moving the WAL into the file, on a connection of its own, so that
+        the WAL stays bounded under a writer that never pauses. Returns what it did:
+        ``"passive"``, ``"restart"`` or ``"busy"``.
+
+        A PASSIVE checkpoint copies what no reader still needs and never waits for or
+        blocks anyone; but under a steady stream of commits it never catches up with the
+        last one, and SQLite never starts the WAL over by itself (every page read then
+        searches all of it). So once the WAL holds ``restart_after_bytes``, a RESTART
+        checkpoint copies the rest while commits wait, and waits for readers still on the
+        WAL for `RESTART_WAIT_S` at most: a long read makes it give up (``"busy"``) rather
+        than hold the writer, and a later round tries again. After a restart the next
+        commit starts the WAL over (cut back to `RESTART_WAL_BYTES`).
+        """
+        with self._checkpoint_lock:
+            if self._closed.is_set():
+                return "busy"
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(str(self.path), timeout=RESTART_WAIT_S,
+                                                     check_same_thread=False)
+            conn = self._checkpointer
+            try:
+                _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                if frames * self._frame_bytes < restart_after_bytes:
+                    return "passive"
+                busy, _, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            except sqlite3.OperationalError:  # busy or locked: the wait is short
+                return "busy"
+            return "busy" if busy else "restart"
+
     def checkpoint_in_background(self, every_s: float = CHECKPOINT_EVERY_S,
                                  restart_after_bytes: int = RESTART_WAL_BYTES) -> None:
-        """Move WAL frames into the file from a thread of its own, every ``every_s``,
-        instead of inside whichever commit crosses SQLite's threshold (a pause of tens of
-        milliseconds for the rollouts waiting on that commit). PASSIVE: never waits for or
-        blocks a writer or reader. The thread ends with the connection.
-
-        Under a steady stream of commits a PASSIVE checkpoint never catches up with the
-        last one, so SQLite never starts the WAL over: it grew by 370 MB in 3 s of
-        one-session commits, and every page read searches all of it. Once it holds
-        ``restart_after_bytes``, a RESTART checkpoint copies what is left (the PASSIVE ones
-        did the rest) while commits wait, for ``RESTART_WAIT_S`` at most: a reader still on
-        the WAL makes it give up until the next round rather than hold the writer. The
-        next commit then starts the WAL over, cut back to that size.
-        """
+        """`checkpoint` every ``every_s`` from a thread of its own, in place of SQLite's
+        automatic checkpoints, which run inside whichever commit crosses the threshold
+        (a pause for every rollout waiting on that commit). The thread ends with the
+        connection."""
         with self._lock:
             self._conn.execute("PRAGMA wal_autocheckpoint=0")
-            self._conn.execute(f"PRAGMA journal_size_limit={restart_after_bytes}")
-            frame_bytes = self._conn.execute("PRAGMA page_size").fetchone()[0] + 24
 
         def run() -> None:
-            conn = sqlite3.connect(str(self.path), timeout=RESTART_WAIT_S)
             try:
                 while not self._closed.wait(every_s):
-                    try:
-                        _, frames, _ = conn.execute(
-                            "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                        if frames * frame_bytes >= restart_after_bytes:
-                            conn.execute("PRAGMA wal_checkpoint(RESTART)")
-                    except sqlite3.OperationalError:
-                        continue  # busy or locked (the wait is short): the next round
+                    self.checkpoint(restart_after_bytes=restart_after_bytes)
             except sqlite3.Error:
                 pass  # the next opener (or the last connection to close) checkpoints
-            finally:
-                conn.close()
 
         threading.Thread(target=run, daemon=True, name="synth-deploy-checkpoint").start()
+
+    def trace_statements(self, callback: Callable[[str], None] | None) -> None:
+        """SQLite's trace hook on this connection: ``callback(sql)`` for every statement."""
+        with self._lock:
+            self._conn.set_trace_callback(callback)
 
     def _check_path(self, create: bool) -> None:
         try:
@@ -240,6 +261,10 @@ class SqliteBackend:
         with self._lock:
             self._conn.close()
         self._closed.set()
+        with self._checkpoint_lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
 
 
 def _read_only_uri(path: Path) -> str:

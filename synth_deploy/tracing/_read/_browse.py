@@ -115,8 +115,8 @@ class SessionSql:
     """SQL expressions for the fields, as this store's columns allow."""
 
     def __init__(self, store: TraceStore) -> None:
-        self.query, self.rows = store._db.query, store._db.rows
-        self.expr = {name: store._fields[column] for name, column in _STORE_FIELDS.items()}
+        self.query, self.rows = store.database.query, store.database.rows
+        self.expr = {name: store.database.fields[column] for name, column in _STORE_FIELDS.items()}
         self.indexed = {name for name, column in _STORE_FIELDS.items()
                         if self.expr[name] == f"s.{column}"} | {"created"}
         self.expr.update(error=schema.metadata_field("$.error.message", "s"),

@@ -118,12 +118,12 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
         selection = None if where.status == "error" else \
             SessionSql(store).where(dataclasses.replace(where, status="ok"))[:2]
     else:
-        selection = _filters(store._fields, app=app, status="ok", min_reward=min_reward,
+        selection = _filters(store.database.fields, app=app, status="ok", min_reward=min_reward,
                              model=model, since=since_timestamp(since) if since else None)
     total = 0
     if progress is not None and selection is not None:
-        total = int(store._db.query(f"SELECT COUNT(*) AS n FROM session_traces s{selection[0]}",
-                                    selection[1])[0]["n"])
+        total = int(store.database.query(
+            f"SELECT COUNT(*) AS n FROM session_traces s{selection[0]}", selection[1])[0]["n"])
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     examples = sessions = skipped = 0
     try:
@@ -172,7 +172,7 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
     if selection is None:
         return
     clause, params = selection
-    rows_of = store._db.rows
+    rows_of = store.database.rows
     after: list[Any] = []
     while True:
         keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
@@ -187,7 +187,7 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
             f"ORDER BY s.created_at, s.rowid LIMIT {PAGE_SESSIONS}", params + after)
         if not rows:
             return
-        yield _page(store._db, rows, stored_cost_sql(store.schema_version))
+        yield _page(store.database, rows, stored_cost_sql(store.schema_version))
         after = [rows[-1][2], rows[-1][0]]  # created_at, rowid
 
 

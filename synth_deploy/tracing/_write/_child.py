@@ -1,28 +1,26 @@
-"""The writer process: a server's trace commits happen in a child, not in the server.
+"""The writer child: a served app's trace commits happen in a process of their own.
 
-A writer thread would share the GIL with the event loop: statement building and the Python
-side of every SQLite call compete with request handling, and the thread hands results back
-through the loop's self-pipe. Instead a served app's event loop (`TraceStore.
-use_writer_process`, called as the server starts) gets a child process for a local trace
-file, driven from the loop itself (no thread in between): the loop pickles the sessions
-finished in one iteration into one frame and writes it without blocking; the child's
-acknowledgements wake the loop through `add_reader` and settle the waiting futures in
-place. The child runs an ordinary in-process `TraceStore` (group commit, a bad session
-failing alone, idempotent re-writes), checkpoints the WAL from a thread of its own rather
-than inside a commit, and acknowledges a session only once its transaction has committed:
-an acknowledged write is on disk, as before.
+A writer thread would share the GIL with the event loop: building statements and the Python
+side of every SQLite call would compete with request handling. So a served app's event loop
+(`TraceStore.use_writer_process`, called as the server starts) gets a child process for a
+local trace file, driven from the loop itself (no thread in between): the sessions finished
+in one loop iteration go as one frame, written without blocking; the child's
+acknowledgements wake the loop through `add_reader` and settle the waiting futures in place.
+The child stores them with `commit` (group commit, a bad session failing alone, idempotent
+re-writes), checkpoints the WAL from a thread of its own, and acknowledges a session only
+once its transaction has committed: an acknowledged write is in the file.
 
     event loop ──frames of (more_coming, [(seq, session), ...])──► child stdin
     event loop ◄──frames of [(seq, error or None), ...]── child stdout
 
-A frame is a 4-byte little-endian length and a pickle. ``more_coming`` says the server
-still had rollouts running when it sent the frame: their sessions will follow, and the child
-waits a moment for them (`GATHER_S`) to commit them together. The child has its own session
-(the terminal's Ctrl-C does not cut a commit short) and exits once its stdin closes, after
-committing what it read: a parent killed with SIGKILL loses no acknowledged write and
-leaves no process behind. Its stderr is the parent's. Its first frame, sent once the store
-is open, is empty: until it comes (a new interpreter takes a few tenths of a second to
-start), the server commits through its own writer thread, so the first rollouts of a
+A frame is a 4-byte little-endian length and a pickle. ``more_coming`` says other sessions
+were still being recorded (rollouts still running) when the frame went: theirs will follow,
+and the child waits a moment for them (`GATHER_S`) to commit them together. The child has
+its own session (the terminal's Ctrl-C does not cut a commit short) and exits once its
+stdin closes, after committing what it read: a parent killed with SIGKILL loses no
+acknowledged write and leaves no process behind. Its stderr is the parent's. Its first
+frame, sent once the database is open, is empty: until it comes (a new interpreter takes a
+moment to start), the server commits through its writer thread, so the first rollouts of a
 freshly started server do not wait for the child.
 """
 
@@ -46,6 +44,8 @@ from typing import Any, BinaryIO
 from synth_deploy import errors as _base_errors
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _errors
+from synth_deploy.tracing._config import parse_trace_db
+from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -53,31 +53,26 @@ from synth_deploy.tracing._session import (
     OutcomeReward,
     SessionTrace,
     Timestep,
+    sessions_recording,
 )
+from synth_deploy.tracing._write._commit import commit
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
-# What a waiting crowd is committed in: halves, of 12 sessions at least. Every waiting
-# client's rollout tends to arrive at once; committed whole, the server idles while the
-# child commits and the child idles while the server answers, by turns. In halves, the
+# What a waiting crowd is committed in: halves, of MIN_SLICE sessions at least. Every
+# waiting client's rollout tends to arrive at once; committed whole, the server idles while
+# the child commits and the child idles while the server answers, by turns. In halves, the
 # first half's clients are answered (and send their next rollouts) while the second half
-# commits. On 2 cores with 32 clients, traced throughput was 0.69x of untraced committed
-# whole, 0.72x to 0.88x in fixed slices of 8 to 16 and 0.81x in these halves (paired
-# runs); a fixed small slice also cost a bulk writer with 256 sessions in flight a tenth of
-# its rate in extra commits, where halves cost it one commit more.
+# commits; a fixed small slice would cost a writer with many sessions in flight a commit
+# per slice, where halves cost it one more (bench/trace_throughput.py weighs the choice).
 MIN_SLICE = 12
 
 
 # How long the child waits for the sessions of rollouts still running, until it holds
-# MIN_SLICE. A commit writes the same ~27 WAL pages however few sessions it holds. With an
-# fsync per commit (0.35 ms of CPU here, against 0.13 ms per session), at the math app's
-# rate (~700 rollouts/s on 2 cores) commits held 4 sessions on average and the writer spent
-# 0.38-0.44 ms per session; waiting up to 10 ms it spent 0.22-0.27 ms, and the traced
-# server's CPU per rollout, writer included, went from 1.22-1.29x of untraced to 1.15-1.20x
-# (paired runs). Without that fsync it still pays: traced math at 0.99x of untraced against
-# 0.95x without waiting, CPU 1.23x against 1.32x. A rollout that waits is answered at most
-# 10 ms later. A trivial rollout's code never awaits: no other is running when it is
-# written, and nothing waits.
+# MIN_SLICE. A commit costs about the same however few sessions it holds, so under a steady
+# stream fuller commits cost the writer less per session; a rollout that waits is answered
+# at most GATHER_S later. When no other session is being recorded (a lone rollout, a
+# script's writes) nothing waits.
 GATHER_S = 0.010
 
 
@@ -87,7 +82,7 @@ def commit_slices(items: list[Any]) -> list[list[Any]]:
     return [items[start:start + size] for start in range(0, len(items), size)]
 
 # Sessions cross the pipe as tuples of their fields (nested the same way), not as pickled
-# dataclasses: a third cheaper to pickle on the server, whose GIL pays for it.
+# dataclasses: cheaper to pickle on the server, whose GIL pays for it.
 _NESTED = {SessionTrace: {"timesteps": Timestep, "event_rewards": EventReward,
                           "outcome_rewards": OutcomeReward},
            Timestep: {"events": Event, "messages": Message}}
@@ -155,7 +150,6 @@ class LoopWriter:
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._seq = 0
         self._queued: list[tuple[int, Any]] = []  # sessions of this loop iteration
-        self._more_coming = False
         self._unsent = bytearray()  # framed, not yet taken by the pipe
         self._received = bytearray()
         self._waiting_to_write = False
@@ -163,10 +157,16 @@ class LoopWriter:
         self.ready = False  # the child has opened the store (its first, empty, frame)
         loop.add_reader(self._out_fd, self._read_acks)
 
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self._proc.pid
+
     # -- on the loop ----------------------------------------------------------------------
 
-    def submit(self, session: Any, more_coming: bool = False) -> asyncio.Future[None]:
-        """``more_coming``: other rollouts are still running (see `GATHER_S`)."""
+    def submit(self, session: Any) -> asyncio.Future[None]:
+        """Send ``session`` with the others of this loop iteration; the future is settled
+        once the child has committed it."""
         future = self.loop.create_future()
         if not self.alive:
             future.set_exception(self._exit_error())
@@ -176,12 +176,12 @@ class LoopWriter:
         if not self._queued:
             self.loop.call_soon(self._flush)  # one frame for this iteration's sessions
         self._queued.append((self._seq, session))
-        self._more_coming = more_coming  # as things stand when the frame goes
         return future
 
     def _flush(self) -> None:
         if self._queued:
-            self._unsent += self._framed(self._more_coming)
+            # Sessions still being recorded (rollouts still running) will follow soon.
+            self._unsent += self._framed(more_coming=sessions_recording() > 0)
         self._write_some()
 
     def _framed(self, more_coming: bool) -> bytes:
@@ -316,59 +316,32 @@ def main(path: str) -> None:
     """Commit the sessions read from stdin to ``path``; acknowledge each on stdout.
 
     One thread: read a frame, take every frame already waiting too (group commit) or soon to
-    come (`GATHER_S`), commit them in `commit_slices`, each in one transaction through the
-    store's own `_commit` (a bad session fails alone) and answered with one frame. While a
-    commit runs, what the server sends waits in the pipe.
+    come (`GATHER_S`), commit them in `commit_slices`, each one transaction (a bad session
+    fails alone) answered with one frame. While a commit runs, what the server sends waits
+    in the pipe.
     """
-    from synth_deploy.tracing._config import parse_trace_db
-    from synth_deploy.tracing._store import TraceStore
-
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
     frames = _FrameReader(sys.stdin.buffer.fileno())
     try:
-        store = TraceStore(parse_trace_db(path), create=False, write_timeout_s=None,
-                           writer_process=False)
+        db = TraceDatabase(parse_trace_db(path), create=False)
     except Exception as exc:  # then every write the parent sends gets this error
         error = _describe(exc)
         _send(stdout, [])
         while (items := frames.next_batch()) is not None:
             _send(stdout, [(seq, error) for seq, _ in items])
         return
-    store._db.checkpoint_in_background()  # commits here never stop to checkpoint
+    db.checkpoint_in_background()  # commits here never stop to checkpoint
     parent_gone = not _send(stdout, [])  # ready
     try:
         while (items := frames.next_batch()) is not None:
             for part in commit_slices(items):
-                outcomes = [_Outcome() for _ in part]
-                store._commit([(_restore(flat, SessionTrace), outcome)
-                               for (_, flat), outcome in zip(part, outcomes, strict=True)])
-                acks = [(seq, None if o.error is None else _describe(o.error))
-                        for (seq, _), o in zip(part, outcomes, strict=True)]
+                outcomes = commit(db, [_restore(flat, SessionTrace) for _, flat in part])
+                acks = [(seq, None if error is None else _describe(error))
+                        for (seq, _), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway
     finally:
-        store.close()
-
-
-class _Outcome:
-    """What `TraceStore._commit` settles for one session, in place of a future: nobody here
-    waits on another thread, and a `concurrent.futures.Future` (its lock and condition, set
-    and read) was 8% of the child's instructions per trivial session (294k to 271k,
-    callgrind, six sessions a commit)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self) -> None:
-        self.error: BaseException | None = None
-
-    def set_running_or_notify_cancel(self) -> bool:
-        return True
-
-    def set_result(self, result: None) -> None:
-        pass
-
-    def set_exception(self, error: BaseException) -> None:
-        self.error = error
+        db.close()
 
 
 class _FrameReader:
