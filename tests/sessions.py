@@ -43,3 +43,17 @@ def assert_same(a, b, where="trace"):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def judged_session(policy: str, judge: str) -> object:
+    """A rollout whose policy used ``policy``, and whose answer a judge model scored."""
+    tracer = SessionTracer(metadata={"app_id": "math", "run_id": f"run-{policy}",
+                                     "model": policy, "status": "ok"})
+    tracer.start_timestep("turn-1", turn_number=1)
+    tracer.record_message("user", "What is 2 + 2?")
+    tracer.record_lm_call(model_name=policy, input_tokens=5, output_tokens=2)
+    tracer.record_message("assistant", "4")
+    tracer.record_lm_call(model_name=judge, input_tokens=9, output_tokens=1,
+                          system_instance_id="judge")
+    tracer.record_outcome_reward(1.0)
+    return tracer.finish()

@@ -35,6 +35,9 @@ from synth_deploy.errors import UsageError
 
 traces_app = typer.Typer(help="Inspect rollout traces; export SFT data.",
                          no_args_is_help=True)
+# The one model rule of every filter (synth_deploy.tracing.SessionFilter).
+MODEL_HELP = ("Only sessions whose policy used this model (the session's model, as `traces ls` "
+              "shows it; other models its LM calls used, a judge's say, do not count).")
 
 
 def register(app: typer.Typer) -> None:
@@ -121,14 +124,15 @@ def init(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
 def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to show.")] = 20,
        app: Annotated[str | None, typer.Option("--app", help="Only this app id.")] = None,
        status: Annotated[str | None, typer.Option("--status", help="ok or error.")] = None,
+       model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
        trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
        json_output: JsonOption = False) -> None:
     """List the newest sessions."""
     with handling_errors(json_output), _open(trace_db, env_file) as store:
-        rows = store.list_sessions(limit=limit, app=app, status=status)
+        rows = store.list_sessions(limit=limit, app=app, status=status, model=model)
         # Counted only when the limit may hide some: then the title says how many are stored.
-        stored = (store.count_sessions(app=app, status=status) if len(rows) == limit
-                  else len(rows))
+        stored = (store.count_sessions(app=app, status=status, model=model)
+                  if len(rows) == limit else len(rows))
     if json_output:
         print_json([r.to_dict() for r in rows])
         return
@@ -281,7 +285,7 @@ def export(
     min_reward: Annotated[float | None, typer.Option(
         "--min-reward", help="Keep sessions with outcome reward ≥ this.")] = None,
     app: Annotated[str | None, typer.Option("--app", help="Only this app id.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Only this policy model.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
     since: Annotated[str | None, typer.Option(
         "--since", help="Only newer sessions: 24h, 7d, or an ISO date/time (UTC).")] = None,
     limit: Annotated[int | None, typer.Option(

@@ -20,6 +20,7 @@ from synth_deploy.tracing._config import (
 )
 from synth_deploy.tracing._db._rows import session_reward
 from synth_deploy.tracing._db._schema import SCHEMA_VERSION
+from synth_deploy.tracing._db._select import SessionFilter, since_timestamp
 from synth_deploy.tracing._errors import (
     NotATraceDbError,
     SchemaTooNewError,
@@ -46,14 +47,13 @@ from synth_deploy.tracing._store import (
     TraceStats,
     TraceStore,
     open_trace_store,
-    since_timestamp,
 )
 
 # What reads a store (browsing, export, reports, prices, replay) loads on first use: a
 # served app and its writer process only record and store.
 _ON_USE = {
-    "_read._browse": ("SORT_KEYS", "SessionFilter", "SessionPage", "SessionRow", "browse_sessions",
-                "filter_choices", "matching_session_ids"),
+    "_read._browse": ("SORT_KEYS", "SessionPage", "SessionRow", "browse_sessions",
+                      "filter_choices", "matching_session_ids"),
     "_read._export": ("ExportResult", "export_sft", "sft_examples"),
     "_prices": ("PRICES_VAR", "CostEstimate", "ModelPrice", "PriceTable", "load_price_table",
                 "resolve_price_table"),

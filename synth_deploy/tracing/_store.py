@@ -16,9 +16,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from synth_deploy.deadlines import deadline
@@ -26,10 +24,10 @@ from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing._config import TraceDbSetting, parse_trace_db
 from synth_deploy.tracing._db import _totals
 from synth_deploy.tracing._db._database import TraceDatabase
+from synth_deploy.tracing._db._select import SessionFilter, SessionSql
 from synth_deploy.tracing._errors import SessionNotFoundError
 from synth_deploy.tracing._ledger import CostLedger, stored_ledger
 from synth_deploy.tracing._session import SessionTrace
-from synth_deploy.tracing._times import iso
 from synth_deploy.tracing._write._thread import ThreadWriter
 
 WRITE_TIMEOUT_S = 60.0
@@ -183,33 +181,37 @@ class TraceStore:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def count_sessions(self, *, app: str | None = None, status: str | None = None) -> int:
-        """How many sessions are stored (those of ``app`` with ``status``, when given)."""
-        where, params = _filters(self.database.fields, app=app, status=status)
+    def count_sessions(self, *, app: str | None = None, status: str | None = None,
+                       model: str | None = None) -> int:
+        """How many sessions are stored (those that pass the filters given)."""
+        where, params, _ = SessionSql(self.database).where(
+            SessionFilter(app=app, status=status, model=model))
         return int(self.database.query(f"SELECT COUNT(*) AS n FROM session_traces s{where}",
-                                  params)[0]["n"])
+                                       params)[0]["n"])
 
     def list_sessions(self, *, limit: int | None = 20, app: str | None = None,
                       status: str | None = None, since: str | None = None,
                       min_reward: float | None = None, model: str | None = None,
                       newest_first: bool = True) -> list[SessionSummary]:
-        """Sessions matching the filters (``since``: a timestamp as `_rows.iso` writes)."""
-        where, params = _filters(self.database.fields, app=app, status=status, since=since,
-                                 min_reward=min_reward, model=model)
-        f = self.database.fields
-        sql = (f"SELECT s.session_id, s.created_at, {f['app_id']} AS app_id, {f['run_id']} AS "
-               f"run_id, {f['seed']} AS seed, {f['model_name']} AS model_name, {f['status']} "
-               f"AS status, {f['total_reward']} AS total_reward, s.num_timesteps, s.num_events, "
-               f"s.num_messages FROM session_traces s{where} "
-               f"ORDER BY s.created_at {'DESC' if newest_first else 'ASC'}, s.session_id")
+        """The sessions that pass the filters (`SessionFilter`'s rules; ``since``: stored
+        timestamp text, as `since_timestamp` makes it), newest first unless told."""
+        sql = SessionSql(self.database)
+        where, params, _ = sql.where(SessionFilter(app=app, status=status, since=since,
+                                                   min_reward=min_reward, model=model))
+        e = sql.expr
+        query = (f"SELECT s.session_id, s.created_at, {e['app']} AS app_id, {e['run']} AS "
+                 f"run_id, {e['seed']} AS seed, {e['model']} AS model_name, {e['status']} AS "
+                 f"status, {e['reward']} AS total_reward, s.num_timesteps, s.num_events, "
+                 f"s.num_messages FROM session_traces s{where} ORDER BY s.created_at "
+                 f"{'DESC' if newest_first else 'ASC'}, s.session_id")
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            query += f" LIMIT {int(limit)}"
         return [SessionSummary(
             session_id=r["session_id"], created_at=str(r["created_at"]), app_id=r["app_id"],
             run_id=r["run_id"], seed=r["seed"], model=r["model_name"], status=r["status"],
             total_reward=r["total_reward"], num_timesteps=r["num_timesteps"],
             num_events=r["num_events"], num_messages=r["num_messages"])
-            for r in self.database.query(sql, params)]
+            for r in self.database.query(query, params)]
 
     def get_session(self, session_id: str) -> SessionTrace:
         """The stored session with this id, or the one id that starts with it."""
@@ -318,47 +320,4 @@ def open_trace_store(setting: TraceDbSetting | str | os.PathLike[str], *,
     return TraceStore(setting, create=create, read_only=read_only)
 
 
-def since_timestamp(text: str, *, now: float | None = None) -> str:
-    """``--since`` → stored timestamp text: ``30m``/``24h``/``7d`` ago, or an ISO date/time."""
-    from synth_deploy.errors import UsageError
-
-    value = text.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    if value[-1:].lower() in units and value[:-1].replace(".", "", 1).isdigit():
-        seconds = float(value[:-1]) * units[value[-1].lower()]
-        return iso((now if now is not None else time.time()) - seconds) or ""
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"cannot read --since {text!r}",
-                         hint="use 30m, 24h, 7d, 2025-01-31 or 2025-01-31T12:00") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return iso(parsed.timestamp()) or ""
-
-
-def _filters(fields: dict[str, str], **given: Any) -> tuple[str, list[Any]]:
-    clauses, params = [], []
-    if given.get("app"):
-        clauses.append(f"{fields['app_id']} = ?")
-        params.append(given["app"])
-    if given.get("status"):
-        clauses.append(f"{fields['status']} = ?")
-        params.append(given["status"])
-    if given.get("since"):
-        # synth-ai writes ISO text with a "T" (ours has a space), which sorts after ours on
-        # the same day: such rows are compared in their own spelling.
-        clauses.append("s.created_at >= ? AND (substr(s.created_at, 11, 1) != 'T' OR "
-                       "s.created_at >= ?)")
-        params += [given["since"], given["since"].replace(" ", "T", 1)]
-    if given.get("min_reward") is not None:
-        clauses.append(f"{fields['total_reward']} >= ?")
-        params.append(float(given["min_reward"]))
-    if given.get("model"):
-        clauses.append(f"({fields['model_name']} = ? OR EXISTS (SELECT 1 FROM events e WHERE "
-                       "e.session_id = s.session_id AND e.model_name = ?))")
-        params += [given["model"], given["model"]]
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
-
-
-__all__ = ["SessionSummary", "TraceStats", "TraceStore", "open_trace_store", "since_timestamp"]
+__all__ = ["SessionSummary", "TraceStats", "TraceStore", "open_trace_store"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from processes import free_port, run_cli
+from sessions import judged_session
 
 from synth_deploy.env import Env
 from synth_deploy.otel import (
@@ -23,7 +24,13 @@ from synth_deploy.otel import (
     trace_id_of,
 )
 from synth_deploy.runs import run_suite
-from synth_deploy.tracing import SessionTracer, ledger_of, open_trace_store, parse_trace_db
+from synth_deploy.tracing import (
+    SessionFilter,
+    SessionTracer,
+    ledger_of,
+    open_trace_store,
+    parse_trace_db,
+)
 
 SEEDS = [0, 1, 2]
 
@@ -237,3 +244,18 @@ def test_a_receiver_that_is_down_fails_the_export_and_keeps_nothing(rollout_db, 
     assert failed.value.exit_code == 3
     with sqlite3.connect(state) as db:
         assert db.execute("SELECT COUNT(*) FROM sent").fetchone()[0] == 0
+
+
+def test_the_model_filter_sends_the_sessions_of_that_policy_model(tmp_path, mlflow_receiver):
+    # The rule of every filter (tests/tracing/test_session_filters.py): a session is found
+    # by its policy's model, not by the judge model its LM calls also used.
+    path = tmp_path / "judged.db"
+    with open_trace_store(str(path)) as store:
+        store.write_session_sync(judged_session("policy-a", "judge-b"))
+        store.write_session_sync(judged_session("judge-b", "judge-c"))
+        [policy_b] = [s.session_id for s in store.list_sessions() if s.model == "judge-b"]
+    experiment = mlflow_receiver.new_experiment()
+    result = export(path, mlflow_receiver, experiment, where=SessionFilter(model="judge-b"))
+    assert result.sent == 1
+    assert list(by_trace_id(mlflow_receiver.traces(experiment, expect=1))) == \
+        [mlflow_id(policy_b)]

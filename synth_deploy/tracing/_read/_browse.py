@@ -1,35 +1,24 @@
-"""Browsing a trace store: filtered pages of sessions, reward summaries, per-seed comparisons.
+"""Browsing a trace store: filtered pages of sessions, and the values its filters offer.
 
-What `synth-deploy traces view` shows. Paging, filtering, sorting and aggregation happen in
-SQL, so a page of a million-session store costs an indexed query, never a full read. Reads
-only: nothing here writes to the store.
-
-Fields the store keeps as trusted columns (app, run, model, status, seed, reward, mode,
-split, duration, created) filter on indexes (from schema version 8, one index holds all but
-the run: a filter reads at most that index once); an error message lives in the session's
-metadata JSON and is read from it. A file opened read-only at an older schema (a synth-ai
-file) derives what its columns lack from the metadata: slower, the same answers.
+What `synth-deploy traces view` shows. Paging, filtering (`SessionFilter`, one rule for all
+readers: see `_db._select`), sorting and aggregation happen in SQL, so a page of a
+million-session store costs an indexed query, never a full read. Reads only.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from synth_deploy.errors import UsageError
-from synth_deploy.tracing._db import _schema as schema
 from synth_deploy.tracing._db import _totals as totals
+from synth_deploy.tracing._db._select import FIELDS, SessionFilter, SessionSql
 from synth_deploy.tracing._store import TraceStore
 
 COUNT_CAP = 100_000
 SAMPLE_FOR_CHOICES = 20_000
 
 
-# The page's field names → the store's session fields (columns where it can trust them).
-_STORE_FIELDS = {"app": "app_id", "run": "run_id", "model": "model_name", "status": "status",
-                 "seed": "seed", "reward": "total_reward", "mode": "mode", "split": "split",
-                 "duration_s": "duration_s"}
 # Sort keys the table offers (rowid breaks ties, and every index holds it). A page's sessions
 # are picked by their rowids first, from what an index holds, and only those rows are read:
 # a sort the glance index holds but does not lead with (app, model) reads that index once
@@ -37,38 +26,6 @@ _STORE_FIELDS = {"app": "app_id", "run": "run_id", "model": "model_name", "statu
 _SORTS = {"created": ("created",), "reward": ("reward",), "app": ("app", "created"),
           "model": ("model", "created"), "run": ("run",)}
 SORT_KEYS = tuple(_SORTS)
-
-
-@dataclass(frozen=True)
-class SessionFilter:
-    """Which sessions a page, summary, comparison or export covers (all given fields AND).
-
-    ``since`` and ``until`` are stored timestamp text (`since_timestamp` makes it):
-    ``since`` inclusive, ``until`` exclusive. ``status`` is ``"ok"`` or ``"error"``.
-    """
-
-    app: str | None = None
-    model: str | None = None
-    run_id: str | None = None
-    split: str | None = None
-    mode: str | None = None
-    status: str | None = None
-    seed: int | None = None
-    min_reward: float | None = None
-    max_reward: float | None = None
-    since: str | None = None
-    until: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.status not in (None, "ok", "error"):
-            raise UsageError(f"status must be 'ok' or 'error', got {self.status!r}")
-        if (self.min_reward is not None and self.max_reward is not None
-                and self.min_reward > self.max_reward):
-            raise UsageError(f"the reward range is empty: min {self.min_reward:g} > max "
-                             f"{self.max_reward:g}", hint="swap the two bounds")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -111,59 +68,6 @@ class SessionPage:
                 "total_is_lower_bound": self.total_is_lower_bound}
 
 
-class SessionSql:
-    """SQL expressions for the fields, as this store's columns allow."""
-
-    def __init__(self, store: TraceStore) -> None:
-        self.query, self.rows = store.database.query, store.database.rows
-        self.expr = {name: store.database.fields[column] for name, column in _STORE_FIELDS.items()}
-        self.indexed = {name for name, column in _STORE_FIELDS.items()
-                        if self.expr[name] == f"s.{column}"} | {"created"}
-        self.expr.update(error=schema.metadata_field("$.error.message", "s"),
-                         created="s.created_at")
-        # Before their columns (version 7), mode and split are indexed as expressions.
-        if store.schema_version >= schema.INDEXED_METADATA_VERSION:
-            self.indexed |= set(schema.FILTERED_METADATA)
-        # The reward as a filtered query reads it. SQLite would seek or walk the reward
-        # index for a reward range or order and read each row it finds to test the rest of
-        # the filter: four times one pass over the glance index for a third of a million
-        # sessions. As `+reward` no index serves it, and the glance index, which holds it
-        # with every filter's column, is read instead.
-        glance = store.schema_version >= schema.GLANCE_INDEX_VERSION
-        self.filtered_reward = f"+{self.expr['reward']}" if glance else self.expr["reward"]
-
-    def where(self, f: SessionFilter, *, extra: list[str] | None = None,
-              params: list[Any] | None = None) -> tuple[str, list[Any], bool]:
-        """(`` WHERE ...``, parameters, whether every clause is on an indexed column)."""
-        e = self.expr
-        clauses, values = list(extra or []), list(params or [])
-        on_json = False
-        for name, value in (("app", f.app), ("model", f.model), ("run", f.run_id),
-                            ("split", f.split), ("mode", f.mode), ("status", f.status),
-                            ("seed", f.seed)):
-            if value is not None and value != "":
-                clauses.append(f"{e[name]} = ?")
-                values.append(value)
-                on_json |= name not in self.indexed
-        for op, value in ((">=", f.min_reward), ("<=", f.max_reward)):
-            if value is not None:
-                clauses.append(f"{self.filtered_reward} {op} ?")
-                values.append(float(value))
-                on_json |= "reward" not in self.indexed
-        # synth-ai writes times as ISO text with a "T" (ours has a space), which sorts after
-        # ours on the same day: such rows are compared with the bound in their spelling.
-        if f.since:
-            clauses.append("s.created_at >= ? AND (substr(s.created_at, 11, 1) != 'T' OR "
-                           "s.created_at >= ?)")
-            values += [f.since, f.since.replace(" ", "T", 1)]
-        if f.until:
-            clauses.append("s.created_at < ? AND (substr(s.created_at, 11, 1) = 'T' OR "
-                           "s.created_at < ?)")
-            values += [f.until.replace(" ", "T", 1), f.until]
-        sql = " WHERE " + " AND ".join(clauses) if clauses else ""
-        return sql, values, not on_json
-
-
 def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *,
                     sort: str = "created", descending: bool = True, offset: int = 0,
                     limit: int = 50, count_cap: int = COUNT_CAP) -> SessionPage:
@@ -177,7 +81,7 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
     if limit < 1 or offset < 0:
         raise UsageError(f"bad page: offset {offset}, limit {limit}",
                          hint="offset ≥ 0 and limit ≥ 1")
-    fields = SessionSql(store)
+    fields = SessionSql(store.database)
     e = fields.expr
     clause, params, indexed = fields.where(where)
     order = "DESC" if descending else "ASC"
@@ -223,7 +127,7 @@ def _float(value: Any) -> float | None:
 def matching_session_ids(store: TraceStore, where: SessionFilter, *,
                          oldest_first: bool = True) -> list[str]:
     """The ids of every session ``where`` selects, in creation order."""
-    fields = SessionSql(store)
+    fields = SessionSql(store.database)
     clause, params, _ = fields.where(where)
     order = "ASC" if oldest_first else "DESC"
     return [r["session_id"] for r in fields.query(
@@ -239,10 +143,10 @@ def filter_choices(store: TraceStore, *, sample: int = SAMPLE_FOR_CHOICES) -> di
     before version 8); on a file without those indexes, the values seen in the newest
     ``sample``.
     """
-    fields = SessionSql(store)
+    fields = SessionSql(store.database)
     choices: dict[str, Any] = {}
     for name in ("app", "model", "run", "mode", "split"):
-        column = _STORE_FIELDS[name]
+        column = FIELDS[name]
         if store.schema_version >= totals.CHOICES_VERSION and column in totals.SESSION_KEYS:
             choices[name] = [str(r[0]) for r in fields.rows(totals.choices(column))]
         elif name in fields.indexed:
@@ -283,7 +187,6 @@ def _distinct_in_sample(fields: SessionSql, expr: str, sample: int) -> list[str]
 __all__ = [
     "COUNT_CAP",
     "SORT_KEYS",
-    "SessionFilter",
     "SessionPage",
     "SessionRow",
     "browse_sessions",

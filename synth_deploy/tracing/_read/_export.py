@@ -24,10 +24,10 @@ from typing import Any
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db._rows import _JSON_CONTENT, _loads, session_reward
+from synth_deploy.tracing._db._select import SessionFilter, SessionSql, since_timestamp
 from synth_deploy.tracing._ledger import ledger_from_rows, ledger_of, stored_cost_sql
-from synth_deploy.tracing._read._browse import SessionFilter, SessionSql
 from synth_deploy.tracing._session import SessionTrace, Timestep
-from synth_deploy.tracing._store import TraceStore, _filters, since_timestamp
+from synth_deploy.tracing._store import TraceStore
 
 _ROLES = {"system": "system", "user": "user", "assistant": "assistant",
           "tool_result": "tool", "tool": "tool"}
@@ -114,12 +114,12 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     if path.exists() and not overwrite:
         raise UsageError(f"{path} already exists; it was left as is",
                          hint="choose another --out or pass --force to replace it")
-    if where is not None:
-        selection = None if where.status == "error" else \
-            SessionSql(store).where(dataclasses.replace(where, status="ok"))[:2]
-    else:
-        selection = _filters(store.database.fields, app=app, status="ok", min_reward=min_reward,
-                             model=model, since=since_timestamp(since) if since else None)
+    if where is None:
+        where = SessionFilter(app=app, model=model, min_reward=min_reward,
+                              since=since_timestamp(since) if since else None)
+    # Failed rollouts are never exported.
+    selection = None if where.status == "error" else \
+        SessionSql(store.database).where(dataclasses.replace(where, status="ok"))[:2]
     total = 0
     if progress is not None and selection is not None:
         total = int(store.database.query(

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from synth_deploy.errors import UsageError
-from synth_deploy.tracing._read._browse import SessionFilter, SessionSql
+from synth_deploy.tracing._db._select import SessionFilter, SessionSql
 from synth_deploy.tracing._store import TraceStore
 
 MAX_BARS = 20
@@ -58,7 +58,7 @@ class RewardSummary:
 def reward_summary(store: TraceStore, where: SessionFilter = SessionFilter(), *,
                    buckets: int = 40, sample_above: int = SAMPLE_ABOVE) -> RewardSummary:
     """Distribution, reward over time, event scores and error rate of ``where``'s sessions."""
-    fields = SessionSql(store)
+    fields = SessionSql(store.database)
     q = fields.query
     clause, params, _ = fields.where(where)
     totals = _totals(fields, clause, params)
@@ -204,7 +204,7 @@ def compare_by_seed(store: TraceStore, a: str, b: str, *, by: Literal["model", "
     if not a or not b:
         raise UsageError("choose two sides to compare", hint=f"give both {by}s")
     where = dataclasses.replace(where, **{"model" if by == "model" else "run_id": None})
-    fields = SessionSql(store)
+    fields = SessionSql(store.database)
     e = fields.expr
     key, reward = e[by], e["reward"]
     clause, params, _ = fields.where(where, extra=[f"{key} IN (?, ?)", f"{e['seed']} IS NOT NULL"],
