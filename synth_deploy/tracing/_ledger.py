@@ -4,7 +4,9 @@ Per rollout: the tokens in and out as the policy reported them (an LM call's cou
 its OpenAI-style ``usage``), the number of LM calls, LM time (the calls' latencies added
 up), wall time (the rollout function, as the server timed it) and environment time (wall
 time less LM time: the app's own work, never below zero). Ledgers add up, so a run's ledger
-is the sum of its rollouts'; `stored_ledger` sums a whole trace store in SQL.
+is the sum of its rollouts'. Every ledger is built by `ledger_from_calls` from LM calls
+grouped by model: `ledger_of` groups a session's in memory; the store groups its rows in
+SQL, for one session (the SFT export) or all of them (`traces stats`, from running totals).
 
 The dict form (`CostLedger.to_dict`) is what the server puts in a rollout's
 ``metrics.details.ledger`` (in the response; the stored session's metrics leave it out, as
@@ -14,7 +16,7 @@ The dict form (`CostLedger.to_dict`) is what the server puts in a rollout's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,47 +128,46 @@ def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedg
     """One rollout's ledger. ``wall_s``: the rollout's wall time when the caller timed it;
     else the session's ``duration_s`` (the server's timing); else 0: unknown (synth-ai's
     sessions), and the environment time with it."""
-    lm_calls = tokens_in = tokens_out = 0
-    lm_s = 0.0
-    cost: float | None = None
-    models: dict[str, ModelTokens] = {}
+    calls: dict[str, list[Any]] = {}
     for step in session.timesteps:
         for event in step.events:
             if event.event_type != "cais":
                 continue
-            lm_calls += 1
-            if _number(event.latency_ms):
-                lm_s += max(float(event.latency_ms), 0.0) / 1000.0
-            if _number(event.cost_usd):
-                cost = (cost or 0.0) + float(event.cost_usd)
             got_in, got_out = event_tokens(event)
-            tokens_in += got_in or 0
-            tokens_out += got_out or 0
-            name = event.model_name or UNKNOWN_MODEL
-            models[name] = models.get(name, ModelTokens()) + ModelTokens(got_in or 0,
-                                                                          got_out or 0)
-    wall = wall_s
-    if wall is None:
+            model = calls.setdefault(event.model_name or UNKNOWN_MODEL,
+                                     [event.model_name, 0, 0, 0, 0.0, None])
+            model[1] += 1
+            model[2] += got_in or 0
+            model[3] += got_out or 0
+            if _number(event.latency_ms):
+                model[4] += max(float(event.latency_ms), 0.0)
+            if _number(event.cost_usd):
+                model[5] = (model[5] or 0.0) + float(event.cost_usd)
+    if wall_s is None:
         metadata = session.metadata
-        wall = _float(metadata.get("duration_s") if isinstance(metadata, Mapping) else None)
-    return CostLedger(rollouts=1, lm_calls=lm_calls, input_tokens=tokens_in,
-                      output_tokens=tokens_out, lm_s=lm_s, env_s=max(wall - lm_s, 0.0),
-                      wall_s=wall, by_model=models, cost_usd=cost)
+        wall_s = metadata.get("duration_s") if isinstance(metadata, Mapping) else None
+    return ledger_from_calls(calls.values(), wall_s=wall_s)
 
 
-def ledger_from_rows(lm_rows: Iterable[tuple[Any, ...]], wall_s: Any) -> CostLedger:
-    """One stored session's ledger from its LM calls grouped by model (rows of
-    ``(model_name, calls, tokens_in, tokens_out, lm_ms, cost)``, cost in dollars:
-    `stored_cost_sql`) and its wall time."""
+def ledger_from_calls(calls: Iterable[Sequence[Any]], *, wall_s: Any = None,
+                      rollouts: int = 1) -> CostLedger:
+    """The ledger of ``rollouts`` rollouts from their LM calls grouped by model and their
+    wall time: what every ledger is built from (one session in memory, one stored session,
+    a whole store's totals). ``calls``: ``(model_name, calls, tokens_in, tokens_out,
+    lm_ms, cost_usd)`` each, cost in dollars or None where none was recorded.
+
+    LM time is the calls' latencies added up; environment time the wall time less LM time,
+    never below zero; a wall time that is missing or not a number counts as zero.
+    """
     by_model: dict[str, ModelTokens] = {}
-    calls = tokens_in = tokens_out = 0
+    count = tokens_in = tokens_out = 0
     lm_s = 0.0
     cost: float | None = None
-    for name, n, got_in, got_out, lm_ms, usd in lm_rows:
+    for name, n, got_in, got_out, lm_ms, usd in calls:
         got_in, got_out = _int(got_in), _int(got_out)
         tokens_in += got_in
         tokens_out += got_out
-        calls += _int(n)
+        count += _int(n)
         lm_s += _float(lm_ms) / 1000.0
         if _number(usd):
             cost = (cost or 0.0) + float(usd)
@@ -175,50 +176,9 @@ def ledger_from_rows(lm_rows: Iterable[tuple[Any, ...]], wall_s: Any) -> CostLed
         by_model[name] = ModelTokens(got_in, got_out) if before is None \
             else before + ModelTokens(got_in, got_out)
     wall = _float(wall_s)
-    return CostLedger(rollouts=1, lm_calls=calls, input_tokens=tokens_in,
+    return CostLedger(rollouts=rollouts, lm_calls=count, input_tokens=tokens_in,
                       output_tokens=tokens_out, lm_s=lm_s, env_s=max(wall - lm_s, 0.0),
                       wall_s=wall, by_model=by_model, cost_usd=cost)
-
-
-def stored_cost_sql(schema_version: int) -> str:
-    """An LM call's cost in dollars, in SQL over ``events``: synth-ai stores cents
-    (int(cost_usd * 100)); its rows are those without our event_uid (every row before
-    schema version 2)."""
-    if schema_version < 2:
-        return "cost_usd / 100.0"
-    return "CASE WHEN event_uid IS NULL THEN cost_usd / 100.0 ELSE cost_usd END"
-
-
-Query = Callable[..., list[dict[str, Any]]]
-
-# The wall time of every session (its metadata's duration_s), and the LM calls by model from
-# the index that holds their tokens and latencies (schema version 5).
-_WALL_SQL = ("SELECT COUNT(*) AS rollouts, SUM(CAST(json_extract(metadata, '$.duration_s') "
-             "AS REAL)) AS wall_s FROM session_traces")
-_MODEL_SQL = ("SELECT model_name, COUNT(*) AS calls, SUM(input_tokens) AS tokens_in, "
-              "SUM(output_tokens) AS tokens_out, SUM(latency_ms) AS lm_ms FROM events "
-              "WHERE event_type = 'cais' GROUP BY model_name")
-
-
-def stored_ledger(query: Query, cost_usd: float | None = None) -> CostLedger:
-    """The ledger of every session in a store, from its tables (``query(sql)`` → rows).
-
-    Environment time is the total wall time less the total LM time; sessions stored without
-    a wall time (synth-ai's, older ones) add their tokens and LM time only.
-    """
-    times = query(_WALL_SQL)[0]
-    rows = query(_MODEL_SQL)
-    models = {(r["model_name"] or UNKNOWN_MODEL): ModelTokens(int(r["tokens_in"] or 0),
-                                                              int(r["tokens_out"] or 0))
-              for r in rows}
-    lm_s = sum(max(float(r["lm_ms"] or 0.0), 0.0) for r in rows) / 1000.0
-    wall_s = max(float(times["wall_s"] or 0.0), 0.0)
-    return CostLedger(
-        rollouts=int(times["rollouts"] or 0), lm_calls=sum(int(r["calls"] or 0) for r in rows),
-        input_tokens=sum(t.input_tokens for t in models.values()),
-        output_tokens=sum(t.output_tokens for t in models.values()),
-        lm_s=lm_s, env_s=max(wall_s - lm_s, 0.0), wall_s=wall_s, by_model=models,
-        cost_usd=cost_usd or None)
 
 
 def _rounded(value: float, scale: float) -> float:
@@ -251,5 +211,5 @@ def _first_count(usage: Mapping[str, Any], *names: str) -> int | None:
     return None
 
 
-__all__ = ["UNKNOWN_MODEL", "CostLedger", "ModelTokens", "event_tokens", "ledger_from_rows",
-           "ledger_of", "stored_cost_sql", "stored_ledger"]
+__all__ = ["UNKNOWN_MODEL", "CostLedger", "ModelTokens", "event_tokens", "ledger_from_calls",
+           "ledger_of"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from synth_deploy.tracing._db._schema import METADATA_PATHS
+from synth_deploy.tracing._db._columns import METADATA_PATHS, cost_usd
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -281,7 +281,7 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
             event_time=ev["event_time"] or 0.0, metadata=_loads(ev["metadata"], {}),
             model_name=ev["model_name"], provider=ev["provider"],
             input_tokens=ev["input_tokens"], output_tokens=ev["output_tokens"],
-            total_tokens=ev["total_tokens"], cost_usd=_cost_usd(ev),
+            total_tokens=ev["total_tokens"], cost_usd=cost_usd(ev),
             latency_ms=ev["latency_ms"], call_records=call_records,
             usage=_stored_usage(ev, call_records),
             reward=ev["reward"], terminated=_opt_bool(ev["terminated"]),
@@ -319,14 +319,6 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
             key=r["key"], annotation=_loads(r["annotation"]),
             created_at=epoch(r["created_at"]) or 0.0)
             for r in sorted(rewards, key=lambda r: r["id"])])
-
-
-def _cost_usd(ev: dict[str, Any]) -> float | None:
-    # synth-ai stores cents (int(cost_usd * 100)); its rows are those without our event_uid.
-    cost = ev["cost_usd"]
-    if cost is None or ev.get("event_uid"):
-        return cost
-    return cost / 100.0
 
 
 def _stored_usage(ev: dict[str, Any], call_records: Any) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from synth_deploy.tracing._db._columns import METADATA_PATHS
 from synth_deploy.tracing._db._totals import migration as totals_migration
 
 SCHEMA_VERSION = 8
@@ -135,9 +136,6 @@ _V2_AFTER_COLUMNS = (
 )
 
 
-# Where the version 7 columns come from in the metadata (our writer walks the same paths).
-METADATA_PATHS = {"mode": "$.mode", "split": "$.request.env.config.split",
-                  "duration_s": "$.duration_s"}
 
 
 # What each session column holds, derived from the row's metadata JSON and its outcome

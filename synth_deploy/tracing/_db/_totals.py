@@ -15,9 +15,7 @@ the same answers, slower.
 
 from __future__ import annotations
 
-from typing import Any
-
-from synth_deploy.tracing._ledger import UNKNOWN_MODEL, CostLedger, ModelTokens
+from synth_deploy.tracing._db._columns import cost_usd_sql
 
 TOTALS_VERSION = 6
 CHOICES_VERSION = 8  # the session totals name every filter value from here
@@ -25,9 +23,6 @@ SESSION_KEYS = ("app_id", "status", "model_name", "mode", "split")
 SESSIONS = "synth_deploy_session_totals"
 MODELS = "synth_deploy_model_totals"
 
-# synth-ai stores an LM call's cost in cents (int(cost_usd * 100)); its rows are the ones
-# without our event_uid (a column from version 2).
-_DOLLARS = "(CASE WHEN {r}.event_uid IS NULL THEN {r}.cost_usd / 100.0 ELSE {r}.cost_usd END)"
 
 _SESSION_SUMS = {  # column: what one session row adds
     "sessions": "1", "timesteps": "COALESCE({r}.num_timesteps, 0)",
@@ -40,7 +35,7 @@ _MODEL_SUMS = {  # column: what one LM call adds
     "lm_calls": "1", "input_tokens": "COALESCE({r}.input_tokens, 0)",
     "output_tokens": "COALESCE({r}.output_tokens, 0)",
     "latency_sum": "COALESCE({r}.latency_ms, 0)", "latencies": "({r}.latency_ms IS NOT NULL)",
-    "cost_usd": f"COALESCE({_DOLLARS}, 0)"}
+    "cost_usd": f"COALESCE({cost_usd_sql('{r}')}, 0)"}
 
 
 def _apply(table: str, keys: tuple[str, ...], sums: dict[str, str], r: str, sign: str,
@@ -144,7 +139,7 @@ def session_groups(fields: dict[str, str], version: int) -> str:
     # Older files: summed from the rows (their columns, or the metadata, as `fields` says).
     sums = {col: expr.replace("{r}.total_reward", fields["total_reward"]).replace("{r}", "s")
             for col, expr in _SESSION_SUMS.items()}
-    sums["wall_s"] = "0"  # the ledger of an older file is summed by `stored_ledger`
+    sums["wall_s"] = f"COALESCE(CAST({fields['duration_s']} AS REAL), 0)"
     return (f"SELECT {fields['app_id']} AS app_id, {fields['status']} AS status, "
             + ", ".join(f"SUM({expr}) AS {col}" for col, expr in sums.items())
             + " FROM session_traces s GROUP BY 1, 2")
@@ -155,29 +150,11 @@ def model_groups(version: int) -> str:
     if version >= TOTALS_VERSION:
         return f"SELECT * FROM {MODELS} WHERE lm_calls != 0"
     sums = dict(_MODEL_SUMS)
-    if version < 2:  # every row is synth-ai's: cents
-        sums["cost_usd"] = "COALESCE({r}.cost_usd / 100.0, 0)"
+    sums["cost_usd"] = f"COALESCE({cost_usd_sql('{r}', version)}, 0)"
     return "SELECT x.model_name AS model, " + ", ".join(
         f"SUM({expr.format(r='x')}) AS {col}" for col, expr in sums.items()) \
         + " FROM events x WHERE x.event_type = 'cais' GROUP BY x.model_name"
 
 
-def ledger(groups: list[dict[str, Any]], models: list[dict[str, Any]],
-           cost_usd: float) -> CostLedger:
-    """The store's `CostLedger` from its totals (what `stored_ledger` sums from the rows)."""
-    by_model = {(m["model"] or UNKNOWN_MODEL): ModelTokens(int(m["input_tokens"] or 0),
-                                                           int(m["output_tokens"] or 0))
-                for m in models}
-    lm_s = sum(max(float(m["latency_sum"] or 0.0), 0.0) for m in models) / 1000.0
-    wall_s = max(sum(float(g["wall_s"] or 0.0) for g in groups), 0.0)
-    return CostLedger(
-        rollouts=sum(int(g["sessions"]) for g in groups),
-        lm_calls=sum(int(m["lm_calls"]) for m in models),
-        input_tokens=sum(t.input_tokens for t in by_model.values()),
-        output_tokens=sum(t.output_tokens for t in by_model.values()),
-        lm_s=lm_s, env_s=max(wall_s - lm_s, 0.0), wall_s=wall_s, by_model=by_model,
-        cost_usd=cost_usd or None)
-
-
 __all__ = ["CHOICES_VERSION", "MODELS", "SESSIONS", "SESSION_KEYS", "TOTALS_VERSION", "choices",
-           "ledger", "migration", "model_groups", "session_groups"]
+           "migration", "model_groups", "session_groups"]

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import UsageError
+from synth_deploy.tracing._db._columns import cost_usd_sql
 from synth_deploy.tracing._db._rows import _JSON_CONTENT, _loads, session_reward
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql, since_timestamp
-from synth_deploy.tracing._ledger import ledger_from_rows, ledger_of, stored_cost_sql
+from synth_deploy.tracing._ledger import ledger_from_calls, ledger_of
 from synth_deploy.tracing._session import SessionTrace, Timestep
 from synth_deploy.tracing._store import TraceStore
 
@@ -187,7 +188,7 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
             f"ORDER BY s.created_at, s.rowid LIMIT {PAGE_SESSIONS}", params + after)
         if not rows:
             return
-        yield _page(store.database, rows, stored_cost_sql(store.schema_version))
+        yield _page(store.database, rows, cost_usd_sql(None, store.schema_version))
         after = [rows[-1][2], rows[-1][0]]  # created_at, rowid
 
 
@@ -244,7 +245,7 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
         page.append((sid, (app_id, run_id, seed, model), reward,
                      [(step_id, turn, chat, _offered(tools, sid, key))
                       for key, (_, step_id, turn, chat) in ordered],
-                     ledger_from_rows(lm_calls[sid], wall_s).to_dict()))
+                     ledger_from_calls(lm_calls[sid], wall_s=wall_s).to_dict()))
     return page
 
 

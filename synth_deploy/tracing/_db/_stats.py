@@ -1,0 +1,87 @@
+"""`traces stats`: a store's sessions, tokens, time and cost, overall and per app and model.
+
+Read from the running totals the file keeps (`_totals`): a few small rows whatever the
+store's size. Files opened read-only at a schema without them are summed from their rows:
+the same answers, slower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from synth_deploy.tracing._db import _totals
+from synth_deploy.tracing._db._database import TraceDatabase
+from synth_deploy.tracing._ledger import CostLedger, ledger_from_calls
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """Totals for `traces stats` and `traces where`."""
+
+    sessions: int = 0
+    ok: int = 0
+    errors: int = 0
+    timesteps: int = 0
+    events: int = 0
+    messages: int = 0
+    lm_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    first_at: str | None = None
+    last_at: str | None = None
+    by_app: list[dict[str, Any]] = field(default_factory=list)
+    by_model: list[dict[str, Any]] = field(default_factory=list)
+    ledger: CostLedger = field(default_factory=CostLedger)  # tokens and LM/env/wall time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ledger": self.ledger.to_dict()}
+
+
+def store_stats(db: TraceDatabase) -> TraceStats:
+    """Counts, tokens, time and cost, overall and per app and model (the module docstring
+    says where they are read from)."""
+    q = db.query
+    groups = q(_totals.session_groups(db.fields, db.schema_version))
+    models = q(_totals.model_groups(db.schema_version))
+    apps: dict[Any, dict[str, Any]] = {}
+    for g in groups:
+        app = apps.setdefault(g["app_id"], {"app_id": g["app_id"], "sessions": 0,
+                                            "errors": 0, "reward_sum": 0.0, "rewards": 0})
+        app["sessions"] += g["sessions"]
+        app["errors"] += g["sessions"] if g["status"] == "error" else 0
+        app["reward_sum"] += g["reward_sum"] or 0.0
+        app["rewards"] += g["rewards"] or 0
+    by_app = sorted(({"app_id": a["app_id"], "sessions": a["sessions"], "errors": a["errors"],
+                      "mean_reward": a["reward_sum"] / a["rewards"] if a["rewards"] else None}
+                     for a in apps.values()), key=lambda a: -a["sessions"])
+    by_model = sorted(({"model": m["model"], "lm_calls": m["lm_calls"],
+                        "input_tokens": m["input_tokens"], "output_tokens": m["output_tokens"],
+                        "mean_latency_ms": m["latency_sum"] / m["latencies"]
+                        if m["latencies"] else None} for m in models),
+                      key=lambda m: -m["lm_calls"])
+    cost = float(sum(m["cost_usd"] or 0.0 for m in models))
+    # Two index seeks (one aggregate each, so SQLite can use its min/max shortcut).
+    first = q("SELECT MIN(created_at) AS v FROM session_traces")[0]["v"]
+    last = q("SELECT MAX(created_at) AS v FROM session_traces")[0]["v"]
+    return TraceStats(
+        sessions=sum(g["sessions"] for g in groups),
+        ok=sum(g["sessions"] for g in groups if g["status"] == "ok"),
+        errors=sum(a["errors"] for a in by_app),
+        timesteps=sum(g["timesteps"] or 0 for g in groups),
+        events=sum(g["events"] or 0 for g in groups),
+        messages=sum(g["messages"] or 0 for g in groups),
+        lm_calls=sum(m["lm_calls"] for m in models),
+        input_tokens=sum(m["input_tokens"] or 0 for m in models),
+        output_tokens=sum(m["output_tokens"] or 0 for m in models),
+        cost_usd=cost, first_at=first, last_at=last, by_app=by_app, by_model=by_model,
+        ledger=dataclasses.replace(ledger_from_calls(
+            ((m["model"], m["lm_calls"], m["input_tokens"], m["output_tokens"],
+              m["latency_sum"], m["cost_usd"]) for m in models),
+            wall_s=sum(g["wall_s"] or 0.0 for g in groups),
+            rollouts=sum(int(g["sessions"]) for g in groups)), cost_usd=cost or None))
+
+
+__all__ = ["TraceStats", "store_stats"]
