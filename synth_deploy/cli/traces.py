@@ -327,9 +327,11 @@ def export(
                                 since=since, limit=limit, overwrite=force, progress=progress)
     if json_output:
         print_json(result.to_dict())
-    else:
-        console().print(f"wrote {result.examples} example(s) from {result.sessions} session(s) "
-                        f"to {result.path} in {result.seconds:.2f}s", markup=False)
+        return
+    console().print(f"wrote {result.examples} example(s) from {result.sessions} session(s) "
+                    f"to {result.path} in {result.seconds:.2f}s", markup=False)
+    if result.note:
+        warn(result.note)
 
 
 def _export_otlp(endpoint: str | None, headers: list[str], include_content: bool,

@@ -18,7 +18,6 @@ from synth_deploy.tracing._config import (
     parse_trace_db,
     resolve_trace_db,
 )
-from synth_deploy.tracing._db._rows import session_reward
 from synth_deploy.tracing._db._schema import SCHEMA_VERSION
 from synth_deploy.tracing._db._select import SessionFilter, since_timestamp
 from synth_deploy.tracing._errors import (
@@ -41,6 +40,7 @@ from synth_deploy.tracing._session import (
     SessionTrace,
     SessionTracer,
     Timestep,
+    session_reward,
 )
 from synth_deploy.tracing._store import (
     SessionSummary,
@@ -54,7 +54,8 @@ from synth_deploy.tracing._store import (
 _ON_USE = {
     "_read._browse": ("SORT_KEYS", "SessionPage", "SessionRow", "browse_sessions",
                       "filter_choices", "matching_session_ids"),
-    "_read._export": ("ExportResult", "export_sft", "sft_examples"),
+    "_read._export": ("ExportResult", "export_sft"),
+    "_read._sft": ("flat_tools", "sft_examples"),
     "_prices": ("PRICES_VAR", "CostEstimate", "ModelPrice", "PriceTable", "load_price_table",
                 "resolve_price_table"),
     "_read._replay": ("ReplayStep", "content_text", "message_text", "replay"),
@@ -114,6 +115,7 @@ __all__ = [
     "deploy_notice",
     "describe_trace_db",
     "export_sft",
+    "flat_tools",
     "filter_choices",
     "init_trace_db",
     "matching_session_ids",

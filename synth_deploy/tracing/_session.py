@@ -160,6 +160,15 @@ class SessionTrace:
         }
 
 
+def session_reward(session: SessionTrace) -> float | None:
+    """The session's reward: its last outcome reward, else the one its metrics reported."""
+    if session.outcome_rewards:
+        return session.outcome_rewards[-1].total_reward
+    metrics = session.metadata.get("metrics")
+    value = metrics.get("outcome_reward") if isinstance(metrics, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def usage_from_counts(input_tokens: int | None, output_tokens: int | None,
                       total_tokens: int | None) -> dict[str, Any] | None:
     """An OpenAI-style ``usage`` from token counts (None when there are none)."""
@@ -341,5 +350,7 @@ __all__ = [
     "SessionTrace",
     "SessionTracer",
     "Timestep",
+    "session_reward",
+    "sessions_recording",
     "usage_from_counts",
 ]

@@ -40,7 +40,7 @@ from synth_deploy.train._sft_data import (
     validate_sft_example,
     validate_sft_file,
 )
-from synth_deploy.train._sft_tools import flat_tools, upload_copy
+from synth_deploy.train._sft_tools import upload_copy
 from synth_deploy.train._stream import (
     EXIT_POLL_TIMEOUT,
     ChartHandler,
@@ -75,7 +75,6 @@ __all__ = [
     "TrainUI",
     "backend_url",
     "discover_configs",
-    "flat_tools",
     "load_config",
     "masked",
     "new_idempotency_key",

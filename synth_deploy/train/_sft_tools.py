@@ -4,8 +4,8 @@ synth-ai reads a tool definition flat, ``{"name", "description"?, "parameters"?}
 refuses OpenAI's nested form ``{"type": "function", "function": {...}}`` ("tool 0 missing
 name"). A tool call it takes nested (``{"function": {"name", "arguments"}}``) or flat
 (``{"name", "arguments"}``). We accept both tool forms, check them by synth-ai's rules, and
-send the flat one: `flat_tools` turns a list into it (the export writes it), and
-`upload_copy` rewrites a file that holds nested tools before it is uploaded.
+send the flat one: `synth_deploy.tracing.flat_tools` turns a list into it (the SFT export
+writes it), and `upload_copy` rewrites a file that holds nested tools before it is uploaded.
 """
 
 from __future__ import annotations
@@ -22,23 +22,10 @@ TOOL_FORMS = ('{"name", "description"?, "parameters"?} or OpenAI\'s '
               '{"type": "function", "function": {...}}')
 
 
-def flat_tools(tools: Any) -> Any:
-    """``tools`` with every OpenAI nested definition flattened (``type`` kept); anything
-    else, including a value that is not a list, comes back as it was."""
-    if not isinstance(tools, list):
-        return tools
-    return [_flat(tool) for tool in tools]
-
-
-def _flat(tool: Any) -> Any:
-    if isinstance(tool, dict) and "name" not in tool and isinstance(tool.get("function"), dict):
-        rest = {k: v for k, v in tool.items() if k != "function"}
-        return {**rest, **tool["function"]}
-    return tool
-
-
 def tools_problems(tools: Any) -> list[str]:
     """Problems with an example's ``tools``, by synth-ai's rules (either form accepted)."""
+    from synth_deploy.tracing import flat_tools  # the SFT example's owner
+
     if tools is None:
         return []
     if not isinstance(tools, list):
@@ -48,7 +35,7 @@ def tools_problems(tools: Any) -> list[str]:
         if not isinstance(tool, dict):
             problems.append(f"tools[{i}]: expected an object ({TOOL_FORMS}), got {_kind(tool)}")
             continue
-        flat, at = _flat(tool), f"tools[{i}]" + (".function" if "name" not in tool
+        flat, at = flat_tools([tool])[0], f"tools[{i}]" + (".function" if "name" not in tool
                                                    and "function" in tool else "")
         name = flat.get("name")
         if not isinstance(name, str) or not name.strip():
@@ -87,6 +74,8 @@ def upload_copy(path: str | os.PathLike[str], *, examples: int | None = None) ->
     The copy holds the first ``examples`` examples (when given) with their tools flattened.
     The caller owns the copy and deletes it; the original is never touched.
     """
+    from synth_deploy.tracing import flat_tools  # the SFT example's owner
+
     if examples is not None and examples < 1:
         raise UsageError(f"--examples must be at least 1, got {examples}")
     src = Path(path)
@@ -126,4 +115,4 @@ def _kind(value: Any) -> str:
         type(value), type(value).__name__)
 
 
-__all__ = ["flat_tools", "tool_call_problems", "tools_problems", "upload_copy"]
+__all__ = ["tool_call_problems", "tools_problems", "upload_copy"]

@@ -7,7 +7,9 @@ import json
 
 import pytest
 from rollouts import fire, rollout_body
+from typer.testing import CliRunner
 
+from synth_deploy.cli import app as cli_app
 from synth_deploy.errors import UsageError
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store, sft_examples
@@ -115,3 +117,63 @@ def test_an_example_ends_at_the_last_reply_and_needs_a_prompt_before_it(tmp_path
     assert [(e["metadata"]["step_id"], [m["content"] for m in e["messages"]])
             for e in stored] == [("trailing-prompt", ["be brief", "2+2?", "4"]),
                                  ("two-replies", ["2+2?", "4", "yes, 4"])]
+
+
+GUESS_TOOLS = [{"type": "function", "function": {
+    "name": "guess", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}]
+
+
+def guessing_session(reward: float):
+    """A guessing game through a tool-calling policy: on turn 1 the model thinks aloud
+    instead of guessing (the mock policy's "Let me think about what to do next."), on turn 2
+    it guesses."""
+    tracer = SessionTracer(metadata={"app_id": "guess", "status": "ok", "model": "mock"})
+    for turn, reply in ((1, {"role": "assistant", "content": "Let me think about what to do "
+                                                             "next."}),
+                        (2, {"role": "assistant", "content": None, "tool_calls": [{
+                            "id": "c1", "type": "function",
+                            "function": {"name": "guess", "arguments": "{\"n\": 5}"}}]})):
+        tracer.start_timestep(f"turn-{turn}", turn_number=turn)
+        prompt = [{"role": "system", "content": "Guess the number, 1 to 10."},
+                  {"role": "user", "content": f"Turn {turn}: your guess?"}]
+        tracer.record_chat(prompt)
+        tracer.record_lm_call(model_name="mock", call_records=[{"request": {
+            "messages": prompt, "tools": GUESS_TOOLS}}])
+        tracer.record_chat([*prompt, reply])
+    tracer.record_outcome_reward(reward)
+    return tracer.finish()
+
+
+def test_a_text_reply_where_tools_were_offered_is_no_example(tmp_path):
+    session = guessing_session(1.0)
+    with open_trace_store(tmp_path / "t.db") as store:
+        store.write_session_sync(session)
+        store.write_session_sync(guessing_session(0.0))
+        result = export_sft(store, tmp_path / "sft.jsonl", min_reward=1)
+    [example] = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert example["metadata"]["turn"] == 2 and example["messages"][-1]["tool_calls"]
+    assert (result.examples, result.sessions) == (1, 1)
+    assert result.skipped_turns == {"text_instead_of_tool_call": 1}
+    assert "1 turn(s) that answered the tools offered with text" in result.note
+    assert list(sft_examples(session)) == [example]  # in memory, the same rule
+
+
+def test_an_export_of_nothing_says_why(tmp_path):
+    path = tmp_path / "t.db"
+    tracer = SessionTracer(metadata={"app_id": "plain", "status": "ok", "model": "m"})
+    tracer.record_environment_event(reward=1.0, terminated=True)  # no policy call at all
+    tracer.record_outcome_reward(1.0)
+    with open_trace_store(path) as store:
+        store.write_session_sync(tracer.finish())
+    runner = CliRunner()
+    for args, why in ((["--app", "plain"], "1 session(s) pass the filters but hold no "
+                       "example: they recorded no policy reply"),
+                      (["--app", "other"], "no stored session passes the filters")):
+        out = tmp_path / f"{args[1]}.jsonl"
+        shown = runner.invoke(cli_app, ["traces", "export", "--trace-db", str(path),
+                                        "--out", str(out), *args])
+        assert shown.exit_code == 0, shown.output
+        assert "wrote 0 example(s)" in shown.stdout and why in " ".join(shown.stderr.split())
+        doc = runner.invoke(cli_app, ["traces", "export", "--trace-db", str(path), "--out",
+                                      str(out), "--force", "--json", *args])
+        assert why in json.loads(doc.stdout)["note"]

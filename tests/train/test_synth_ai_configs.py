@@ -17,9 +17,9 @@ from synth_ai_rules import rl_config_problems, sft_config_problems, sft_example_
 from train_cli import APP_CONFIGS, FAST, RL_HEAD, env_file, run, sft_workspace, write
 
 from synth_deploy.errors import UsageError
+from synth_deploy.tracing import flat_tools
 from synth_deploy.train import (
     POLICY_DEFAULTS,
-    flat_tools,
     load_config,
     rl_payload,
     sft_payload,

@@ -26,13 +26,15 @@ from synth_deploy.tracing._session import (
     OutcomeReward,
     SessionTrace,
     Timestep,
+    session_reward,
     usage_from_counts,
 )
 from synth_deploy.tracing._times import epoch, iso
 
 Statement = tuple[str, tuple[Any, ...]]
 _ROWS_PER_INSERT = 200
-_JSON_CONTENT = "_content_json"
+# In a message's metadata: its content was not text and is stored as JSON text.
+JSON_CONTENT = "_content_json"
 
 _TABLES = ("session_traces", "session_timesteps", "events", "messages", "outcome_rewards",
            "event_rewards")
@@ -69,7 +71,9 @@ def _json(value: Any) -> str | None:
     return to_json(value, fallback=str, bytes_mode="base64", inf_nan_mode="constants").decode()
 
 
-def _loads(text: Any, default: Any = None) -> Any:
+def read_json(text: Any, default: Any = None) -> Any:
+    """A stored JSON column's value; ``default`` where it is empty, or where it is not JSON
+    (then the text itself when no default is given)."""
     if text is None or text == "":
         return default
     try:
@@ -106,14 +110,6 @@ def _metadata_value(metadata: dict[str, Any], keys: tuple[str, ...]) -> Any:
             return None
         value = value.get(key)
     return _json_value(value)
-
-
-def session_reward(session: SessionTrace) -> float | None:
-    if session.outcome_rewards:
-        return session.outcome_rewards[-1].total_reward
-    metrics = session.metadata.get("metrics")
-    value = metrics.get("outcome_reward") if isinstance(metrics, dict) else None
-    return float(value) if isinstance(value, int | float) else None
 
 
 def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | None
@@ -172,7 +168,7 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
             for m in step.messages:
                 content, metadata = m.content, m.metadata
                 if not isinstance(content, str) and content is not None:
-                    content, metadata = _json(content), {**metadata, _JSON_CONTENT: True}
+                    content, metadata = _json(content), {**metadata, JSON_CONTENT: True}
                 row = (*parent, m.id, m.message_type, content, iso(m.timestamp), m.timestamp,
                        step.step_index, _json(metadata))
                 if explicit:
@@ -267,7 +263,7 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
         step = Timestep(step_id=st["step_id"], step_index=st["step_index"],
                         turn_number=st["turn_number"], timestamp=epoch(st["started_at"]) or 0.0,
                         completed_at=epoch(st["completed_at"]),
-                        step_metadata=_loads(st["step_metadata"], {}))
+                        step_metadata=read_json(st["step_metadata"], {}))
         by_step[st["id"]] = step
         timesteps.append(step)
     orphan = None
@@ -275,10 +271,10 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
     for ev in sorted(events, key=lambda r: r["id"]):
         uid = ev.get("event_uid") or str(ev["id"])
         event_uid[ev["id"]] = uid
-        call_records = _loads(ev["call_records"])
+        call_records = read_json(ev["call_records"])
         event = Event(
             event_type=ev["event_type"], system_instance_id=ev["system_instance_id"] or "",
-            event_time=ev["event_time"] or 0.0, metadata=_loads(ev["metadata"], {}),
+            event_time=ev["event_time"] or 0.0, metadata=read_json(ev["metadata"], {}),
             model_name=ev["model_name"], provider=ev["provider"],
             input_tokens=ev["input_tokens"], output_tokens=ev["output_tokens"],
             total_tokens=ev["total_tokens"], cost_usd=cost_usd(ev),
@@ -286,18 +282,18 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
             usage=_stored_usage(ev, call_records),
             reward=ev["reward"], terminated=_opt_bool(ev["terminated"]),
             truncated=_opt_bool(ev["truncated"]),
-            system_state_before=_loads(ev["system_state_before"]),
-            system_state_after=_loads(ev["system_state_after"]), id=uid)
+            system_state_before=read_json(ev["system_state_before"]),
+            system_state_after=read_json(ev["system_state_after"]), id=uid)
         orphan = _step_for(ev["timestep_id"], by_step, timesteps, orphan)
         (by_step.get(ev["timestep_id"]) or orphan).events.append(event)
     message_uid: dict[Any, str] = {}
     for ms in sorted(messages, key=lambda r: r["id"]):
         uid = ms.get("message_uid") or str(ms["id"])
         message_uid[ms["id"]] = uid
-        metadata = _loads(ms["metadata"], {})
+        metadata = read_json(ms["metadata"], {})
         content = ms["content"]
-        if metadata.pop(_JSON_CONTENT, False):
-            content = _loads(content)
+        if metadata.pop(JSON_CONTENT, False):
+            content = read_json(content)
         message = Message(message_type=ms["message_type"], content=content,
                           timestamp=ms["event_time"] or epoch(ms["timestamp"]) or 0.0,
                           metadata=metadata, id=uid)
@@ -305,18 +301,18 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
         (by_step.get(ms["timestep_id"]) or orphan).messages.append(message)
     return SessionTrace(
         session_id=row["session_id"], created_at=epoch(row["created_at"]) or 0.0,
-        timesteps=timesteps, metadata=_loads(row["metadata"], {}),
+        timesteps=timesteps, metadata=read_json(row["metadata"], {}),
         experiment_id=row["experiment_id"],
         outcome_rewards=[OutcomeReward(
             total_reward=o["total_reward"], achievements_count=o["achievements_count"],
-            total_steps=o["total_steps"], reward_metadata=_loads(o["reward_metadata"], {}),
-            annotation=_loads(o.get("annotation")), created_at=epoch(o["created_at"]) or 0.0)
+            total_steps=o["total_steps"], reward_metadata=read_json(o["reward_metadata"], {}),
+            annotation=read_json(o.get("annotation")), created_at=epoch(o["created_at"]) or 0.0)
             for o in sorted(outcomes, key=lambda r: r["id"])],
         event_rewards=[EventReward(
             reward_value=r["reward_value"], reward_type=r["reward_type"] or "",
             source=r["source"] or "", turn_number=r["turn_number"],
             event_id=event_uid.get(r["event_id"]), message_id=message_uid.get(r["message_id"]),
-            key=r["key"], annotation=_loads(r["annotation"]),
+            key=r["key"], annotation=read_json(r["annotation"]),
             created_at=epoch(r["created_at"]) or 0.0)
             for r in sorted(rewards, key=lambda r: r["id"])])
 

@@ -1,14 +1,12 @@
-"""Stored rollouts → SFT JSONL (the format in shared/spec/configs.md).
+"""Stored rollouts → SFT JSONL: one example per policy call (what makes one: `_sft`).
 
-An example is one policy call: the messages `call_policy` recorded in a timestep (the system
-and user prompts, any earlier turns it was shown) up to and including the assistant's reply.
-Failed rollouts are never exported; ``min_reward`` keeps sessions whose outcome reward is at
-least that value.
+Failed rollouts are never exported; the filters select sessions by the rule every reader
+shares (`SessionFilter`), ``min_reward`` keeping those whose reward is at least that value.
 
 `export_sft` streams: a page of sessions at a time (keyset paging in creation order), with
-one query for their messages and one for the tools their policy calls offered, so memory
-stays flat from ten thousand sessions to millions and a remote store costs three round
-trips a page. `sft_examples` does the same for one `SessionTrace` in memory.
+one query for their messages, one for the tools their policy calls offered and one for
+their LM calls, so memory stays flat from ten thousand sessions to millions and a remote
+store costs a few round trips a page.
 """
 
 from __future__ import annotations
@@ -17,21 +15,28 @@ import dataclasses
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db._columns import cost_usd_sql
-from synth_deploy.tracing._db._rows import _JSON_CONTENT, _loads, session_reward
+from synth_deploy.tracing._db._rows import JSON_CONTENT, read_json
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql, since_timestamp
-from synth_deploy.tracing._ledger import ledger_from_calls, ledger_of
-from synth_deploy.tracing._session import SessionTrace, Timestep
+from synth_deploy.tracing._ledger import ledger_from_calls
+from synth_deploy.tracing._read._sft import (
+    ROLES,
+    TEXT_FOR_TOOLS,
+    Rollout,
+    Turn,
+    chat_message,
+    examples,
+    flat_tools,
+)
 from synth_deploy.tracing._store import TraceStore
 
-_ROLES = {"system": "system", "user": "user", "assistant": "assistant",
-          "tool_result": "tool", "tool": "tool"}
 PAGE_SESSIONS = 500
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(..., ensure_ascii=False)
 _ORPHAN_STEP = "(no timestep)"  # where `build_session` puts rows without a timestep
@@ -43,56 +48,38 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What `export_sft` wrote."""
+    """What `export_sft` wrote: ``examples`` from ``sessions``; ``skipped_sessions`` passed
+    the filters but made none; ``skipped_turns`` counts the policy calls that made none, by
+    reason (`_sft.NO_REPLY`, `_sft.TEXT_FOR_TOOLS`)."""
 
     path: str
     examples: int
     sessions: int
     skipped_sessions: int
     seconds: float
+    skipped_turns: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def note(self) -> str | None:
+        """What a user should know of what was left out: why nothing was exported, or how
+        many turns answered a tool offer with text; None when there is nothing to say."""
+        text = self.skipped_turns.get(TEXT_FOR_TOOLS, 0)
+        left_out = (f"{text} turn(s) that answered the tools offered with text, calling none, "
+                    "were left out") if text else ""
+        if self.examples:
+            return left_out or None
+        matched = self.sessions + self.skipped_sessions
+        if not matched:
+            return ("no stored session passes the filters (failed rollouts are never "
+                    "exported): see them with `synth-deploy traces ls`")
+        return (f"{matched} session(s) pass the filters but hold no example: "
+                + (left_out + "; the others" if left_out else "they")
+                + " recorded no policy reply (their rollouts made no LM call through the "
+                  "policy, or recorded no chat)")
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def sft_examples(session: SessionTrace) -> Iterator[dict[str, Any]]:
-    """The SFT examples in one session (see the module docstring)."""
-    reward = session_reward(session)
-    meta = session.metadata
-    fields = (meta.get("app_id"), meta.get("run_id"), meta.get("seed"), meta.get("model"))
-    ledger = ledger_of(session).to_dict()
-    for step in session.timesteps:
-        chat = [_chat(m.message_type, m.content, m.metadata) for m in step.messages
-                if m.message_type in _ROLES]
-        example = _example(session.session_id, fields, reward, step.step_id,
-                           step.turn_number, chat, _tools_offered(step), ledger)
-        if example is not None:
-            yield example
-
-
-def _example(session_id: str, fields: tuple[Any, Any, Any, Any], reward: float | None,
-             step_id: str, turn: int | None, chat: list[dict[str, Any]],
-             tools: list[Any] | None, ledger: dict[str, Any] | None = None
-             ) -> dict[str, Any] | None:
-    """A timestep's example: its chat (`_chat` messages) up to the last assistant reply (None
-    without one, or with no prompt before it); ``tools``: what its policy call offered;
-    ``ledger``: the rollout's cost ledger (tokens, LM/environment/wall time), carried in
-    the metadata."""
-    last = len(chat) - 1
-    while last >= 0 and chat[last]["role"] != "assistant":
-        last -= 1
-    if last < 1 or not any(message["role"] != "assistant" for message in chat[:last]):
-        return None  # no reply, or nothing it replied to
-    example: dict[str, Any] = {"messages": chat if last == len(chat) - 1 else chat[:last + 1]}
-    if tools:
-        example["tools"] = tools
-    app_id, run_id, seed, model = fields
-    example["metadata"] = {"session_id": session_id, "app_id": app_id, "run_id": run_id,
-                           "seed": seed, "model": model, "turn": turn, "step_id": step_id,
-                           "reward": reward}
-    if ledger is not None:
-        example["metadata"]["ledger"] = ledger
-    return example
+        return {**self.__dict__, "skipped_turns": dict(self.skipped_turns),
+                "note": self.note}
 
 
 def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None = None,
@@ -126,30 +113,27 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
         total = int(store.database.query(
             f"SELECT COUNT(*) AS n FROM session_traces s{selection[0]}", selection[1])[0]["n"])
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    examples = sessions = skipped = 0
+    written = sessions = skipped = 0
+    skipped_turns: Counter[str] = Counter()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tmp.open("w", encoding="utf-8") as fh:
             for page in _pages(store, selection):
-                for session_id, fields, reward, steps, ledger in page:
-                    if limit is not None and examples >= limit:
+                for rollout, turns in page:
+                    if limit is not None and written >= limit:
                         break
                     wrote = 0
-                    for step_id, turn, chat, offered in steps:
-                        example = _example(session_id, fields, reward, step_id, turn, chat,
-                                           offered, ledger)
-                        if example is None:
-                            continue
+                    for example in examples(rollout, turns, skipped_turns):
                         fh.write(_ENCODE(example) + "\n")
                         wrote += 1
-                        examples += 1
-                        if limit is not None and examples >= limit:
+                        written += 1
+                        if limit is not None and written >= limit:
                             break
                     sessions += bool(wrote)
                     skipped += not wrote
                 if progress is not None:
                     progress(sessions + skipped, total)
-                if limit is not None and examples >= limit:
+                if limit is not None and written >= limit:
                     break
             fh.flush()
             os.fsync(fh.fileno())
@@ -160,16 +144,16 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     finally:
         if tmp.exists():
             tmp.unlink()
-    return ExportResult(path=str(path), examples=examples, sessions=sessions,
-                        skipped_sessions=skipped, seconds=time.perf_counter() - started)
+    return ExportResult(path=str(path), examples=written, sessions=sessions,
+                        skipped_sessions=skipped, seconds=time.perf_counter() - started,
+                        skipped_turns=dict(skipped_turns))
 
 
-Page = list[tuple[str, tuple[Any, Any, Any, Any], float | None, list[Any], dict[str, Any]]]
+Page = list[tuple[Rollout, list[Turn]]]
 
 
 def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterator[Page]:
-    """The selected sessions, a page at a time: (id, (app, run, seed, model), reward,
-    [(step id, turn, [chat message], tools offered)], ledger)."""
+    """The selected sessions, a page at a time, each with its turns."""
     if selection is None:
         return
     clause, params = selection
@@ -197,24 +181,24 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
     query, rows_of = db.query, db.rows
     ids = [r[1] for r in rows]
     marks = ", ".join("?" * len(ids))
-    roles = ", ".join(f"'{role}'" for role in _ROLES)
+    roles = ", ".join(f"'{role}'" for role in ROLES)
     steps: dict[str, dict[Any, tuple[Any, ...]]] = {sid: {} for sid in ids}
     for sid, step_key, step_id, step_index, turn, kind, content, meta in rows_of(
             "SELECT m.session_id, t.id, t.step_id, t.step_index, t.turn_number, "
             "m.message_type, m.content, m.metadata FROM messages m LEFT JOIN "
             f"session_timesteps t ON t.id = m.timestep_id WHERE m.session_id IN ({marks}) "
             f"AND m.message_type IN ({roles}) ORDER BY m.id", ids):
-        metadata = _NO_METADATA if meta in ("{}", None) else _loads(meta, _NO_METADATA)
+        metadata = _NO_METADATA if meta in ("{}", None) else read_json(meta, _NO_METADATA)
         if not isinstance(metadata, dict):  # not what the kit writes: read as none
             metadata = _NO_METADATA
-        if metadata and metadata.pop(_JSON_CONTENT, False):
-            content = _loads(content)
+        if metadata and metadata.pop(JSON_CONTENT, False):
+            content = read_json(content)
         step = steps[sid].get(step_key)
         if step is None:  # rows without a timestep: one step of their own, after the others
             order = (0, step_index, step_key) if step_key is not None else (1, 0, 0)
             step = steps[sid][step_key] = (
                 order, step_id if step_key is not None else _ORPHAN_STEP, turn, [])
-        step[3].append(_chat(kind, content, metadata))
+        step[3].append(chat_message(kind, content, metadata))
     tools: dict[tuple[str, Any], Any] = {}
     # Only events whose call records mention tools are parsed, and by SQLite: the records
     # hold whole requests. The last record of the last event that offered tools wins.
@@ -233,7 +217,7 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
         lm_calls[sid].append(by_model)
     page: Page = []
     for _, sid, _, fields, outcome in rows:
-        values = _loads(fields, None) if fields else None
+        values = read_json(fields, None) if fields else None
         app_id, run_id, seed, model, metric, wall_s = values if isinstance(values, list) \
             else (None,) * 6
         reward = outcome
@@ -242,47 +226,20 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
         found = steps[sid]
         ordered = sorted(found.items(), key=lambda item: item[1][0]) if len(found) > 1 \
             else found.items()
-        page.append((sid, (app_id, run_id, seed, model), reward,
-                     [(step_id, turn, chat, _offered(tools, sid, key))
-                      for key, (_, step_id, turn, chat) in ordered],
-                     ledger_from_calls(lm_calls[sid], wall_s=wall_s).to_dict()))
+        page.append((Rollout(sid, app_id, run_id, seed, model, reward,
+                             ledger_from_calls(lm_calls[sid], wall_s=wall_s).to_dict()),
+                     [Turn(step_id, turn, chat, _offered(tools, sid, key))
+                      for key, (_, step_id, turn, chat) in ordered]))
     return page
 
 
 def _offered(tools: dict[tuple[str, Any], Any], session_id: str, step_key: Any
              ) -> list[Any] | None:
     """The tools a stored step's policy call offered (``tools``: JSON text by session and
-    step), in the flat form; None where it offered none."""
+    step), flat; None where it offered none."""
     if not tools or (text := tools.get((session_id, step_key))) is None:
         return None
-    from synth_deploy.train import flat_tools  # the SFT format's owner
-
     return flat_tools(json.loads(text))
 
 
-def _chat(message_type: str, content: Any, metadata: dict[str, Any]) -> dict[str, Any]:
-    """A recorded message as an OpenAI chat message, tool calls and tool call ids included."""
-    if not isinstance(content, str | list | dict) and content is not None:
-        content = str(content)  # a number or bytes, as another writer may have stored it
-    out = {"role": _ROLES[message_type], "content": content}
-    if metadata:
-        for name in ("tool_calls", "tool_call_id", "name"):
-            if metadata.get(name):
-                out[name] = metadata[name]
-    return out
-
-
-def _tools_offered(step: Timestep) -> list[Any] | None:
-    """The tools the step's last policy call offered (what the reply's tool calls refer to),
-    in the flat form synth-ai's SFT reader takes (it refuses OpenAI's nested one)."""
-    from synth_deploy.train import flat_tools  # the SFT format's owner
-
-    for event in reversed(step.events):
-        for record in reversed(event.call_records or []):
-            request = record.get("request") if isinstance(record, dict) else None
-            if isinstance(request, dict) and isinstance(request.get("tools"), list):
-                return flat_tools(request["tools"])
-    return None
-
-
-__all__ = ["ExportResult", "export_sft", "sft_examples"]
+__all__ = ["ExportResult", "export_sft"]
