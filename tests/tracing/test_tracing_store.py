@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
 import os
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -375,3 +377,68 @@ def test_session_ids_stay_unique_when_a_rollout_seeds_random():
         random.seed(7)
         ids.add(SessionTracer().session_id)
     assert len(ids) == 50
+
+
+OPEN_IN_SLOTS = r'''
+import json, sys, time
+from pathlib import Path
+from synth_deploy.tracing import open_trace_store
+root, files = Path(sys.argv[1]), int(sys.argv[2])
+start, slot = float(sys.argv[3]), float(sys.argv[4])
+open_trace_store(root / f"warm-{sys.argv[5]}.db").close()  # every import done before the race
+failed = []
+for i in range(files):
+    while time.time() < start + i * slot:  # all processes open file i at the same instant
+        pass
+    try:
+        open_trace_store(root / f"{i}.db").close()
+    except Exception as exc:
+        failed.append(f"{i}.db: {exc}")
+print(json.dumps(failed))
+'''
+
+
+HOLD_A_WRITE_LOCK = r'''
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("ROLLBACK")
+'''
+
+
+def test_opening_a_new_file_another_process_is_writing_waits_for_it(tmp_path):
+    # What a server starting beside another on a file that does not exist yet meets: the
+    # other holds a write lock (switching the file to WAL, or migrating it). Switching the
+    # file to WAL, SQLite refused this one at once ("database is locked", without waiting:
+    # waiting could deadlock) and the server exited.
+    path = tmp_path / "new.db"
+    other = subprocess.Popen([sys.executable, "-c", HOLD_A_WRITE_LOCK, str(path), "0.5"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with open_trace_store(path) as store:
+            assert store.schema_version == SCHEMA_VERSION
+    finally:
+        other.kill()
+        other.wait(10)
+
+
+def test_processes_that_open_a_new_trace_file_at_once_all_open_it(tmp_path):
+    # The same race, as it happens: three processes open 20 new files, each at the same
+    # instant (how often one was refused depends on the disk: the other's lock lasts an
+    # fsync).
+    start = time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_IN_SLOTS, str(tmp_path), "20",
+                               str(start), "0.05", str(n)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for n in range(3)]
+    failed = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        failed += json.loads(out)
+    assert failed == []
+    for i in range(20):
+        with open_trace_store(tmp_path / f"{i}.db", read_only=True) as store:
+            assert store.schema_version == SCHEMA_VERSION

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,24 +63,37 @@ class SqliteBackend:
         (setting WAL rewrites the header, which must not happen to a foreign file)."""
         try:
             if str(self.path) != ":memory:":
-                mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                mode = self._switch_to_wal()
                 if str(mode).lower() != "wal":
                     raise TraceStoreError(f"{self.path}: SQLite refused WAL mode ({mode})",
                                           hint="put the trace database on a local disk")
-            # No fsync per commit: on this 2-core VM one cost 0.12 ms of CPU and 0.19 ms of
-            # wall time (a trivial session a commit: 219 against 102 us of CPU). At six a
-            # commit the writer spent 79 against 49 us per session, and traced trivial
-            # rollouts ran at 0.95-0.96x the rate of NORMAL (paired runs). Checkpoints still
-            # fsync the WAL, then the database.
+            # No fsync per commit: an acknowledged commit is in the WAL, which survives the
+            # death of any process; an fsync would cost each commit more CPU than its
+            # sessions do. Checkpoints still fsync the WAL, then the database.
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            # Up to 64 MiB of pages (taken as used): the index pages a million-session
-            # store's inserts touch stay in memory instead of being read back each batch.
+            # The index pages a large store's inserts touch stay in memory instead of being
+            # read back at each batch (the cache is taken as it is used).
             self._conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
             # A WAL that a checkpoint started over is cut back to this size at the next commit.
             self._conn.execute(f"PRAGMA journal_size_limit={RESTART_WAL_BYTES}")
             self._frame_bytes = self._conn.execute("PRAGMA page_size").fetchone()[0] + 24
         except sqlite3.Error as exc:
             raise self._error(exc, "open") from exc
+
+    def _switch_to_wal(self) -> str:
+        # Switching writes the file's header, and so upgrades this connection's read lock
+        # to a write lock. When another process holds a write lock on the file (another
+        # server creating the same new file), SQLite refuses at once, without waiting:
+        # both waiting could deadlock. Asked again once the other is done, it succeeds (or
+        # finds the file switched already).
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
 
     def checkpoint(self, *, restart_after_bytes: int = RESTART_WAL_BYTES) -> str:
         """One round of moving the WAL into the file, on a connection of its own, so that
