@@ -89,24 +89,58 @@ def test_test_modules_share_through_helpers_and_conftest_only():
     assert offenders == []
 
 
-def test_no_import_cycles_between_modules():
-    graph: dict[str, set[str]] = defaultdict(set)
-    known = {p.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-             for p in modules()}
+# Which package may use which, lowest first: a package imports only packages of the layers
+# below its own (never one of its own layer, never one above), at module level or inside a
+# function alike. The root modules are the packages' common ground.
+LAYERS = (
+    ("errors", "deadlines", "_lazy", "_batches", "tls", "__init__"),
+    ("env", "urls", "handoff"),
+    ("tracing",),    # the trace store: what rollouts record, written and read
+    ("otel",),       # traces as OpenTelemetry spans
+    ("taskapp",),    # the SDK and the serving engine (it records traces)
+    ("health",),     # probing a served app, and the mock policy it is played with
+    ("train", "tunnel", "viewer", "modal"),  # what is built on a served, checked app
+    ("runs",),       # smoke, eval and rehearsal: through tunnels, on Modal, as training does
+    ("cli",),
+)
+
+# Module cycles being undone elsewhere, each with where (each must still occur: a cycle
+# that is gone leaves this list).
+KNOWN_CYCLES = {
+    frozenset({"taskapp._connections", "taskapp._runner"}):
+        "issue 37: connection limits move to the serving process",
+    frozenset({"taskapp._protocol_app", "taskapp._protocol_fastapi"}):
+        "issue 37: the served app's routes, declared with their access",
+}
+
+
+def module_name(path: str) -> str:
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def module_graph() -> dict[str, dict[str, int]]:
+    """module -> {module it imports: line}, function-level imports included."""
+    graph: dict[str, dict[str, int]] = defaultdict(dict)
+    known = {module_name(p) for p in modules()}
     for path, tree in modules().items():
-        me = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-        for _, name, at_top in imported_names(tree):
+        me = module_name(path)
+        for line, name, _ in imported_names(tree):
             target = name.removeprefix("synth_deploy.")
             while target and target not in known:
                 target = target.rpartition(".")[0]
-            if at_top and target and target != me and not me.startswith(target + "."):
-                graph[me].add(target)
+            if target and target != me and not me.startswith(target + "."):
+                graph[me].setdefault(target, line)
+    return graph
+
+
+def test_no_import_cycles_between_modules():
+    graph = module_graph()
     cycles, done = [], set()
 
     def visit(node: str, stack: list[str]) -> None:  # depth-first, each module once
         for nxt in sorted(graph[node]):
             if nxt in stack:
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                cycles.append(stack[stack.index(nxt):] + [nxt])
             elif nxt not in done:
                 visit(nxt, stack + [nxt])
         done.add(node)
@@ -114,7 +148,22 @@ def test_no_import_cycles_between_modules():
     for start in sorted(graph):
         if start not in done:
             visit(start, [start])
-    assert cycles == []
+    found = {frozenset(cycle) for cycle in cycles}
+    assert [" -> ".join(c) for c in cycles if frozenset(c) not in KNOWN_CYCLES] == []
+    assert [sorted(c) for c in KNOWN_CYCLES if c not in found] == [], "gone: drop it"
+
+
+def test_packages_import_only_the_layers_below_their_own():
+    layer = {package: level for level, names in enumerate(LAYERS) for package in names}
+    assert set(layer) == {package_of(path) for path in modules()}, "every package has a layer"
+    offenders = []
+    for path, tree in modules().items():
+        me = package_of(path)
+        for line, name, _ in imported_names(tree):
+            other = name.split(".")[1] if "." in name else me
+            if other != me and other in layer and layer[other] >= layer[me]:
+                offenders.append(f"{path}:{line} imports {name} ({me} may not use {other})")
+    assert offenders == []
 
 
 def test_cli_modules_do_not_import_each_other():
