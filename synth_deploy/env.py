@@ -127,6 +127,15 @@ def _masked_all(value: Any) -> Any:
     return mask(str(value))
 
 
+def missing_key_hint(*, flag: str | None = None) -> str:
+    """How a client of a task app (check, smoke/eval against a URL, tunnel --url, train)
+    supplies the app's key when none was found: the one hint wherever one is missing.
+    ``flag``: the command's own option for the key, offered first."""
+    how = (f"put the app's {ENVIRONMENT_API_KEY} in .env or the environment, or pass "
+           "--env-file FILE (`synth-deploy setup` mints one for an app you serve)")
+    return f"pass {flag}, or {how}" if flag else how
+
+
 def mint_key() -> str:
     """A new ENVIRONMENT_API_KEY: 256 bits from the OS's CSPRNG."""
     return "sk_env_" + secrets.token_urlsafe(32)
@@ -298,6 +307,7 @@ __all__ = [
     "mask",
     "mask_secrets",
     "mint_key",
+    "missing_key_hint",
     "parse_env_file",
     "redact",
     "redact_userinfo",

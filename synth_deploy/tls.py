@@ -1,9 +1,14 @@
-"""One TLS context for the kit's HTTP clients.
+"""One TLS context for the kit's HTTP clients built on httpx.
 
 httpx builds a context per client, and building one loads the whole CA bundle: tens of
 milliseconds each, several times in a `smoke` run (the rollout client, the served app's
 policy client). The settings are httpx's defaults (certifi's bundle, or ``SSL_CERT_FILE`` /
 ``SSL_CERT_DIR``), made once; a context is safe to share between clients and threads.
+
+Every httpx client of the kit that may speak TLS verifies with it (tests/test_architecture.py
+checks). The others: `check`'s probes use the standard library's ``http.client`` (so that
+`check` starts without importing httpx) and verify against certifi's bundle; the tunnel's
+metrics client speaks plain HTTP to loopback; the OTLP exporter and libsql bring their own.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import ssl
 
 @functools.cache
 def client_ssl_context() -> ssl.SSLContext:
-    """The verifying context every client of the kit uses (``httpx`` ``verify=`` it)."""
+    """The verifying context the kit's httpx clients use (``verify=`` it)."""
     import httpx
 
     return httpx.create_ssl_context()

@@ -87,7 +87,7 @@ def looks_like_url(text: str) -> bool:
 
 
 def is_loopback(url: str) -> bool:
-    """True when ``url``'s host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    """True when ``url``'s host is this machine (see `is_loopback_host`)."""
     try:
         host = urlsplit(url).hostname or ""
     except ValueError:
@@ -96,8 +96,15 @@ def is_loopback(url: str) -> bool:
 
 
 def is_loopback_host(host: str) -> bool:
-    """True when ``host`` (a name or an address, IPv6 bracketed or not) is this machine."""
-    host = host.strip().lower().removeprefix("[").removesuffix("]")
+    """The one rule for "this machine": ``localhost`` (and names under it), 127.0.0.0/8 and
+    ::1, bracketed or not. A name that merely resolves to 127.0.0.1 is not: what it
+    resolves to can change.
+
+        is_loopback_host("127.0.0.2")  # True
+        is_loopback_host("[::1]")      # True
+        is_loopback_host("localhost.evil.example")  # False
+    """
+    host = host.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:

@@ -222,6 +222,45 @@ def test_one_place_decides_the_missing_key_rule():
     assert calls_to("mint_key") == ["cli/taskapp.py", "taskapp/_auth.py"]
 
 
+def test_one_rule_says_which_host_is_this_machine():
+    # urls.is_loopback_host; a hand-written list of names, or startswith("127."), drifts.
+    names = {"127.0.0.1", "localhost", "::1", "[::1]"}
+    offenders = []
+    for path, tree in modules().items():
+        if path == "urls.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                for value in ast.walk(ast.Tuple(elts=node.comparators)):
+                    if isinstance(value, ast.Constant) and value.value in names:
+                        offenders.append(f"{path}:{node.lineno} compares with {value.value!r}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "startswith" and any(
+                        isinstance(a, ast.Constant) and a.value == "127." for a in node.args):
+                offenders.append(f"{path}:{node.lineno} startswith('127.')")
+    assert offenders == []
+
+
+def test_every_httpx_client_verifies_with_the_kits_one_tls_context():
+    # tls.client_ssl_context: one trust store, built once (a client given a transport: its
+    # module builds the transport with it). The metrics client speaks plain HTTP to loopback.
+    plain_http = {"tunnel/_metrics.py"}
+    offenders = []
+    for path, tree in modules().items():
+        uses_context = "client_ssl_context" in ast.unparse(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "httpx" and \
+                    node.func.attr in ("Client", "AsyncClient", "get", "post", "stream") and \
+                    path not in plain_http:
+                given = {k.arg: k.value for k in node.keywords}
+                verify = given.get("verify")
+                if not (isinstance(verify, ast.Call) and getattr(verify.func, "id", "")
+                        == "client_ssl_context") and not ("transport" in given and uses_context):
+                    offenders.append(f"{path}:{node.lineno} httpx.{node.func.attr}")
+    assert offenders == []
+
+
 def test_only_the_tracing_package_opens_the_trace_store():
     # Everyone else calls open_trace_store(setting) with the setting resolved at the entry.
     assert all(path.startswith("tracing/") for path in calls_to("TraceStore"))

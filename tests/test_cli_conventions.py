@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import synth_deploy
 from synth_deploy.cli import app
+from synth_deploy.env import missing_key_hint
 
 
 def command_paths() -> list[list[str]]:
@@ -57,3 +58,26 @@ def test_errors_start_the_same_way_wherever_they_come_from(tmp_path):
         starts = [line.split(":")[0] for line in result.stderr.splitlines()
                   if line.lower().startswith("error")]
         assert starts == ["Error"], result.stderr
+
+
+def test_every_client_of_an_app_says_the_same_when_its_key_is_missing(tmp_path, math_server,
+                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no .env here, and none of the kit's variables
+    for name in ("ENVIRONMENT_API_KEY", "SYNTH_API_KEY", "TASK_APP_URL", "SYNTH_TRACES_DB"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "400")
+    (tmp_path / "rl.toml").write_text(
+        '[algorithm]\ntype = "online"\nmethod = "policy_gradient"\n'
+        '[policy]\nmodel_name = "Qwen/Qwen3-4B"\n')
+    (tmp_path / "k.env").write_text("SYNTH_API_KEY=sk_synth_test_0000\n")
+    said = {}
+    for command in (["check", math_server.url], ["smoke", math_server.url],
+                    ["tunnel", "--url", math_server.url],
+                    ["train", "--config", "rl.toml", "--task-url", math_server.url,
+                     "--env-file", "k.env", "--yes"]):
+        result = CliRunner().invoke(app, command)
+        said[command[0]] = " ".join(result.output.split())
+    hint = " ".join(missing_key_hint().split())
+    check_hint = " ".join(missing_key_hint(flag="--api-key").split())
+    assert {name: (check_hint if name == "check" else hint) in text
+            for name, text in said.items()} == dict.fromkeys(said, True), said

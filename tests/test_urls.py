@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from processes import run_cli
 
-from synth_deploy.urls import URLError, http_url, is_loopback, looks_like_url
+from synth_deploy.urls import URLError, http_url, is_loopback, is_loopback_host, looks_like_url
 
 ROOT = Path(__file__).resolve().parents[1]
 RL_CONFIG = ROOT / "apps" / "math" / "configs" / "rl.toml"
@@ -52,6 +52,13 @@ def test_loopback():
     assert is_loopback("http://127.0.0.1:8001") and is_loopback("http://localhost:1")
     assert is_loopback("http://[::1]:8001")
     assert not is_loopback("https://a.modal.run") and not is_loopback("http://10.0.0.5:80")
+    # one rule wherever the kit asks (check's plain-http warning, rehearse's idle default,
+    # smoke's mock-policy note, the viewer's Host check)
+    for host in ("127.0.0.2", "127.255.0.1", "localhost", "LOCALHOST.", "app.localhost", "::1",
+                 "[::1]"):
+        assert is_loopback_host(host), host
+    for host in ("localhost.evil.example", "10.0.0.1", "128.0.0.1", "0.0.0.0", "", "::"):
+        assert not is_loopback_host(host), host
 
 
 def _json_error(result) -> tuple[str, str]:

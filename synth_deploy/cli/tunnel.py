@@ -85,7 +85,7 @@ def tunnel(
     Serves APP (or uses --url) and stays up until Ctrl+C.
     """
     with handling_errors(json_output):
-        from synth_deploy.env import ENVIRONMENT_API_KEY
+        from synth_deploy.env import ENVIRONMENT_API_KEY, missing_key_hint
         from synth_deploy.tunnel import TUNNEL_TOKEN, TunnelConfig, expose, find_cloudflared
 
         if (app_ref is None) == (url is None):
@@ -105,7 +105,7 @@ def tunnel(
         api_key = env.get(ENVIRONMENT_API_KEY)
         if url is not None and not api_key:
             raise UsageError(f"no {ENVIRONMENT_API_KEY} to check {url} through the tunnel with",
-                             hint="run `synth-deploy setup` or put ENVIRONMENT_API_KEY in .env")
+                             hint=missing_key_hint())
         config = dataclasses.replace(config, binary=find_cloudflared(env.values))
         runner = None
         if app_ref is not None:  # with --url, the running server records its own traces

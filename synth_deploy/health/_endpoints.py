@@ -10,7 +10,7 @@ import secrets
 import time
 from typing import Any
 
-from synth_deploy.env import mask
+from synth_deploy.env import mask, missing_key_hint
 from synth_deploy.health import _diagnosis as dx
 from synth_deploy.health._http import HTTPClient, RequestFailed
 from synth_deploy.health._options import CheckOptions, RolloutOptions
@@ -130,8 +130,7 @@ class EndpointSteps:
             seen = failure.actual if failure else f"the app answered {response.status_code}"
             self.add(CheckResult(
                 "health", "fail", expected, f"no key given ({seen})", latency, code="no_key",
-                hint="pass --api-key, or set ENVIRONMENT_API_KEY in the environment or in .env "
-                     "(--env-file to pick a file)"))
+                hint=missing_key_hint(flag="--api-key")))
             return False
         response, latency, failure = self.request("GET", "/health", key=self.api_key)
         if failure is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from synth_deploy.health._report import CheckResult
-from synth_deploy.urls import URLError, http_url
+from synth_deploy.urls import URLError, http_url, is_loopback_host
 
 # A base URL that ends in one of these was copied from an endpoint, not from the app's root.
 ENDPOINT_PATHS = ("health", "info", "task_info", "rollout", "done", "docs", "openapi.json",
@@ -34,12 +34,7 @@ class Target:
 
     @property
     def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(self.host)
 
     @property
     def is_ip(self) -> bool:

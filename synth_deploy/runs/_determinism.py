@@ -19,6 +19,7 @@ import httpx
 
 from synth_deploy.env import redact
 from synth_deploy.taskapp import answered_status
+from synth_deploy.tls import client_ssl_context
 
 VOLATILE_KEYS = frozenset({
     "run_id", "session_id", "id", "event_id", "message_id", "trace_correlation_id", "request",
@@ -118,7 +119,7 @@ async def check_determinism(base_url: str, api_key: str, seed: int,
     hidden = [api_key, *secrets]
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers={"X-API-Key": api_key},
                                  timeout=httpx.Timeout(timeout_s, connect=10.0),
-                                 follow_redirects=True) as client:
+                                 follow_redirects=True, verify=client_ssl_context()) as client:
         try:
             infos = []
             for _ in range(2):

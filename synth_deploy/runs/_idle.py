@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from synth_deploy.env import redact
+from synth_deploy.tls import client_ssl_context
 
 # Common idle timeouts: uvicorn and Node 5 s, AWS ALB 60 s, nginx 75 s.
 LOCAL_IDLE_S = 6.0  # loopback: the server's own keep-alive (uvicorn: 5 s) is all there is
@@ -68,7 +69,7 @@ async def idle_probe(base_url: str, api_key: str, bodies: tuple[dict[str, Any], 
                           keepalive_expiry=None)
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers={"X-API-Key": api_key},
                                  timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits,
-                                 follow_redirects=True) as client:
+                                 follow_redirects=True, verify=client_ssl_context()) as client:
         ports, answered = [], time.monotonic()
         for number, body in enumerate(bodies):
             if number:

@@ -46,6 +46,8 @@ from synth_deploy.runs._timeouts import (
 )
 from synth_deploy.runs._trainer_plan import TrainerPlan, plan_from_config, trainer_request
 from synth_deploy.runs._training_step import run_training_step
+from synth_deploy.tls import client_ssl_context
+from synth_deploy.urls import is_loopback
 
 if TYPE_CHECKING:
     from synth_deploy.tracing import TraceDbSetting
@@ -138,7 +140,8 @@ async def _app_limits(target: RunTarget) -> tuple[float | None, float | None]:
     """The app's declared ``limits.timeout_seconds`` (/info) and when it sends a long
     rollout's head (/health ``rollouts.head_after_s``, said by apps this kit serves)."""
     found: list[float | None] = []
-    async with httpx.AsyncClient(timeout=10.0, follow_redirects=True) as client:
+    async with httpx.AsyncClient(timeout=10.0, follow_redirects=True,
+                                 verify=client_ssl_context()) as client:
         for path, section, name in (("/info", "limits", "timeout_seconds"),
                                     ("/health", "rollouts", "head_after_s")):
             try:
@@ -230,7 +233,7 @@ class _Rehearsal:
                                temperature=temperature)
 
     def start_idle_probe(self) -> asyncio.Task:
-        idle_s = self.options.idle_s or (LOCAL_IDLE_S if _loopback(self.target.url)
+        idle_s = self.options.idle_s or (LOCAL_IDLE_S if is_loopback(self.target.url)
                                          else REMOTE_IDLE_S)
         pair = tuple(self.body(f"rehearse-{self.tag}-idle-{i}", seed=self.seed + i)
                      for i in range(2))
@@ -317,11 +320,6 @@ def _slowest(step: Any, capacity: Any, concurrency: int) -> float | None:
         latencies += [o.latency_s for level in capacity.levels if level.concurrency
                       <= concurrency for o in level.outcomes]
     return max(latencies, default=None)
-
-
-def _loopback(url: str) -> bool:
-    host = httpx.URL(url).host
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _app_entry(app_or_url: str) -> Any:

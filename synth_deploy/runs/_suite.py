@@ -10,9 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from synth_deploy.env import ENVIRONMENT_API_KEY, Env
+from synth_deploy.env import ENVIRONMENT_API_KEY, Env, missing_key_hint
 from synth_deploy.errors import AppNotFoundError, UsageError
 from synth_deploy.runs._rollouts import (
     PolicyTarget,
@@ -21,7 +20,8 @@ from synth_deploy.runs._rollouts import (
     RunReport,
     run_rollouts,
 )
-from synth_deploy.urls import http_url, looks_like_url
+from synth_deploy.tls import client_ssl_context
+from synth_deploy.urls import http_url, is_loopback, looks_like_url
 
 if TYPE_CHECKING:
     from synth_deploy.tracing import TraceDbSetting
@@ -101,7 +101,7 @@ def _advertised_datasets(app_or_url: str, split: str | None, env: Env) -> list[d
         try:
             info = httpx.get(app_or_url.rstrip("/") + "/info", timeout=15,
                              headers={"X-API-Key": env.get(ENVIRONMENT_API_KEY) or ""},
-                             follow_redirects=True).json()
+                             follow_redirects=True, verify=client_ssl_context()).json()
             return list(info["dataset"]["datasets"])
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             which = f"split {split!r}" if split else "the default split"
@@ -155,9 +155,8 @@ def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None
             if not key:
                 raise UsageError(
                     f"no {ENVIRONMENT_API_KEY} to call {app_or_url} with",
-                    hint="set it in the environment or .env, or pass --env-file F")
-            host = urlsplit(app_or_url).hostname or ""
-            if mocked and host not in ("127.0.0.1", "localhost", "::1"):
+                    hint=missing_key_hint())
+            if mocked and not is_loopback(app_or_url):
                 notes.append("the mock policy listens on 127.0.0.1: a remote task app cannot "
                              "reach it; pass --inference-url and --model")
             store = None

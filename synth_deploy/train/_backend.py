@@ -24,6 +24,7 @@ import httpx
 
 from synth_deploy.env import mask
 from synth_deploy.errors import JobError, JobHTTPError
+from synth_deploy.tls import client_ssl_context
 from synth_deploy.train._bounded import (
     MAX_ANSWER_BYTES,
     AnswerTooLarge,
@@ -115,6 +116,7 @@ class JobClient:
         self.timeout_s = timeout_s
         self._http = httpx.Client(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s), transport=transport,
+            verify=client_ssl_context(),
             headers={"Authorization": f"Bearer {api_key}", "User-Agent": "synth-deploy"},
         )
         install_deadlines(self._http)

@@ -19,6 +19,7 @@ from synth_deploy.env import (
     Env,
     mask,
     mask_secrets,
+    missing_key_hint,
     redact,
 )
 from synth_deploy.errors import UsageError
@@ -33,8 +34,7 @@ SYNTH_BACKEND_URL = "SYNTH_BACKEND_URL"
 _HOW_TO_SET = {
     SYNTH_API_KEY: "copy an API key from the Synth dashboard into .env as SYNTH_API_KEY=… "
                    "(or export it, or pass --env-file FILE)",
-    ENVIRONMENT_API_KEY: "run `synth-deploy setup` to mint ENVIRONMENT_API_KEY into .env "
-                         "(or pass --env-file FILE that sets it)",
+    ENVIRONMENT_API_KEY: missing_key_hint(),
     TASK_APP_URL: "pass --task-url URL, set TASK_APP_URL (printed by `synth-deploy tunnel` or "
                   "`synth-deploy deploy`), or set [services].task_url in the config",
 }

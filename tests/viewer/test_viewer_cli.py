@@ -4,7 +4,6 @@ reach it over SSH, stops cleanly on Ctrl-C, and never changes a byte of the trac
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import select
 import signal
@@ -17,16 +16,7 @@ from pathlib import Path
 import httpx
 from known_traces import build_known_store
 from processes import clean_env, run_cli
-
-TRACING_TESTS = Path(__file__).resolve().parents[1] / "tracing" / "test_tracing_store.py"
-
-
-def make_synth_ai_db(path: Path) -> None:
-    """The synth-ai layout the tracing tests build (one session, no version table)."""
-    spec = importlib.util.spec_from_file_location("synth_ai_layout", TRACING_TESTS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.make_synth_ai_db(path)
+from trace_files import make_synth_ai_db
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -126,3 +116,18 @@ def test_view_on_a_taken_port_fails_with_the_fix(tmp_path):
     assert result.returncode == 1
     assert f"failed to start on 127.0.0.1:{port}" in result.stderr
     assert "port" in result.stderr.split("hint:", 1)[1]
+
+
+def test_view_on_another_loopback_address_keeps_the_host_check(tmp_path):
+    # 127.0.0.2 is this machine too: the page answers its own address and refuses a Host
+    # that a web page elsewhere could have pointed at it.
+    build_known_store(tmp_path / "known.db")
+    proc, url, _ = start_view(tmp_path, "--trace-db", str(tmp_path / "known.db"),
+                              "--host", "127.0.0.2")
+    try:
+        assert url.startswith("http://127.0.0.2:")
+        assert httpx.get(url + "/api/choices", timeout=10).status_code == 200
+        refused = httpx.get(url + "/api/choices", headers={"Host": "evil.example"}, timeout=10)
+        assert refused.status_code == 400
+    finally:
+        stop(proc)
