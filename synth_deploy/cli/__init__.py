@@ -19,7 +19,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    # Plain help: rich-formatted help imports ~180 ms of rich, markdown and pygments.
+    # Plain help: rich-formatted help would import rich, markdown and pygments at start.
     rich_markup_mode=None,
 )
 

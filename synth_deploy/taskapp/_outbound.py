@@ -143,7 +143,7 @@ class _ByScheme(httpx.AsyncBaseTransport):
     """Plain HTTP to pools that hold no certificates; HTTPS to pools made at the first HTTPS
     request.
 
-    Loading the CA bundle takes ~40 ms, a fifth of a served app's start, and a policy on
+    Loading the CA bundle is a noticeable part of a served app's start, and a policy on
     127.0.0.1 or a private network never needs it. The plain pools get a context that trusts
     no certificate, so a TLS connection could never go unverified through them.
     """

@@ -62,8 +62,8 @@ def raw_header(request: Request, name: bytes) -> str | None:
     """The first value of header ``name`` (lower case), read from the ASGI scope.
 
     For the hot path: `request.headers` builds a `Headers` object, and each of its lookups
-    lowercases and encodes the name again (with the key check, 15k of a trivial rollout's
-    960k instructions, counted by bench/server_instructions.py).
+    lowercases and encodes the name again (bench/server_instructions.py counts what a
+    trivial rollout costs).
     """
     for key, value in request.scope["headers"]:
         if key == name:  # ASGI servers lowercase header names

@@ -25,8 +25,9 @@ from synth_deploy.tracing._session import Event, SessionTrace
 UNKNOWN_MODEL = "(unknown model)"
 
 
-# Ledgers are values (adding two makes a third) but not frozen: every rollout builds one, and
-# a frozen dataclass's __init__ costs three times a plain one (17k instructions against 6k).
+# Ledgers are values (adding two makes a third) but not frozen: every rollout builds one, on
+# the served app's event loop, and a frozen dataclass's __init__ costs several times a
+# plain one's.
 @dataclass
 class ModelTokens:
     """Tokens one model took in and gave out."""
@@ -183,8 +184,9 @@ def ledger_from_calls(calls: Iterable[Sequence[Any]], *, wall_s: Any = None,
 
 def _rounded(value: float, scale: float) -> float:
     """``value`` to the nearest 1/``scale`` (``round(value, 6)`` for 1e6, give or take an
-    exact half), without the decimal conversion `round` does for its digits: 3k
-    instructions, three times a rollout. Out of range (inf, nan, huge) it is left as it is."""
+    exact half), without the decimal conversion `round` does for its digits (every
+    rollout's ledger rounds three values). Out of range (inf, nan, huge) it is left as it
+    is."""
     scaled = value * scale
     return round(scaled) / scale if -1e15 < scaled < 1e15 else value
 

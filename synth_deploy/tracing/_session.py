@@ -26,10 +26,9 @@ _MILLIS_MASK = (1 << 44) - 1  # 44 bits of milliseconds: the year 2527
 def _new_id() -> str:
     # 32 hex digits: the millisecond it was made (11), then 84 random bits (21). Ids made
     # close in time sort close, so a store's id indexes (sessions, event and message uids)
-    # grow at their right edge. With the second in front (as before), one second's ids were
-    # spread over that second's part of each index: a math-shaped session was written at
-    # 3,500/s, against 4,300/s now (paired, in process). The 16 digits `traces ls` prints
-    # keep 20 random bits past the millisecond, enough for a busy millisecond's sessions.
+    # grow at their right edge, where a coarser time in front spreads each second's inserts
+    # over that second's part of every index. The 16 digits `traces ls` prints keep 20
+    # random bits past the millisecond, enough for a busy millisecond's sessions.
     millis = time.time_ns() // 1_000_000 & _MILLIS_MASK
     return (millis << 84 | _ids.getrandbits(84)).to_bytes(16, "big").hex()
 

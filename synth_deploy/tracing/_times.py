@@ -14,7 +14,7 @@ def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     # What datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f") writes, with
-    # the same rounding, in a third of the time (a session has a dozen timestamps).
+    # the same rounding, without strftime's formatting (a session has a dozen timestamps).
     return (_EPOCH + timedelta(seconds=ts)).isoformat(" ", "microseconds")
 
 

@@ -63,9 +63,9 @@ _EVENT_REWARD_COLS = ("event_id", "session_id", "message_id", "turn_number", "re
 
 
 def _json(value: Any) -> str | None:
-    # pydantic-core's encoder: a rollout's metadata in a quarter of the json module's time
-    # (3.4 against 13 µs), on the writer's hot path. What JSON has no type for is written
-    # as its str(), as json's default=str did; bytes as URL-safe base64 (not always UTF-8).
+    # pydantic-core's encoder, much faster than the json module's on the writer's hot path.
+    # What JSON has no type for is written as its str(), as json's default=str did; bytes as
+    # URL-safe base64 (not always UTF-8).
     if value is None:
         return None
     return to_json(value, fallback=str, bytes_mode="base64", inf_nan_mode="constants").decode()

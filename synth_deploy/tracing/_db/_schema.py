@@ -13,8 +13,8 @@ from the index alone). Version 5 keeps running totals for `traces stats` (see `_
 they cost the same at a million sessions as at ten; version 6 adds the events count to them.
 Version 7 keeps mode, split and duration as columns too (filled by our writer and, for
 other writers' rows, by the version 3 triggers): the expression indexes and the totals
-parsed each new session's metadata JSON again and again (3 of the writer's 45 us of CPU
-per session), and a mode stored as a number could not be filtered on. Version 8 replaces
+parsed each new session's metadata JSON again and again, and a mode stored as a number
+could not be filtered on. Version 8 replaces
 the seven per-filter indexes of versions 4 and 7 with one that holds every filter's column
 (see `GLANCE_INDEX`), and indexes the run alone again.
 
@@ -250,13 +250,11 @@ INDEXED_METADATA_VERSION = 4
 
 # Version 8: one index holds every column the viewer filters and aggregates on, led by time.
 # A filtered page walks it newest first; a filtered count, glance or comparison reads it
-# alone, not the rows: at most one pass over it per query (0.1 s at a million sessions
-# here), which the unfiltered glance costs anyway. Versions 4 to 7 kept one such index per
-# filter, seven in all, and each rollout's commit rewrote three pages of every one of them:
-# traced trivial rollouts ran at 0.72x and 0.82x of untraced with those, 0.82x and 0.92x
-# with this one (two paired runs). The run, unique to a rollout where a trainer sets it,
-# gets a narrow index of its own: it is looked up, not aggregated, and its inserts land
-# anywhere in the index.
+# alone, not the rows: at most one pass over it per query, which the unfiltered glance
+# costs anyway. Versions 4 to 7 kept one such index per filter, seven in all, and each
+# rollout's commit rewrote pages of every one of them. The run, unique to a rollout where a
+# trainer sets it, gets a narrow index of its own: it is looked up, not aggregated, and its
+# inserts land anywhere in the index.
 GLANCE_INDEX_VERSION = 8
 GLANCE_INDEX = "idx_session_glance"
 GLANCE_COLUMNS = ("created_at", "app_id", "model_name", "status", "total_reward", "seed",

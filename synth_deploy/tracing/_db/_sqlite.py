@@ -249,8 +249,8 @@ class SqliteBackend:
             try:
                 if not self._inserted:
                     # Each row's statement journal (its pages as they were, in case the
-                    # statement fails) is a temporary file by default: two thirds of what an
-                    # insert wrote went there. An insert's journal is a few pages; set here,
+                    # statement fails) is a temporary file by default, written for nothing
+                    # durable: an insert's journal is a few pages, kept in memory. Set here,
                     # not at open, as a migration's journal and index sorts can be as big as
                     # the file.
                     conn.execute("PRAGMA temp_store=MEMORY")
