@@ -285,17 +285,21 @@ def test_missing_file_is_not_created_for_reads(tmp_path):
 
 
 @pytest.fixture
-def open_dir():
-    """A folder every user may traverse (pytest's tmp_path is private to its owner)."""
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="synth-trace-ro-"))
-    path.chmod(0o755)
+def open_dir(tmp_path, tmp_path_factory):
+    """A folder under tmp_path every user may traverse to (pytest makes its folders private to
+    their owner): the folders above it are opened to traversal for the test, then closed."""
+    top = tmp_path_factory.getbasetemp().parent
+    above = [tmp_path, *[p for p in tmp_path.parents if p == top or top in p.parents]]
+    modes = {p: p.stat().st_mode & 0o777 for p in above}
+    for folder in above:
+        folder.chmod(modes[folder] | 0o011)
+    path = tmp_path / "open"
+    path.mkdir(mode=0o755)
     yield path
     for sub in path.iterdir():
         sub.chmod(0o755)
-    shutil.rmtree(path)
+    for folder, mode in modes.items():
+        folder.chmod(mode)
 
 
 def test_read_only_folder_is_a_clear_error(open_dir):
