@@ -98,20 +98,12 @@ LAYERS = (
     ("tracing",),    # the trace store: what rollouts record, written and read
     ("otel",),       # traces as OpenTelemetry spans
     ("taskapp",),    # the SDK and the serving engine (it records traces)
-    ("health",),     # probing a served app, and the mock policy it is played with
-    ("train", "tunnel", "viewer", "modal"),  # what is built on a served, checked app
-    ("runs",),       # smoke, eval and rehearsal: through tunnels, on Modal, as training does
+    ("health",),     # probing a served app
+    ("train", "tunnel", "viewer"),  # what is built on a served, checked app
+    ("runs",),       # smoke, eval and rehearsal (through tunnels, as training does), the mock
+    ("modal",),      # deploying: validated and sized by runs first
     ("cli",),
 )
-
-# Module cycles being undone elsewhere, each with where (each must still occur: a cycle
-# that is gone leaves this list).
-KNOWN_CYCLES = {
-    frozenset({"taskapp._connections", "taskapp._runner"}):
-        "issue 37: connection limits move to the serving process",
-    frozenset({"taskapp._protocol_app", "taskapp._protocol_fastapi"}):
-        "issue 37: the served app's routes, declared with their access",
-}
 
 
 def module_name(path: str) -> str:
@@ -148,9 +140,7 @@ def test_no_import_cycles_between_modules():
     for start in sorted(graph):
         if start not in done:
             visit(start, [start])
-    found = {frozenset(cycle) for cycle in cycles}
-    assert [" -> ".join(c) for c in cycles if frozenset(c) not in KNOWN_CYCLES] == []
-    assert [sorted(c) for c in KNOWN_CYCLES if c not in found] == [], "gone: drop it"
+    assert [" -> ".join(c) for c in cycles] == []
 
 
 def test_packages_import_only_the_layers_below_their_own():

@@ -50,13 +50,12 @@ from synth_deploy.modal._modal_cli import (
 from synth_deploy.modal._plan import DeployPlan, build_plan
 from synth_deploy.modal._reachability import modal_api_endpoints, require_modal_reachable
 from synth_deploy.modal._secrets import SecretSource
-from synth_deploy.modal._settings import WEB_REQUEST_TIMEOUT_S, ModalSettings, is_modal_url
+from synth_deploy.modal._settings import ModalSettings
 
 __all__ = [
     "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
     "SOURCE_EXCLUDED_PACKAGES",
-    "WEB_REQUEST_TIMEOUT_S",
     "CLIResult",
     "DeployOptions",
     "DeployPlan",
@@ -75,7 +74,6 @@ __all__ = [
     "deploy",
     "find_web_url",
     "has_modal_token",
-    "is_modal_url",
     "modal_api_endpoints",
     "modal_app",
     "modal_app_for",

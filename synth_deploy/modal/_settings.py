@@ -14,7 +14,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
-from urllib.parse import urlsplit
 
 from synth_deploy.env import is_secret_name
 from synth_deploy.errors import UsageError
@@ -24,9 +23,6 @@ DEFAULT_TIMEOUT_S = 600
 DEFAULT_CONCURRENT_INPUTS = 16
 DEFAULT_APP_REMOTE_PATH = "/root/task_app"
 FUNCTION_NAME = "web"
-# Modal answers a web request that runs longer with a 303 to a result URL (clients must follow).
-WEB_REQUEST_TIMEOUT_S = 150
-WEB_URL_SUFFIX = ".modal.run"
 
 APP_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -160,11 +156,5 @@ class ModalSettings:
         return out
 
 
-def is_modal_url(url: str) -> bool:
-    """True when ``url`` is a Modal web endpoint (``https://…modal.run``)."""
-    host = (urlsplit(url).hostname or "").lower()
-    return host.endswith(WEB_URL_SUFFIX)
-
-
 __all__ = ["DEFAULT_APP_REMOTE_PATH", "DEFAULT_PYTHON_VERSION", "FUNCTION_NAME",
-           "WEB_REQUEST_TIMEOUT_S", "ModalSettings", "is_modal_url"]
+           "ModalSettings"]

@@ -39,6 +39,7 @@ from synth_deploy.runs._timeouts import (
     app_limit_layer,
     assess_timeouts,
     budget_layer,
+    is_modal_url,
     modal_function_layer,
     modal_web_layer,
     trainer_layer,
@@ -334,7 +335,6 @@ def _app_entry(app_or_url: str) -> Any:
 def _timeout_layers(url: str, budget_s: float, budget_source: str, app_limit: float | None,
                     modal: Any, trainer_s: float | None, trainer_source: str | None
                     ) -> list[TimeoutLayer]:
-    from synth_deploy.modal import WEB_REQUEST_TIMEOUT_S, is_modal_url
     from synth_deploy.tunnel import TUNNEL_RESPONSE_TIMEOUT_S, is_quick_tunnel
 
     layers = [budget_layer(budget_s, f"safety.max_time_s ({budget_source})")]
@@ -344,7 +344,7 @@ def _timeout_layers(url: str, budget_s: float, budget_source: str, app_limit: fl
         layers.append(modal_function_layer(float(modal.timeout),
                                            "the app's ModalSettings(timeout=...)"))
     if modal is not None or is_modal_url(url):
-        layers.append(modal_web_layer(float(WEB_REQUEST_TIMEOUT_S)))
+        layers.append(modal_web_layer())
     if is_quick_tunnel(url):
         layers.append(tunnel_layer(float(TUNNEL_RESPONSE_TIMEOUT_S)))
     if trainer_s is not None:

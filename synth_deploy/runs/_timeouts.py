@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,20 @@ def modal_function_layer(seconds: float, source: str) -> TimeoutLayer:
         f"safety.max_time_s below {seconds:g}s")
 
 
-def modal_web_layer(seconds: float) -> TimeoutLayer:
+# Modal answers a web request that runs longer with a 303 to a result URL (clients must
+# follow); its web endpoints are served under this domain. The layers are the only users of
+# these facts of Modal's: deploying (synth_deploy.modal) has no use for them.
+MODAL_WEB_TIMEOUT_S = 150
+MODAL_WEB_SUFFIX = ".modal.run"
+
+
+def is_modal_url(url: str) -> bool:
+    """True when ``url`` is a Modal web endpoint (``https://…modal.run``)."""
+    host = (urlsplit(url).hostname or "").lower()
+    return host.endswith(MODAL_WEB_SUFFIX)
+
+
+def modal_web_layer(seconds: float = MODAL_WEB_TIMEOUT_S) -> TimeoutLayer:
     return TimeoutLayer(
         "Modal web request limit", seconds, "Modal (all web endpoints)",
         "is answered with a 303 redirect to a result URL: the trainer's client must follow "
@@ -127,6 +141,6 @@ def trainer_layer(seconds: float, source: str) -> TimeoutLayer:
         "safety.max_time_s below it")
 
 
-__all__ = ["TimeoutAssessment", "TimeoutLayer", "app_limit_layer", "assess_timeouts",
-           "budget_layer", "modal_function_layer", "modal_web_layer", "trainer_layer",
-           "tunnel_layer"]
+__all__ = ["MODAL_WEB_TIMEOUT_S", "TimeoutAssessment", "TimeoutLayer", "app_limit_layer",
+           "assess_timeouts", "budget_layer", "is_modal_url", "modal_function_layer",
+           "modal_web_layer", "trainer_layer", "tunnel_layer"]
