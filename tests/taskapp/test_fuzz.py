@@ -38,9 +38,10 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 @pytest.fixture(autouse=True)
-def hypothesis_files_in_tmp_path(tmp_path):
-    # Hypothesis keeps what it learns under ./.hypothesis unless told otherwise.
-    set_hypothesis_home_dir(tmp_path / ".hypothesis")
+def hypothesis_files_in_pytests_cache(request):
+    # Hypothesis keeps what it learns under ./.hypothesis unless told otherwise: in pytest's
+    # own cache instead, which keeps it from run to run (it is slow to learn afresh).
+    set_hypothesis_home_dir(request.config.cache.mkdir("hypothesis"))
     yield
     set_hypothesis_home_dir(None)
 
