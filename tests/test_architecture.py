@@ -28,11 +28,18 @@ def modules() -> dict[str, ast.Module]:
             for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imported_names(tree: ast.Module) -> list[tuple[int, str, bool]]:
-    """(line, dotted module name, at module level) for every synth_deploy import."""
+def imported_names(tree: ast.Module, *, runs: bool = False) -> list[tuple[int, str, bool]]:
+    """(line, dotted module name, at module level) for every synth_deploy import, inside
+    functions too; ``runs``: only those that run (not under ``if TYPE_CHECKING:``, which
+    serve annotations only)."""
     top = {id(node) for node in tree.body}
+    typing_only = {id(inner) for node in ast.walk(tree) if runs and isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for stmt in node.body for inner in ast.walk(stmt)}
     found = []
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -93,7 +100,7 @@ def test_test_modules_share_through_helpers_and_conftest_only():
 # below its own (never one of its own layer, never one above), at module level or inside a
 # function alike. The root modules are the packages' common ground.
 LAYERS = (
-    ("errors", "deadlines", "_lazy", "_batches", "tls", "__init__"),
+    ("errors", "deadlines", "_lazy", "_batches", "tls", "logs", "__init__"),
     ("env", "urls", "handoff"),
     ("tracing",),    # the trace store: what rollouts record, written and read
     ("otel",),       # traces as OpenTelemetry spans
@@ -116,7 +123,7 @@ def module_graph() -> dict[str, dict[str, int]]:
     known = {module_name(p) for p in modules()}
     for path, tree in modules().items():
         me = module_name(path)
-        for line, name, _ in imported_names(tree):
+        for line, name, _ in imported_names(tree, runs=True):
             target = name.removeprefix("synth_deploy.")
             while target and target not in known:
                 target = target.rpartition(".")[0]
@@ -149,7 +156,7 @@ def test_packages_import_only_the_layers_below_their_own():
     offenders = []
     for path, tree in modules().items():
         me = package_of(path)
-        for line, name, _ in imported_names(tree):
+        for line, name, _ in imported_names(tree, runs=True):
             other = name.split(".")[1] if "." in name else me
             if other != me and other in layer and layer[other] >= layer[me]:
                 offenders.append(f"{path}:{line} imports {name} ({me} may not use {other})")
