@@ -270,7 +270,7 @@ class EnvSessions:
                 logger.exception("live export of episode %s failed", episode.episode_id)
         if self.trace_store is not None:
             try:
-                await self.trace_store.write_session(trace, more_coming=len(self.sessions) > 1)
+                await self.trace_store.write_session(trace)
             except Exception:
                 logger.exception("trace write failed for episode %s", episode.episode_id)
                 if unfinished is None:
