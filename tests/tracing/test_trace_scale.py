@@ -178,7 +178,7 @@ def test_what_the_writer_process_stores_reads_back_as_written(tmp_path):
 
 def test_a_session_written_while_others_are_recorded_waits_for_them_and_only_then(
         tmp_path):
-    # The child waits a moment (its GATHER_S, 10 ms) for the sessions of rollouts still
+    # The child waits a moment (its GATHER_S) for the sessions of rollouts still
     # running, to commit them together. Written one at a time while another session is
     # being recorded, each write waits for it (here in vain); once nothing else is being
     # recorded, none does.
