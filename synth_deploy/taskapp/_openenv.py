@@ -62,17 +62,22 @@ _CLOSE_GOING_AWAY = 1001
 
 
 
-def openenv_endpoints(config: TaskAppConfig, *, capacity: int, trace_store: Any = None,
-                      on_session: Any = None) -> list[Endpoint]:
-    """OpenEnv's endpoints for ``config`` (none when it declares no environment), declared
-    with their access: what `openenv validate` reads is public, the episodes take the
-    key. ``capacity``: sessions held at once."""
-    spec = config.environment
-    if spec is None:
+def openenv_sessions(config: TaskAppConfig, *, capacity: int, trace_store: Any = None,
+                     on_session: Any = None) -> EnvSessions | None:
+    """The episode sessions OpenEnv's wire holds for ``config`` (None when it declares no
+    environment). ``capacity``: sessions held at once."""
+    if config.environment is None:
+        return None
+    return EnvSessions(config.environment, app_id=config.app_id, capacity=capacity,
+                       idle_s=config.session_idle_seconds, trace_store=trace_store,
+                       on_session=on_session)
+
+
+def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None) -> list[Endpoint]:
+    """OpenEnv's endpoints over ``sessions`` (none without), declared with their access:
+    what `openenv validate` reads is public, the episodes take the key."""
+    if sessions is None:
         return []
-    sessions = EnvSessions(spec, app_id=config.app_id, capacity=capacity,
-                           idle_s=config.session_idle_seconds, trace_store=trace_store,
-                           on_session=on_session)
     wire = _Wire(config, sessions)
     public = {"public": True}
     return [
@@ -385,5 +390,5 @@ async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
         pass  # closed already
 
 
-__all__ = ["API_VERSION", "PREFIX", "SESSION_COOKIE", "SESSION_HEADER",
+__all__ = ["API_VERSION", "openenv_sessions", "PREFIX", "SESSION_COOKIE", "SESSION_HEADER",
            "observation_payload", "openenv_endpoints"]

@@ -43,7 +43,7 @@ from synth_deploy.taskapp._correlation import (
     session_correlation,
 )
 from synth_deploy.taskapp._openapi import json_body, schema_ref, seed_parameters, task_info_schema
-from synth_deploy.taskapp._openenv import openenv_endpoints
+from synth_deploy.taskapp._openenv import openenv_endpoints, openenv_sessions
 from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.taskapp._protocol_app import new_protocol_app
@@ -110,6 +110,11 @@ def create_app(
     if config.proxy is not None:
         secret_values += [v for v in (env.get(name) for name in VENDOR_KEYS) if v]
 
+    # OpenEnv's episode sessions (an app that declares an environment): the episodes still
+    # open when the server stops are closed, and traced, before the app's shutdown hooks.
+    env_sessions = openenv_sessions(config, capacity=limits.max_in_flight,
+                                    trace_store=trace_store, on_session=on_session)
+
     @asynccontextmanager
     async def lifespan(app: Starlette):
         app.state.http = outbound_client(allow_link_local=config.allow_link_local)
@@ -119,6 +124,8 @@ def create_app(
                 await _maybe_await(hook(config.app_state))
             yield
         finally:
+            if env_sessions is not None:
+                await env_sessions.close_all()
             for hook in config.shutdown_hooks:
                 try:
                     await _maybe_await(hook(config.app_state))
@@ -215,8 +222,7 @@ def create_app(
                  openapi={"parameters": seed_parameters(config.max_seeds_per_request)}),
         Endpoint("/done", "POST", done, "The trainer is done with this app"),
         Endpoint("/openapi.json", "GET", openapi, "This document"),
-        *openenv_endpoints(config, capacity=limits.max_in_flight, trace_store=trace_store,
-                           on_session=on_session),
+        *openenv_endpoints(config, env_sessions),
     ]
     if config.proxy is not None:
         from synth_deploy.taskapp._proxy import proxy_endpoints

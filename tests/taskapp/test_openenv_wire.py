@@ -183,6 +183,20 @@ def test_openenv_http_clients_play_episodes_by_cookie(serve, api_key, store):
                       headers={**headers, "openenv-session-id": session_id}).status_code == 422
 
 
+def test_an_episode_open_when_the_server_stops_is_traced_as_unfinished(api_key, store):
+    from synth_deploy.taskapp import BackgroundServer
+
+    # OpenEnv's HTTP protocol has no close: the last episode of an HTTP client is still open
+    # when the server stops, and is traced then, not lost.
+    with BackgroundServer(create_app(env_config(), api_keys=[api_key],
+                                     trace_store=store)) as server:
+        with HTTPEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+            env.reset(seed=0)
+            env.step({"n": 1})
+    [episode] = store.list_sessions(app="count")
+    assert episode.status == "error"  # unfinished: the server stopped
+
+
 def test_keyless_and_wrong_key_clients_are_refused_and_hold_nothing(serve, api_key):
     server = serve(create_app(env_config(), api_keys=[api_key]))
     base = server.url + "/openenv"
