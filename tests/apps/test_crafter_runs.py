@@ -10,13 +10,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from processes import clean_env, free_port, run_cli, wait_until_up
 from standins.modal_api import ModalAPIStandin
+from standins.modal_helpers import stop_containers
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
@@ -142,20 +142,7 @@ def modal_standin(tmp_path):
                     MODAL_SERVER_URL=api.url, STANDIN_MODAL_STATE_DIR=str(state))
     yield {"key": key, "state": state, "dir": tmp_path, "env": env}
     api.close()
-    pids = state / "pids"
-    for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, signal.SIGKILL)
+    stop_containers(state)
 
 
 @pytest.mark.slow

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import signal
-import time
 
 import pytest
 from standins.modal_api import ModalAPIStandin
+from standins.modal_helpers import stop_containers
 
 
 @pytest.fixture
@@ -29,17 +28,4 @@ def standin(tmp_path, monkeypatch):
     monkeypatch.delenv("SYNTH_TRACES_DB", raising=False)
     yield {"key": key, "state": state, "dir": tmp_path}
     api.close()
-    pids = state / "pids"
-    for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, signal.SIGKILL)
+    stop_containers(state)
