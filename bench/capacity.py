@@ -3,15 +3,17 @@
 A real RL run keeps hundreds to thousands of episodes in flight, each waiting on a policy for
 a long while. Here each rollout sleeps ``--rollout-s`` (10 s) and N of them are sent at once
 (N = 1k, 2k, 4k, 8k), each on its own connection as a trainer's client pool opens them, the
-openings spread over the first second. Two servers, each pinned to core 0 (the load client
-runs on the other core):
+openings spread over the first second. Three servers, each pinned to core 0 with whatever it
+starts (the load client runs on the other core):
 
-  serve  `synth-deploy serve APP --no-trace`, the kit with its defaults
+  traced `synth-deploy serve APP` as users run it: every rollout committed to a SQLite file
+         before its answer, by the writer child, which shares the server's core
+  serve  the same with `--no-trace`
   bare   a Starlette endpoint doing the same sleep, on uvicorn's fast path
 
 For each N: rollouts answered 200, errors (any other status, or a dropped connection), and
-p50/p99 of the time a rollout took. Target (issue 37): serve holds 4,000 with 0 errors and
-p99 <= 10.5 s.
+p50/p99 of the time a rollout took; for traced, the sessions in its file (one per 200).
+Target (issue 37): serve holds 4,000 with 0 errors and p99 <= 10.5 s.
 
 Then the crowd: 2,000 clients without a key hammer the kit (each sends a request, reads its
 401, connects again) while a keyed client keeps 256 rollouts in flight. Target: the keyed
@@ -27,6 +29,7 @@ import asyncio
 import json
 import os
 import resource
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -95,6 +98,11 @@ async def _level(url: str, n: int) -> list[tuple[int | str, float]]:
                                   for i in range(n)))
 
 
+def _sessions_in(db: Path) -> int:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT count(*) FROM session_traces").fetchone()[0]
+
+
 def _summary(results: list[tuple[int | str, float]]) -> dict[str, object]:
     ok = [seconds for status, seconds in results if status == 200]
     errors: dict[str, int] = {}
@@ -159,14 +167,18 @@ def main() -> None:
         app = Path(tmp) / "sleepy.py"
         app.write_text(SLEEPY_APP % {"seconds": args.rollout_s})
         for n in levels:
-            for name, source in (("serve", SERVE_CLI), ("bare", BARE_SERVER)):
+            db = Path(tmp) / f"traces-{n}.db"
+            for name, source, flags in (("traced", SERVE_CLI, ["--trace-db", str(db)]),
+                                        ("serve", SERVE_CLI, ["--no-trace"]),
+                                        ("bare", BARE_SERVER, [])):
                 with child_server(source, wrapper=PIN, quiet=True, app=str(app), key=KEY,
-                                  flags=["--no-trace"],
+                                  flags=flags,
                                   work=f"await asyncio.sleep({args.rollout_s!r})") as url:
                     found = _summary(asyncio.run(_level(url, n)))
                 errors = ", ".join(f"{v}x {k}" for k, v in found["errors"].items()) or "0"
+                stored = f"  {_sessions_in(db)} sessions stored" if name == "traced" else ""
                 print(f"{n:>6} {name:>7} {found['ok']:>6} {errors:>22} {found['p50']:>7.2f} "
-                      f"{found['p99']:>7.2f}", flush=True)
+                      f"{found['p99']:>7.2f}{stored}", flush=True)
         with child_server(SERVE_CLI, wrapper=PIN, quiet=True, app=str(app), key=KEY,
                           flags=["--no-trace"]) as url:
             keyed, keyless = asyncio.run(_crowd(url, 2000, 256, args.crowd_s))
