@@ -13,7 +13,10 @@ ones that follow are counted and said in one line at most once a window:
 
 logs ``trace write failed for rollout r1`` with its traceback, then, for the next failure
 60 s or more later, ``trace write failed for rollout r812 (TraceStoreError: ...: again 811
-times in the last 60s)``. A kind is the exception's type and message.
+times in the last 60s)``. A kind is the exception's type and message, or what the caller
+says it is (a rollout's failures: the type and the line that raised it). A caller whose
+exceptions may carry secrets passes ``redact``: what is logged of the exception, traceback
+included, goes through it first.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,36 +43,47 @@ class CoalescedLog:
     many times it happened since (see the module docstring). Thread-safe."""
 
     def __init__(self, logger: logging.Logger, *, every_s: float = 60.0,
-                 level: int = logging.ERROR,
+                 level: int = logging.ERROR, tracebacks: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.logger, self.every_s, self.level, self._clock = logger, every_s, level, clock
+        self.tracebacks = tracebacks
         self._kinds: OrderedDict[tuple[type, str], _Kind] = OrderedDict()
         self._lock = threading.Lock()
 
-    def error(self, exc: BaseException, message: str, *args: object) -> None:
-        """Log ``message % args`` for ``exc``: whole (traceback included) the first time its
-        kind is seen, as one counted line when ``every_s`` has passed, else not at all."""
-        key = (type(exc), str(exc))
+    def error(self, exc: BaseException, message: str, *args: object, kind: str | None = None,
+              redact: Callable[[str], str] | None = None) -> None:
+        """Log ``message % args`` for ``exc``: whole (traceback included, unless the log was
+        made without) the first time its kind is seen, as one counted line when ``every_s``
+        has passed, else not at all. ``kind``: what tells failures apart (default: the
+        exception's message); ``redact``: applied to the exception's text before it is
+        logged."""
+        key = (type(exc), str(exc) if kind is None else kind)
         now = self._clock()
         with self._lock:
-            kind = self._kinds.get(key)
-            if kind is None:
+            seen = self._kinds.get(key)
+            if seen is None:
                 self._kinds[key] = _Kind(said_at=now)
                 if len(self._kinds) > MAX_KINDS:
                     self._kinds.popitem(last=False)
                 first, count, window = True, 0, 0.0
             else:
                 self._kinds.move_to_end(key)
-                kind.since_said += 1
-                if now - kind.said_at < self.every_s:
+                seen.since_said += 1
+                if now - seen.said_at < self.every_s:
                     return
-                first, count, window = False, kind.since_said, now - kind.said_at
-                kind.said_at, kind.since_said = now, 0
-        if first:
-            self.logger.log(self.level, message, *args, exc_info=exc)
-        else:
+                first, count, window = False, seen.since_said, now - seen.said_at
+                seen.said_at, seen.since_said = now, 0
+        if not first:
+            said = str(exc) if redact is None else redact(str(exc))
             self.logger.log(self.level, f"{message} ({type(exc).__name__}: %s: again %d "
-                            f"times in the last %.0fs)", *args, exc, count, window)
+                            f"times in the last %.0fs)", *args, said, count, window)
+        elif not self.tracebacks:
+            self.logger.log(self.level, message, *args)
+        elif redact is None:
+            self.logger.log(self.level, message, *args, exc_info=exc)
+        else:  # the traceback as text, so that it is redacted like the rest
+            text = "".join(traceback.format_exception(exc)).rstrip("\n")
+            self.logger.log(self.level, f"{message}\n%s", *args, redact(text))
 
 
 __all__ = ["CoalescedLog"]

@@ -249,7 +249,11 @@ class _Rollouts:
         self.on_session = on_session
         self.secret_values = secret_values
         self.stats = stats
-        self.trace_failures = CoalescedLog(logger)  # a full disk fails every rollout
+        # A failure that repeats on every rollout (a full disk, a bug in the app, a policy
+        # endpoint down) is logged once, then counted: not a traceback per rollout.
+        self.trace_failures = CoalescedLog(logger)
+        self.app_failures = CoalescedLog(logger)
+        self.policy_failures = CoalescedLog(logger, level=logging.WARNING, tracebacks=False)
 
     async def run(self, req: RolloutRequest, request_json: bytes, http: Any) -> Response:
         """``request_json``: the body ``req`` was read from."""
@@ -322,10 +326,13 @@ class _Rollouts:
             return bad_request_response(exc, run_id=req.run_id)
         if isinstance(exc, PolicyError):  # the policy endpoint failed, not the app
             message = self._redacted(exc.message, req)
-            logger.warning("rollout %s: %s", req.run_id, message)
+            self.policy_failures.error(exc, "rollout %s: %s", req.run_id, message,
+                                       redact=lambda text: self._redacted(text, req))
             return error_response(502, "policy_failed", f"rollout {req.run_id}: {message}",
                                   run_id=req.run_id)
-        logger.error("rollout %s failed", req.run_id, exc_info=exc)
+        # The traceback is the operator's, but the exception's text may hold a key.
+        self.app_failures.error(exc, "rollout %s failed", req.run_id, kind=_raised_at(exc),
+                                redact=lambda text: self._redacted(text, req))
         message = self._redacted(f"{type(exc).__name__}: {exc}", req)
         return error_response(500, "rollout_failed", f"rollout {req.run_id} failed: {message}",
                               run_id=req.run_id, exception=type(exc).__name__)
@@ -335,6 +342,15 @@ class _Rollouts:
         request_secrets = [str(v) for k, v in req.policy.config.items()
                            if v and is_secret_name(k)]
         return redact(text, self.secret_values + request_secrets)
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised (file:line of its innermost frame): failures of one kind are
+    one bug, whatever their messages say (a seed, a run id)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "?" if tb is None else f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
 
 
 _STORED_METRICS_EXCLUDE = {"details": {"ledger"}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 
 import httpx
@@ -119,6 +120,27 @@ def test_an_exception_message_holding_the_key_is_redacted(serve, api_key):
     server = serve(create_app(toy_config(leaky), api_keys=[api_key]))
     resp = post(server, api_key, {"run_id": "leak"})
     assert resp.status_code == 500 and api_key not in resp.text
+
+
+def test_a_failing_rollout_is_logged_once_with_its_traceback_and_no_key(serve, api_key, caplog):
+    # A bug that fails every rollout: one traceback for the operator (its secrets redacted,
+    # the server's key and the request's own policy key), not one per rollout.
+    policy_key = "sk-policy-secret-0123456789"
+
+    async def leaky(request, ctx):
+        raise ValueError(f"seed {request.env.seed}: bad auth {api_key} / {policy_key}")
+
+    server = serve(create_app(toy_config(leaky), api_keys=[api_key]))
+    with caplog.at_level(logging.ERROR, logger="synth_deploy.taskapp"):
+        for seed in range(5):
+            resp = post(server, api_key, {"run_id": f"leak-{seed}", "env": {"seed": seed},
+                                          "policy": {"config": {"api_key": policy_key}}})
+            assert resp.status_code == 500
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1, failures
+    assert "rollout leak-0 failed" in failures[0] and "Traceback" in failures[0]
+    assert "ValueError: seed 0: bad auth" in failures[0] and "in leaky" in failures[0]
+    assert api_key not in caplog.text and policy_key not in caplog.text  # tracebacks too
 
 
 @pytest.mark.parametrize("details", [{"grader": "exact"}, None, "absent"])
