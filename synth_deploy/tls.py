@@ -6,14 +6,16 @@ policy client). The settings are httpx's defaults (certifi's bundle, or ``SSL_CE
 ``SSL_CERT_DIR``), made once; a context is safe to share between clients and threads.
 
 Every httpx client of the kit that may speak TLS verifies with it (tests/test_architecture.py
-checks). The others: `check`'s probes use the standard library's ``http.client`` (so that
-`check` starts without importing httpx) and verify against certifi's bundle; the tunnel's
-metrics client speaks plain HTTP to loopback; the OTLP exporter and libsql bring their own.
+checks). `check`'s probes use the standard library's ``http.client`` (so that `check` starts
+without importing httpx) with `stdlib_ssl_context`, which trusts the same certificates. The
+tunnel's metrics client speaks plain HTTP to loopback; the OTLP exporter and libsql bring
+their own.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import ssl
 
 
@@ -25,4 +27,19 @@ def client_ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-__all__ = ["client_ssl_context"]
+def stdlib_ssl_context() -> ssl.SSLContext:
+    """A verifying context for the standard library's clients, trusting what httpx trusts:
+    ``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` when set (a company's own CA), else certifi's
+    bundle (some Python builds ship without system CA certificates)."""
+    if cafile := os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=cafile)
+    if capath := os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=capath)
+    try:
+        import certifi
+    except ImportError:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+__all__ = ["client_ssl_context", "stdlib_ssl_context"]

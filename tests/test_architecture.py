@@ -18,6 +18,7 @@ ENVIRONMENT_READERS = {
     "modal/_container.py": "entry of the Modal container process",
     "modal/_modal_app.py": "entry of the `modal deploy` child (modal_app)",
     "taskapp/_runner.py": "entry of each `serve --reload` server process (reloaded_app)",
+    "tls.py": "trusts SSL_CERT_FILE/SSL_CERT_DIR for the standard library, as httpx does",
     "tunnel/_process.py": "passes this process's environment on to cloudflared",
 }
 

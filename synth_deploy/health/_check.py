@@ -19,6 +19,7 @@ from synth_deploy.health._endpoints import EndpointSteps, Stop
 from synth_deploy.health._http import HTTPClient
 from synth_deploy.health._options import CheckOptions
 from synth_deploy.health._report import EXIT_BAD_URL, CheckResult, HealthReport
+from synth_deploy.tls import stdlib_ssl_context
 
 STEPS = ("url", "dns", "tcp", "tls", "root", "health", "auth", "info", "task_info",
          "task_info_seeds", "rollout")
@@ -97,7 +98,7 @@ def _run(report: HealthReport, api_key: str | None, key_source: str | None,
     if target is None:
         raise Stop("the URL is unusable")
     report.url = target.base_url
-    ssl_context = _ssl_context() if target.scheme == "https" else None
+    ssl_context = stdlib_ssl_context() if target.scheme == "https" else None
     _below_http(report, target, ssl_context, options.timeout_s)
     with HTTPClient(timeout_s=options.timeout_s, ssl_context=ssl_context,
                     user_agent=USER_AGENT) as client:
@@ -115,15 +116,6 @@ def _run(report: HealthReport, api_key: str | None, key_source: str | None,
             steps.rollout(options.rollout)
         else:
             report.checks.append(CheckResult("rollout", "skip", actual="not asked (--rollout)"))
-
-
-def _ssl_context() -> ssl.SSLContext:
-    # certifi's bundle, as httpx uses: some Python builds ship without system CA certificates.
-    try:
-        import certifi
-    except ImportError:
-        return ssl.create_default_context()
-    return ssl.create_default_context(cafile=certifi.where())
 
 
 def _below_http(report: HealthReport, target: _network.Target,

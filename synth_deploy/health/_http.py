@@ -17,6 +17,8 @@ import ssl
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urljoin, urlsplit
 
+from synth_deploy.tls import stdlib_ssl_context
+
 MAX_BODY_BYTES = 5_000_000
 MAX_REDIRECTS = 10
 _REDIRECTS = {301, 302, 303, 307, 308}
@@ -138,7 +140,7 @@ class HTTPClient:
         if scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
                 host, port, timeout=timeout,
-                context=self.ssl_context or ssl.create_default_context())
+                context=self.ssl_context or stdlib_ssl_context())
         else:
             conn = http.client.HTTPConnection(host, port, timeout=timeout)
         try:

@@ -266,6 +266,17 @@ def test_self_signed_certificate_fails_tls(tmp_path, api_key):
     assert report.exit_code == 3
 
 
+def test_a_certificate_trusted_through_ssl_cert_file_passes_tls(tmp_path, api_key,
+                                                               monkeypatch):
+    # A company's own CA, trusted as httpx trusts it (and so every other command of the kit).
+    certfile, keyfile = self_signed_cert(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(certfile))
+    with SelfSignedTLSServer(certfile, keyfile) as server:
+        report = check(server.url, api_key, CheckOptions(timeout_s=3))
+    tls = by_name(report, "tls")
+    assert tls.verdict == "pass", tls
+
+
 def test_https_to_a_plain_http_server(math_server, api_key):
     report = check(f"https://127.0.0.1:{math_server.port}", api_key, CheckOptions(timeout_s=3))
     tls = by_name(report, "tls")
