@@ -65,10 +65,13 @@ class PromptStopServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
     async def _drained(self) -> None:
-        """Until the open connections have sent their responses and the requests' tasks end."""
+        """Until the open connections have sent their responses, the requests' tasks end
+        and the listening servers are closed (uvicorn's `_wait_tasks_to_complete`)."""
         state = self.server_state
         while (state.connections or state.tasks) and not self.force_exit:
             await asyncio.sleep(0.01)
+        for server in self.servers:
+            await server.wait_closed()
 
     def request_stop(self) -> None:
         """Ask the server to stop, from any thread; it begins at once."""
