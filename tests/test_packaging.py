@@ -30,13 +30,22 @@ def test_modal_is_a_dependency_and_never_in_the_image():
     assert "modal" not in SERVING_PACKAGES
 
 
+def shipped_folders(top: Path, package: str) -> set[str]:
+    """``top`` and every folder under it that ships, as the packages setuptools sees."""
+    return {".".join((package, *d.relative_to(top).parts))
+            for d in [top, *top.rglob("*")] if d.is_dir()
+            and not any(part in ("__pycache__", "traces") for part in d.relative_to(top).parts)}
+
+
 def test_pyproject_lists_every_package_in_the_tree():
-    tree = {".".join(p.parent.relative_to(ROOT).parts)
-            for p in (ROOT / "synth_deploy").rglob("__init__.py")}
+    # Every folder that ships, data folders too: setuptools warns about any left out.
+    tree = shipped_folders(ROOT / "synth_deploy", "synth_deploy") | \
+        shipped_folders(ROOT / "apps", "synth_deploy._apps")
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    assert listed - {"synth_deploy._apps"} == tree, (
-        "pyproject.toml [tool.setuptools].packages must list exactly the packages under "
-        f"synth_deploy/: missing {sorted(tree - listed)}")
+    assert listed == tree, (
+        "pyproject.toml [tool.setuptools].packages must list exactly the folders under "
+        f"synth_deploy/ and apps/: missing {sorted(tree - listed)}, "
+        f"not in the tree {sorted(listed - tree)}")
     assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"synth_deploy._apps": "apps"}
 
 
