@@ -36,11 +36,13 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from anyio.lowlevel import RunVar
 
 from synth_deploy.errors import InvalidAction, TaskAppError
 from synth_deploy.taskapp._contracts import RolloutRequest, RolloutStep, RolloutTrajectory
@@ -89,11 +91,30 @@ class Outcome:
 
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``: awaited when async, on a worker thread when sync (an
-    environment's step may hold the CPU for a while; the server must not)."""
+    environment's step may hold the CPU, or wait, for a while; the server must not).
+
+    A sync call gets its thread at once, as each session gets one in OpenEnv's server: how
+    many run together is bounded by the environments that are live, which the app's capacity
+    bounds (the sessions it holds, the rollouts it admits), each running one call at a time.
+    anyio's default pool (40 threads) would be a second, hidden bound: the 41st session's
+    step would wait for another's whole step to end."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+    result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
+                                            limiter=_threads())
     return await result if inspect.isawaitable(result) else result
+
+
+_THREADS: RunVar[anyio.CapacityLimiter] = RunVar("synth_deploy_environment_threads")
+
+
+def _threads() -> anyio.CapacityLimiter:
+    """The event loop's limiter of environment threads: no count of its own (see `call`)."""
+    try:
+        return _THREADS.get()
+    except LookupError:
+        _THREADS.set(limiter := anyio.CapacityLimiter(math.inf))
+        return limiter
 
 
 class EnvironmentSpec:

@@ -25,6 +25,7 @@ description, schemas and session capacity. A keyless WebSocket is refused at the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -113,6 +114,7 @@ class _Wire:
         self.config, self.sessions = config, sessions
         self.spec = sessions.spec
         self._described: dict[str, Any] = {}
+        self._describing = asyncio.Lock()  # a crowd on this public route makes one, not many
 
     # -- what the environment is (public) ----------------------------------------------------
 
@@ -126,16 +128,18 @@ class _Wire:
                              "author": None, "documentation_url": None})
 
     async def schema(self, request: Request) -> Response:
-        if not self._described:  # one instance, made once, to read its declared schemas
-            from synth_deploy.taskapp import _environment as environment
+        async with self._describing:
+            if not self._described:  # one instance, made once, to read its declared schemas
+                from synth_deploy.taskapp import _environment as environment
 
-            env = await environment.call(self.spec.new)
-            try:
-                observation = getattr(env, "observation_schema", None) or {"type": "object"}
-                self._described = {"action": self.spec.action_schema(env),
-                                   "observation": dict(observation), "state": _STATE_SCHEMA}
-            finally:
-                await environment.close(env)
+                env = await environment.call(self.spec.new)
+                try:
+                    observation = getattr(env, "observation_schema", None) or {"type": "object"}
+                    self._described = {"action": self.spec.action_schema(env),
+                                       "observation": dict(observation),
+                                       "state": _STATE_SCHEMA}
+                finally:
+                    await environment.close(env)
         return JSONResponse(self._described)
 
     async def openapi(self, request: Request) -> Response:
@@ -280,8 +284,6 @@ class _Wire:
 
         def on_reap() -> None:  # the lease ran out: the session is gone, close the socket
             reaped.append(True)
-            import asyncio
-
             asyncio.get_running_loop().create_task(_close_quietly(
                 websocket, _CLOSE_GOING_AWAY, "session idle too long: its lease ran out"))
 

@@ -5,6 +5,7 @@ trace per episode. OpenEnv's own client and validator: bench/openenv_wire.py."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -267,6 +268,39 @@ def test_an_idle_session_is_reaped_and_its_slot_comes_back(serve, api_key):
     idle.vanish()
     with WSEnvClient(base, headers=headers) as again:
         assert not again.reset(seed=1)["done"]
+
+
+class MeetEnv(CountEnv):
+    """A sync step that waits at a barrier for every session's step: it returns only when all
+    of them run at once (each on its thread), as a slow environment's steps would overlap."""
+
+    barrier: threading.Barrier
+
+    def step(self, action):
+        self.barrier.wait()  # BrokenBarrierError after its timeout: a step left queued
+        return super().step(action)
+
+
+def test_sessions_blocked_in_a_sync_step_all_run_at_once(serve, api_key):
+    # More sessions than anyio's default thread pool (40): each step gets its thread at once,
+    # as OpenEnv's server gives each session one, rather than waiting for another to end.
+    crowd = 48
+    MeetEnv.barrier = threading.Barrier(crowd, timeout=5)
+    server = serve(create_app(env_config(MeetEnv), api_keys=[api_key]))
+    clients = [WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}).connect()
+               for _ in range(crowd)]
+    try:
+        for env in clients:
+            env.reset(seed=4)
+        for env in clients:
+            env.send({"type": "step", "data": {"n": 1}})
+        answers = [env.receive() for env in clients]
+    finally:
+        for env in clients:
+            env.close()
+    assert [a["type"] for a in answers] == ["observation"] * crowd, \
+        next(a["data"] for a in answers if a["type"] != "observation")
+    assert sessions_of(server, api_key)["max_sessions"] >= crowd
 
 
 def test_an_app_without_an_environment_serves_no_openenv_routes(serve, api_key):
