@@ -5,6 +5,8 @@
     python _openenv_side.py validate URL
     python _openenv_side.py serve-echo PORT ECHO_DIR     OpenEnv's own server, the same env
     python _openenv_side.py latency URL --sessions N --steps S [--key K]
+    python _openenv_side.py serve-wait PORT --sessions N  OpenEnv's own server, openenv_wait_env
+    python _openenv_side.py sessions URL --sessions N --wait W [--steps S] [--key K]
 """
 
 from __future__ import annotations
@@ -115,17 +117,98 @@ async def _latency(url: str, sessions: int, steps: int, key: str | None) -> dict
             "mean_ms": 1000 * statistics.fmean(times) if times else None}
 
 
-def _serve_echo(port: int, echo_dir: str, sessions: int) -> None:
+def _percentile(values: list[float], p: float) -> float | None:
+    """openenv-scaling's percentile (linear between the two nearest ranks)."""
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * p / 100
+    f = int(k)
+    c = min(f + 1, len(values) - 1)
+    return values[f] + (k - f) * (values[c] - values[f])
+
+
+async def _sessions(url: str, sessions: int, wait: float, steps: int, key: str | None,
+                    timeout: float) -> dict:
+    """openenv-scaling's WebSocket test (tests/test_scaling.py, ``ws_session``), mirrored:
+    ``sessions`` raw WebSocket clients at once, each connects, resets, takes ``steps`` steps
+    of ``wait`` seconds and closes; each operation bounded by ``timeout``; a session fails on
+    any exception or an error message. Times in seconds."""
+    import websockets
+
+    ws_url = "ws" + url.removeprefix("http") + "/ws"
+    headers = {"X-API-Key": key} if key else None
+    rows: list[dict] = []
+
+    async def answer(ws) -> dict:
+        message = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        if message.get("type") == "error":
+            raise RuntimeError(f"error: {message.get('data')}")
+        return message
+
+    async def one() -> None:
+        row: dict = {"ok": False, "steps": []}
+        t0 = time.perf_counter()
+        try:
+            ws = await asyncio.wait_for(websockets.connect(
+                ws_url, additional_headers=headers, open_timeout=timeout), timeout)
+            row["connect"] = time.perf_counter() - t0
+            async with ws:
+                t = time.perf_counter()
+                await ws.send(json.dumps({"type": "reset", "data": {}}))
+                await answer(ws)
+                row["reset"] = time.perf_counter() - t
+                for _ in range(steps):
+                    t = time.perf_counter()
+                    await ws.send(json.dumps({"type": "step",
+                                              "data": {"wait_seconds": wait}}))
+                    await answer(ws)
+                    row["steps"].append(time.perf_counter() - t)
+                await ws.send(json.dumps({"type": "close"}))
+            row["total"], row["ok"] = time.perf_counter() - t0, True
+        except Exception as exc:  # counted: a refused, dropped or timed-out session
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        rows.append(row)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(sessions)))
+    wall = time.perf_counter() - started
+    ok = [r for r in rows if r["ok"]]
+    figures = {"sessions": sessions, "ok": len(ok), "failed": len(rows) - len(ok),
+               "wall_s": wall, "errors": sorted({r["error"] for r in rows if "error" in r})[:5]}
+    for name, values in (("connect", [r["connect"] for r in ok]),
+                         ("reset", [r["reset"] for r in ok]),
+                         ("step", [s for r in ok for s in r["steps"]]),
+                         ("total", [r["total"] for r in ok])):
+        figures[f"{name}_p50"] = _percentile(values, 50)
+        figures[f"{name}_p99"] = _percentile(values, 99)
+    return figures
+
+
+def _serve(app, port: int) -> None:
     import uvicorn
 
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def _serve_echo(port: int, echo_dir: str, sessions: int) -> None:
     sys.path.insert(0, echo_dir)
     from models import EchoAction, EchoObservation  # the `openenv init` template
     from openenv.core.env_server.http_server import create_fastapi_app
     from server.echo_env_environment import EchoEnvironment
 
-    app = create_fastapi_app(EchoEnvironment, EchoAction, EchoObservation,
-                             max_concurrent_envs=sessions)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    _serve(create_fastapi_app(EchoEnvironment, EchoAction, EchoObservation,
+                              max_concurrent_envs=sessions), port)
+
+
+def _serve_wait(port: int, sessions: int) -> None:
+    """openenv-scaling's server (benchmark/server/app.py): ``create_app`` over the wait
+    environment, ``max_concurrent_envs`` sessions, one uvicorn worker."""
+    from openenv.core.env_server.http_server import create_app
+    from openenv_wait_env import WaitAction, WaitEnvironment, WaitObservation
+
+    _serve(create_app(WaitEnvironment, WaitAction, WaitObservation, env_name="wait",
+                      max_concurrent_envs=sessions), port)
 
 
 def main() -> None:
@@ -139,6 +222,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=50)
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--wait", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()
     if args.what == "episodes":
         out = asyncio.run(_episodes(args.target, args.episodes, json.loads(args.action),
@@ -152,6 +237,12 @@ def main() -> None:
         out = validate_running_environment(args.target)
     elif args.what == "latency":
         out = asyncio.run(_latency(args.target, args.sessions, args.steps, args.key))
+    elif args.what == "sessions":
+        out = asyncio.run(_sessions(args.target, args.sessions, args.wait, args.steps,
+                                    args.key, args.timeout))
+    elif args.what == "serve-wait":
+        _serve_wait(int(args.target), args.sessions)
+        return
     elif args.what == "serve-echo":
         _serve_echo(int(args.target), args.extra, args.sessions)
         return

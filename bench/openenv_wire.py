@@ -61,9 +61,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def side(python: str, *args: str, timeout: float = 300) -> Any:
-    out = subprocess.run([python, SIDE, *args], capture_output=True, text=True,
-                         timeout=timeout)
+def side(python: str, *args: str, timeout: float = 300, cpu: str | None = None) -> Any:
+    """_openenv_side.py's JSON answer (``cpu``: pinned to that core, as `Served` is)."""
+    out = subprocess.run([*(["taskset", "-c", cpu] if cpu else []), python, SIDE, *args],
+                         capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
