@@ -149,25 +149,28 @@ async def _sessions(url: str, sessions: int, wait: float, steps: int, key: str |
     async def one() -> None:
         row: dict = {"ok": False, "steps": []}
         t0 = time.perf_counter()
+        phase = "connect"
         try:
             ws = await asyncio.wait_for(websockets.connect(
                 ws_url, additional_headers=headers, open_timeout=timeout), timeout)
             row["connect"] = time.perf_counter() - t0
             async with ws:
-                t = time.perf_counter()
+                t, phase = time.perf_counter(), "reset"
                 await ws.send(json.dumps({"type": "reset", "data": {}}))
                 await answer(ws)
                 row["reset"] = time.perf_counter() - t
                 for _ in range(steps):
-                    t = time.perf_counter()
+                    t, phase = time.perf_counter(), "step"
                     await ws.send(json.dumps({"type": "step",
                                               "data": {"wait_seconds": wait}}))
                     await answer(ws)
                     row["steps"].append(time.perf_counter() - t)
+                t, phase = time.perf_counter(), "close"
                 await ws.send(json.dumps({"type": "close"}))
+            row["close"] = time.perf_counter() - t  # the message, then the closing handshake
             row["total"], row["ok"] = time.perf_counter() - t0, True
         except Exception as exc:  # counted: a refused, dropped or timed-out session
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            row["error"] = f"{phase}: {type(exc).__name__}: {str(exc)[:160]}"
         rows.append(row)
 
     started = time.perf_counter()
@@ -179,6 +182,7 @@ async def _sessions(url: str, sessions: int, wait: float, steps: int, key: str |
     for name, values in (("connect", [r["connect"] for r in ok]),
                          ("reset", [r["reset"] for r in ok]),
                          ("step", [s for r in ok for s in r["steps"]]),
+                         ("close", [r["close"] for r in ok]),
                          ("total", [r["total"] for r in ok])):
         figures[f"{name}_p50"] = _percentile(values, 50)
         figures[f"{name}_p99"] = _percentile(values, 99)

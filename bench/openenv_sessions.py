@@ -2,7 +2,7 @@
 environment, the same run. Needs the venv of bench/openenv_wire.py (openenv 0.10 and the kit):
 
     PYTHONPATH=. /tmp/openenv10-venv/bin/python bench/openenv_sessions.py \\
-        [--levels 256,512,1024,2048] [--wait 10] [--steps 1]
+        [--levels 256,512,1024,1536] [--wait 10] [--steps 1]
 
 What it mirrors: OpenEnv's published "256 sessions a core" (OpenEnv's docs, "How OpenEnv
 environments scale"; data and code in burtenshaw/openenv-scaling). There the environment's
@@ -79,7 +79,7 @@ def sessions_per_core(python: str, levels: list[int], wait: float, steps: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--levels", default="256,512,1024,2048")
+    parser.add_argument("--levels", default="256,512,1024,1536")
     parser.add_argument("--wait", type=float, default=10.0)
     parser.add_argument("--steps", type=int, default=1)
     args = parser.parse_args()

@@ -101,7 +101,7 @@ class Served:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(60)  # a server holding thousands of threads takes a while to go
 
 
 def kit(app: str, port: int, db: Path | None = None, *extra: str, cpu: str | None = None,
