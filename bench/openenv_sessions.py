@@ -4,8 +4,8 @@ environment, the same run. Needs the venv of bench/openenv_wire.py (openenv 0.10
     PYTHONPATH=. /tmp/openenv10-venv/bin/python bench/openenv_sessions.py \\
         [--levels 256,512,1024,1536] [--wait 10] [--steps 1]
 
-What it mirrors: OpenEnv's published "256 sessions a core" (OpenEnv's docs, "How OpenEnv
-environments scale"; data and code in burtenshaw/openenv-scaling). There the environment's
+What it mirrors: OpenEnv's published "256 sessions a core" (meta-pytorch/OpenEnv,
+tutorial/03-scaling.md; data and code in burtenshaw/openenv-scaling). There the environment's
 ``step`` is sync and blocks in ``time.sleep(wait_seconds)`` (benchmark_environment.py; OpenEnv's
 server runs each session's calls on a thread of its own), the server is `create_app` under
 uvicorn, and the client (tests/test_scaling.py, WebSocket mode) opens N raw WebSockets at once,

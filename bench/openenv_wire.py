@@ -79,14 +79,18 @@ class Served:
         self.port, self.health, self.env, self.cwd = port, health, env, cwd
 
     def __enter__(self) -> str:
+        # Its log goes to a file: a pipe nobody reads fills, and the server then blocks in
+        # its next log line (a server logs each WebSocket it accepts).
+        self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(self.command, env={**os.environ, **(self.env or {})},
                                      cwd=self.cwd, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=self.log, text=True)
         url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.command} exited: {self.proc.stderr.read()[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"{self.command} exited: {self.log.read()[-2000:]}")
             try:
                 if httpx.get(url + self.health, timeout=2).status_code < 500:
                     return url
@@ -102,6 +106,7 @@ class Served:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(60)  # a server holding thousands of threads takes a while to go
+        self.log.close()
 
 
 def kit(app: str, port: int, db: Path | None = None, *extra: str, cpu: str | None = None,
