@@ -45,6 +45,7 @@ from synth_deploy.taskapp._env_sessions import (
     SessionGone,
 )
 from synth_deploy.taskapp._environment import Step
+from synth_deploy.taskapp._failures import AppFailures
 from synth_deploy.taskapp._request_guards import BodyTooLarge, read_body
 from synth_deploy.taskapp._responses import error_response
 from synth_deploy.taskapp._routes import Endpoint
@@ -74,12 +75,14 @@ def openenv_sessions(config: TaskAppConfig, *, capacity: int, trace_store: Any =
                        on_session=on_session)
 
 
-def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None) -> list[Endpoint]:
+def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
+                      failures: AppFailures) -> list[Endpoint]:
     """OpenEnv's endpoints over ``sessions`` (none without), declared with their access:
-    what `openenv validate` reads is public, the episodes take the key."""
+    what `openenv validate` reads is public, the episodes take the key. An environment that
+    fails in a session is logged by ``failures``."""
     if sessions is None:
         return []
-    wire = _Wire(config, sessions)
+    wire = _Wire(config, sessions, failures)
     public = {"public": True}
     return [
         Endpoint(PREFIX + "/ws", "GET", wire.websocket, "OpenEnv: an episode session over "
@@ -110,8 +113,9 @@ def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:
 
 
 class _Wire:
-    def __init__(self, config: TaskAppConfig, sessions: EnvSessions) -> None:
-        self.config, self.sessions = config, sessions
+    def __init__(self, config: TaskAppConfig, sessions: EnvSessions,
+                 failures: AppFailures) -> None:
+        self.config, self.sessions, self.failures = config, sessions, failures
         self.spec = sessions.spec
         self._described: dict[str, Any] = {}
         self._describing = asyncio.Lock()  # a crowd on this public route makes one, not many
@@ -345,8 +349,8 @@ class _Wire:
             return _ws_error("VALIDATION_ERROR", exc.message, field=exc.field)
         except SessionGone:
             return _ws_error("SESSION_ERROR", "the session was closed: its lease ran out")
-        except Exception:
-            logger.exception("environment session %s: %s failed", session.id, kind)
+        except Exception as exc:
+            self.failures.error(exc, "environment session %s: %s failed", session.id, kind)
             return _ws_error("EXECUTION_ERROR", f"the environment failed in {kind}; see the "
                              "server's log")
 

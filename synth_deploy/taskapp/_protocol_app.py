@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Router
 
 from synth_deploy.taskapp._config import TaskAppConfig
+from synth_deploy.taskapp._failures import AppFailures
 from synth_deploy.taskapp._request_guards import guarded
 
 
@@ -32,8 +33,12 @@ class LeanProtocolPaths:
     _core_paths: frozenset[str] = frozenset()
     _core_app: Any = None
     _rollout_app: Any = None
+    _failures: AppFailures | None = None
 
-    def serve_core_routes(self, routes: list[BaseRoute]) -> None:
+    def serve_core_routes(self, routes: list[BaseRoute], failures: AppFailures) -> None:
+        """Serve ``routes`` on the lean path; what escapes any route is logged by
+        ``failures``."""
+        self._failures = failures
         self.router.routes.extend(routes)  # type: ignore[attr-defined]
         self._core_paths = frozenset(route.path for route in routes)  # type: ignore[attr-defined]
         self._core_app = guarded(Router(routes=routes))
@@ -43,15 +48,24 @@ class LeanProtocolPaths:
             r.endpoint for r in routes if r.path == "/rollout")  # type: ignore[attr-defined]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (scope["type"] == "http" and scope["path"] in self._core_paths
-                and not self.user_middleware and not self.root_path):  # type: ignore[attr-defined]
-            scope["app"] = self
-            if scope["path"] == "/rollout" and scope["method"] == "POST":
-                await self._rollout_app(scope, receive, send)
-            else:
-                await self._core_app(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)  # type: ignore[misc]
+        try:
+            if (scope["type"] == "http" and scope["path"] in self._core_paths
+                    and not self.user_middleware  # type: ignore[attr-defined]
+                    and not self.root_path):
+                scope["app"] = self
+                if scope["path"] == "/rollout" and scope["method"] == "POST":
+                    await self._rollout_app(scope, receive, send)
+                else:
+                    await self._core_app(scope, receive, send)
+                return
+            await super().__call__(scope, receive, send)  # type: ignore[misc]
+        except Exception as exc:
+            # Answered already (a 500, or a cut response); raised on, the server would log
+            # its raw traceback once per request, secrets and all.
+            if self._failures is None or scope["type"] not in ("http", "websocket"):
+                raise
+            self._failures.error(exc, "%s %s failed", scope.get("method", "WEBSOCKET"),
+                                 scope["path"])
 
 
 class ProtocolApp(LeanProtocolPaths, Starlette):

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from synth_deploy.deadlines import deadline
-from synth_deploy.env import Env, is_secret_name, mask_secrets, redact
+from synth_deploy.env import Env, is_secret_name, mask_secrets
 from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.taskapp._admission import RolloutLimits, RolloutStats
@@ -42,6 +42,7 @@ from synth_deploy.taskapp._correlation import (
     correlation_id,
     session_correlation,
 )
+from synth_deploy.taskapp._failures import AppFailures
 from synth_deploy.taskapp._openapi import json_body, schema_ref, seed_parameters, task_info_schema
 from synth_deploy.taskapp._openenv import openenv_endpoints, openenv_sessions
 from synth_deploy.taskapp._outbound import outbound_client
@@ -105,10 +106,11 @@ def create_app(
     """
     env = env or Env()
     auth = ApiKeyAuth(api_keys)
-    # Values that must never leave in an error or a trace: our keys and the vendor keys.
+    # Values that must never leave in an error or a log: our keys and the vendor keys.
     secret_values = list(api_keys or ())
     if config.proxy is not None:
         secret_values += [v for v in (env.get(name) for name in VENDOR_KEYS) if v]
+    failures = AppFailures(secret_values)
 
     # OpenEnv's episode sessions (an app that declares an environment): the episodes still
     # open when the server stops are closed, and traced, before the app's shutdown hooks.
@@ -137,7 +139,7 @@ def create_app(
     app.state.config = config
     stats = app.state.stats = RolloutStats(limits.max_in_flight)
     rollouts = _Rollouts(config, trace_store=trace_store, on_session=on_session,
-                         secret_values=secret_values, stats=stats)
+                         failures=failures, stats=stats)
 
     def denied(scope: Any) -> JSONResponse | None:
         failure = auth.check(scope["headers"])
@@ -222,7 +224,7 @@ def create_app(
                  openapi={"parameters": seed_parameters(config.max_seeds_per_request)}),
         Endpoint("/done", "POST", done, "The trainer is done with this app"),
         Endpoint("/openapi.json", "GET", openapi, "This document"),
-        *openenv_endpoints(config, env_sessions),
+        *openenv_endpoints(config, env_sessions, failures),
     ]
     if config.proxy is not None:
         from synth_deploy.taskapp._proxy import proxy_endpoints
@@ -230,7 +232,7 @@ def create_app(
         endpoints += proxy_endpoints(app, config.proxy, env, read_body=lambda r: read_body(
             r, config.max_body_bytes), too_large=BodyTooLarge)
     # Every endpoint answers only a client with the key unless it is declared public.
-    app.serve_core_routes(guarded_routes(endpoints, denied))
+    app.serve_core_routes(guarded_routes(endpoints, denied), failures)
 
     app.add_exception_handler(HTTPException, http_error)
     return app
@@ -241,19 +243,15 @@ class _Rollouts:
     bound, what the kit fills in, and the session to the live export and the store."""
 
     def __init__(self, config: TaskAppConfig, *, trace_store: TraceSink | None,
-                 on_session: Callable[[SessionTrace], None] | None, secret_values: list[str],
+                 on_session: Callable[[SessionTrace], None] | None, failures: AppFailures,
                  stats: RolloutStats) -> None:
         self.config = config
         self.call_executor = _executor_caller(config.rollout)
         self.trace_store = trace_store
         self.on_session = on_session
-        self.secret_values = secret_values
         self.stats = stats
-        # A failure that repeats on every rollout (a full disk, a bug in the app, a policy
-        # endpoint down) is logged once, then counted: not a traceback per rollout.
-        self.trace_failures = CoalescedLog(logger)
-        self.app_failures = CoalescedLog(logger)
-        self.policy_failures = CoalescedLog(logger, level=logging.WARNING, tracebacks=False)
+        self.failures = failures
+        self.trace_failures = CoalescedLog(logger)  # a full disk fails every rollout
 
     async def run(self, req: RolloutRequest, request_json: bytes, http: Any) -> Response:
         """``request_json``: the body ``req`` was read from."""
@@ -326,31 +324,23 @@ class _Rollouts:
             return bad_request_response(exc, run_id=req.run_id)
         if isinstance(exc, PolicyError):  # the policy endpoint failed, not the app
             message = self._redacted(exc.message, req)
-            self.policy_failures.error(exc, "rollout %s: %s", req.run_id, message,
-                                       redact=lambda text: self._redacted(text, req))
+            self.failures.warning(exc, "rollout %s: %s", req.run_id, message,
+                                  extra_secrets=_request_secrets(req))
             return error_response(502, "policy_failed", f"rollout {req.run_id}: {message}",
                                   run_id=req.run_id)
-        # The traceback is the operator's, but the exception's text may hold a key.
-        self.app_failures.error(exc, "rollout %s failed", req.run_id, kind=_raised_at(exc),
-                                redact=lambda text: self._redacted(text, req))
+        self.failures.error(exc, "rollout %s failed", req.run_id,
+                            extra_secrets=_request_secrets(req))
         message = self._redacted(f"{type(exc).__name__}: {exc}", req)
         return error_response(500, "rollout_failed", f"rollout {req.run_id} failed: {message}",
                               run_id=req.run_id, exception=type(exc).__name__)
 
     def _redacted(self, text: str, req: RolloutRequest) -> str:
-        # The request's own policy secrets too: a provider may echo a key in its error body.
-        request_secrets = [str(v) for k, v in req.policy.config.items()
-                           if v and is_secret_name(k)]
-        return redact(text, self.secret_values + request_secrets)
+        return self.failures.redacted(text, _request_secrets(req))
 
 
-def _raised_at(exc: BaseException) -> str:
-    """Where ``exc`` was raised (file:line of its innermost frame): failures of one kind are
-    one bug, whatever their messages say (a seed, a run id)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return "?" if tb is None else f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+def _request_secrets(req: RolloutRequest) -> list[str]:
+    # The request's own policy secrets: a provider may echo a key in its error body.
+    return [str(v) for k, v in req.policy.config.items() if v and is_secret_name(k)]
 
 
 _STORED_METRICS_EXCLUDE = {"details": {"ledger"}}

@@ -329,6 +329,48 @@ def test_an_apps_own_router_answers_a_wrong_method_the_same_way(serve, api_key,
 
 # -- client mistakes are 4xx, app failures 500 --------------------------------------------------
 
+
+def leaky_failure(api_key: str) -> RuntimeError:
+    return RuntimeError(f"database refused the key {api_key}")
+
+
+def test_a_failing_route_is_logged_once_redacted_not_by_the_server(serve, api_key,
+                                                                    uvicorn_errors):
+    # A bug behind /task_info, on every request: each answered 500, one traceback for the
+    # operator with the key masked, and nothing raised on to uvicorn (which would log a raw
+    # traceback per request).
+    def instances(seeds):
+        raise leaky_failure(api_key)
+
+    app = serve(create_app(toy_config(provide_task_instances=instances), api_keys=[api_key]))
+    with uvicorn_errors.at_level(logging.ERROR):
+        for seed in range(3):
+            resp = httpx.get(app.url + f"/task_info?seeds={seed}",
+                             headers={"X-API-Key": api_key}, timeout=5)
+            assert resp.status_code == 500 and error_of(resp)["code"] == "internal_error"
+    logged = [r.getMessage() for r in uvicorn_errors.records]
+    assert len(logged) == 1 and logged[0].startswith("GET /task_info failed\nTraceback"), logged
+    assert "RuntimeError: database refused the key ****" in logged[0]
+    assert api_key not in uvicorn_errors.text
+
+
+def test_an_apps_own_failing_route_is_logged_the_same_way(serve, api_key, uvicorn_errors):
+    from fastapi import APIRouter
+
+    router = APIRouter()
+
+    @router.get("/leaderboard")
+    async def leaderboard() -> dict:
+        raise leaky_failure(api_key)
+
+    app = serve(create_app(toy_config(routers=[router]), api_keys=[api_key]))
+    with uvicorn_errors.at_level(logging.ERROR):
+        for _ in range(3):
+            assert httpx.get(app.url + "/leaderboard", timeout=5).status_code == 500
+    logged = [r.getMessage() for r in uvicorn_errors.records]
+    assert len(logged) == 1 and logged[0].startswith("GET /leaderboard failed"), logged
+    assert api_key not in uvicorn_errors.text
+
 def test_the_math_app_answers_client_mistakes_with_4xx(math_server, mock_policy, api_key):
     url = mock_policy.url + "/v1"
     cases = [

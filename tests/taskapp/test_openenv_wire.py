@@ -5,6 +5,7 @@ trace per episode. OpenEnv's own client and validator: bench/openenv_wire.py."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -64,6 +65,28 @@ def test_the_kit_derives_the_rollout_from_the_environment(serve, mock_policy, ap
     first_prompt = trace["session_time_steps"][0]["markov_blanket_messages"]
     assert [m["message_type"] for m in first_prompt][:2] == ["system", "user"]
     assert first_prompt[1]["content"] == f"Reach {target} exactly; the total is 0."
+
+
+def test_an_environment_failing_in_a_step_is_an_execution_error_logged_once(serve, api_key,
+                                                                              caplog):
+    # A bug in the environment's step: the session hears EXECUTION_ERROR and lives on; the
+    # operator gets one traceback (the key it quoted masked), not one per step.
+    class BrokenEnv(CountEnv):
+        def step(self, action):
+            raise RuntimeError(f"the scorer refused key {api_key}")
+
+    server = serve(create_app(env_config(BrokenEnv), api_keys=[api_key]))
+    with caplog.at_level(logging.ERROR, logger="synth_deploy.taskapp"), \
+            WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+        env.reset(seed=1)
+        for _ in range(3):
+            with pytest.raises(ServerError) as failed:
+                env.step({"n": 1})
+            assert failed.value.code == "EXECUTION_ERROR"
+        assert env.reset(seed=2)["done"] is False  # the session still answers
+    [logged] = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert "step failed\nTraceback" in logged and "the scorer refused key ****" in logged
+    assert api_key not in caplog.text
 
 
 class LabeledCountEnv(CountEnv):
