@@ -27,6 +27,7 @@ from typing import Any
 from synth_deploy.taskapp import _environment as environment
 from synth_deploy.taskapp._contracts import RolloutStep
 from synth_deploy.taskapp._environment import EnvironmentSpec, Outcome, Step
+from synth_deploy.taskapp._failures import AppFailures
 from synth_deploy.tracing import SessionTrace, SessionTracer
 
 logger = logging.getLogger("synth_deploy.taskapp")
@@ -77,9 +78,9 @@ class EnvSessions:
     """The environment sessions of one served app."""
 
     def __init__(self, spec: EnvironmentSpec, *, app_id: str, capacity: int, idle_s: float,
-                 trace_store: Any = None,
+                 failures: AppFailures, trace_store: Any = None,
                  on_session: Callable[[SessionTrace], None] | None = None) -> None:
-        self.spec, self.app_id = spec, app_id
+        self.spec, self.app_id, self.failures = spec, app_id, failures
         self.capacity, self.idle_s = capacity, idle_s
         self.trace_store, self.on_session = trace_store, on_session
         self.sessions: dict[str, EnvSession] = {}
@@ -163,8 +164,8 @@ class EnvSessions:
         finally:
             try:
                 await environment.close(session.env)
-            except Exception:  # a failing close must not keep the slot
-                logger.exception("closing environment session %s failed", session.id)
+            except Exception as exc:  # a failing close must not keep the slot
+                self.failures.error(exc, "closing environment session %s failed", session.id)
 
     async def close_all(self) -> None:
         for session in list(self.sessions.values()):
@@ -266,13 +267,14 @@ class EnvSessions:
         if self.on_session is not None:
             try:
                 self.on_session(trace)
-            except Exception:  # spans are a view of the episode: they never fail it
-                logger.exception("live export of episode %s failed", episode.episode_id)
+            except Exception as exc:  # spans are a view of the episode: they never fail it
+                self.failures.error(exc, "live export of episode %s failed",
+                                    episode.episode_id)
         if self.trace_store is not None:
             try:
                 await self.trace_store.write_session(trace)
-            except Exception:
-                logger.exception("trace write failed for episode %s", episode.episode_id)
+            except Exception as exc:  # a full disk fails every episode: said once, counted
+                self.failures.error(exc, "trace write failed for episode %s", episode.episode_id)
                 if unfinished is None:
                     raise
 

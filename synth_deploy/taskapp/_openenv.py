@@ -64,15 +64,16 @@ _CLOSE_GOING_AWAY = 1001
 
 
 
-def openenv_sessions(config: TaskAppConfig, *, capacity: int, trace_store: Any = None,
-                     on_session: Any = None) -> EnvSessions | None:
+def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailures,
+                     trace_store: Any = None, on_session: Any = None) -> EnvSessions | None:
     """The episode sessions OpenEnv's wire holds for ``config`` (None when it declares no
-    environment). ``capacity``: sessions held at once."""
+    environment). ``capacity``: sessions held at once; ``failures``: where an environment's
+    failures are logged."""
     if config.environment is None:
         return None
     return EnvSessions(config.environment, app_id=config.app_id, capacity=capacity,
-                       idle_s=config.session_idle_seconds, trace_store=trace_store,
-                       on_session=on_session)
+                       idle_s=config.session_idle_seconds, failures=failures,
+                       trace_store=trace_store, on_session=on_session)
 
 
 def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,

@@ -114,7 +114,7 @@ def create_app(
 
     # OpenEnv's episode sessions (an app that declares an environment): the episodes still
     # open when the server stops are closed, and traced, before the app's shutdown hooks.
-    env_sessions = openenv_sessions(config, capacity=limits.max_in_flight,
+    env_sessions = openenv_sessions(config, capacity=limits.max_in_flight, failures=failures,
                                     trace_store=trace_store, on_session=on_session)
 
     @asynccontextmanager

@@ -89,6 +89,25 @@ def test_an_environment_failing_in_a_step_is_an_execution_error_logged_once(serv
     assert api_key not in caplog.text
 
 
+def test_episodes_whose_traces_cannot_be_stored_are_logged_once(serve, api_key, caplog):
+    from synth_deploy.errors import TraceStoreError
+
+    class FullDisk:  # what the kit's store raises when its disk is full
+        async def write_session(self, session):
+            raise TraceStoreError("trace database: cannot write: database or disk is full")
+
+    server = serve(create_app(env_config(), api_keys=[api_key], trace_store=FullDisk()))
+    with caplog.at_level(logging.ERROR, logger="synth_deploy.taskapp"), \
+            WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+        for _ in range(4):
+            env.reset(seed=0)  # a target of 3: one step of 3 ends the episode
+            with pytest.raises(ServerError) as failed:
+                env.step({"n": 3})
+            assert failed.value.code == "EXECUTION_ERROR"
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1 and logged[0].startswith("trace write failed for episode"), logged
+
+
 class LabeledCountEnv(CountEnv):
     """A CountEnv whose traced steps carry what its reset chose (a seed when none was asked)."""
 
