@@ -287,8 +287,9 @@ class _Rollouts:
         if on_session is not None:
             try:
                 on_session(session)
-            except Exception:  # spans are a view of the rollout: they never fail it
-                logger.exception("live export of rollout %s failed", req.run_id)
+            except Exception as exc:  # spans are a view of the rollout: they never fail it
+                self.failures.error(exc, "live export of rollout %s failed", req.run_id,
+                                    extra_secrets=_request_secrets(req))
         if trace_store is not None:
             try:
                 await trace_store.write_session(session)

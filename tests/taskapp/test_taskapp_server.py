@@ -143,6 +143,20 @@ def test_a_failing_rollout_is_logged_once_with_its_traceback_and_no_key(serve, a
     assert api_key not in caplog.text and policy_key not in caplog.text  # tracebacks too
 
 
+def test_a_failing_live_export_never_fails_a_rollout_and_is_logged_once(serve, api_key,
+                                                                        caplog):
+    def collector_down(session):
+        raise ConnectionError(f"collector refused the key {api_key}")
+
+    server = serve(create_app(toy_config(), api_keys=[api_key], on_session=collector_down))
+    with caplog.at_level(logging.ERROR, logger="synth_deploy.taskapp"):
+        for i in range(3):
+            assert post(server, api_key, {"run_id": f"live-{i}"}).status_code == 200
+    [logged] = [r.getMessage() for r in caplog.records]
+    assert logged.startswith("live export of rollout live-0 failed\nTraceback")
+    assert "collector refused the key ****" in logged and api_key not in caplog.text
+
+
 @pytest.mark.parametrize("details", [{"grader": "exact"}, None, "absent"])
 def test_the_kit_adds_its_ledger_to_whatever_details_the_rollout_gave(serve, api_key, details):
     async def rollout(request, ctx):
