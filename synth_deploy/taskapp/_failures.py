@@ -35,7 +35,7 @@ class AppFailures:
               extra_secrets: Sequence[str] = ()) -> None:
         """The app's own failure: logged with its traceback, a kind per line that raised
         (one bug, whatever its messages say: a seed, a run id)."""
-        self._errors.error(exc, message, *args, kind=raised_at(exc),
+        self._errors.error(exc, message, *args, kind=_raised_at(exc),
                            redact=lambda text: self.redacted(text, extra_secrets))
 
     def warning(self, exc: BaseException, message: str, *args: object,
@@ -46,7 +46,7 @@ class AppFailures:
                              redact=lambda text: self.redacted(text, extra_secrets))
 
 
-def raised_at(exc: BaseException) -> str:
+def _raised_at(exc: BaseException) -> str:
     """Where ``exc`` was raised: file:line of its innermost frame."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -54,4 +54,4 @@ def raised_at(exc: BaseException) -> str:
     return "?" if tb is None else f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
 
 
-__all__ = ["AppFailures", "raised_at"]
+__all__ = ["AppFailures"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,8 +48,6 @@ from synth_deploy.taskapp._failures import AppFailures
 from synth_deploy.taskapp._request_guards import BodyTooLarge, read_body
 from synth_deploy.taskapp._responses import error_response
 from synth_deploy.taskapp._routes import Endpoint
-
-logger = logging.getLogger("synth_deploy.taskapp")
 
 PREFIX = "/openenv"
 SESSION_COOKIE = "openenv_session"
