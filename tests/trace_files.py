@@ -3,8 +3,10 @@ synth-ai's tracer leaves."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 from synth_deploy.tracing import SCHEMA_VERSION, TraceStore, open_trace_store
@@ -78,3 +80,14 @@ def statements_run(store: TraceStore) -> list[str]:
     seen: list[str] = []
     store.database.trace_statements(seen.append)
     return seen
+
+
+async def ready_writer_child(store: TraceStore, timeout_s: float = 15.0):
+    """The running loop's writer child, once it has opened the store (until then the
+    store's own thread commits)."""
+    child = store.use_writer_process()
+    deadline = time.monotonic() + timeout_s
+    while not child.ready:
+        assert time.monotonic() < deadline, "the writer child never became ready"
+        await asyncio.sleep(0.01)
+    return child

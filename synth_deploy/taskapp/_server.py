@@ -17,14 +17,13 @@ from typing import Any, Protocol
 
 import anyio
 from pydantic import ValidationError
-from pydantic_core import from_json
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from synth_deploy.deadlines import deadline
-from synth_deploy.env import Env, is_secret_name, mask_secrets
+from synth_deploy.env import Env, is_secret_name
 from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.taskapp._admission import RolloutLimits, RolloutStats
@@ -59,7 +58,14 @@ from synth_deploy.taskapp._request_guards import (
 from synth_deploy.taskapp._responses import error_response, validation_errors
 from synth_deploy.taskapp._rollout_endpoint import RolloutEndpoint
 from synth_deploy.taskapp._routes import Endpoint, guarded_routes
-from synth_deploy.tracing import SessionTrace, SessionTracer, ledger_of
+from synth_deploy.tracing import (
+    RolloutFacts,
+    SessionTrace,
+    SessionTracer,
+    TraceStore,
+    describe_session,
+    ledger_of,
+)
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
@@ -248,6 +254,9 @@ class _Rollouts:
         self.config = config
         self.call_executor = _executor_caller(config.rollout)
         self.trace_store = trace_store
+        # The kit's store describes a session where it writes it (its writer child); any
+        # other sink is handed sessions described here.
+        self.store_describes = isinstance(trace_store, TraceStore)
         self.on_session = on_session
         self.stats = stats
         self.failures = failures
@@ -277,13 +286,19 @@ class _Rollouts:
             self.stats.errors += 1
         self.stats.record(elapsed)
         session = tracer.finish()
+        # Bytes straight from pydantic-core: no str round trip on the hot path.
+        body = None if result is None else result.__pydantic_serializer__.to_json(result)
+        facts = None
         if trace_store is not None or req.record.return_trace or on_session is not None:
             # Building the session's metadata is wasted work when nobody reads it.
-            _describe_session(session, req, request_json, result, error, elapsed,
-                              config.app_id, cid)
+            facts = _rollout_facts(req, request_json, body, error, elapsed, config.app_id, cid)
+            if req.record.return_trace or on_session is not None or not self.store_describes:
+                describe_session(session, facts)  # needed here, not only where it is stored
+                facts = None
             if result is not None and req.record.return_trace and result.trace is None:
                 result.trace = session.to_dict()
                 correlate_trace(result.trace, cid)
+                body = result.__pydantic_serializer__.to_json(result)
         if on_session is not None:
             try:
                 on_session(session)
@@ -292,7 +307,10 @@ class _Rollouts:
                                     extra_secrets=_request_secrets(req))
         if trace_store is not None:
             try:
-                await trace_store.write_session(session)
+                if facts is None:
+                    await trace_store.write_session(session)
+                else:  # described where it is written, off this loop
+                    await trace_store.write_session(session, rollout=facts)
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
@@ -301,12 +319,11 @@ class _Rollouts:
                                       f"rollout {req.run_id} ran but its trace could not be "
                                       f"stored ({type(exc).__name__}); see the server's log",
                                       run_id=req.run_id)
-        if result is None:
+        if body is None:
             assert error is not None
             return error
         self.stats.rollouts += 1
-        # Bytes straight from pydantic-core: no str round trip on the hot path.
-        return _EncodedJSON(result.__pydantic_serializer__.to_json(result))
+        return _EncodedJSON(body)
 
     def _failure(self, exc: Exception, req: RolloutRequest, bound: float) -> JSONResponse:
         """A failed rollout's answer: 504 past its bound, 4xx for the client's mistake, 502
@@ -344,41 +361,16 @@ def _request_secrets(req: RolloutRequest) -> list[str]:
     return [str(v) for k, v in req.policy.config.items() if v and is_secret_name(k)]
 
 
-_STORED_METRICS_EXCLUDE = {"details": {"ledger"}}
-
-
-def _describe_session(session: SessionTrace, req: RolloutRequest, request_json: bytes,
-                      result: RolloutResponse | None, error: JSONResponse | None,
-                      elapsed: float, app_id: str, cid: str | None) -> None:
-    """What a stored session says of its rollout: which rollout it was, the request as the
-    client sent it (keys masked; what it left out takes the protocol's defaults when
-    replayed), the time it took, and its metrics (those set) or its error. What the rollout
-    put in the metadata itself stays, ahead of the kit's outcome keys.
-
-    Only what was sent or set: half the bytes of every field spelled out, and every traced
-    rollout pays for them in pickling, encoding and the row the writer inserts."""
-    session.metadata = {
-        "app_id": app_id, "run_id": req.run_id, "mode": req.mode, "seed": req.env.seed,
-        "model": req.policy.config.get("model"), "env_name": req.env.env_name,
-        **session_correlation(cid), **session.metadata}
-    session.metadata["duration_s"] = round(elapsed, 6)
-    # The body itself, parsed again by pydantic-core's JSON reader: a third of the time of
-    # dumping ``req`` with only the fields set (1.0 against 2.6 us), and what was sent.
-    request_record = from_json(request_json)
-    session.metadata["request"] = mask_secrets(request_record)  # traces never hold keys
-    session.metadata["status"] = "ok" if result is not None else "error"
-    if result is not None:
-        # All but the kit's cost ledger, which `ledger_of` derives from the stored session
-        # (its LM calls and duration): a third of a trivial rollout's metadata bytes, and
-        # stored bytes are what tracing costs most (traced throughput +4%, paired).
-        metrics = result.metrics
-        stored = metrics.__pydantic_serializer__.to_python(
-            metrics, mode="json", exclude_none=True, exclude=_STORED_METRICS_EXCLUDE)
-        if not stored.get("details"):
-            stored.pop("details", None)
-        session.metadata["metrics"] = stored
-    elif error is not None:
-        session.metadata["error"] = json.loads(error.body)["detail"]["error"]
+def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
+                   error: JSONResponse | None, elapsed: float, app_id: str,
+                   cid: str | None) -> RolloutFacts:
+    """What the stored session says of this rollout (see `describe_session`); ``body``: its
+    answer's, None when it failed."""
+    head = {"app_id": app_id, "run_id": req.run_id, "mode": req.mode, "seed": req.env.seed,
+            "model": req.policy.config.get("model"), "env_name": req.env.env_name,
+            **session_correlation(cid)}
+    failure = None if error is None else json.loads(error.body)["detail"]["error"]
+    return RolloutFacts(head, elapsed, request_json, body, failure)
 
 
 def _start_trace_writer(trace_store: TraceSink | None) -> None:

@@ -32,6 +32,7 @@ from synth_deploy.tracing._errors import (
     TraceFormatError,
 )
 from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
+from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -87,6 +88,7 @@ __all__ = [
     "PRICES_VAR",
     "PriceTable",
     "RewardSummary",
+    "RolloutFacts",
     "SchemaTooNewError",
     "SessionConflictError",
     "SessionFilter",
@@ -113,6 +115,7 @@ __all__ = [
     "ledger_of",
     "load_price_table",
     "deploy_notice",
+    "describe_session",
     "describe_trace_db",
     "export_sft",
     "flat_tools",

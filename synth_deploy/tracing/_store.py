@@ -26,6 +26,7 @@ from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql
 from synth_deploy.tracing._db._stats import TraceStats, store_stats
 from synth_deploy.tracing._errors import SessionNotFoundError
+from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._thread import ThreadWriter
 
@@ -90,18 +91,25 @@ class TraceStore:
 
     # -- writes ---------------------------------------------------------------------------
 
-    async def write_session(self, session: SessionTrace) -> None:
-        """Store ``session``; returns once it is committed. Safe from many coroutines."""
+    async def write_session(self, session: SessionTrace,
+                            rollout: RolloutFacts | None = None) -> None:
+        """Store ``session``; returns once it is committed. Safe from many coroutines.
+
+        ``rollout``: the facts of the rollout it recorded, which become its metadata
+        (`describe_session`) in the writer child when there is one, off the caller's loop."""
         loop = asyncio.get_running_loop()
         child = self._children.get(loop)
         if child is not None and not child.alive:
             child = self.use_writer_process()
         if child is not None and child.ready:
-            future = child.submit(session)
-        else:  # no child, or one still starting: the writer thread commits it
-            self._check_writable()
-            future = loop.create_future()
-            self._thread.submit([session], (loop, future))
+            await child.submit(session, rollout)  # bounded by the child's own watch
+            return
+        # No child, or one still starting: the writer thread commits it.
+        self._check_writable()
+        if rollout is not None:
+            describe_session(session, rollout)
+        future = loop.create_future()
+        self._thread.submit([session], (loop, future))
         try:
             with deadline(self.write_timeout_s):
                 await future
@@ -139,8 +147,9 @@ class TraceStore:
 
                 for old in [lp for lp in self._children if lp.is_closed()]:
                     self._children.pop(old).finish(0)  # it exits once it has committed
-                child = self._children[loop] = LoopWriter(self.setting.path, self.display,
-                                                          loop)
+                child = self._children[loop] = LoopWriter(
+                    self.setting.path, self.display, loop, timeout_s=self.write_timeout_s,
+                    timeout_error=self._timeout_error)
             return child
 
     def _check_writable(self) -> None:

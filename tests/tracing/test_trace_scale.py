@@ -27,7 +27,7 @@ import pytest
 from processes import free_port, wait_until_up
 from rollouts import SERVER_SCRIPT, fire, rollout_body
 from sessions import assert_same, make_session
-from trace_files import statements_run
+from trace_files import ready_writer_child, statements_run
 
 from synth_deploy.taskapp import create_app
 from synth_deploy.tracing import (
@@ -145,15 +145,33 @@ def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_
         assert {s.run_id for s in check.list_sessions(limit=None)} == {"run-0", "run-2"}
 
 
-async def ready_writer_child(store: TraceStore, timeout_s: float = 15.0):
-    """The running loop's writer child, once it has opened the store (until then the
-    store's own thread commits)."""
-    child = store.use_writer_process()
-    deadline = time.monotonic() + timeout_s
-    while not child.ready:
-        assert time.monotonic() < deadline, "the writer child never became ready"
-        await asyncio.sleep(0.01)
-    return child
+def test_a_write_the_writer_child_holds_past_the_timeout_fails_and_is_stored_later(
+        tmp_path):
+    # One timer watches every write in flight: a child that stops answering fails the
+    # writes waiting on it after write_timeout_s (not never), and the writes go on.
+    path = tmp_path / "t.db"
+    store = TraceStore(parse_trace_db(str(path)), write_timeout_s=0.5)
+
+    async def main():
+        child = await ready_writer_child(store)
+        await store.write_session(make_session(0))
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(Exception, match=r"did not finish within 0.5s"):
+                await store.write_session(make_session(1))
+            waited = time.monotonic() - started
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        assert 0.5 <= waited < 1.5, waited
+        await store.write_session(make_session(2))  # the same child, answering again
+        assert store.use_writer_process() is child
+
+    asyncio.run(main())
+    store.close()
+    with open_trace_store(path) as check:
+        assert {s.run_id for s in check.list_sessions(limit=None)} == {"run-0", "run-1",
+                                                                         "run-2"}
 
 
 def test_what_the_writer_process_stores_reads_back_as_written(tmp_path):
@@ -204,8 +222,8 @@ def test_a_session_written_while_others_are_recorded_waits_for_them_and_only_the
 
 def frame(payload) -> bytes:
     """The writer child's pipe protocol as its module documents it: a 4-byte little-endian
-    length and a pickle; the server sends (more_coming, [(seq, session), ...]), the child
-    answers [(seq, error), ...]."""
+    length and a pickle; the server sends (more_coming, [(seq, session, facts), ...]) (the
+    facts of the session's rollout, or None), the child answers [(seq, error), ...]."""
     data = pickle.dumps(payload)
     return struct.pack("<I", len(data)) + data
 
@@ -261,7 +279,8 @@ def test_a_session_the_child_cannot_store_fails_alone_with_its_error(tmp_path):
     changed.metadata["extra"] = "other content under the same id"
 
     def send(stdin):
-        stdin.write(frame((False, [(1, changed), (2, make_session(2)), (3, stored)])))
+        stdin.write(frame((False, [(1, changed, None), (2, make_session(2), None),
+                                    (3, stored, None)])))
 
     (acks,) = writer_acks(path, send)
     assert [seq for seq, _ in acks] == [1, 2, 3]
@@ -279,7 +298,7 @@ def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_
     path = tmp_path / "t.db"
 
     def send(stdin):  # one frame, as when that many clients wait at once
-        stdin.write(frame((False, [(seq, make_session(seq)) for seq in range(waiting)])))
+        stdin.write(frame((False, [(seq, make_session(seq), None) for seq in range(waiting)])))
 
     answers = writer_answers(path, send)
     assert [len(acks) for acks in answers] == slices
@@ -296,12 +315,12 @@ def test_the_writer_waits_a_moment_for_the_sessions_of_rollouts_still_running(
     # coming, it waits for them (up to 10 ms) and commits all in one transaction; otherwise
     # it commits what it has at once.
     def send(stdin):
-        stdin.write(frame((more_coming, [(seq, make_session(seq)) for seq in range(3)])))
+        stdin.write(frame((more_coming, [(seq, make_session(seq), None) for seq in range(3)])))
         stdin.flush()
         while unread_bytes(stdin.fileno()):  # until the child has taken the first frame
             time.sleep(0.0001)
         time.sleep(0.003)
-        stdin.write(frame((False, [(seq, make_session(seq)) for seq in range(3, 6)])))
+        stdin.write(frame((False, [(seq, make_session(seq), None) for seq in range(3, 6)])))
 
     assert writer_answers(tmp_path / "t.db", send) == commits
 

@@ -8,9 +8,12 @@ in one loop iteration go as one frame, written without blocking; the child's
 acknowledgements wake the loop through `add_reader` and settle the waiting futures in place.
 The child stores them with `commit` (group commit, a bad session failing alone, idempotent
 re-writes), checkpoints the WAL from a thread of its own, and acknowledges a session only
-once its transaction has committed: an acknowledged write is in the file.
+once its transaction has committed: an acknowledged write is in the file. A served
+rollout's session comes with the facts of its rollout (`RolloutFacts`), which the child
+turns into its metadata, so the server's loop never does. A write not acknowledged within
+the store's ``write_timeout_s`` fails (one timer watches them all, `LoopWriter._watch`).
 
-    event loop ──frames of (more_coming, [(seq, session), ...])──► child stdin
+    event loop ──frames of (more_coming, [(seq, session, facts), ...])──► child stdin
     event loop ◄──frames of [(seq, error or None), ...]── child stdout
 
 A frame is a 4-byte little-endian length and a pickle. ``more_coming`` says other sessions
@@ -27,6 +30,7 @@ freshly started server do not wait for the child.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import operator
 import os
@@ -37,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -46,6 +51,7 @@ from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _errors
 from synth_deploy.tracing._config import parse_trace_db
 from synth_deploy.tracing._db._database import TraceDatabase
+from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -134,8 +140,11 @@ class LoopWriter:
     thread once the loop no longer submits.
     """
 
-    def __init__(self, path: Path, display: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: Path, display: str, loop: asyncio.AbstractEventLoop, *,
+                 timeout_s: float | None = None,
+                 timeout_error: Callable[[], Exception] = TimeoutError) -> None:
         self.path, self.display, self.loop = path, display, loop
+        self.timeout_s, self._timeout_error = timeout_s, timeout_error
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "synth_deploy.tracing._write._child", str(path)],
@@ -147,8 +156,11 @@ class LoopWriter:
         self._in_fd, self._out_fd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
         os.set_blocking(self._in_fd, False)
         os.set_blocking(self._out_fd, False)
-        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._pending: dict[int, asyncio.Future[None]] = {}  # by seq: in the order sent
         self._seq = 0
+        # When each frame went: (its last seq, loop time), for `_watch`.
+        self._sent_at: collections.deque[tuple[int, float]] = collections.deque()
+        self._watching = False
         self._queued: list[tuple[int, Any]] = []  # sessions of this loop iteration
         self._unsent = bytearray()  # framed, not yet taken by the pipe
         self._received = bytearray()
@@ -164,9 +176,11 @@ class LoopWriter:
 
     # -- on the loop ----------------------------------------------------------------------
 
-    def submit(self, session: Any) -> asyncio.Future[None]:
-        """Send ``session`` with the others of this loop iteration; the future is settled
-        once the child has committed it."""
+    def submit(self, session: Any, rollout: RolloutFacts | None = None
+               ) -> asyncio.Future[None]:
+        """Send ``session`` (and the facts of its rollout, which the child describes it
+        by) with the others of this loop iteration; the future is settled once the child
+        has committed it, or fails past ``timeout_s``."""
         future = self.loop.create_future()
         if not self.alive:
             future.set_exception(self._exit_error())
@@ -175,19 +189,49 @@ class LoopWriter:
         self._pending[self._seq] = future
         if not self._queued:
             self.loop.call_soon(self._flush)  # one frame for this iteration's sessions
-        self._queued.append((self._seq, session))
+            if not self._watching and self.timeout_s is not None:
+                self._watching = True
+                self.loop.call_later(self._watch_every_s, self._watch)
+        self._queued.append((self._seq, session, rollout))
         return future
 
     def _flush(self) -> None:
         if self._queued:
+            self._sent_at.append((self._seq, self.loop.time()))
             # Sessions still being recorded (rollouts still running) will follow soon.
             self._unsent += self._framed(more_coming=sessions_recording() > 0)
         self._write_some()
 
     def _framed(self, more_coming: bool) -> bytes:
-        sessions = [(seq, _flat(s, SessionTrace)) for seq, s in self._queued]
+        sessions = [(seq, _flat(s, SessionTrace), None if facts is None else tuple(facts))
+                    for seq, s, facts in self._queued]
         self._queued = []
         return frame((more_coming, sessions))
+
+    @property
+    def _watch_every_s(self) -> float:
+        return min(1.0, max((self.timeout_s or 0) / 4, 0.01))
+
+    def _watch(self) -> None:
+        # One timer for every write in flight (not one each): the writes of every frame
+        # sent ``timeout_s`` ago and still unacknowledged fail now; the child goes on with
+        # them, as a thread's write goes on after its waiter gave up.
+        assert self.timeout_s is not None
+        oldest = next(iter(self._pending), None)
+        overdue_until = 0
+        due = self.loop.time() - self.timeout_s
+        while self._sent_at and (oldest is None or self._sent_at[0][0] < oldest
+                                 or self._sent_at[0][1] <= due):
+            last_seq, sent = self._sent_at.popleft()
+            if sent <= due:
+                overdue_until = last_seq
+        for seq in [s for s in self._pending if s <= overdue_until]:
+            future = self._pending.pop(seq)
+            if not future.done():
+                future.set_exception(self._timeout_error())
+        self._watching = bool(self._pending) and self.alive
+        if self._watching:
+            self.loop.call_later(self._watch_every_s, self._watch)
 
     def _write_some(self) -> None:
         try:
@@ -329,19 +373,26 @@ def main(path: str) -> None:
         error = _describe(exc)
         _send(stdout, [])
         while (items := frames.next_batch()) is not None:
-            _send(stdout, [(seq, error) for seq, _ in items])
+            _send(stdout, [(seq, error) for seq, _, _ in items])
         return
     db.checkpoint_in_background()  # commits here never stop to checkpoint
     parent_gone = not _send(stdout, [])  # ready
     try:
         while (items := frames.next_batch()) is not None:
             for part in commit_slices(items):
-                outcomes = commit(db, [_restore(flat, SessionTrace) for _, flat in part])
+                outcomes = commit(db, [_described(flat, facts) for _, flat, facts in part])
                 acks = [(seq, None if error is None else _describe(error))
-                        for (seq, _), error in zip(part, outcomes, strict=True)]
+                        for (seq, _, _), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway
     finally:
         db.close()
+
+
+def _described(flat: Any, facts: tuple[Any, ...] | None) -> SessionTrace:
+    session = _restore(flat, SessionTrace)
+    if facts is not None:
+        describe_session(session, RolloutFacts(*facts))
+    return session
 
 
 class _FrameReader:

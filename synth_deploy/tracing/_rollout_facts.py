@@ -1,0 +1,66 @@
+"""What a stored session says of the rollout it recorded, and where that is worked out.
+
+A served app hands the store each rollout's session with its `RolloutFacts`: which rollout
+it was, the request as the client sent it, the body it was answered, its time.
+`describe_session` turns them into the session's metadata. The store does it where it
+writes: in its writer child for a local file, so the server's loop never parses the
+request again, masks its keys or reads the metrics back (a fifth of the server's CPU for
+a traced trivial rollout, bench/server_overhead.py). When the server needs the metadata
+itself (a trace returned in the response, a live export) it describes the session first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from pydantic_core import from_json
+
+from synth_deploy.env import mask_secrets
+from synth_deploy.tracing._session import SessionTrace
+
+
+class RolloutFacts(NamedTuple):
+    """A rollout as the server saw it, for `describe_session`."""
+
+    head: dict[str, Any]  # which rollout: app_id, run_id, mode, seed, model, env_name, ...
+    duration_s: float
+    request_json: bytes  # the body as the client sent it (keys and all)
+    response_json: bytes | None  # the body of its 200; None when it failed
+    error: dict[str, Any] | None  # the failed rollout's error, as its answer said it
+
+
+def describe_session(session: SessionTrace, facts: RolloutFacts) -> None:
+    """Set ``session.metadata``: which rollout it was, the request as the client sent it
+    (keys masked; what it left out takes the protocol's defaults when replayed), the time it
+    took, and its metrics (those set) or its error. What the rollout put in the metadata
+    itself stays, ahead of the kit's outcome keys.
+
+    Only what was sent or set: half the bytes of every field spelled out, and every traced
+    rollout pays for them in pickling, encoding and the row the writer inserts."""
+    metadata = {**facts.head, **session.metadata}
+    metadata["duration_s"] = round(facts.duration_s, 6)
+    metadata["request"] = mask_secrets(from_json(facts.request_json))  # traces hold no keys
+    if facts.response_json is not None:
+        metadata["status"] = "ok"
+        metadata["metrics"] = _stored_metrics(from_json(facts.response_json)["metrics"])
+    else:
+        metadata["status"] = "error"
+        if facts.error is not None:
+            metadata["error"] = facts.error
+    session.metadata = metadata
+
+
+def _stored_metrics(answered: dict[str, Any]) -> dict[str, Any]:
+    # The metrics as answered, less what was not set and the kit's cost ledger, which
+    # `ledger_of` derives from the stored session (its LM calls and duration): a third of a
+    # trivial rollout's metadata bytes, and stored bytes are what tracing costs most.
+    stored = {name: value for name, value in answered.items() if value is not None}
+    details = stored.get("details")
+    if isinstance(details, dict):
+        details.pop("ledger", None)
+    if not details:
+        stored.pop("details", None)
+    return stored
+
+
+__all__ = ["RolloutFacts", "describe_session"]
