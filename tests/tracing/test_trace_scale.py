@@ -292,6 +292,29 @@ def test_a_session_the_child_cannot_store_fails_alone_with_its_error(tmp_path):
         assert "extra" not in store.get_session(stored.session_id).metadata
 
 
+def test_a_session_whose_rollout_cannot_be_described_fails_alone(tmp_path):
+    # The child describes each served session from its rollout's facts before committing:
+    # facts it cannot read fail that session, not the child or the others.
+    path = tmp_path / "t.db"
+    head = {"app_id": "math", "run_id": "r"}
+    good = (head, 0.5, b'{"run_id": "r"}', b'{"metrics": {"num_steps": 1}}', None)
+    unreadable = (head, 0.5, b"{not json", None, None)
+
+    def send(stdin):
+        stdin.write(frame((False, [(1, make_session(1), good), (2, make_session(2), unreadable),
+                                    (3, make_session(3), None)])))
+
+    (acks,) = writer_acks(path, send)
+    assert [seq for seq, _ in acks] == [1, 2, 3]
+    assert acks[0][1] is None and acks[2][1] is None
+    assert "ValueError" in acks[1][1][1]
+    with open_trace_store(path) as store:
+        assert {s.run_id for s in store.list_sessions(limit=None)} == {"run-1", "run-3"}
+        described = store.get_session(next(s.session_id for s in store.list_sessions()
+                                           if s.run_id == "run-1")).metadata
+        assert (described["duration_s"], described["metrics"]) == (0.5, {"num_steps": 1})
+
+
 @pytest.mark.parametrize(("waiting", "slices"), [(40, [20, 20]), (20, [12, 8]), (5, [5])])
 def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_path, waiting,
                                                                              slices):

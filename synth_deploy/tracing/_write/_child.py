@@ -380,7 +380,7 @@ def main(path: str) -> None:
     try:
         while (items := frames.next_batch()) is not None:
             for part in commit_slices(items):
-                outcomes = commit(db, [_described(flat, facts) for _, flat, facts in part])
+                outcomes = _commit_described(db, part)
                 acks = [(seq, None if error is None else _describe(error))
                         for (seq, _, _), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway
@@ -388,11 +388,25 @@ def main(path: str) -> None:
         db.close()
 
 
-def _described(flat: Any, facts: tuple[Any, ...] | None) -> SessionTrace:
-    session = _restore(flat, SessionTrace)
-    if facts is not None:
-        describe_session(session, RolloutFacts(*facts))
-    return session
+def _commit_described(db: TraceDatabase, part: list[tuple[int, Any, Any]]
+                      ) -> list[BaseException | None]:
+    """`commit` the sessions of ``part`` ((seq, flat session, facts or None) each),
+    described by their rollout's facts first; one that cannot be fails alone."""
+    outcomes: list[BaseException | None] = [None] * len(part)
+    sessions, places = [], []
+    for place, (_, flat, facts) in enumerate(part):
+        try:
+            session = _restore(flat, SessionTrace)
+            if facts is not None:
+                describe_session(session, RolloutFacts(*facts))
+        except Exception as exc:
+            outcomes[place] = exc
+            continue
+        sessions.append(session)
+        places.append(place)
+    for place, outcome in zip(places, commit(db, sessions), strict=True):
+        outcomes[place] = outcome
+    return outcomes
 
 
 class _FrameReader:
