@@ -161,7 +161,7 @@ class LoopWriter:
         # When each frame went: (its last seq, loop time), for `_watch`.
         self._sent_at: collections.deque[tuple[int, float]] = collections.deque()
         self._watching = False
-        self._queued: list[tuple[int, Any]] = []  # sessions of this loop iteration
+        self._queued: list[tuple[int, Any, Any]] = []  # (seq, session, facts) of this step
         self._unsent = bytearray()  # framed, not yet taken by the pipe
         self._received = bytearray()
         self._waiting_to_write = False
