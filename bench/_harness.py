@@ -74,8 +74,9 @@ def server_pid(url: str) -> int | None:
     return _SERVER_PIDS.get(url)
 
 
-def tree_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` and its descendants (None without /proc)."""
+def tree_cpu_s(pid: int) -> tuple[float, float] | None:
+    """User + system CPU seconds of ``pid`` alone, and of it with its descendants (None
+    without /proc)."""
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -97,7 +98,7 @@ def tree_cpu_s(pid: int) -> float | None:
         children = {p for p, parent in parents.items() if parent in tree} - tree
         tree |= children
         grew = bool(children)
-    return sum(cpu[p] for p in tree)
+    return cpu[pid], sum(cpu[p] for p in tree)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class LoadResult:
     p99_ms: float
     answered: int  # responses with status 200
     cpu_us: float | None = None  # the server's CPU per answered request (None: unknown)
+    own_cpu_us: float | None = None  # of which its own process's (not its trace writer's)
 
 
 async def _load(url: str, bodies: Callable[[int], bytes], key: str, seconds: float,
@@ -151,10 +153,16 @@ def load(url: str, bodies: Callable[[int], bytes], key: str, *, seconds: float,
     cpu_before = tree_cpu_s(pid) if pid else None
     result = asyncio.run(_load(url, bodies, key, seconds, concurrency))
     cpu_after = tree_cpu_s(pid) if pid else None
-    if cpu_before is None or cpu_after is None or not result.answered:
-        return result
     return LoadResult(result.rate, result.p99_ms, result.answered,
-                      (cpu_after - cpu_before) / result.answered * 1e6)
+                      *_per_request(cpu_before, cpu_after, result.answered))
+
+
+def _per_request(before: tuple[float, float] | None, after: tuple[float, float] | None,
+                 answered: int) -> tuple[float | None, float | None]:
+    """(tree, own) CPU microseconds per answered request, from two `tree_cpu_s` readings."""
+    if before is None or after is None or not answered:
+        return None, None
+    return ((after[1] - before[1]) / answered * 1e6, (after[0] - before[0]) / answered * 1e6)
 
 
 _WRK_SCRIPT = """
@@ -195,9 +203,7 @@ def wrk_load(url: str, body: bytes, key: str, *, seconds: float, concurrency: in
         if p99.endswith("us") else float(p99[:-1]) * 1000
     answered = int(next(line.split()[0] for line in out.splitlines()
                         if "requests in" in line))
-    cpu = None if cpu_before is None or cpu_after is None or not answered else \
-        (cpu_after - cpu_before) / answered * 1e6
-    return LoadResult(rate, p99_ms, answered, cpu)
+    return LoadResult(rate, p99_ms, answered, *_per_request(cpu_before, cpu_after, answered))
 
 
 def fixed_body(body: dict) -> Callable[[int], bytes]:
@@ -260,12 +266,14 @@ def paired_ratio(results: dict[str, list[LoadResult]], numerator: str, denominat
 
 
 def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,
-                     denominator: str) -> float | None:
-    """Median over rounds of the within-round ratio of server CPU per request."""
-    pairs = list(zip(results[numerator], results[denominator], strict=True))
-    if any(n.cpu_us is None or d.cpu_us is None for n, d in pairs):
+                     denominator: str, *, own: bool = False) -> float | None:
+    """Median over rounds of the within-round ratio of server CPU per request (``own``:
+    the server process's alone, without its trace writer child)."""
+    pairs = [(n.own_cpu_us, d.own_cpu_us) if own else (n.cpu_us, d.cpu_us)
+             for n, d in zip(results[numerator], results[denominator], strict=True)]
+    if any(n is None or d is None for n, d in pairs):
         return None
-    return statistics.median(n.cpu_us / d.cpu_us for n, d in pairs)  # type: ignore[operator]
+    return statistics.median(n / d for n, d in pairs)  # type: ignore[operator]
 
 
 def print_rounds(results: dict[str, list[LoadResult]]) -> None:

@@ -14,7 +14,9 @@ Each server runs in its own process; wrk (32 connections, one thread) loads them
 alternating rounds within one run, so machine noise hits all of them, and the ratios are
 taken within a round, then the median over rounds; the servers are started afresh
 ``--pairs`` times. Targets: serve/bare >= 0.90x (>= 0.60x is issue 37's floor against the
-fast path), traced/serve >= 0.80x.
+fast path), traced/serve >= 0.80x. The last line splits the traced server's CPU: its own
+process against untraced `serve`'s, and its writer child's, which shares the machine's cores
+with wrk here (a deployed app's clients are elsewhere).
 
     python bench/server_overhead.py [--pairs 3] [--rounds 4] [--seconds 2] [--concurrency 32]
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -147,6 +150,14 @@ def main() -> None:
         print(f"{numerator}/{denominator}: throughput {rate:.2f}x"
               + (f" (target {target})" if target else "") + f", p99 {p99:.2f}x"
               + (f", server CPU per request {cpu:.2f}x" if cpu is not None else ""))
+    # Where tracing's CPU goes: the server's own process, and its writer child, which on a
+    # machine of two cores shares them with the load generator.
+    own = paired_cpu_ratio(results, "traced", "serve", own=True)
+    writer = [r.cpu_us - r.own_cpu_us for r in results["traced"]
+              if r.cpu_us is not None and r.own_cpu_us is not None]
+    if own is not None and writer:
+        print(f"traced/serve, the server process alone: CPU per request {own:.2f}x; its "
+              f"writer child: {statistics.median(writer):.0f} µs per request")
 
 
 if __name__ == "__main__":
