@@ -2,7 +2,7 @@
 
 The same trivial task app is served twice, each in its own child process: through
 `LocalRunner.serve_forever()` (what `synth-deploy serve` runs: uvicorn with the kit's bounded
-HTTP/1.1 protocol, see synth_deploy/taskapp/_connections.py) and through plain
+HTTP/1.1 protocol, see synth_deploy/serving/_connections.py) and through plain
 `uvicorn.run` on the same ASGI app (the baseline). Both are loaded in alternating rounds; the
 script prints throughput and p99 ratios (bounded / plain), and the ratio of server CPU time
 per request, read from /proc for each server process (which other load on the machine does

@@ -47,7 +47,7 @@ def report_cpu(path=Path(%(cpu_file)r)):  # this process's CPU seconds, for the 
         time.sleep(0.05)
 
 threading.Thread(target=report_cpu, daemon=True).start()
-from synth_deploy.taskapp import LocalRunner, ServeSettings, ServerKeys
+from synth_deploy.serving import LocalRunner, ServeSettings, ServerKeys
 from synth_deploy.tracing import parse_trace_db
 endpoint = %(endpoint)r
 env = Env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}

@@ -45,7 +45,7 @@ KEY = "sk_env_bench"
 
 SERVE = """
 from synth_deploy.env import Env
-from synth_deploy.taskapp import LocalRunner, ServeSettings, ServerKeys
+from synth_deploy.serving import LocalRunner, ServeSettings, ServerKeys
 from synth_deploy.tracing import parse_trace_db
 db = %(db)r
 LocalRunner(ServeSettings(app=%(app)r, env=Env(), keys=ServerKeys((%(key)r,), "bench"),

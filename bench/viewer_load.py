@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from synth_deploy.taskapp import BackgroundServer
+from synth_deploy.serving import BackgroundServer
 from synth_deploy.tracing import SessionTrace, SessionTracer, open_trace_store
 from synth_deploy.viewer import create_viewer_app
 

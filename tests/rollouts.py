@@ -11,7 +11,7 @@ import httpx
 SERVER_SCRIPT = """
 import sys
 from synth_deploy.env import Env
-from synth_deploy.taskapp import LocalRunner, ServeSettings, ServerKeys
+from synth_deploy.serving import LocalRunner, ServeSettings, ServerKeys
 from synth_deploy.tracing import parse_trace_db
 LocalRunner(ServeSettings(app="math", env=Env(), keys=ServerKeys((sys.argv[2],), "argv"),
                           traces=parse_trace_db(sys.argv[1]), port=int(sys.argv[3]),

@@ -58,7 +58,7 @@ def serve(
     uvicorn on HOST:PORT; SIGTERM drains in-flight rollouts before exiting.
     """
     with handling_errors():
-        from synth_deploy.taskapp import (
+        from synth_deploy.serving import (
             DEFAULT_SUMMARY_EVERY_S,
             LocalRunner,
             ServeSettings,

@@ -109,7 +109,7 @@ def tunnel(
         config = dataclasses.replace(config, binary=find_cloudflared(env.values))
         runner = None
         if app_ref is not None:  # with --url, the running server records its own traces
-            from synth_deploy.taskapp import (
+            from synth_deploy.serving import (
                 LocalRunner,
                 ServeSettings,
                 rollout_limits,

@@ -16,7 +16,7 @@ from synth_deploy.health._http import HTTPClient, RequestFailed
 from synth_deploy.health._options import CheckOptions, RolloutOptions
 from synth_deploy.health._report import CheckResult, HealthReport
 from synth_deploy.health._schema import short_repr, validate
-from synth_deploy.taskapp import answered_status
+from synth_deploy.serving import answered_status
 
 
 class Stop(Exception):

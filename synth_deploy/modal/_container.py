@@ -33,7 +33,7 @@ def _app_file(ref: str) -> Path:
 
 def web() -> Any:
     """Build the task app's FastAPI app from the environment Modal gives the container."""
-    from synth_deploy.taskapp import (
+    from synth_deploy.serving import (
         LocalRunner,
         ServeSettings,
         prepare_serving_process,

@@ -124,7 +124,7 @@ def validate_locally(entry: Any, env: Env | None = None, *, seed: int = 0,
     """
     from synth_deploy.health import CheckOptions, RolloutOptions, check
     from synth_deploy.runs import serve_mock_policy
-    from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+    from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
 
     env = env or Env()
     settings = ServeSettings(app=str(entry.source or entry.app_id), env=env,

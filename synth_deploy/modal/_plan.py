@@ -17,7 +17,7 @@ from synth_deploy.handoff import TASK_APP_VAR
 from synth_deploy.modal._image import ImageRecipe, app_remote_file
 from synth_deploy.modal._secrets import SecretSource, resolve_secrets
 from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
-from synth_deploy.taskapp import MAX_ROLLOUTS_VAR
+from synth_deploy.serving import MAX_ROLLOUTS_VAR
 from synth_deploy.tracing import deploy_notice, resolve_trace_db
 
 MODAL_ENV_VAR = "MODAL_ENVIRONMENT"  # Modal's own variable: the environment to deploy into

@@ -6,7 +6,7 @@ mock policy they default to.
     report = run_suite("math", range(10), env, options=RunOptions(concurrency=8))
     report = rehearse(load_config("rl.toml"), "math", env)    # before renting GPUs
 
-An app id or file is served here (`synth_deploy.taskapp.LocalRunner`, with an ephemeral key);
+An app id or file is served here (`synth_deploy.serving.LocalRunner`, with an ephemeral key);
 a URL is driven as it is, with the configured ``ENVIRONMENT_API_KEY``.
 """
 

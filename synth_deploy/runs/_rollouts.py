@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from synth_deploy.env import redact
-from synth_deploy.taskapp import answered_status
+from synth_deploy.serving import answered_status
 from synth_deploy.tls import client_ssl_context
 
 if TYPE_CHECKING:

@@ -129,7 +129,7 @@ def serve_mock_policy(stack: ExitStack) -> tuple[PolicyTarget, Any]:
     target to send rollouts to, and its server. Every command that needs the mock starts it
     here."""
     from synth_deploy.runs._mock_policy import MOCK_MODEL, create_mock_policy_app
-    from synth_deploy.taskapp import BackgroundServer
+    from synth_deploy.serving import BackgroundServer
 
     server = stack.enter_context(BackgroundServer(create_mock_policy_app()))
     return PolicyTarget(server.url + "/v1", MOCK_MODEL), server
@@ -169,7 +169,7 @@ def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None
                             trace_store=store)
             return
 
-        from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+        from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
 
         with _url_without_scheme_told(app_or_url):
             runner = stack.enter_context(LocalRunner(ServeSettings(

@@ -1,23 +1,13 @@
-"""The task app SDK: declare a task app once, serve it anywhere.
+"""The task app SDK: what an app author writes against to declare a task app once.
 
-    from synth_deploy.taskapp import TaskAppConfig, register_task_app, create_app
+    from synth_deploy.taskapp import TaskApp, RolloutRequest, call_policy
 
-Declaring (contracts, config, registry) is light; serving (`create_app`, `LocalRunner`,
-`call_policy`: fastapi, uvicorn, httpx) loads on first use, so `synth-deploy check` and
-`apps` can import the contracts without paying for a server.
+Declaring (contracts, config, registry) is light; `call_policy` and `worker_object` load on
+first use. The engine that serves what is declared here is `synth_deploy.serving`.
 """
 
 from synth_deploy._lazy import lazy_attributes
 from synth_deploy.errors import BadRequest, InvalidAction
-from synth_deploy.taskapp._admission import (
-    DEFAULT_MAX_ROLLOUTS,
-    MAX_ROLLOUTS_VAR,
-    ConnectionLimits,
-    RolloutLimits,
-    answered_status,
-    rollout_limits,
-)
-from synth_deploy.taskapp._auth import KeyRule, ServerKeys, server_keys
 from synth_deploy.taskapp._config import (
     ProxyConfig,
     RolloutContext,
@@ -71,21 +61,11 @@ from synth_deploy.taskapp._tools import (
 )
 
 _LAZY = {
-    "create_app": "_server",
-    "stats_of": "_server",
-    "TraceSink": "_server",
-    "error_response": "_responses",
-    "BackgroundServer": "_runner",
-    "DEFAULT_SUMMARY_EVERY_S": "_runner",
-    "prepare_serving_process": "_runner",
-    "LocalRunner": "_runner",
-    "ServeSettings": "_runner",
     "call_policy": "_policy",
     "is_link_local": "_outbound",
     "chat_completions_url": "_policy",
     "PolicyError": "_policy",
     "PolicyReply": "_policy",
-    "ApiKeyAuth": "_auth",
     "RemoteObject": "_workers",
     "WorkerError": "_workers",
     "WorkerPool": "_workers",
@@ -96,23 +76,15 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
-    "ApiKeyAuth",
     "AppFileProblem",
     "AppInfo",
     "BUNDLED_APPS_DIR",
-    "BackgroundServer",
     "BadRequest",
-    "ConnectionLimits",
-    "DEFAULT_MAX_ROLLOUTS",
-    "DEFAULT_SUMMARY_EVERY_S",
     "DatasetInfo",
     "Discovery",
     "InferenceInfo",
     "InvalidAction",
-    "KeyRule",
     "LimitsInfo",
-    "LocalRunner",
-    "MAX_ROLLOUTS_VAR",
     "Outcome",
     "PolicyError",
     "PolicyReply",
@@ -121,7 +93,6 @@ __all__ = [
     "Reward",
     "RolloutContext",
     "RolloutEnvSpec",
-    "RolloutLimits",
     "RolloutMetrics",
     "RolloutPolicySpec",
     "RolloutRecordConfig",
@@ -134,8 +105,6 @@ __all__ = [
     "RubricCriterion",
     "RubricInfo",
     "RubricSection",
-    "ServeSettings",
-    "ServerKeys",
     "Step",
     "TaskApp",
     "TaskAppConfig",
@@ -145,19 +114,13 @@ __all__ = [
     "TaskDescriptor",
     "TaskInfo",
     "ToolCall",
-    "TraceSink",
     "WorkerError",
     "WorkerPool",
-    "answered_status",
     "assistant_message",
     "call_policy",
     "chat_completions_url",
-    "create_app",
-    "prepare_serving_process",
-    "rollout_limits",
     "discover_apps",
     "is_link_local",
-    "error_response",
     "function_tool",
     "image_part",
     "load_app",
@@ -166,8 +129,6 @@ __all__ = [
     "register_task_app",
     "registered_apps",
     "scan_apps",
-    "server_keys",
-    "stats_of",
     "text_part",
     "tool_message",
     "worker_object",

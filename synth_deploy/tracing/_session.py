@@ -2,7 +2,7 @@
 
 A rollout never waits on the database while it runs: the tracer only appends to a
 `SessionTrace`. The server hands the finished session to the trace store and commits it
-before the HTTP response goes out (see `synth_deploy.taskapp.create_app`).
+before the HTTP response goes out (see `synth_deploy.serving.create_app`).
 
 The shape of `SessionTrace.to_dict()` is the v3 in-memory session trace
 (shared/spec/tracing-v3.md), which `/rollout` returns as ``trace`` when asked.

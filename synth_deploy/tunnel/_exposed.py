@@ -27,7 +27,7 @@ from synth_deploy.tunnel._limits import (
 from synth_deploy.tunnel._tunnel import Tunnel, TunnelEvent
 
 if TYPE_CHECKING:
-    from synth_deploy.taskapp import LocalRunner
+    from synth_deploy.serving import LocalRunner
 
 
 @dataclass
@@ -99,7 +99,7 @@ def expose(origin: LocalRunner | str, config: TunnelConfig | None = None, *,
            api_key: str | None = None, write_env: str | Path | None = ".env",
            on_event: Callable[[TunnelEvent], None] | None = None,
            **seams: Any) -> Iterator[Exposed]:
-    """Serve ``origin`` (a `synth_deploy.taskapp.LocalRunner`) on 127.0.0.1, or take the
+    """Serve ``origin`` (a `synth_deploy.serving.LocalRunner`) on 127.0.0.1, or take the
     server already running at ``origin`` (a URL), and open a tunnel to it as ``config`` says
     (its ``origin_url`` is set to the served URL); write ``TASK_APP_URL`` into ``write_env``
     (None: nowhere); stop both on exit.

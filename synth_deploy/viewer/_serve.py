@@ -42,7 +42,7 @@ def serve_viewer(store: TraceStore, options: ViewerOptions = ViewerOptions(), *,
 
     ``on_ready(url)`` is called once the server is listening, before a browser is opened.
     """
-    from synth_deploy.taskapp import BackgroundServer
+    from synth_deploy.serving import BackgroundServer
 
     app = create_viewer_app(store, allowed_hosts=options.allowed_hosts)
     with BackgroundServer(app, host=options.host, port=options.port) as server:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from synth_deploy.cli import app
 from synth_deploy.env import fingerprint
 from synth_deploy.health import STEPS
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from synth_deploy.health import (
     check,
     wait_until_healthy,
 )
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 
 
 def verdicts(report: HealthReport) -> dict[str, str]:

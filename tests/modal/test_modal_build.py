@@ -148,7 +148,7 @@ def test_image_holds_the_serving_set_and_no_secrets_dbs_caches_or_git(api_key, t
     assert not {"uvicorn", "modal", "typer", "rich"} & set(dependency_closure(pip))
     remote = {r for _, r in modal_inspect.image_files(image)}
     assert remote >= {"/root/task_app/task_app.py", "/root/task_app/math_problems.py",
-                      "/root/task_app/data/keep.json", "/root/synth_deploy/taskapp/_server.py",
+                      "/root/task_app/data/keep.json", "/root/synth_deploy/serving/_server.py",
                       "/root/synth_deploy/modal/_container.py"}
     app_files = {r for r in remote if r.startswith("/root/task_app/")}
     assert app_files == {"/root/task_app/task_app.py", "/root/task_app/math_problems.py",

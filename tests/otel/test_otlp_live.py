@@ -18,7 +18,7 @@ from processes import clean_env, free_port, wait_until_up
 from synth_deploy.env import Env
 from synth_deploy.otel import LiveExporter, OtlpSetting, trace_id_of
 from synth_deploy.runs import PolicyTarget, RunOptions, rollout_request, run_rollouts, run_suite
-from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
 from synth_deploy.tracing import SessionTracer, open_trace_store, parse_trace_db
 
 
@@ -143,7 +143,7 @@ def test_without_the_otel_packages_the_app_serves_without_spans(tmp_path):
         "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "from synth_deploy.env import Env\n"
-        "from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys\n"
+        "from synth_deploy.serving import LocalRunner, ServeSettings, server_keys\n"
         "env = Env({'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'})\n"
         "runner = LocalRunner(ServeSettings(app='math', env=env, "
         "keys=server_keys(env, 'ephemeral')))\n"

@@ -12,7 +12,7 @@ from processes import clean_env, run_cli
 from synth_deploy.env import Env
 from synth_deploy.errors import UsageError
 from synth_deploy.otel import otlp_setting, otlp_setting_from_env
-from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
 
 SECRET = "hc_live_0123456789abcdef"
 

@@ -110,7 +110,7 @@ def test_a_synth_ai_style_app_is_rehearsed(tmp_path, serve, math_config, api_key
     # trainer run against it.
     from standins.health_servers import synth_ai_style
 
-    from synth_deploy.taskapp import create_app
+    from synth_deploy.serving import create_app
 
     app = serve(synth_ai_style(create_app(math_config, api_keys=[api_key]), api_key))
     code, report = rehearse(tmp_path, "--config", str(MATH_RL),

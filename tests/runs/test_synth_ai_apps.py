@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from synth_ai_rules import build_trace_payload, session_trace_dict
 
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 from synth_deploy.tracing import open_trace_store
 
 KEY = "sk_env_synth_ai_style_" + "0" * 16

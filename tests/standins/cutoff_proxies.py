@@ -26,7 +26,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from synth_deploy.taskapp import BackgroundServer
+from synth_deploy.serving import BackgroundServer
 
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                b"host", b"te", b"trailer", b"upgrade"}

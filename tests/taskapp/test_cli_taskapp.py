@@ -203,7 +203,7 @@ def test_an_app_without_routers_is_served_without_fastapi():
     # FastAPI is a fifth of a second of every cold start; only an app's own routers need it.
     code = ("import sys, httpx\n"
             "from synth_deploy.env import Env\n"
-            "from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys\n"
+            "from synth_deploy.serving import LocalRunner, ServeSettings, server_keys\n"
             "settings = ServeSettings(app='math', env=Env(), keys=server_keys(Env(), 'open'))\n"
             "with LocalRunner(settings) as running:\n"
             "    status = httpx.get(running.url + '/health', timeout=5).status_code\n"

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from toy_apps import slow_async_rollout, toy_config
 
 from synth_deploy.env import Env
-from synth_deploy.taskapp import (
+from synth_deploy.serving import (
     BackgroundServer,
     ConnectionLimits,
     LocalRunner,
@@ -167,7 +167,7 @@ if os.environ.get("SYNTH_DEPLOY_TEST_FALLBACK") == "1":
     sys.modules["httptools"] = None; sys.modules["uvloop"] = None
 import httpx
 from synth_deploy.env import Env
-from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
 
 def writes():  # write(2)-family calls: uvloop's writes, not asyncio's or the client's sends
     return int(re.search(r"syscw: (\\d+)", open("/proc/self/io").read()).group(1))

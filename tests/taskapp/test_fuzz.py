@@ -25,7 +25,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from synth_deploy.env import Env
-from synth_deploy.taskapp import LocalRunner, ServerKeys, ServeSettings
+from synth_deploy.serving import LocalRunner, ServerKeys, ServeSettings
 from synth_deploy.tracing import parse_trace_db
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))

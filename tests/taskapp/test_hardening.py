@@ -15,13 +15,13 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response, S
 from starlette.routing import Route
 from toy_apps import proxy_config, raising_rollout, toy_config
 
+from synth_deploy.serving import create_app
 from synth_deploy.taskapp import (
     BadRequest,
     TaskDataset,
     TaskDescriptor,
     TaskInfo,
     call_policy,
-    create_app,
     is_link_local,
 )
 

@@ -20,14 +20,8 @@ from toy_apps import toy_config
 
 from synth_deploy.health import CheckOptions, RolloutOptions, check
 from synth_deploy.runs import PolicyTarget, RunOptions, run_rollouts
-from synth_deploy.taskapp import (
-    ConnectionLimits,
-    RolloutContext,
-    RolloutLimits,
-    RolloutRequest,
-    answered_status,
-    create_app,
-)
+from synth_deploy.serving import ConnectionLimits, RolloutLimits, answered_status, create_app
+from synth_deploy.taskapp import RolloutContext, RolloutRequest
 from synth_deploy.tracing import open_trace_store
 
 SILENCE_S = 2.0  # Cloudflare's 100 s, scaled
@@ -180,7 +174,7 @@ def test_rollouts_beyond_the_limit_get_503_with_retry_after_and_health_says_why(
 def test_the_limit_comes_from_the_flag_else_the_environment(monkeypatch):
     from synth_deploy.env import load_env
     from synth_deploy.errors import UsageError
-    from synth_deploy.taskapp import DEFAULT_MAX_ROLLOUTS, MAX_ROLLOUTS_VAR, rollout_limits
+    from synth_deploy.serving import DEFAULT_MAX_ROLLOUTS, MAX_ROLLOUTS_VAR, rollout_limits
 
     assert rollout_limits(load_env(environ={})).max_in_flight == DEFAULT_MAX_ROLLOUTS
     env = load_env(environ={MAX_ROLLOUTS_VAR: "64"})
@@ -216,7 +210,7 @@ def test_a_request_without_the_key_is_answered_and_its_connection_closed(serve, 
 
 
 def test_clients_without_a_key_cannot_starve_clients_with_one(api_key):
-    from synth_deploy.taskapp import BackgroundServer
+    from synth_deploy.serving import BackgroundServer
 
     # The connection cap is small here so that a crowd would reach it: 48 keyless clients
     # come in waves of 12 and never hang up themselves. Each is answered and closed by the

@@ -14,7 +14,7 @@ import pytest
 from standins.openenv_client import HTTPEnvClient, Rejected, ServerError, WSEnvClient
 from toy_apps import CountEnv, env_config, toy_config
 
-from synth_deploy.taskapp import RolloutLimits, create_app
+from synth_deploy.serving import RolloutLimits, create_app
 from synth_deploy.tracing import open_trace_store
 
 
@@ -227,7 +227,7 @@ def test_openenv_http_clients_play_episodes_by_cookie(serve, api_key, store):
 
 
 def test_an_episode_open_when_the_server_stops_is_traced_as_unfinished(api_key, store):
-    from synth_deploy.taskapp import BackgroundServer
+    from synth_deploy.serving import BackgroundServer
 
     # OpenEnv's HTTP protocol has no close: the last episode of an HTTP client is still open
     # when the server stops, and is traced then, not lost.

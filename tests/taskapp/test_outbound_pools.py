@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from toy_apps import toy_config
 
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 from synth_deploy.tls import client_ssl_context
 
 

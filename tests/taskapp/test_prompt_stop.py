@@ -1,4 +1,4 @@
-"""The kit's uvicorn server (taskapp/_prompt_stop.py) rewrites two of uvicorn's methods to
+"""The kit's uvicorn server (serving/_prompt_stop.py) rewrites two of uvicorn's methods to
 stop sooner: it must still take every step uvicorn's own take, whatever uvicorn release is
 installed. Read from the source, as the architecture tests read the package."""
 

@@ -13,7 +13,8 @@ from starlette.routing import Route
 from synth_ai_rules import correlation_verified, eval_runner_tokens, rl_response_issues
 from toy_apps import toy_config
 
-from synth_deploy.taskapp import RolloutResponse, call_policy, create_app
+from synth_deploy.serving import create_app
+from synth_deploy.taskapp import RolloutResponse, call_policy
 
 CID = "trace_abc123"
 USAGE = {"prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26,

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from toy_apps import proxy_config, toy_config
 
-from synth_deploy.taskapp import ApiKeyAuth, create_app
+from synth_deploy.serving import ApiKeyAuth, create_app
 
 ROLLOUT = {"run_id": "auth-1", "env": {"seed": 3}}
 BODIES = {"/rollout": ROLLOUT, "/done": {}}  # any other POST takes a chat request

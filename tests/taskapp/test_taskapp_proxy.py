@@ -11,7 +11,7 @@ from starlette.routing import Route
 from toy_apps import proxy_config
 
 from synth_deploy.env import Env
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 
 VENDOR_KEY = "sk-vendor-secret-123456"
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from toy_apps import raising_rollout, slow_async_rollout, slow_sync_rollout, toy_config
 
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 
 
 @pytest.fixture

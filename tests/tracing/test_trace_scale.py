@@ -29,7 +29,7 @@ from rollouts import SERVER_SCRIPT, fire, rollout_body
 from sessions import assert_same, make_session
 from trace_files import ready_writer_child, statements_run
 
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 from synth_deploy.tracing import (
     SCHEMA_VERSION,
     SessionFilter,

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
 from synth_deploy.errors import UsageError
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store, sft_examples
 from synth_deploy.train import validate_sft_file
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from synth_deploy.cli import app
 from synth_deploy.env import Env
-from synth_deploy.taskapp import create_app
+from synth_deploy.serving import create_app
 from synth_deploy.tracing import (
     SCHEMA_VERSION,
     TraceDbAuthError,

@@ -19,7 +19,8 @@ import pytest
 from processes import free_port, wait_until_up
 from rollouts import SERVER_SCRIPT, fire, rollout_body
 
-from synth_deploy.taskapp import RolloutRequest, create_app
+from synth_deploy.serving import create_app
+from synth_deploy.taskapp import RolloutRequest
 from synth_deploy.tracing import SessionTrace, ledger_of, open_trace_store
 
 

@@ -27,7 +27,7 @@ from standins.cloudflared_helpers import (
 
 from synth_deploy.env import load_env
 from synth_deploy.errors import UsageError
-from synth_deploy.taskapp import LocalRunner, ServeSettings, server_keys
+from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
 from synth_deploy.tunnel import (
     CloudflaredNotFoundError,
     MetricsClient,

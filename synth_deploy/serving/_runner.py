@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from synth_deploy.env import Env, applied_env, apply_env
 from synth_deploy.errors import SynthDeployError, UsageError
-from synth_deploy.taskapp._admission import ConnectionLimits, RolloutLimits, rollout_limits
-from synth_deploy.taskapp._auth import ServerKeys, server_keys
+from synth_deploy.serving._admission import ConnectionLimits, RolloutLimits, rollout_limits
+from synth_deploy.serving._auth import ServerKeys, server_keys
 from synth_deploy.taskapp._registry import TaskAppEntry, load_app
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     """The keyword arguments of ``uvicorn.Config`` (and ``uvicorn.run``) for every server."""
     import functools
 
-    from synth_deploy.taskapp._connections import bounded_protocol
+    from synth_deploy.serving._connections import bounded_protocol
 
     if limits.max_connections is None:
         limits = replace(limits, max_connections=max(64, _open_file_limit() - _FILES_KEPT))
@@ -167,7 +167,7 @@ class LocalRunner:
         """The task app's ASGI app (built once; opens the trace store when one is set)."""
         if self.app is not None:
             return self.app
-        from synth_deploy.taskapp._server import create_app
+        from synth_deploy.serving._server import create_app
 
         s = self.settings
         with applied_env(s.env):
@@ -184,7 +184,7 @@ class LocalRunner:
 
     def stats(self) -> Mapping[str, int]:
         """Request counters of the served app (for live status lines); empty before build."""
-        from synth_deploy.taskapp._server import stats_of
+        from synth_deploy.serving._server import stats_of
 
         return stats_of(self.app) if self.app is not None else {}
 
@@ -237,7 +237,7 @@ class LocalRunner:
         rollouts finish (at most ``graceful_timeout_s``), then returns."""
         import uvicorn
 
-        from synth_deploy.taskapp._prompt_stop import PromptStopServer
+        from synth_deploy.serving._prompt_stop import PromptStopServer
 
         s = self.settings
         _ensure_port_free(s.host, s.port)
@@ -346,7 +346,7 @@ class BackgroundServer:
                  limits: ConnectionLimits | None = None) -> None:
         import uvicorn
 
-        from synth_deploy.taskapp._prompt_stop import PromptStopServer
+        from synth_deploy.serving._prompt_stop import PromptStopServer
 
         self.app = app
         self.host = host

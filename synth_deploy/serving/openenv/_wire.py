@@ -35,19 +35,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from synth_deploy.errors import BadRequest
-from synth_deploy.taskapp._config import TaskAppConfig
-from synth_deploy.taskapp._env_sessions import (
+from synth_deploy.serving._failures import AppFailures
+from synth_deploy.serving._request_guards import BodyTooLarge, read_body
+from synth_deploy.serving._responses import error_response
+from synth_deploy.serving._routes import Endpoint
+from synth_deploy.serving.openenv._sessions import (
     RETRY_AFTER_S,
     AtCapacity,
     EnvSession,
     EnvSessions,
     SessionGone,
 )
+from synth_deploy.taskapp._config import TaskAppConfig
 from synth_deploy.taskapp._environment import Step
-from synth_deploy.taskapp._failures import AppFailures
-from synth_deploy.taskapp._request_guards import BodyTooLarge, read_body
-from synth_deploy.taskapp._responses import error_response
-from synth_deploy.taskapp._routes import Endpoint
 
 PREFIX = "/openenv"
 SESSION_COOKIE = "openenv_session"

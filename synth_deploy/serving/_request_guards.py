@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from synth_deploy.errors import BadRequest
-from synth_deploy.taskapp._responses import error_response
+from synth_deploy.serving._responses import error_response
 
 logger = logging.getLogger("synth_deploy.taskapp")
 

@@ -15,9 +15,9 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Router
 
+from synth_deploy.serving._failures import AppFailures
+from synth_deploy.serving._request_guards import guarded
 from synth_deploy.taskapp._config import TaskAppConfig
-from synth_deploy.taskapp._failures import AppFailures
-from synth_deploy.taskapp._request_guards import guarded
 
 
 class LeanProtocolPaths:

@@ -35,7 +35,7 @@ try:  # the fast path: uvicorn's C parser (the `httptools` wheel)
 except ImportError:  # pragma: no cover - where the wheel does not install
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
-from synth_deploy.taskapp._admission import ConnectionLimits
+from synth_deploy.serving._admission import ConnectionLimits
 
 logger = logging.getLogger("synth_deploy.taskapp")
 _REFUSED_LINGER_S = 1.0  # a refused client still gets to read its 503 before the close

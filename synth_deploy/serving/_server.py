@@ -26,38 +26,38 @@ from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, is_secret_name
 from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.logs import CoalescedLog
-from synth_deploy.taskapp._admission import RolloutLimits, RolloutStats
-from synth_deploy.taskapp._auth import ApiKeyAuth
-from synth_deploy.taskapp._blocking import timed_steps
-from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
-from synth_deploy.taskapp._contracts import (
-    RolloutRequest,
-    RolloutResponse,
-    TaskInfo,
-)
-from synth_deploy.taskapp._correlation import (
+from synth_deploy.serving._admission import RolloutLimits, RolloutStats
+from synth_deploy.serving._auth import ApiKeyAuth
+from synth_deploy.serving._blocking import timed_steps
+from synth_deploy.serving._correlation import (
     correlate,
     correlate_trace,
     correlation_id,
     session_correlation,
 )
-from synth_deploy.taskapp._failures import AppFailures
-from synth_deploy.taskapp._openapi import json_body, schema_ref, seed_parameters, task_info_schema
-from synth_deploy.taskapp._openenv import openenv_endpoints, openenv_sessions
-from synth_deploy.taskapp._outbound import outbound_client
-from synth_deploy.taskapp._policy import PolicyError
-from synth_deploy.taskapp._protocol_app import new_protocol_app
-from synth_deploy.taskapp._proxy import VENDOR_KEYS
-from synth_deploy.taskapp._request_guards import (
+from synth_deploy.serving._failures import AppFailures
+from synth_deploy.serving._openapi import json_body, schema_ref, seed_parameters, task_info_schema
+from synth_deploy.serving._protocol_app import new_protocol_app
+from synth_deploy.serving._proxy import VENDOR_KEYS
+from synth_deploy.serving._request_guards import (
     BodyTooLarge,
     bad_request_response,
     http_error,
     read_body,
     requested_seeds,
 )
-from synth_deploy.taskapp._responses import error_response, validation_errors
-from synth_deploy.taskapp._rollout_endpoint import RolloutEndpoint
-from synth_deploy.taskapp._routes import Endpoint, guarded_routes
+from synth_deploy.serving._responses import error_response, validation_errors
+from synth_deploy.serving._rollout_endpoint import RolloutEndpoint
+from synth_deploy.serving._routes import Endpoint, guarded_routes
+from synth_deploy.serving.openenv._wire import openenv_endpoints, openenv_sessions
+from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
+from synth_deploy.taskapp._contracts import (
+    RolloutRequest,
+    RolloutResponse,
+    TaskInfo,
+)
+from synth_deploy.taskapp._outbound import outbound_client
+from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.tracing import (
     RolloutFacts,
     SessionTrace,
@@ -209,7 +209,7 @@ def create_app(
 
     async def openapi(request: Request) -> Response:
         if not openapi_schema:  # built once: the routes are fixed by now
-            from synth_deploy.taskapp._openapi import protocol_openapi
+            from synth_deploy.serving._openapi import protocol_openapi
 
             openapi_schema.update(protocol_openapi(config, app.routes))
         return JSONResponse(openapi_schema)
@@ -233,7 +233,7 @@ def create_app(
         *openenv_endpoints(config, env_sessions, failures),
     ]
     if config.proxy is not None:
-        from synth_deploy.taskapp._proxy import proxy_endpoints
+        from synth_deploy.serving._proxy import proxy_endpoints
 
         endpoints += proxy_endpoints(app, config.proxy, env, read_body=lambda r: read_body(
             r, config.max_body_bytes), too_large=BodyTooLarge)

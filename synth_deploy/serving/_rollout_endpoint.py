@@ -17,17 +17,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from synth_deploy.errors import BadRequest
-from synth_deploy.taskapp._admission import EarlyHeads, RolloutLimits, RolloutStats
-from synth_deploy.taskapp._config import TaskAppConfig
-from synth_deploy.taskapp._contracts import RolloutRequest
-from synth_deploy.taskapp._request_guards import (
+from synth_deploy.serving._admission import EarlyHeads, RolloutLimits, RolloutStats
+from synth_deploy.serving._request_guards import (
     BodyTooLarge,
     bad_request_response,
     read_body,
     server_error,
     unsupported_media_type,
 )
-from synth_deploy.taskapp._responses import error_response, validation_errors
+from synth_deploy.serving._responses import error_response, validation_errors
+from synth_deploy.taskapp._config import TaskAppConfig
+from synth_deploy.taskapp._contracts import RolloutRequest
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
