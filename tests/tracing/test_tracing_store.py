@@ -290,7 +290,8 @@ def test_missing_file_is_not_created_for_reads(tmp_path):
 def open_dir(tmp_path, tmp_path_factory):
     """A folder under tmp_path every user may traverse to (pytest makes its folders private to
     their owner): the folders above it are opened to traversal for the test, then closed."""
-    top = tmp_path_factory.getbasetemp().parent
+    # pytest-of-<user> and below (under pytest-xdist the base folder is one level deeper).
+    top = next(p for p in tmp_path.parents if p.name.startswith("pytest-of-"))
     above = [tmp_path, *[p for p in tmp_path.parents if p == top or top in p.parents]]
     modes = {p: p.stat().st_mode & 0o777 for p in above}
     for folder in above:
