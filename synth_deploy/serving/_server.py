@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, is_secret_name
-from synth_deploy.errors import BadRequest, TraceStoreError
+from synth_deploy.errors import BadRequest
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import RolloutLimits, RolloutStats
 from synth_deploy.serving._auth import ApiKeyAuth
@@ -62,7 +62,6 @@ from synth_deploy.tracing import (
     RolloutFacts,
     SessionTrace,
     SessionTracer,
-    TraceStore,
     describe_session,
     ledger_of,
 )
@@ -75,9 +74,16 @@ _RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
 
 
 class TraceSink(Protocol):
-    """Where finished rollout sessions go; `write_session` returns once the data is durable."""
+    """Where a served app's finished sessions go: the kit's `TraceStore`, or any object with
+    these two methods. ``start`` is called once as the server starts; ``write_session``
+    returns once the session is durable. ``rollout``, when given, holds the facts the session
+    is described from (`describe_session`), which the sink applies before it stores it: the
+    store does so in its writer child, off the server's loop."""
 
-    async def write_session(self, session: SessionTrace) -> None: ...
+    def start(self) -> None: ...
+
+    async def write_session(self, session: SessionTrace,
+                            rollout: RolloutFacts | None = None) -> None: ...
 
 
 class _EncodedJSON(Response):
@@ -126,7 +132,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette):
         app.state.http = outbound_client(allow_link_local=config.allow_link_local)
-        _start_trace_writer(trace_store)
+        if trace_store is not None:
+            trace_store.start()
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
@@ -254,9 +261,6 @@ class _Rollouts:
         self.config = config
         self.call_executor = _executor_caller(config.rollout)
         self.trace_store = trace_store
-        # The kit's store describes a session where it writes it (its writer child); any
-        # other sink is handed sessions described here.
-        self.store_describes = isinstance(trace_store, TraceStore)
         self.on_session = on_session
         self.stats = stats
         self.failures = failures
@@ -292,7 +296,7 @@ class _Rollouts:
         if trace_store is not None or req.record.return_trace or on_session is not None:
             # Building the session's metadata is wasted work when nobody reads it.
             facts = _rollout_facts(req, request_json, body, error, elapsed, config.app_id, cid)
-            if req.record.return_trace or on_session is not None or not self.store_describes:
+            if req.record.return_trace or on_session is not None:
                 describe_session(session, facts)  # needed here, not only where it is stored
                 facts = None
             if result is not None and req.record.return_trace and result.trace is None:
@@ -307,10 +311,7 @@ class _Rollouts:
                                     extra_secrets=_request_secrets(req))
         if trace_store is not None:
             try:
-                if facts is None:
-                    await trace_store.write_session(session)
-                else:  # described where it is written, off this loop
-                    await trace_store.write_session(session, rollout=facts)
+                await trace_store.write_session(session, rollout=facts)
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
@@ -371,17 +372,6 @@ def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
             **session_correlation(cid)}
     failure = None if error is None else json.loads(error.body)["detail"]["error"]
     return RolloutFacts(head, elapsed, request_json, body, failure)
-
-
-def _start_trace_writer(trace_store: TraceSink | None) -> None:
-    # A store that commits in a child process starts it with the server (until the child is
-    # ready, the server commits itself); a closed or read-only store refuses each write.
-    start = getattr(trace_store, "use_writer_process", None)
-    if start is not None:
-        try:
-            start()
-        except TraceStoreError:
-            pass
 
 
 _REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",
