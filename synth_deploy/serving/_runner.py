@@ -126,6 +126,7 @@ class ServeSettings:
     env: Env
     keys: ServerKeys
     traces: TraceDbSetting | None = None  # None: rollouts are not recorded
+    trace_destination: str | None = None  # where traces end up, for /health (else ``traces``)
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port (thread mode)
     env_files: tuple[str, ...] = ()  # where ``env`` came from, for a reloaded process
@@ -179,7 +180,9 @@ class LocalRunner:
         self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,
                               env=s.env, limits=s.rollouts, on_session=self.live_export.offer
-                              if self.live_export is not None else None)
+                              if self.live_export is not None else None,
+                              trace_destination=s.trace_destination or (
+                                  s.traces.display if s.traces is not None else None))
         return self.app
 
     def stats(self) -> Mapping[str, int]:
