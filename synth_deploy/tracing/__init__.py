@@ -14,7 +14,6 @@ from synth_deploy.tracing._config import (
     TOKEN_VAR,
     TRACES_DB_VAR,
     TraceDbSetting,
-    deploy_notice,
     parse_trace_db,
     resolve_trace_db,
 )
@@ -116,7 +115,6 @@ __all__ = [
     "event_tokens",
     "ledger_of",
     "load_price_table",
-    "deploy_notice",
     "describe_session",
     "describe_trace_db",
     "export_sft",
