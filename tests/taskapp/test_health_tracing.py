@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import httpx
 from rollouts import rollout_body
+from typer.testing import CliRunner
 
+from synth_deploy.cli import app as cli_app
 from synth_deploy.env import Env
+from synth_deploy.health import check
 from synth_deploy.serving import LocalRunner, ServerKeys, ServeSettings
 from synth_deploy.tracing import parse_trace_db
 
@@ -33,3 +36,15 @@ def test_health_of_an_untraced_app(api_key):
     with LocalRunner(settings).start() as runner:
         assert _health(runner.url, api_key) == {"enabled": False, "destination": None,
                                                 "sessions": 0}
+
+
+def test_check_reports_where_the_traces_go(tmp_path, api_key):
+    db = tmp_path / "t.db"
+    settings = ServeSettings(app="math", env=Env(), keys=ServerKeys((api_key,), "test"),
+                             traces=parse_trace_db(str(db)))
+    with LocalRunner(settings).start() as runner:
+        report = check(runner.url, api_key)
+        result = CliRunner().invoke(cli_app, ["check", runner.url, "--api-key", api_key])
+    assert report.healthy and report.to_dict()["traces"] == {
+        "enabled": True, "destination": str(db), "sessions": 0}
+    assert f"traces: {db} (0 sessions in this process)" in result.output.replace("\n", "")
