@@ -170,6 +170,7 @@ class EndpointSteps:
             tracing = data["tracing"]
             self.report.traces = {"enabled": bool(tracing.get("enabled")),
                                   "destination": tracing.get("destination"),
+                                  "durable": tracing.get("durable"),
                                   "sessions": tracing.get("sessions")}
         if not dx.says_healthy(data):
             self.fail("health", expected, dx.Diagnosis(

@@ -25,6 +25,7 @@ JSON shape (`synth-deploy check --json`, ``HealthReport.to_dict()``)::
       "failure": null | {...one check...},    # the first failed check
       "traces": {"enabled": true,             # what the app's /health says of its traces
                  "destination": "Modal Volume synth-math-traces: ...",  # null: unknown
+                 "durable": true,             # outlives the machine that answered
                  "sessions": 12},             # stored by the container that answered
       "checks": [
         {

@@ -107,10 +107,13 @@ def _volume_snapshots(env: Env, traces: TraceDbSetting | None) -> VolumeSnapshot
 
 
 def _destination(env: Env, traces: TraceDbSetting | None,
-                 snapshots: VolumeSnapshots | None) -> str | None:
+                 snapshots: VolumeSnapshots | None) -> dict[str, Any] | None:
     if traces is None:
         return None
+    if traces.is_remote:
+        return {"destination": traces.display, "durable": True}
     if snapshots is None:
-        return traces.display if traces.is_remote else "this container's disk (lost with it)"
-    return (f"Modal Volume {env.get(TRACE_VOLUME_VAR)}: {snapshots.target.name}, committed "
-            f"every {snapshots.every_s:g}s and at drain")
+        return {"destination": "this container's disk (lost with it)", "durable": False}
+    return {"destination": f"Modal Volume {env.get(TRACE_VOLUME_VAR)}: {snapshots.target.name}, "
+                           f"committed every {snapshots.every_s:g}s and at drain",
+            "durable": True}

@@ -111,6 +111,7 @@ def test_three_containers_one_killed_pull_holds_every_committed_session(
     health = httpx.get(killed["url"] + "/health", headers={"X-API-Key": key}, timeout=5).json()
     assert health["tracing"]["sessions"] == PER_CONTAINER + 20
     assert "Modal Volume synth-mathvol-traces" in health["tracing"]["destination"]
+    assert health["tracing"]["durable"] is True
     # ...and it dies with SIGKILL, between commits; the others drain (SIGTERM).
     os.kill(killed["pid"], signal.SIGKILL)
     for survivor in containers[1:]:

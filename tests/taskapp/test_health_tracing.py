@@ -23,7 +23,7 @@ def test_health_names_the_store_and_counts_stored_sessions(tmp_path, api_key, mo
                              traces=parse_trace_db(str(db)))
     with LocalRunner(settings).start() as runner:
         assert _health(runner.url, api_key) == {"enabled": True, "destination": str(db),
-                                                "sessions": 0}
+                                                "durable": True, "sessions": 0}
         for i in range(2):
             body = rollout_body(f"r{i}", i, mock_policy.url + "/v1")
             assert httpx.post(runner.url + "/rollout", json=body, timeout=30,
@@ -35,7 +35,7 @@ def test_health_of_an_untraced_app(api_key):
     settings = ServeSettings(app="math", env=Env(), keys=ServerKeys((api_key,), "test"))
     with LocalRunner(settings).start() as runner:
         assert _health(runner.url, api_key) == {"enabled": False, "destination": None,
-                                                "sessions": 0}
+                                                "durable": False, "sessions": 0}
 
 
 def test_check_reports_where_the_traces_go(tmp_path, api_key):
@@ -46,5 +46,5 @@ def test_check_reports_where_the_traces_go(tmp_path, api_key):
         report = check(runner.url, api_key)
         result = CliRunner().invoke(cli_app, ["check", runner.url, "--api-key", api_key])
     assert report.healthy and report.to_dict()["traces"] == {
-        "enabled": True, "destination": str(db), "sessions": 0}
+        "enabled": True, "destination": str(db), "durable": True, "sessions": 0}
     assert f"traces: {db} (0 sessions in this process)" in result.output.replace("\n", "")
