@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.env import Env
+from synth_deploy.errors import TraceStoreError
 from synth_deploy.modal._credentials import require_modal_token
 from synth_deploy.modal._modal_cli import ModalCLI, ModalCLIError
 from synth_deploy.modal._reachability import DEFAULT_CONNECT_TIMEOUT_S, require_modal_reachable
@@ -163,7 +164,14 @@ def pull_traces(app_name: str, store: Any, env: Env, *, volume: str | None = Non
         if ledger.get(file.path) != stamp or not local.exists():
             trace_volume.download(file, local)
             fetched = local.stat().st_size
-        merged = merge_trace_file(store, local)
+        try:
+            merged = merge_trace_file(store, local)
+        except TraceStoreError as exc:
+            raise TraceStoreError(
+                f"{name}:{file.path} is not a trace file we can read ({exc.message})",
+                hint=f"the files before it were merged; pull again once the container has "
+                     f"committed it whole, or remove it (modal volume rm {name} {file.path})"
+            ) from exc
         ledger[file.path] = stamp
         _write_ledger(ledger_path, ledger)
         result.files.append(FilePull(file.container, fetched, merged.added, merged.skipped))
