@@ -37,9 +37,13 @@ def committed_dir(state: Path, name: str) -> Path:
 def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
     out = {}
     for path in folder.rglob("*"):
-        if path.is_file():
-            st = path.stat()
-            out[path.relative_to(folder).as_posix()] = (st.st_ino, st.st_mtime_ns, st.st_size)
+        try:
+            if path.is_file():
+                st = path.stat()
+                out[path.relative_to(folder).as_posix()] = (st.st_ino, st.st_mtime_ns,
+                                                            st.st_size)
+        except FileNotFoundError:
+            continue  # renamed or removed while listed: the next commit sees what is there
     return out
 
 
@@ -68,7 +72,11 @@ class Volume:
                 target = self.store / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 tmp = target.with_name(f".{target.name}.{os.getpid()}.upload")
-                shutil.copyfile(self.view / rel, tmp)
+                try:
+                    shutil.copyfile(self.view / rel, tmp)
+                except FileNotFoundError:
+                    now.pop(rel)  # gone since it was listed (renamed into place)
+                    continue
                 os.replace(tmp, target)  # whole, and the last writer wins
             for rel in set(seen) - set(now):
                 (self.store / rel).unlink(missing_ok=True)
