@@ -85,8 +85,9 @@ def test_three_containers_one_killed_pull_holds_every_committed_session(
     plan = _cli("deploy", str(app_file), "--dry-run", "--json")
     assert plan.exit_code == 0, plan.output
     assert json.loads(plan.stdout)["plan"]["trace_volume"] == "synth-mathvol-traces"
-    deployed = _cli("deploy", str(app_file), "--no-check", "--json")
+    deployed = _cli("deploy", str(app_file), "--no-check")
     assert deployed.exit_code == 0, deployed.output
+    assert "traces go to the Modal Volume synth-mathvol-traces" in deployed.output
     containers = [json.loads(line) for line in (state / "containers.jsonl").read_text()
                   .splitlines()]
     assert len(containers) == 3
