@@ -1,19 +1,20 @@
 """What the trace Volume costs a deployed app's rollouts: one container traced to its Volume
-against the same container untraced, in one run.
+against the same container untraced, and traced to its own disk, in one run.
 
     python bench/volume_traces.py [--pairs 4] [--rounds 2] [--seconds 3] [--concurrency 32]
 
 Each server is the Modal container's own entry (`synth_deploy.modal.container_app`, built from
 the variables a deploy plan gives it) under plain uvicorn in its own process, as Modal runs
-it. The traced one has TASKAPP_TRACING_ENABLED=1 and a trace Volume committed every
-``--commit-s`` seconds (shorter than the default, to make the copies frequent); the untraced
-one has TASKAPP_TRACING_ENABLED=0. The Volume is the test stand-in
+it: untraced (TASKAPP_TRACING_ENABLED=0), traced to a store on its disk only (what the
+Volume adds to, i.e. tracing's own cost), and traced to the Volume, committed every
+``--commit-s`` seconds (default: the deploy default). The Volume is the test stand-in
 (tests/standins/modal_volume.py): a commit copies files on this machine, inside the
 container's process, where Modal's does that work outside it, so the cost shown is an
 upper bound. Each rollout makes five policy calls to the kit's mock policy (its own process).
 
-Target: throughput traced/untraced >= 0.95x. Afterwards the Volume's copy must pass
-`integrity_check` and hold a session for every rollout answered (each container drains).
+Target: throughput volume/untraced >= 0.95x; volume/disk is the Volume's own share.
+Afterwards the Volume's copy must pass `integrity_check` and hold a session for every
+rollout answered (each container drains).
 """
 
 from __future__ import annotations
@@ -34,16 +35,15 @@ from _harness import (
     rounds_on_fresh_servers,
 )
 
+from synth_deploy.modal import DEFAULT_TRACE_COMMIT_S
+
 KEY = "sk_env_bench_volume"
 STANDINS = Path(__file__).resolve().parents[1] / "tests" / "standins"
 
 CONTAINER = """
 import os, sys
 sys.path.insert(0, %(standins)r)
-os.environ.update({"SYNTH_DEPLOY_TASK_APP": %(app)r, "ENVIRONMENT_API_KEY": %(key)r,
-                   "TASKAPP_TRACING_ENABLED": %(tracing)r, "MODAL_TASK_ID": "ta-bench",
-                   "SYNTH_TRACE_VOLUME": "bench-traces", "SYNTH_TRACE_COMMIT_S": %(commit)r,
-                   "SYNTH_TRACE_VOLUME_DIR": %(view)r + "/bench"})
+os.environ.update(%(env)r)
 os.chdir(%(workdir)r)
 import modal_volume
 modal_volume.install({"bench-traces": (%(store)r, %(view)r)}, background_s=5.0)
@@ -86,12 +86,18 @@ def bodies(inference_url: str):
     return body
 
 
-def container(tmp: Path, name: str, app: Path, tracing: str, commit_s: float):
+def container(tmp: Path, name: str, app: Path, *, tracing: bool, volume: bool,
+              commit_s: float):
+    """The container as a deploy plan sets it up: traced or not, with the Volume or not."""
     root = tmp / name
     for sub in ("work", "store", "view"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    return partial(child_server, CONTAINER, ready_path="/", standins=str(STANDINS),
-                   app=str(app), key=KEY, tracing=tracing, commit=f"{commit_s:g}",
+    env = {"SYNTH_DEPLOY_TASK_APP": str(app), "ENVIRONMENT_API_KEY": KEY,
+           "TASKAPP_TRACING_ENABLED": "1" if tracing else "0", "MODAL_TASK_ID": "ta-bench"}
+    if volume:
+        env.update({"SYNTH_TRACE_VOLUME": "bench-traces", "SYNTH_TRACE_COMMIT_S":
+                    f"{commit_s:g}", "SYNTH_TRACE_VOLUME_DIR": str(root / "view" / "bench")})
+    return partial(child_server, CONTAINER, ready_path="/", standins=str(STANDINS), env=env,
                    workdir=str(root / "work"), store=str(root / "store"),
                    view=str(root / "view"))
 
@@ -102,8 +108,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per pair")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--commit-s", type=float, default=1.0,
-                        help="the traced container's commit interval")
+    parser.add_argument("--commit-s", type=float, default=DEFAULT_TRACE_COMMIT_S,
+                        help="the Volume's commit interval (default: the deploy default; "
+                             "lower it to stress the copies)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -111,19 +118,27 @@ def main() -> None:
         app = tmp / "five_calls_app.py"
         app.write_text(FIVE_CALLS_APP)
         with child_server(MOCK_POLICY, ready_path="/") as policy:
+            commit = args.commit_s
             results = rounds_on_fresh_servers(
-                {"untraced": container(tmp, "untraced", app, "0", args.commit_s),
-                 "volume": container(tmp, "volume", app, "1", args.commit_s)},
+                {"untraced": container(tmp, "untraced", app, tracing=False, volume=False,
+                                       commit_s=commit),
+                 "disk": container(tmp, "disk", app, tracing=True, volume=False,
+                                   commit_s=commit),
+                 "volume": container(tmp, "volume", app, tracing=True, volume=True,
+                                     commit_s=commit)},
                 bodies(policy + "/v1"), KEY, pairs=args.pairs, rounds=args.rounds,
                 seconds=args.seconds, concurrency=args.concurrency)
         rate, p99 = paired_ratio(results, "volume", "untraced")
-        print(f"volume-traced vs untraced container, five policy calls a rollout, "
-              f"{args.pairs} fresh pairs x {args.rounds} rounds of {args.seconds:g}s, "
-              f"{args.concurrency} connections, commit every {args.commit_s:g}s")
+        own_rate, own_p99 = paired_ratio(results, "volume", "disk")
+        print(f"containers untraced, traced to their disk, traced to the Volume; five policy "
+              f"calls a rollout, {args.pairs} fresh triples x {args.rounds} rounds of "
+              f"{args.seconds:g}s, {args.concurrency} connections, commit every "
+              f"{args.commit_s:g}s")
         print_rounds(results)
-        cpu = paired_cpu_ratio(results, "volume", "untraced")
-        if cpu is not None:
-            print(f"  container CPU per rollout volume/untraced {cpu:5.2f}x (writer included)")
+        for num, den in (("volume", "untraced"), ("disk", "untraced"), ("volume", "disk")):
+            cpu = paired_cpu_ratio(results, num, den)
+            if cpu is not None:
+                print(f"  container CPU per rollout {num}/{den} {cpu:5.2f}x (writer included)")
         committed = tmp / "volume" / "store" / "bench" / "ta-bench.db"
         conn = sqlite3.connect(committed)
         stored = conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
@@ -135,8 +150,8 @@ def main() -> None:
               f"integrity_check {check}")
         if check != "ok" or stored < answered:
             raise SystemExit("the Volume's copy lost rollouts or is damaged")
-        print(f"summary: throughput volume/untraced {rate:.2f}x (target >= 0.95), "
-              f"p99 {p99:.2f}x")
+        print(f"summary: throughput volume/untraced {rate:.2f}x (target >= 0.95), p99 "
+              f"{p99:.2f}x; the Volume alone (volume/disk) {own_rate:.2f}x, p99 {own_p99:.2f}x")
 
 
 if __name__ == "__main__":

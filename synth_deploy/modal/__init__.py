@@ -55,12 +55,14 @@ from synth_deploy.modal._secrets import SecretSource
 from synth_deploy.modal._settings import ModalSettings
 from synth_deploy.modal._trace_pull import FilePull, PullResult, TraceVolume, pull_traces
 from synth_deploy.modal._trace_volume import (
+    DEFAULT_TRACE_COMMIT_S,
     TRACE_VOLUME_MOUNT,
     VolumeSnapshots,
     default_trace_volume,
 )
 
 __all__ = [
+    "DEFAULT_TRACE_COMMIT_S",
     "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
     "SOURCE_EXCLUDED_PACKAGES",
