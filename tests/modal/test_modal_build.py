@@ -199,6 +199,10 @@ def test_taskapp_tracing_enabled_switches_tracing_in_the_container(
     health = httpx.get(server.url + "/health", headers={"X-API-Key": api_key}, timeout=5).json()
     assert health["tracing"]["enabled"] is (switch == "1")
     assert health["tracing"]["sessions"] == (1 if switch == "1" else 0)
+    # No Volume in this environment (`.local()` mounts none): the container's disk, said so.
+    assert health["tracing"]["durable"] is False
+    if switch == "1":
+        assert health["tracing"]["destination"] == "this container's disk (lost with it)"
     assert (tmp_path / "traces" / "v3" / "synth_ai.db").exists() is (switch == "1")
 
 
