@@ -73,7 +73,7 @@ class Volume:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 tmp = target.with_name(f".{target.name}.{os.getpid()}.upload")
                 try:
-                    shutil.copyfile(self.view / rel, tmp)
+                    shutil.copy2(self.view / rel, tmp)  # its time kept: reload can skip it
                 except FileNotFoundError:
                     now.pop(rel)  # gone since it was listed (renamed into place)
                     continue
@@ -99,11 +99,14 @@ class Volume:
                     raise RuntimeError("there are open files preventing the operation: "
                                        f"{target}")
             seen = Volume._seen.setdefault(self.name, {})
-            for rel in _files(self.store):
+            view = _files(self.view)
+            for rel, (_, mtime, size) in _files(self.store).items():
+                if view.get(rel, (0, 0, 0))[1:] == (mtime, size):
+                    continue  # the view holds this version already
                 dest = self.view / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 tmp = dest.with_name(f".{dest.name}.reload")
-                shutil.copyfile(self.store / rel, tmp)
+                shutil.copy2(self.store / rel, tmp)
                 os.replace(tmp, dest)
             Volume._seen[self.name] = {**seen, **{
                 rel: stamp for rel, stamp in _files(self.view).items()
