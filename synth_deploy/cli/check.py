@@ -241,6 +241,8 @@ def _render(report: Any) -> None:
     key = (f"key: {report.key_source}, sha256:{report.key_fingerprint}"
            if report.key_fingerprint else "key: none (pass --api-key or set ENVIRONMENT_API_KEY)")
     out.print(Text(key, style="dim"))
+    if (traces := report.traces_line()) is not None:
+        out.print(Text(traces, style="dim"), soft_wrap=True)
     verdict = Text("healthy" if report.healthy else "unhealthy",
                    style="bold green" if report.healthy else "bold red")
     took = (f"{report.duration_ms / 1000:.1f} s, {report.attempts} attempts"

@@ -133,6 +133,7 @@ def register(app: typer.Typer) -> None:
             console().print(f"[green]deployed[/green] {result.plan.app_id} -> {result.url}"
                             f"{checked}; TASK_APP_URL written to {result.env_file}",
                             markup=True, highlight=False)
+            console().print(escape(result.plan.tracing), markup=True, highlight=False)
 
     @app.command("modal-serve")
     def modal_serve_command(

@@ -261,7 +261,8 @@ def stats(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
 
 
 @contextmanager
-def _export_progress(json_output: bool) -> Iterator[Callable[[int, int], None] | None]:
+def _export_progress(json_output: bool, label: str = "exporting sessions"
+                     ) -> Iterator[Callable[[int, int], None] | None]:
     """A progress bar on a terminal's stderr; nothing when it is piped or for --json."""
     err = console(stderr=True)
     if json_output or not err.is_terminal:
@@ -269,10 +270,54 @@ def _export_progress(json_output: bool) -> Iterator[Callable[[int, int], None] |
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    with Progress(TextColumn("exporting sessions"), BarColumn(), MofNCompleteColumn(),
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.elapsed:.0f}s"), console=err, transient=True) as bar:
         task = bar.add_task("export", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@traces_app.command("pull")
+def pull(
+    app_name: Annotated[str, typer.Argument(
+        metavar="APP", help="The Modal app name `deploy` printed (synth-<app id>).")],
+    volume: Annotated[str | None, typer.Option(
+        "--volume", help="The trace Volume, when ModalSettings.trace_volume named one "
+                         "(default: APP-traces).")] = None,
+    trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
+    json_output: JsonOption = False,
+    modal_cli: Annotated[str | None, typer.Option("--modal-cli", hidden=True)] = None,
+) -> None:
+    """Fetch a deployed app's traces from its Modal Volume into the local store.
+
+    Downloads only what changed since the last pull; a session already stored is never
+    added twice. Then `traces ls/stats/export/view` read them as local traces.
+    """
+    with handling_errors(json_output):
+        import shlex
+
+        from synth_deploy.modal import ModalCLI, pull_traces
+        from synth_deploy.tracing import open_trace_store, resolve_trace_db
+
+        env = _env(env_file)
+        cli = ModalCLI(shlex.split(modal_cli)) if modal_cli else None
+        with open_trace_store(resolve_trace_db(trace_db, env)) as store, \
+                _export_progress(json_output, "pulling container files") as progress:
+            result = pull_traces(app_name, store, env, volume=volume, cli=cli,
+                                 on_file=progress)
+    if json_output:
+        print_json(result.to_dict())
+        return
+    out = console()
+    for f in result.files:
+        got = f"{f.bytes:,} bytes" if f.bytes else "unchanged"
+        out.print(f"  {_esc(f.container)}: {f.added} new, {f.skipped} already here ({got})",
+                  highlight=False)
+    out.print(f"pulled {plural(len(result.files), 'container file')} from the Volume "
+              f"{_esc(result.volume)}: {result.added} session(s) added, {result.skipped} "
+              f"already in {_esc(result.trace_db)}", highlight=False)
+    if not result.files:
+        warn(f"no trace files in {result.volume}/{result.folder} yet: has the app answered a "
+             "rollout, and had time to commit?")
 
 
 @traces_app.command("export")

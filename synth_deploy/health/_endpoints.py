@@ -166,6 +166,12 @@ class EndpointSteps:
                 f"the key sent ({self.key_label}) is not one the app accepts: give the server "
                 f"and this check the same ENVIRONMENT_API_KEY and restart the server"), latency)
             return False
+        if isinstance(data.get("tracing"), dict):
+            tracing = data["tracing"]
+            self.report.traces = {"enabled": bool(tracing.get("enabled")),
+                                  "destination": tracing.get("destination"),
+                                  "durable": tracing.get("durable"),
+                                  "sessions": tracing.get("sessions")}
         if not dx.says_healthy(data):
             self.fail("health", expected, dx.Diagnosis(
                 "reports_unhealthy", dx.describe(response),

@@ -23,6 +23,10 @@ JSON shape (`synth-deploy check --json`, ``HealthReport.to_dict()``)::
                                               # whole wait, every attempt included)
       "attempts": 1,                          # checks run (more than 1 only with --wait)
       "failure": null | {...one check...},    # the first failed check
+      "traces": {"enabled": true,             # what the app's /health says of its traces
+                 "destination": "Modal Volume synth-math-traces: ...",  # null: unknown
+                 "durable": true,             # outlives the machine that answered
+                 "sessions": 12},             # stored by the container that answered
       "checks": [
         {
           "name": "health",                   # url, dns, tcp, tls, root, health, auth, info,
@@ -100,6 +104,7 @@ class HealthReport:
     key_fingerprint: str | None = None
     duration_ms: float = 0.0
     attempts: int = 1
+    traces: dict[str, Any] | None = None  # /health's "tracing", when the app says it
 
     @property
     def healthy(self) -> bool:
@@ -151,7 +156,18 @@ class HealthReport:
             "attempts": self.attempts,
             "failure": failure.to_dict() if failure else None,
             "checks": [c.to_dict() for c in self.checks],
+            "traces": self.traces,
         }
+
+    def traces_line(self) -> str | None:
+        """Where the app's traces go, for humans (None when /health did not say)."""
+        traces = self.traces
+        if not traces:
+            return None
+        if not traces.get("enabled"):
+            return "traces: not recorded by this app"
+        where = traces.get("destination") or "a store the app did not name"
+        return f"traces: {where} ({traces.get('sessions', 0)} sessions in this process)"
 
 
 __all__ = [

@@ -20,6 +20,8 @@ The modules, one concept each:
     _credentials   has_modal_token   is there a Modal token, answered locally
     _reachability  require_modal_reachable   does Modal's API answer, within a deadline
     _deployment    deploy            plan ▸ validate ▸ modal deploy ▸ URL ▸ healthy ▸ .env
+    _trace_volume  VolumeSnapshots   a container's traces, copied to the app's Volume
+    _trace_pull    pull_traces       the Volume's traces, merged into a local store
 """
 
 from synth_deploy.modal._container import web as container_app
@@ -51,8 +53,16 @@ from synth_deploy.modal._plan import DeployPlan, build_plan
 from synth_deploy.modal._reachability import modal_api_endpoints, require_modal_reachable
 from synth_deploy.modal._secrets import SecretSource
 from synth_deploy.modal._settings import ModalSettings
+from synth_deploy.modal._trace_pull import FilePull, PullResult, TraceVolume, pull_traces
+from synth_deploy.modal._trace_volume import (
+    DEFAULT_TRACE_COMMIT_S,
+    TRACE_VOLUME_MOUNT,
+    VolumeSnapshots,
+    default_trace_volume,
+)
 
 __all__ = [
+    "DEFAULT_TRACE_COMMIT_S",
     "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
     "SOURCE_EXCLUDED_PACKAGES",
@@ -60,16 +70,22 @@ __all__ = [
     "DeployOptions",
     "DeployPlan",
     "DeployResult",
+    "FilePull",
     "ImageRecipe",
     "LocalDir",
     "LocalValidationError",
     "ModalCLI",
     "ModalCLIError",
     "ModalSettings",
+    "PullResult",
     "SecretSource",
+    "TRACE_VOLUME_MOUNT",
+    "TraceVolume",
+    "VolumeSnapshots",
     "build_modal_app",
     "build_plan",
     "container_app",
+    "default_trace_volume",
     "dependency_closure",
     "deploy",
     "find_web_url",
@@ -77,6 +93,7 @@ __all__ = [
     "modal_api_endpoints",
     "modal_app",
     "modal_app_for",
+    "pull_traces",
     "require_modal_reachable",
     "require_modal_token",
     "serve_dev",

@@ -13,13 +13,27 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from synth_deploy.env import load_env
+from synth_deploy.env import Env, load_env
 from synth_deploy.errors import TaskAppError, TraceStoreError
 from synth_deploy.handoff import TASK_APP_VAR
+from synth_deploy.modal._trace_volume import (
+    DEFAULT_TRACE_COMMIT_S,
+    SNAPSHOT_SUFFIX,
+    TRACE_COMMIT_VAR,
+    TRACE_VOLUME_DIR_VAR,
+    TRACE_VOLUME_VAR,
+    VolumeSnapshots,
+    modal_volume_commit,
+    with_snapshots,
+)
+
+if TYPE_CHECKING:
+    from synth_deploy.tracing import TraceDbSetting
 
 logger = logging.getLogger("synth_deploy.modal")
 
@@ -29,6 +43,22 @@ def _app_file(ref: str) -> Path:
     if not path.is_absolute():
         path = Path(__file__).resolve().parents[2] / path
     return path
+
+
+TRACING_SWITCH_VAR = "TASKAPP_TRACING_ENABLED"  # synth-ai's switch: 0 off, 1 (default) on
+_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on", "")
+
+
+def tracing_enabled(env: Env) -> bool:
+    """``TASKAPP_TRACING_ENABLED`` as synth-ai read it: 0 turns tracing off, 1 (default) on."""
+    value = (env.get(TRACING_SWITCH_VAR) or "").strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    raise TaskAppError(f"{TRACING_SWITCH_VAR}={value!r} is neither 0 nor 1",
+                       hint=f"set {TRACING_SWITCH_VAR}=0 to record nothing, 1 (the default) to "
+                            "trace every rollout")
 
 
 def web() -> Any:
@@ -48,14 +78,42 @@ def web() -> Any:
         raise TaskAppError(f"{TASK_APP_VAR} is not set in the container",
                            hint="deploy with `synth-deploy deploy` or `modal deploy <app file>`")
     # The remote libSQL store when SYNTH_TRACES_DB names one; else a SQLite file inside this
-    # container (kept only as long as the container lives, as the deploy plan says).
+    # container, copied to the app's trace Volume when the plan gave it one.
+    traces = resolve_trace_db(None, env) if tracing_enabled(env) else None
+    snapshots = _volume_snapshots(env, traces)
     settings = ServeSettings(app=str(_app_file(ref)), env=env, keys=server_keys(env, "required"),
-                             traces=resolve_trace_db(None, env), rollouts=rollout_limits(env))
+                             traces=traces, rollouts=rollout_limits(env),
+                             trace_destination=_destination(env, traces, snapshots))
     prepare_serving_process()  # the container only serves
     try:
-        return LocalRunner(settings).build()
+        app = LocalRunner(settings).build()
     except TraceStoreError as exc:
         if settings.traces is not None and settings.traces.is_remote:
             raise  # a configured shared store that fails is a deployment error, not a detail
         logger.warning("traces are not recorded in this container: %s", exc)
-        return LocalRunner(replace(settings, traces=None)).build()
+        return LocalRunner(replace(settings, traces=None, trace_destination=None)).build()
+    return app if snapshots is None else with_snapshots(app, snapshots)
+
+
+def _volume_snapshots(env: Env, traces: TraceDbSetting | None) -> VolumeSnapshots | None:
+    folder, name = env.get(TRACE_VOLUME_DIR_VAR), env.get(TRACE_VOLUME_VAR)
+    if traces is None or traces.is_remote or traces.path is None or not (folder and name):
+        return None
+    every_s = float(env.get(TRACE_COMMIT_VAR) or DEFAULT_TRACE_COMMIT_S)
+    # Modal names each container (MODAL_TASK_ID); its file on the Volume is its own.
+    container = env.get("MODAL_TASK_ID") or f"{socket.gethostname()}-{os.getpid()}"
+    target = Path(folder) / f"{container}{SNAPSHOT_SUFFIX}"
+    return VolumeSnapshots(traces.path.resolve(), target, modal_volume_commit(name), every_s)
+
+
+def _destination(env: Env, traces: TraceDbSetting | None,
+                 snapshots: VolumeSnapshots | None) -> dict[str, Any] | None:
+    if traces is None:
+        return None
+    if traces.is_remote:
+        return {"destination": traces.display, "durable": True}
+    if snapshots is None:
+        return {"destination": "this container's disk (lost with it)", "durable": False}
+    return {"destination": f"Modal Volume {env.get(TRACE_VOLUME_VAR)}: {snapshots.target.name}, "
+                           f"committed every {snapshots.every_s:g}s and at drain",
+            "durable": True}

@@ -17,6 +17,7 @@ from synth_deploy.env import Env
 from synth_deploy.errors import DeployError, SynthDeployError, TaskAppError
 from synth_deploy.modal._modal_cli import modal_missing
 from synth_deploy.modal._plan import DeployPlan, build_plan
+from synth_deploy.modal._trace_volume import TRACE_VOLUME_MOUNT
 
 _APPS: dict[Path, Any] = {}
 # App -> its web function (Modal's App.registered_functions is deprecated).
@@ -33,8 +34,11 @@ def build_modal_app(plan: DeployPlan) -> Any:
 
     settings = plan.settings
     try:
+        mounts = dict(settings.volumes)
+        if plan.trace_volume is not None:
+            mounts[TRACE_VOLUME_MOUNT] = plan.trace_volume
         volumes = {path: modal.Volume.from_name(name, create_if_missing=True)
-                   for path, name in settings.volumes.items()}
+                   for path, name in mounts.items()}
         app = modal.App(plan.app_name)
         function = modal.concurrent(max_inputs=settings.concurrent_inputs)(
             modal.asgi_app()(_container.web))

@@ -17,8 +17,14 @@ from synth_deploy.handoff import TASK_APP_VAR
 from synth_deploy.modal._image import ImageRecipe, app_remote_file
 from synth_deploy.modal._secrets import SecretSource, resolve_secrets
 from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
+from synth_deploy.modal._trace_volume import (
+    TRACE_COMMIT_VAR,
+    TRACE_VOLUME_DIR_VAR,
+    TRACE_VOLUME_MOUNT,
+    TRACE_VOLUME_VAR,
+)
 from synth_deploy.serving import MAX_ROLLOUTS_VAR
-from synth_deploy.tracing import deploy_notice, resolve_trace_db
+from synth_deploy.tracing import resolve_trace_db
 
 MODAL_ENV_VAR = "MODAL_ENVIRONMENT"  # Modal's own variable: the environment to deploy into
 _DNS_LABEL_MAX = 63
@@ -37,6 +43,7 @@ class DeployPlan:
     env: Mapping[str, str] = field(hash=False)
     tracing: str
     remote_tracing: bool
+    trace_volume: str | None = None  # the Volume that keeps the traces (None: none)
     modal_environment: str | None = None
     function_name: str = FUNCTION_NAME
     warnings: tuple[str, ...] = ()  # what the settings promise beyond what was measured
@@ -76,6 +83,7 @@ class DeployPlan:
             "env": dict(self.env),
             "resources": self.settings.resources(),
             "tracing": self.tracing,
+            "trace_volume": self.trace_volume,
             "warnings": list(self.warnings),
         }
 
@@ -100,9 +108,24 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
                          hint="use letters, digits, '-', '_' or '.', at most 64 characters")
     traces = resolve_trace_db(None, env)
     remote = traces.is_remote
-    tracing = deploy_notice(traces) or (
-        f"traces go to the remote libSQL database {traces.display} (SYNTH_TRACES_DB, passed as a "
-        "secret)")
+    volume = None if remote else settings.trace_volume_name(app_name)
+    volume_env: dict[str, str] = {}
+    if remote:
+        tracing = (f"traces go to the remote libSQL database {traces.display} "
+                   "(SYNTH_TRACES_DB, passed as a secret)")
+    elif volume is not None:
+        if TRACE_VOLUME_MOUNT in settings.volumes:
+            raise UsageError(f"ModalSettings.volumes.{TRACE_VOLUME_MOUNT}: the trace Volume is "
+                             "mounted there", hint="mount your Volume at another path")
+        tracing = (f"traces go to the Modal Volume {volume} (a file per container, committed "
+                   f"every {settings.trace_commit_s:g}s and at drain); fetch them with "
+                   f"`synth-deploy traces pull {app_name}`")
+        volume_env = {TRACE_VOLUME_VAR: volume, TRACE_COMMIT_VAR: f"{settings.trace_commit_s:g}",
+                      TRACE_VOLUME_DIR_VAR: f"{TRACE_VOLUME_MOUNT}/{app_name}"}
+    else:
+        tracing = ("traces stay inside each Modal container and are lost when it stops "
+                   "(ModalSettings.trace_volume=False); set SYNTH_TRACES_DB to a libsql:// URL, "
+                   "or drop trace_volume=False, to keep them (see infra/modal.md)")
     return DeployPlan(
         app_id=entry.app_id,
         source=source,
@@ -110,11 +133,12 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         settings=settings,
         image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
         secrets=tuple(resolve_secrets(settings, env, source.parent, traces)),
-        env={**settings.env, TASK_APP_VAR: app_remote_file(source),
+        env={**settings.env, TASK_APP_VAR: app_remote_file(source), **volume_env,
              **({MAX_ROLLOUTS_VAR: str(settings.max_rollouts)}
                 if settings.max_rollouts is not None else {})},
         tracing=tracing,
         remote_tracing=remote,
+        trace_volume=volume,
         modal_environment=modal_environment or env.get(MODAL_ENV_VAR),
     )
 

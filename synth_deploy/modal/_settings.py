@@ -17,6 +17,7 @@ from typing import Any
 
 from synth_deploy.env import is_secret_name
 from synth_deploy.errors import UsageError
+from synth_deploy.modal._trace_volume import DEFAULT_TRACE_COMMIT_S, default_trace_volume
 
 DEFAULT_PYTHON_VERSION = "3.11"
 DEFAULT_TIMEOUT_S = 600
@@ -66,7 +67,10 @@ class ModalSettings:
     ``max_containers``, ``concurrent_inputs`` (requests per container), ``max_rollouts``
     (rollouts a container runs at once, beyond: 503 + Retry-After; default: the kit's, well
     above ``concurrent_inputs``), ``volumes`` ``{mount path: volume name}``, ``ignore``: extra
-    patterns kept out of the image.
+    patterns kept out of the image; ``trace_volume``: the Modal Volume that keeps the traces
+    when no remote libSQL store is set (True: ``<name>-traces``, a string: that Volume,
+    False: none, traces die with their container); ``trace_commit_s``: how often a
+    container copies its traces to it (the most a killed container loses).
     """
 
     name: str | None = None
@@ -87,6 +91,8 @@ class ModalSettings:
     max_rollouts: int | None = None
     volumes: Mapping[str, str] = field(default_factory=dict, hash=False)
     ignore: Sequence[str] = ()
+    trace_volume: str | bool = True
+    trace_commit_s: float = DEFAULT_TRACE_COMMIT_S
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -124,7 +130,12 @@ class ModalSettings:
         for local, remote in self.local_dirs.items():
             if not remote.startswith("/"):
                 raise bad(f"local_dirs.{local}", f"remote path {remote!r} must be absolute")
-        positive = {"timeout": self.timeout, "concurrent_inputs": self.concurrent_inputs,
+        if not isinstance(self.trace_volume, bool) and not (
+                isinstance(self.trace_volume, str) and APP_NAME_PATTERN.match(self.trace_volume)):
+            raise bad("trace_volume", f"{self.trace_volume!r} is not a Volume name",
+                      "give True (a Volume named after the app), a name, or False (none)")
+        positive = {"timeout": self.timeout, "trace_commit_s": self.trace_commit_s,
+                    "concurrent_inputs": self.concurrent_inputs,
                     "memory": self.memory, "cpu": self.cpu, "max_containers": self.max_containers,
                     "max_rollouts": self.max_rollouts}
         for key, value in positive.items():
@@ -146,6 +157,14 @@ class ModalSettings:
                 "min_containers": self.min_containers, "max_containers": self.max_containers,
                 "concurrent_inputs": self.concurrent_inputs, "max_rollouts": self.max_rollouts,
                 "volumes": dict(self.volumes)}
+
+    def trace_volume_name(self, app_name: str) -> str | None:
+        """The Volume that keeps the traces of the Modal app ``app_name`` (None: off)."""
+        if self.trace_volume is False:
+            return None
+        if isinstance(self.trace_volume, str):
+            return self.trace_volume
+        return default_trace_volume(app_name)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

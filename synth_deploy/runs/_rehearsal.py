@@ -116,6 +116,8 @@ def rehearse(config: Any, app_or_url: str, env: Env, options: RehearsalOptions =
                                  + list(plan.notes))
         health = _health(target, options.seed_start)
         report.checks.append(verdicts.health_check(health))
+        if (lost := _traces_not_kept(health.traces)) is not None:
+            report.notes.append(lost)
         if not health.healthy:
             report.checks += [RehearsalCheck(name, "skip", "not run: the app is not healthy")
                               for name in CHECKS[1:]]
@@ -135,6 +137,20 @@ def _health(target: RunTarget, seed: int) -> Any:
         raise UnreachableError(f"nothing answers at {target.url}: {failure.actual}",
                                hint=failure.hint)
     return report
+
+
+def _traces_not_kept(traces: dict[str, Any] | None) -> str | None:
+    """What to say when the app's /health shows a run's traces would be kept nowhere."""
+    if traces is None:
+        return None  # an app that does not say (synth-ai's): nothing to go on
+    if not traces.get("enabled"):
+        return ("the task app records no traces: a training run's rollouts will not be kept "
+                "(serve it with tracing on, or deploy without TASKAPP_TRACING_ENABLED=0)")
+    if traces.get("durable") is False:
+        return (f"the task app records traces to {traces.get('destination')}: they die with "
+                "the machine, so a training run's rollouts would be lost; deploy with the "
+                "trace Volume (the default) or a libsql:// SYNTH_TRACES_DB")
+    return None
 
 
 async def _app_limits(target: RunTarget) -> tuple[float | None, float | None]:

@@ -79,7 +79,7 @@ class RolloutStats:
     """A served app's rollout counters, read by status lines (`snapshot`) and ``/health``."""
 
     __slots__ = ("capacity", "rollout_requests", "rollouts", "errors", "refused", "in_flight",
-                 "durations", "_said")
+                 "traced", "durations", "_said")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -88,6 +88,7 @@ class RolloutStats:
         self.errors = 0  # failed while running
         self.refused = 0  # answered 503: at capacity
         self.in_flight = 0
+        self.traced = 0  # sessions stored by this process
         self.durations: list[float] = []  # seconds, since the last `take_durations`
         self._said = (0, 0)  # errors and refusals at the last summary
 

@@ -126,6 +126,9 @@ class ServeSettings:
     env: Env
     keys: ServerKeys
     traces: TraceDbSetting | None = None  # None: rollouts are not recorded
+    # Where traces end up, for /health: {"destination": str, "durable": bool} (default: the
+    # store in ``traces``, durable unless in memory).
+    trace_destination: Mapping[str, Any] | None = field(default=None, hash=False)
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port (thread mode)
     env_files: tuple[str, ...] = ()  # where ``env`` came from, for a reloaded process
@@ -135,6 +138,12 @@ class ServeSettings:
     rollouts: RolloutLimits = RolloutLimits()  # see `rollout_limits` for where it comes from
     access_log: bool = False  # a line per request; `serve` prints a periodic summary instead
     summary_every_s: float | None = None  # `serve_forever`: a summary line that often
+
+
+def _destination(traces: TraceDbSetting | None) -> Mapping[str, Any] | None:
+    if traces is None:
+        return None
+    return {"destination": traces.display, "durable": traces.url != ":memory:"}
 
 
 class LocalRunner:
@@ -179,7 +188,8 @@ class LocalRunner:
         self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,
                               env=s.env, limits=s.rollouts, on_session=self.live_export.offer
-                              if self.live_export is not None else None)
+                              if self.live_export is not None else None,
+                              trace_destination=s.trace_destination or _destination(s.traces))
         return self.app
 
     def stats(self) -> Mapping[str, int]:

@@ -105,6 +105,7 @@ def create_app(
     env: Env | None = None,
     on_session: Callable[[SessionTrace], None] | None = None,
     limits: RolloutLimits = RolloutLimits(),
+    trace_destination: Mapping[str, Any] | None = None,
 ) -> Starlette:
     """Build the ASGI app for ``config`` (a FastAPI app when it has routers).
 
@@ -115,6 +116,8 @@ def create_app(
     ``on_session``: called with each finished rollout's session as it goes to the store (the
     live OTLP export); it must return at once, and its failure never fails a rollout.
     ``limits``: how many rollouts run at once, and when a long one's head is sent.
+    ``trace_destination``: where the traces end up, as /health says it (``destination``:
+    for humans, ``durable``: whether they outlive this process's machine).
     """
     env = env or Env()
     auth = ApiKeyAuth(api_keys)
@@ -169,7 +172,9 @@ def create_app(
         return JSONResponse({
             "healthy": True, "service": config.app_id, "version": config.version,
             "auth": {"required": auth.enabled, "enabled": auth.enabled},
-            "tracing": {"enabled": trace_store is not None},
+            "tracing": {"enabled": trace_store is not None, "destination": None,
+                        "durable": False, **(trace_destination or {}),
+                        "sessions": stats.traced},
             "rollouts": {"in_flight": stats.in_flight, "max_in_flight": stats.capacity,
                          "head_after_s": limits.head_after_s},
         })
@@ -312,6 +317,7 @@ class _Rollouts:
         if trace_store is not None:
             try:
                 await trace_store.write_session(session, rollout=facts)
+                self.stats.traced += 1
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.

@@ -14,7 +14,6 @@ from synth_deploy.tracing._config import (
     TOKEN_VAR,
     TRACES_DB_VAR,
     TraceDbSetting,
-    deploy_notice,
     parse_trace_db,
     resolve_trace_db,
 )
@@ -63,6 +62,7 @@ _ON_USE = {
     "_report": ("TraceDbReport", "describe_trace_db", "init_trace_db"),
     "_read._rewards": ("Comparison", "RewardSummary", "compare_by_seed", "reward_summary"),
     "_shapes": ("session_from_trace",),
+    "_merge": ("MergeResult", "merge_trace_file"),
 }
 __getattr__ = lazy_attributes(__name__, {name: module for module, names in _ON_USE.items()
                                          for name in names})
@@ -79,6 +79,7 @@ __all__ = [
     "Event",
     "EventReward",
     "ExportResult",
+    "MergeResult",
     "Message",
     "NotATraceDbError",
     "OutcomeReward",
@@ -114,7 +115,6 @@ __all__ = [
     "event_tokens",
     "ledger_of",
     "load_price_table",
-    "deploy_notice",
     "describe_session",
     "describe_trace_db",
     "export_sft",
@@ -122,6 +122,7 @@ __all__ = [
     "filter_choices",
     "init_trace_db",
     "matching_session_ids",
+    "merge_trace_file",
     "message_text",
     "open_trace_store",
     "parse_trace_db",

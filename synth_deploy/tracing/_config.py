@@ -108,15 +108,6 @@ def resolve_trace_db(flag: str | None, env: Env) -> TraceDbSetting:
     return parse_trace_db(DEFAULT_TRACE_DB, source="default", env=env)
 
 
-def deploy_notice(setting: TraceDbSetting) -> str | None:
-    """What `deploy` should tell the user about traces on Modal (None when they are shared)."""
-    if setting.is_remote:
-        return None
-    return ("traces will stay inside each Modal container (no shared disk) and are lost when "
-            "it stops; set SYNTH_TRACES_DB to a libsql:// URL with TURSO_AUTH_TOKEN to keep "
-            "them (see infra/tracing.md)")
-
-
 def _redacted(text: str) -> str:
     parts = urlsplit(text)
     netloc = parts.netloc.rsplit("@", 1)[-1]
@@ -128,7 +119,6 @@ __all__ = [
     "TOKEN_VAR",
     "TRACES_DB_VAR",
     "TraceDbSetting",
-    "deploy_notice",
     "parse_trace_db",
     "resolve_trace_db",
 ]

@@ -125,7 +125,8 @@ def test_dry_run_prints_the_plan_and_sends_nothing(standin):
     out = result.stdout
     assert "synth-math-staging" in out and "expected URL" in out
     assert "ENVIRONMENT_API_KEY = **** (sha256:" in out and standin["key"] not in out
-    assert "pip_install fastapi==" in out and "lost when it stops" in out
+    assert "pip_install fastapi==" in out
+    assert "traces go to the Modal Volume synth-math-staging-traces" in out
     assert not (standin["state"] / "pids").exists()
     assert "TASK_APP_URL" not in (standin["dir"] / ".env").read_text()
 

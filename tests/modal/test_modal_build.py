@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from standins import modal_inspect
 
 from synth_deploy.env import load_env, mask
-from synth_deploy.errors import UsageError
+from synth_deploy.errors import TaskAppError, UsageError
 from synth_deploy.health import CheckOptions, RolloutOptions, check
 from synth_deploy.modal import (
     SERVING_PACKAGES,
@@ -81,7 +82,12 @@ def test_math_app_builds_with_its_function_resources_and_secrets(api_key):
     spec = modal_inspect.function_spec(web_function(app))
     envs = [modal_inspect.secret_env(s) for s in spec.secrets]
     assert {"ENVIRONMENT_API_KEY": api_key} in envs
-    assert {"SYNTH_DEPLOY_TASK_APP": "task_app/task_app.py"} in envs
+    # No remote store: the traces go to the app's Volume, mounted, named in the env.
+    assert {"SYNTH_DEPLOY_TASK_APP": "task_app/task_app.py", "SYNTH_TRACE_VOLUME":
+            "synth-math-traces", "SYNTH_TRACE_VOLUME_DIR": "/synth-traces/synth-math",
+            "SYNTH_TRACE_COMMIT_S": "10"} in envs
+    assert {p: modal_inspect.volume_name(v) for p, v in spec.volumes.items()} == {
+        "/synth-traces": "synth-math-traces"}
 
 
 def test_resources_volumes_named_secrets_and_forwarded_env(api_key, tmp_path):
@@ -102,7 +108,8 @@ def test_resources_volumes_named_secrets_and_forwarded_env(api_key, tmp_path):
     info = fn.info()
     assert (info.cpu, info.memory_mib, info.timeout) == (2.0, 2048, 120)
     assert info.concurrency_info.max_inputs == 4
-    assert list(info.volumes) == ["/data"] and info.volumes["/data"].name == "vol-a"
+    assert {p: v.name for p, v in info.volumes.items()} == {
+        "/data": "vol-a", "/synth-traces": "over-traces"}  # named after the app
     spec = modal_inspect.function_spec(fn)
     assert [modal_inspect.secret_name(s) for s in spec.secrets
             if modal_inspect.secret_env(s) is None] == ["openai-prod"]
@@ -177,6 +184,37 @@ def test_local_function_serves_the_app_and_passes_the_health_checker(
     assert not check(server.url, "sk_env_wrong_key_000000").healthy
 
 
+@pytest.mark.parametrize("switch", ["0", "1"])
+def test_taskapp_tracing_enabled_switches_tracing_in_the_container(
+        api_key, serve, mock_policy, monkeypatch, tmp_path, switch):
+    app = build_modal_app(build_plan(load_app("math"), _env(api_key)))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SYNTH_DEPLOY_TASK_APP", str(MATH_DIR / "task_app.py"))
+    monkeypatch.setenv("ENVIRONMENT_API_KEY", api_key)
+    monkeypatch.setenv("TASKAPP_TRACING_ENABLED", switch)
+    server = serve(web_function(app).local())
+    report = check(server.url, api_key, CheckOptions(
+        seeds=(0,), rollout=RolloutOptions(inference_url=mock_policy.url + "/v1", model="mock")))
+    assert report.healthy, report.to_dict()
+    health = httpx.get(server.url + "/health", headers={"X-API-Key": api_key}, timeout=5).json()
+    assert health["tracing"]["enabled"] is (switch == "1")
+    assert health["tracing"]["sessions"] == (1 if switch == "1" else 0)
+    # No Volume in this environment (`.local()` mounts none): the container's disk, said so.
+    assert health["tracing"]["durable"] is False
+    if switch == "1":
+        assert health["tracing"]["destination"] == "this container's disk (lost with it)"
+    assert (tmp_path / "traces" / "v3" / "synth_ai.db").exists() is (switch == "1")
+
+
+def test_a_tracing_switch_that_is_neither_0_nor_1_is_refused(api_key, monkeypatch):
+    app = build_modal_app(build_plan(load_app("math"), _env(api_key)))
+    monkeypatch.setenv("SYNTH_DEPLOY_TASK_APP", str(MATH_DIR / "task_app.py"))
+    monkeypatch.setenv("ENVIRONMENT_API_KEY", api_key)
+    monkeypatch.setenv("TASKAPP_TRACING_ENABLED", "maybe")
+    with pytest.raises(TaskAppError, match="TASKAPP_TRACING_ENABLED='maybe'"):
+        web_function(app).local()
+
+
 def test_plan_shows_names_and_masked_values_only(api_key):
     plan = build_plan(load_app("math"), _env(api_key, SYNTH_TRACES_DB="libsql://db.example.io",
                                              TURSO_AUTH_TOKEN="turso-secret-7777"))
@@ -185,9 +223,36 @@ def test_plan_shows_names_and_masked_values_only(api_key):
     assert mask(api_key) in text and mask("turso-secret-7777") in text
     assert "remote libSQL" in plan.tracing
     assert any(p.startswith("libsql") for p in plan.image.pip_packages)
+    assert plan.trace_volume is None  # one live store: no Volume
     local = build_plan(load_app("math"), _env(api_key, SYNTH_TRACES_DB="traces/x.db"))
-    assert "lost when it stops" in local.tracing
+    assert "traces go to the Modal Volume synth-math-traces" in local.tracing
+    assert "traces pull synth-math" in local.tracing
+    assert local.to_dict()["trace_volume"] == "synth-math-traces"
     assert "SYNTH_TRACES_DB" not in repr(local.to_dict()["secrets"])
+    entry = dataclasses.replace(load_app("math"), modal=ModalSettings(trace_volume=False))
+    off = build_plan(entry, _env(api_key))
+    assert off.trace_volume is None and "lost when it stops" in off.tracing
+    assert "SYNTH_TRACE_VOLUME" not in off.env
+    named = dataclasses.replace(load_app("math"), modal=ModalSettings(
+        trace_volume="team-traces", trace_commit_s=2.5))
+    plan = build_plan(named, _env(api_key))
+    assert (plan.trace_volume, plan.env["SYNTH_TRACE_COMMIT_S"]) == ("team-traces", "2.5")
+
+
+@pytest.mark.parametrize(("settings", "field"), [
+    ({"trace_volume": "no spaces allowed"}, "ModalSettings.trace_volume"),
+    ({"trace_commit_s": 0}, "ModalSettings.trace_commit_s"),
+])
+def test_bad_trace_volume_settings_say_which_field(settings, field):
+    with pytest.raises(UsageError, match=field):
+        ModalSettings(**settings)
+
+
+def test_a_volume_of_the_apps_own_on_the_trace_mount_is_refused(api_key):
+    entry = dataclasses.replace(load_app("math"), modal=ModalSettings(
+        volumes={"/synth-traces": "mine"}))
+    with pytest.raises(UsageError, match="ModalSettings.volumes./synth-traces"):
+        build_plan(entry, _env(api_key))
 
 
 @pytest.mark.parametrize("output, url", [

@@ -298,3 +298,18 @@ def test_the_mock_policy_samples_per_correlation_id_when_asked_to(mock_policy):
     sampled = {cid: answer(cid, 1.0) for cid in (f"c{i}" for i in range(40))}
     assert all(answer(cid, 1.0) == text for cid, text in list(sampled.items())[:5])
     assert len(set(sampled.values())) > 1  # group members disagree on some prompts
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (("--no-trace",), "records no traces"),
+    (("--trace-db", ":memory:"), "they die with the machine"),
+    (("--trace-db", "{tmp}/kept.db"), None),
+])
+def test_rehearse_warns_when_the_runs_traces_would_be_kept_nowhere(tmp_path, flags, said):
+    flags = tuple(f.replace("{tmp}", str(tmp_path)) for f in flags)
+    code, report = rehearse(tmp_path, "--config", str(rl_config(tmp_path, episodes_per_batch=4)),
+                            "--app", "math", "--skip", "determinism", "--skip", "capacity",
+                            "--skip", "idle", *flags)
+    assert code in (0, 1) and checks(report)["health"]["verdict"] == "pass"
+    lost = [n for n in report["notes"] if "training run's rollouts" in n]
+    assert [said in n for n in lost] == ([True] if said else [])

@@ -13,6 +13,13 @@ prints Modal 1.6's deploy output with that URL and exits, leaving the "container
 ``STANDIN_MODAL_MODE``: ok (default) · hang (never answers) · no-url (success output without
 a web URL) · fail (crashes, printing the app's API key as a careless tool might).
 ``STANDIN_MODAL_SECRETS`` (JSON {name: {VAR: value}}) plays the named secrets stored in Modal.
+``STANDIN_MODAL_CONTAINERS`` (default 1): how many containers each web function starts; each
+is a line of ``$STANDIN_MODAL_STATE_DIR/containers.jsonl`` ({pid, url, task_id}) and the first
+one's URL is printed. The function's Volumes are played by modal_volume.py: each container
+"mounts" its own view at ROOT/<mount path> (a variable of the function's env that names a
+path under a mount is pointed there, as the stand-in cannot use the absolute path), and
+`modal volume ls VOLUME [PATH] --json` / `modal volume get VOLUME REMOTE LOCAL [--force]` read
+the committed state, as Modal's do.
 `modal serve` prints the same and then stays in the foreground until SIGINT/SIGTERM.
 """
 
@@ -21,17 +28,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import modal_inspect  # noqa: E402
+import modal_volume  # noqa: E402
 
 from synth_deploy.modal import dependency_closure  # noqa: E402
 
@@ -98,7 +108,8 @@ def deploy(args: argparse.Namespace) -> int:
     _out("├── 🔨 Created mount PythonPackage:synth_deploy")
     if mode != "no-url":
         for fn_name, fn in functions.items():
-            url = _start_container(fn, name)
+            count = int(os.environ.get("STANDIN_MODAL_CONTAINERS", "1"))
+            url = [_start_container(fn, name, i) for i in range(count)][0]
             _out(f"└── ✓ Created web function {fn_name}")
             _out(f"    └── {url} (unauthenticated)")
     else:
@@ -124,13 +135,31 @@ def _serve_until_signalled() -> int:
     return 0
 
 
-def _start_container(function, app_name: str) -> str:
+def _mount_volumes(spec, root: Path, state: Path, env: dict[str, str]) -> dict[str, list[str]]:
+    """Each Volume's committed state copied into this container's view at ROOT/<mount>."""
+    views = {}
+    for mount, volume in spec.volumes.items():
+        name = modal_inspect.volume_name(volume)
+        store = modal_volume.committed_dir(state, name)
+        store.mkdir(parents=True, exist_ok=True)  # create_if_missing
+        view = root / str(mount).lstrip("/")
+        shutil.copytree(store, view, dirs_exist_ok=True)
+        views[name] = [str(store), str(view)]
+        for key, value in env.items():
+            if value == str(mount) or value.startswith(f"{mount}/"):
+                env[key] = str(root) + value
+    return views
+
+
+def _start_container(function, app_name: str, index: int = 0) -> str:
     state = Path(os.environ["STANDIN_MODAL_STATE_DIR"])
     spec = modal_inspect.function_spec(function)
     root = state / f"container-{app_name}-{time.monotonic_ns()}"
     modal_inspect.materialize(spec.image, root)
     stored = json.loads(os.environ.get("STANDIN_MODAL_SECRETS", "{}"))
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root / "root")}
+    task_id = f"ta-standin{index}-{time.monotonic_ns() % 10**9}"
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(root / "root"),
+           "MODAL_TASK_ID": task_id}
     for secret in spec.secrets:
         values = modal_inspect.secret_env(secret)
         if values is None:
@@ -139,6 +168,8 @@ def _start_container(function, app_name: str) -> str:
                 raise SystemExit(f"Secret '{name}' not found in environment 'main'")
             values = stored[name]
         env.update(values)
+    env["STANDIN_MODAL_VOLUMES"] = json.dumps(_mount_volumes(spec, root, state, env))
+    env["STANDIN_VOLUME_BACKGROUND_S"] = os.environ.get("STANDIN_VOLUME_BACKGROUND_S", "5")
     raw = modal_inspect._raw(function)
     info = raw._get_source_info()
     port_file = root / "port"
@@ -158,7 +189,51 @@ def _start_container(function, app_name: str) -> str:
             log = (root / "container.log").read_text()
             raise SystemExit(f"container failed to start:\n{log}")
         time.sleep(0.05)
-    return f"http://127.0.0.1:{port_file.read_text().strip()}"
+    url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+    with open(state / "containers.jsonl", "a") as fh:
+        fh.write(json.dumps({"pid": proc.pid, "url": url, "task_id": task_id}) + "\n")
+    return url
+
+
+def volume(args: argparse.Namespace) -> int:
+    """`modal volume ls|get`: the committed state only, as a laptop sees it."""
+    if not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")):
+        return _token_missing()
+    _connect_to_api()
+    store = modal_volume.committed_dir(Path(os.environ["STANDIN_MODAL_STATE_DIR"]), args.name)
+    if not store.is_dir():
+        _out(f"Error: Volume '{args.name}' not found in environment 'main'")
+        return 1
+    if args.action == "ls":
+        folder = store / args.path.strip("/")
+        if not folder.is_dir():
+            _out(f"Error: No such file or directory: {args.path}")
+            return 1
+        rows = []
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith("."):
+                continue  # an upload in progress is not in the listing
+            st = entry.stat()
+            rows.append({"filename": entry.relative_to(store).as_posix(),
+                         "type": "dir" if entry.is_dir() else "file",
+                         "created_modified": datetime.fromtimestamp(st.st_mtime).astimezone()
+                         .isoformat(sep=" ", timespec="seconds"),
+                         "size": st.st_size})
+        _out(json.dumps(rows, indent=2))
+        return 0
+    source = store / args.remote.strip("/")
+    if not source.is_file():
+        _out(f"Error: No such file or directory: {args.remote}")
+        return 1
+    dest = Path(args.local)
+    if dest.is_dir():
+        dest = dest / source.name
+    if dest.exists() and not args.force:
+        _out(f"Error: Output path '{dest}' already exists. Use --force to overwrite.")
+        return 1
+    shutil.copyfile(source, dest)
+    _out("✓ Finished downloading files to local!")
+    return 0
 
 
 def main() -> int:
@@ -169,8 +244,20 @@ def main() -> int:
         d.add_argument("file")
         d.add_argument("--name")
         d.add_argument("-e", "--env")
+    vol = sub.add_parser("volume").add_subparsers(dest="action", required=True)
+    ls = vol.add_parser("ls")
+    ls.add_argument("name")
+    ls.add_argument("path", nargs="?", default="/")
+    ls.add_argument("--json", action="store_true")
+    get = vol.add_parser("get")
+    get.add_argument("name")
+    get.add_argument("remote")
+    get.add_argument("local", nargs="?", default=".")
+    get.add_argument("--force", action="store_true")
+    for p in (ls, get):
+        p.add_argument("-e", "--env")
     args = parser.parse_args()
-    return deploy(args)
+    return volume(args) if args.command == "volume" else deploy(args)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,11 @@
 
     python modal_container.py ROOT MODULE QUALNAME PORT_FILE ALLOWED_DISTS_JSON
 
+The Volumes the function mounts are played by modal_volume.py (``STANDIN_MODAL_VOLUMES``:
+JSON {name: [committed folder, this container's view]}): its client is the ``modal`` this
+container imports, it commits in the background every ``STANDIN_VOLUME_BACKGROUND_S``, and
+once more when the server has shut down (SIGTERM); SIGKILL loses what was not committed.
+
 Like Modal's container entrypoint it imports MODULE by name with ROOT (the image's /root) first
 on the path, looks up QUALNAME (a function decorated elsewhere, Modal's "case 2"), calls it
 for the ASGI app and serves that — here with uvicorn on 127.0.0.1. The project's editable
@@ -20,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -71,6 +77,10 @@ class _InstalledOnly(importlib.abc.MetaPathFinder):
 def main() -> int:
     root, module_name, qualname, port_file, allowed = sys.argv[1:6]
     root_path = Path(root).resolve()
+    import modal_volume
+
+    modal_volume.install(json.loads(os.environ.pop("STANDIN_MODAL_VOLUMES", "{}")),
+                         float(os.environ.pop("STANDIN_VOLUME_BACKGROUND_S", "5")))
     _isolate(root_path)
     sys.meta_path.insert(0, _InstalledOnly(set(json.loads(allowed)), root_path,
                                            root_path.parent / "imports.json"))
@@ -96,6 +106,7 @@ def main() -> int:
 
     server.startup = startup
     server.run()
+    modal_volume.commit_all()  # Modal commits a container's Volumes when it stops
     return 0
 
 

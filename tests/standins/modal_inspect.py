@@ -80,6 +80,11 @@ def secret_name(secret: Any) -> str | None:
     return nonlocals.get("name")
 
 
+def volume_name(volume: Any) -> str:
+    """The name a ``Volume.from_name`` was given."""
+    return inspect.getclosurevars(_raw(volume)._load).nonlocals["name"]
+
+
 def web_functions(app: Any) -> dict[str, Any]:
     """The App's web functions by name (as `modal deploy` enumerates them)."""
     with warnings.catch_warnings():

@@ -1,0 +1,198 @@
+"""`pull_traces`: a deployed app's traces, from its trace Volume into a local store.
+
+The Volume holds one SQLite file per container (see `_trace_volume`). A pull lists the app's
+folder with `modal volume ls --json`, downloads each file whose size or time changed since
+it was last merged (`modal volume get`, into a partial file renamed when whole), and merges
+its sessions into the store; a ledger beside the downloads records each file once merged,
+so a pull cut short starts again from the first file it had not finished, and a session
+merged before is skipped in any case (`merge_trace_file`). Modal is reached only through
+`ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.env import Env
+from synth_deploy.errors import TraceStoreError
+from synth_deploy.modal._credentials import require_modal_token
+from synth_deploy.modal._modal_cli import ModalCLI, ModalCLIError
+from synth_deploy.modal._reachability import DEFAULT_CONNECT_TIMEOUT_S, require_modal_reachable
+from synth_deploy.modal._trace_volume import SNAPSHOT_SUFFIX, default_trace_volume
+
+DEFAULT_PULL_TIMEOUT_S = 300.0
+LEDGER_NAME = "pulled.json"
+
+
+@dataclass(frozen=True)
+class VolumeFile:
+    """One container's trace file as `modal volume ls` lists it."""
+
+    path: str  # in the Volume: <app name>/<container id>.db
+    size: int
+    modified: str
+
+    @property
+    def container(self) -> str:
+        return Path(self.path).name.removesuffix(SNAPSHOT_SUFFIX)
+
+
+@dataclass(frozen=True)
+class FilePull:
+    """What a pull did with one container's file."""
+
+    container: str
+    bytes: int  # downloaded (0: unchanged since the last pull)
+    added: int
+    skipped: int
+
+
+@dataclass(frozen=True)
+class PullResult:
+    volume: str
+    folder: str
+    trace_db: str
+    files: list[FilePull] = field(default_factory=list)
+
+    @property
+    def added(self) -> int:
+        return sum(f.added for f in self.files)
+
+    @property
+    def skipped(self) -> int:
+        return sum(f.skipped for f in self.files)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"volume": self.volume, "folder": self.folder, "trace_db": self.trace_db,
+                "files": len(self.files), "downloaded": sum(1 for f in self.files if f.bytes),
+                "sessions_added": self.added, "sessions_skipped": self.skipped,
+                "bytes": self.bytes, "containers": [asdict(f) for f in self.files]}
+
+
+class TraceVolume:
+    """A trace Volume as the laptop reads it: Modal's CLI, each call bounded."""
+
+    def __init__(self, name: str, env: Env, *, cli: ModalCLI | None = None,
+                 timeout_s: float = DEFAULT_PULL_TIMEOUT_S) -> None:
+        self.name = name
+        self.env = env
+        self.cli = cli or ModalCLI()
+        self.timeout_s = timeout_s
+
+    def _run(self, args: list[str], what: str) -> list[str]:
+        run = self.cli.run(["volume", *args], env=dict(self.env.values),
+                           timeout_s=self.timeout_s)
+        if run.returncode != 0:
+            text = "\n".join(run.output)
+            if "not found" in text and "Volume" in text:
+                raise ModalCLIError(
+                    f"the Modal Volume {self.name!r} does not exist",
+                    hint="give the Modal app name `deploy` printed (synth-<app id>), or the "
+                         "Volume with --volume (`modal volume list` shows them)",
+                    output=run.output)
+            raise run.error(what)
+        return run.output
+
+    def files(self, folder: str) -> list[VolumeFile]:
+        """The trace files in ``folder`` (none when the folder does not exist yet)."""
+        try:
+            lines = self._run(["ls", self.name, folder, "--json"], "modal volume ls")
+        except ModalCLIError as exc:
+            if "No such file or directory" in "\n".join(exc.output):
+                return []
+            raise
+        text = "\n".join(lines)
+        try:
+            rows = json.loads(text[text.index("["):text.rindex("]") + 1])
+        except ValueError:
+            raise ModalCLIError("`modal volume ls --json` printed no listing",
+                                hint="is the installed modal recent? "
+                                     "(pip install -U 'modal>=1.0,<2')", output=lines) from None
+        return sorted((VolumeFile(r["filename"], int(r["size"] or 0),
+                                  str(r.get("created_modified"))) for r in rows
+                       if r.get("type") == "file" and r["filename"].endswith(SNAPSHOT_SUFFIX)),
+                      key=lambda f: f.path)
+
+    def download(self, file: VolumeFile, dest: Path) -> None:
+        """``file`` to ``dest``, which holds either the old copy or the whole new one."""
+        partial = dest.with_name(dest.name + ".partial")
+        self._run(["get", self.name, file.path, str(partial), "--force"], "modal volume get")
+        os.replace(partial, dest)
+
+
+def pull_traces(app_name: str, store: Any, env: Env, *, volume: str | None = None,
+                download_dir: Path | None = None, cli: ModalCLI | None = None,
+                connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                on_file: Callable[[int, int], None] | None = None) -> PullResult:
+    """Merge into ``store`` (an open `TraceStore`) every session the Modal app ``app_name``
+    committed to its trace Volume (``volume``, default ``<app_name>-traces``).
+
+    ``download_dir`` keeps the files and the ledger between pulls (default: ``pulled/``
+    beside a local store, ``traces/pulled`` for a remote one); ``on_file(done, total)``
+    hears each file finished. Raises `DeployError` with the fix when Modal is not reachable,
+    has no token, or has no such Volume.
+    """
+    from synth_deploy.tracing import merge_trace_file
+
+    require_modal_token(env)
+    require_modal_reachable(env, connect_timeout_s)
+    name = volume or default_trace_volume(app_name)
+    trace_volume = TraceVolume(name, env, cli=cli)
+    files = trace_volume.files(app_name)
+    if download_dir is None:
+        path = store.setting.path
+        download_dir = (path.parent if path is not None and not store.setting.is_remote
+                        else Path("traces")) / "pulled"
+    folder = download_dir / name / app_name
+    folder.mkdir(parents=True, exist_ok=True)
+    ledger_path = folder / LEDGER_NAME
+    ledger = _read_ledger(ledger_path)
+    result = PullResult(volume=name, folder=app_name, trace_db=store.display)
+    for done, file in enumerate(files, 1):
+        local = folder / Path(file.path).name
+        stamp = {"size": file.size, "modified": file.modified}
+        fetched = 0
+        if ledger.get(file.path) != stamp or not local.exists():
+            trace_volume.download(file, local)
+            fetched = local.stat().st_size
+        try:
+            merged = merge_trace_file(store, local)
+        except TraceStoreError as exc:
+            raise TraceStoreError(
+                f"{name}:{file.path} is not a trace file we can read ({exc.message})",
+                hint=f"the files before it were merged; pull again once the container has "
+                     f"committed it whole, or remove it (modal volume rm {name} {file.path})"
+            ) from exc
+        ledger[file.path] = stamp
+        _write_ledger(ledger_path, ledger)
+        result.files.append(FilePull(file.container, fetched, merged.added, merged.skipped))
+        if on_file is not None:
+            on_file(done, len(files))
+    return result
+
+
+def _read_ledger(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # no ledger, or a damaged one: every file is downloaded again
+    return data if isinstance(data, dict) else {}
+
+
+def _write_ledger(path: Path, ledger: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+__all__ = ["DEFAULT_PULL_TIMEOUT_S", "FilePull", "PullResult", "TraceVolume", "VolumeFile",
+           "pull_traces"]

@@ -1,0 +1,77 @@
+"""`synth-deploy traces pull` against the stand-in Volume's committed state (no containers):
+what it says, what it refuses, and a pull cut short that resumes."""
+
+from __future__ import annotations
+
+import json
+
+from sessions import make_session
+from standins.modal_helpers import COMMAND as STANDIN
+from typer.testing import CliRunner
+
+from synth_deploy.cli import app as cli_app
+from synth_deploy.tracing import open_trace_store
+
+
+def _pull(*args: str):
+    return CliRunner().invoke(cli_app, ["traces", "pull", *args, "--modal-cli", STANDIN],
+                              catch_exceptions=False)
+
+
+def _container_file(state, volume: str, app: str, task: str, first: int, count: int):
+    path = state / "volumes" / volume / app / f"{task}.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open_trace_store(path) as store:
+        store.write_sessions_sync([make_session(i) for i in range(first, first + count)])
+    return path
+
+
+def test_a_pull_cut_short_resumes_where_it_stopped(standin, tmp_path):
+    state, home = standin["state"], tmp_path / "home.db"
+    _container_file(state, "synth-x-traces", "synth-x", "ta-1", 0, 4)
+    broken = state / "volumes" / "synth-x-traces" / "synth-x" / "ta-2.db"
+    broken.write_bytes(b"not a database, cut mid-upload")
+    first = _pull("synth-x", "--trace-db", str(home), "--json")
+    assert first.exit_code != 0, first.output
+    assert "synth-x-traces:synth-x/ta-2.db is not a trace file" in first.output
+    assert "modal volume rm synth-x-traces synth-x/ta-2.db" in first.output
+    with open_trace_store(home, read_only=True) as store:
+        assert store.count_sessions() == 4  # the first file's sessions stayed
+    broken.unlink()
+    _container_file(state, "synth-x-traces", "synth-x", "ta-2", 4, 3)
+    second = _pull("synth-x", "--trace-db", str(home), "--json")
+    assert second.exit_code == 0, second.output
+    report = json.loads(second.stdout)
+    by_container = {c["container"]: c for c in report["containers"]}
+    assert by_container["ta-1"]["bytes"] == 0 and by_container["ta-1"]["skipped"] == 4
+    assert by_container["ta-2"]["added"] == 3 and report["sessions_added"] == 3
+
+
+def test_human_output_names_each_container_and_the_total(standin, tmp_path):
+    _container_file(standin["state"], "team", "synth-x", "ta-9", 0, 2)
+    result = _pull("synth-x", "--volume", "team", "--trace-db", str(tmp_path / "h.db"))
+    assert result.exit_code == 0, result.output
+    assert "ta-9: 2 new, 0 already here" in result.output
+    assert "pulled 1 container file from the Volume team: 2 session(s) added" in result.output
+
+
+def test_an_app_that_has_recorded_nothing_yet(standin, tmp_path):
+    (standin["state"] / "volumes" / "synth-x-traces").mkdir(parents=True)
+    result = _pull("synth-x", "--trace-db", str(tmp_path / "h.db"))
+    assert result.exit_code == 0, result.output
+    assert "no trace files in synth-x-traces/synth-x yet" in result.output
+
+
+def test_a_volume_that_does_not_exist_says_how_to_name_it(standin, tmp_path):
+    result = _pull("math", "--trace-db", str(tmp_path / "h.db"))
+    assert result.exit_code != 0
+    assert "the Modal Volume 'math-traces' does not exist" in result.output
+    assert "synth-<app id>" in result.output and "Traceback" not in result.output
+
+
+def test_no_modal_token_is_said_before_anything_runs(standin, tmp_path, monkeypatch):
+    monkeypatch.delenv("MODAL_TOKEN_ID")
+    monkeypatch.delenv("MODAL_TOKEN_SECRET")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.modal.toml either
+    result = _pull("synth-x", "--trace-db", str(tmp_path / "h.db"))
+    assert result.exit_code != 0 and "modal token new" in result.output

@@ -1,0 +1,57 @@
+"""merge_trace_file: another store's sessions, added once, whole, from a file left as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+
+import pytest
+from sessions import assert_same, make_session
+
+from synth_deploy.errors import TraceStoreError
+from synth_deploy.tracing import merge_trace_file, open_trace_store
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_merge_adds_every_session_whole_then_nothing(tmp_path):
+    source = tmp_path / "container.db"
+    sessions = [make_session(i, reward=i % 2) for i in range(450)]
+    with open_trace_store(source) as store:
+        store.write_sessions_sync(sessions)
+    before = _digest(source)
+
+    with open_trace_store(tmp_path / "home.db") as home:
+        home.write_session_sync(make_session(1000))  # what the laptop already had
+        first = merge_trace_file(home, source)
+        assert (first.added, first.skipped) == (450, 0)
+        again = merge_trace_file(home, source)
+        assert (again.added, again.skipped) == (0, 450)
+        assert home.count_sessions() == 451
+        for original in (sessions[0], sessions[-1]):
+            assert_same(home.get_session(original.session_id).to_dict(), original.to_dict())
+    assert _digest(source) == before  # read-only: not even a journal-mode switch
+
+
+def test_a_newer_copy_adds_only_its_new_sessions(tmp_path):
+    source = tmp_path / "container.db"
+    with open_trace_store(source) as store:
+        store.write_sessions_sync([make_session(i) for i in range(3)])
+    with open_trace_store(tmp_path / "home.db") as home:
+        assert merge_trace_file(home, source).added == 3
+        with open_trace_store(source) as store:
+            store.write_sessions_sync([make_session(i) for i in range(3, 5)])
+        result = merge_trace_file(home, source)
+        assert (result.added, result.skipped) == (2, 3)
+
+
+def test_a_file_that_is_not_a_trace_store_is_refused_and_kept(tmp_path):
+    foreign = tmp_path / "other.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE notes (x)")
+    before = _digest(foreign)
+    with open_trace_store(tmp_path / "home.db") as home, pytest.raises(TraceStoreError):
+        merge_trace_file(home, foreign)
+    assert _digest(foreign) == before
