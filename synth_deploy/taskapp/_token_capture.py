@@ -7,8 +7,7 @@ reads (vLLM >= 0.10.2; SGLang servers patched for RL answer the same shape):
     "logprobs": true            -> choices[0].logprobs.content[i].logprob
     "return_token_ids": true    -> prompt_token_ids (top level), choices[0].token_ids
 
-Older vLLM gives completion ids only as ``"token_id:N"`` strings in the logprobs when
-started with ``return_tokens_as_token_ids``; those are read too. A server that ignores the
+A server that ignores the
 fields (OpenAI, Groq) still answers: the turn is recorded as having no token data, and why.
 """
 
@@ -20,7 +19,6 @@ from synth_deploy.tracing import TurnTokens, valid_ids, valid_logprobs
 
 CAPTURE_FIELD = "capture_tokens"
 CAPTURE_REQUEST = {"logprobs": True, "return_token_ids": True}
-_AS_ID = "token_id:"
 
 
 def wants_tokens(config: dict[str, Any], default: bool = False) -> bool:
@@ -44,9 +42,6 @@ def reply_tokens(data: dict[str, Any]) -> TurnTokens:
     prompt = data.get("prompt_token_ids", choice.get("prompt_token_ids"))
     content = _logprob_entries(choice)
     completion = choice.get("token_ids")
-    if completion is None and content and all(
-            isinstance(e.get("token"), str) and e["token"].startswith(_AS_ID) for e in content):
-        completion = [_as_id(e["token"]) for e in content]
     missing = [name for name, value in (("prompt_token_ids", prompt),
                                         ("choices[0].token_ids", completion)) if value is None]
     if missing:
@@ -76,11 +71,6 @@ def _logprob_entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(content, list) or not all(isinstance(e, dict) for e in content):
         return []
     return content
-
-
-def _as_id(token: str) -> int | str:
-    text = token[len(_AS_ID):]
-    return int(text) if text.isdigit() else token  # a non-id fails `valid_ids`
 
 
 __all__ = ["CAPTURE_FIELD", "CAPTURE_REQUEST", "capture_fields", "reply_tokens",

@@ -13,13 +13,14 @@ drops the reasoning of earlier assistant turns: each completion samples a
 longer holds, so the next turn's prompt does not begin with this turn's ids.
 
 The replies come from a script, as `scripted_policy`'s do. ``app.state.sent`` keeps what
-each answer held: ``(prompt_token_ids, token_ids, logprobs)``.
+each answer held: ``(prompt_token_ids, token_ids, logprobs)``. ``alter(answer)``, when given,
+changes each answer before it goes (a server that answers a field wrong).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -34,7 +35,8 @@ THINKING = "<think>I should look around first.</think>"
 
 
 def vllm_policy(script: Sequence[Reply], *, re_render: bool = False,
-                model: str = "Qwen/Qwen3-0.6B") -> Starlette:
+                model: str = "Qwen/Qwen3-0.6B",
+                alter: Callable[[dict[str, Any]], None] | None = None) -> Starlette:
     sent: list[tuple[list[int], list[int], list[float]]] = []
     requests: list[dict[str, Any]] = []
 
@@ -70,6 +72,8 @@ def vllm_policy(script: Sequence[Reply], *, re_render: bool = False,
         if body.get("return_token_ids"):
             answer["prompt_token_ids"] = prompt
             choice["token_ids"] = completion
+        if alter is not None:
+            alter(answer)
         return JSONResponse(answer)
 
     app = Starlette(routes=[Route("/{path:path}", completions, methods=["POST"])])

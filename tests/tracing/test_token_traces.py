@@ -306,3 +306,33 @@ def test_rehearse_flags_a_template_that_breaks_continuity(serve, tmp_path, re_re
     assert "turn 2: its prompt re-tokenizes" in check.details[0]
     assert "re-renders history" in check.fix and "never saw or sampled" in check.fix
     assert not report.ready
+
+
+def _ids_as_text(answer):
+    answer["prompt_token_ids"] = [str(i) for i in answer["prompt_token_ids"]]
+
+
+def _one_logprob_short(answer):
+    answer["choices"][0]["logprobs"]["content"].pop()
+
+
+def _no_logprobs(answer):
+    answer["choices"][0]["logprobs"] = None
+
+
+@pytest.mark.parametrize(("alter", "observed", "reason", "skipped"), [
+    (_ids_as_text, False, "prompt_token_ids is not an array of token ids", "no token data"),
+    (_one_logprob_short, True, "logprobs not kept: the policy server's completion_logprobs "
+                               "has", "no logprobs"),
+    (_no_logprobs, True, "returned no choices[0].logprobs.content", "no logprobs"),
+])
+def test_token_data_of_the_wrong_shape_is_recorded_as_missing_and_the_rollout_plays(
+        serve, crafter_traced, api_key, tmp_path, alter, observed, reason, skipped):
+    policy = serve(vllm_policy(FIVE_TURNS, alter=alter))
+    server, db = crafter_traced
+    body = play(server, api_key, policy.url + "/v1", turns=2)
+    turns = session_from_trace(body["trace"]).turn_tokens
+    assert [t.observed for t in turns] == [observed] * 2
+    assert reason in turns[0].absent_reason and not turns[0].completion_logprobs
+    result = export(db, tmp_path / "t.jsonl")
+    assert result["episodes"] == 0 and result["skipped"] == {skipped: 1}

@@ -39,6 +39,7 @@ from synth_deploy.tracing._tokens import TurnTokens, continuity_breaks
 
 PAGE_SESSIONS = 200
 NO_TOKENS = "no token data"
+NO_LOGPROBS = "no logprobs"
 BROKEN = "continuity broke"
 
 
@@ -64,6 +65,9 @@ class TokenExportResult:
             parts.append(f"{n} session(s) left out: a policy call has no token data (ask "
                          "with policy.config.capture_tokens and a server that returns them, "
                          "such as vLLM >= 0.10.2)")
+        if n := self.skipped.get(NO_LOGPROBS):
+            parts.append(f"{n} session(s) left out: a policy call returned ids without one "
+                         "logprob each (see `synth-deploy traces show` for why)")
         if not self.episodes and not parts:
             parts.append("no stored session passes the filters (failed rollouts are never "
                          "exported)")
@@ -88,7 +92,7 @@ def episode_row(turns: list[TurnTokens]) -> dict[str, Any]:
         middle = len(ids)
         ids += turn.completion_ids
         mask += [1] * len(turn.completion_ids)
-        logprobs += turn.completion_logprobs or [0.0] * len(turn.completion_ids)
+        logprobs += turn.completion_logprobs
         bounds.append([start, middle, len(ids)])
     return {"input_ids": ids, "loss_mask": mask, "logprobs": logprobs, "turns": bounds}
 
@@ -172,6 +176,9 @@ def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str
             turns = [decoded[r["event_id"]] for r in rows]
             if not all(t.observed for t in turns):
                 skipped[NO_TOKENS] += 1
+                continue
+            if any(t.completion_ids and not t.completion_logprobs for t in turns):
+                skipped[NO_LOGPROBS] += 1
                 continue
             if continuity_breaks(turns):
                 skipped[BROKEN] += 1
