@@ -336,3 +336,26 @@ def test_token_data_of_the_wrong_shape_is_recorded_as_missing_and_the_rollout_pl
     assert reason in turns[0].absent_reason and not turns[0].completion_logprobs
     result = export(db, tmp_path / "t.jsonl")
     assert result["episodes"] == 0 and result["skipped"] == {skipped: 1}
+
+
+def test_the_viewer_shows_each_calls_ids_and_logprobs_and_where_continuity_broke(
+        serve, crafter_traced, api_key):
+    from synth_deploy.viewer import create_viewer_app
+
+    policy = serve(vllm_policy(FIVE_TURNS[:3], re_render=True))
+    server, db = crafter_traced
+    sid = play(server, api_key, policy.url + "/v1", turns=3)["trace"]["session_id"]
+    with open_trace_store(str(db), read_only=True) as store:
+        viewer = serve(create_viewer_app(store))
+        data = httpx.get(f"{viewer.url}/api/sessions/{sid}", timeout=30).json()
+    assert data["token_summary"]["breaks"][0]["turn"] == 2
+    calls = [c["tokens"] for t in data["turns"] for c in t["lm_calls"]]
+    sent = policy.app.state.sent
+    assert [c["completion_ids"] for c in calls] == [c for _, c, _ in sent]
+    assert [c["completion_logprobs"] for c in calls] == [lp for _, _, lp in sent]
+    assert [c["break"] is not None for c in calls] == [False, True, True]
+    first_prompt = sent[0][0]
+    assert calls[1]["break"]["position"] == len(first_prompt)
+    # The ids shown start a few before the break, as the prompt holds them.
+    start = calls[1]["prompt_from"]
+    assert calls[1]["prompt_ids"] == sent[1][0][start:]
