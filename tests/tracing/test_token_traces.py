@@ -359,3 +359,17 @@ def test_the_viewer_shows_each_calls_ids_and_logprobs_and_where_continuity_broke
     # The ids shown start a few before the break, as the prompt holds them.
     start = calls[1]["prompt_from"]
     assert calls[1]["prompt_ids"] == sent[1][0][start:]
+
+
+def test_an_app_may_default_capture_on_and_a_rollout_turn_it_off(serve, api_key):
+    import dataclasses
+
+    config = dataclasses.replace(load_app("crafter").build_config(), capture_tokens=True)
+    server = serve(create_app(config, api_keys=[api_key]))
+    policy = serve(vllm_policy(FIVE_TURNS))
+    on = play(server, api_key, policy.url + "/v1", capture=None, turns=1)
+    off = play(server, api_key, policy.url + "/v1", capture=False, turns=1)
+    first, second = policy.app.state.requests
+    assert first["return_token_ids"] is True and "return_token_ids" not in second
+    assert session_from_trace(on["trace"]).turn_tokens[0].observed
+    assert session_from_trace(off["trace"]).turn_tokens == []
