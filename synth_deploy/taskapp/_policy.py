@@ -104,6 +104,7 @@ async def call_policy(
                 raise BadRequest(f"policy.config.{name} must be a finite number, got {value}",
                                  code="invalid_policy_config", field=f"policy.config.{name}")
     body.update(params)
+    plain = body
     capture = wants_tokens(config, ctx.config.capture_tokens)
     if capture:
         body = capture_fields(body)
@@ -119,6 +120,10 @@ async def call_policy(
     url = chat_completions_url(inference_url)
     started = time.perf_counter()
     resp = await _post_with_retry(ctx.http, url, body, headers)
+    refused = capture and body != plain and resp.status_code == 400
+    if refused:  # OpenAI and Groq refuse fields they do not know: ask again without ours
+        body = copy.deepcopy(plain)
+        resp = await _post_with_retry(ctx.http, url, body, headers)
     latency_ms = (time.perf_counter() - started) * 1000
     if resp.status_code >= 300:
         _log_answer(ctx, url, resp)
@@ -145,7 +150,7 @@ async def call_policy(
     ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
                               provider=urlsplit(url).hostname, usage=usage,
                               latency_ms=round(latency_ms, 3), call_records=[record],
-                              tokens=reply_tokens(data) if capture else None)
+                              tokens=reply_tokens(data, refused) if capture else None)
     content = message.get("content") or ""
     tool_calls = list(message.get("tool_calls") or [])
     ctx.tracer.record_chat([*body["messages"], assistant_message(copy.deepcopy(message))])

@@ -8,7 +8,9 @@ reads (vLLM >= 0.10.2; SGLang servers patched for RL answer the same shape):
     "return_token_ids": true    -> prompt_token_ids (top level), choices[0].token_ids
 
 A server that ignores the
-fields (OpenAI, Groq) still answers: the turn is recorded as having no token data, and why.
+fields still answers, and one that refuses them (OpenAI and Groq answer 400 to a field they
+do not know) is asked again without them: either way the turn is recorded as having no
+token data, and why.
 """
 
 from __future__ import annotations
@@ -32,13 +34,18 @@ def capture_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {**CAPTURE_REQUEST, **body}
 
 
-def reply_tokens(data: dict[str, Any]) -> TurnTokens:
+def reply_tokens(data: dict[str, Any], refused: bool = False) -> TurnTokens:
     """The token data of a chat completion (see the module docstring); an absent one saying
-    what was missing when the reply has none, or has some that is not what vLLM returns."""
+    what was missing when the reply has none, or has some that is not what vLLM returns.
+    ``refused``: the server answered 400 to the capture fields, and was asked without."""
     choice = data["choices"][0]
     model = data.get("model") if isinstance(data.get("model"), str) else None
     fingerprint = data.get("system_fingerprint")
     revision = fingerprint if isinstance(fingerprint, str) else None
+    if refused:
+        return TurnTokens.absent(f"the policy server refused {' and '.join(CAPTURE_REQUEST)} "
+                                 "(HTTP 400); it was asked again without them",
+                                 model=model, revision=revision)
     prompt = data.get("prompt_token_ids", choice.get("prompt_token_ids"))
     content = _logprob_entries(choice)
     completion = choice.get("token_ids")

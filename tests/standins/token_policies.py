@@ -14,7 +14,9 @@ longer holds, so the next turn's prompt does not begin with this turn's ids.
 
 The replies come from a script, as `scripted_policy`'s do. ``app.state.sent`` keeps what
 each answer held: ``(prompt_token_ids, token_ids, logprobs)``. ``alter(answer)``, when given,
-changes each answer before it goes (a server that answers a field wrong).
+changes each answer before it goes (a server that answers a field wrong). ``strict=True``
+refuses any field OpenAI's API does not know, as OpenAI does (HTTP 400,
+``invalid_request_error``, "Unrecognized request argument supplied: NAME").
 """
 
 from __future__ import annotations
@@ -32,18 +34,27 @@ from standins.scripted_policy import Reply
 from synth_deploy.runs import ToyTokenizer as toy
 
 THINKING = "<think>I should look around first.</think>"
+# What OpenAI's chat completions accept (`strict`).
+OPENAI_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p",
+                 "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "n",
+                 "stop", "seed", "stream", "response_format", "parallel_tool_calls", "user"}
 
 
 def vllm_policy(script: Sequence[Reply], *, re_render: bool = False,
                 model: str = "Qwen/Qwen3-0.6B",
-                alter: Callable[[dict[str, Any]], None] | None = None) -> Starlette:
+                alter: Callable[[dict[str, Any]], None] | None = None,
+                strict: bool = False) -> Starlette:
     sent: list[tuple[list[int], list[int], list[float]]] = []
     requests: list[dict[str, Any]] = []
 
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         requests.append(body)
-        entry = script[min(len(requests), len(script)) - 1]
+        if strict and (unknown := sorted(set(body) - OPENAI_FIELDS)):
+            return JSONResponse({"error": {
+                "message": f"Unrecognized request argument supplied: {', '.join(unknown)}",
+                "type": "invalid_request_error", "param": None, "code": None}}, 400)
+        entry = script[min(len(sent) + 1, len(script)) - 1]
         reply = entry(body) if callable(entry) else entry
         message = {"role": "assistant", "content": reply} if isinstance(reply, str) \
             else dict(reply)
@@ -80,6 +91,12 @@ def vllm_policy(script: Sequence[Reply], *, re_render: bool = False,
     app.state.sent = sent
     app.state.requests = requests
     return app
+
+
+# What OpenAI's chat completions accept; it answers 400 to any other field.
+OPENAI_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p",
+                 "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "n",
+                 "stop", "seed", "stream", "response_format", "parallel_tool_calls", "user"}
 
 
 def _token(token_id: int) -> str:

@@ -373,3 +373,15 @@ def test_an_app_may_default_capture_on_and_a_rollout_turn_it_off(serve, api_key)
     assert first["return_token_ids"] is True and "return_token_ids" not in second
     assert session_from_trace(on["trace"]).turn_tokens[0].observed
     assert session_from_trace(off["trace"]).turn_tokens == []
+
+
+def test_a_server_that_refuses_the_fields_is_asked_again_without_them(
+        serve, crafter_traced, api_key):
+    policy = serve(vllm_policy(FIVE_TURNS, strict=True))
+    server, _ = crafter_traced
+    body = play(server, api_key, policy.url + "/v1", turns=2)
+    asked = policy.app.state.requests
+    assert len(asked) == 4 and [("return_token_ids" in b) for b in asked] == [True, False] * 2
+    turns = session_from_trace(body["trace"]).turn_tokens
+    assert [t.observed for t in turns] == [False, False]
+    assert "refused logprobs and return_token_ids (HTTP 400)" in turns[0].absent_reason
