@@ -385,3 +385,27 @@ def test_a_server_that_refuses_the_fields_is_asked_again_without_them(
     turns = session_from_trace(body["trace"]).turn_tokens
     assert [t.observed for t in turns] == [False, False]
     assert "refused logprobs and return_token_ids (HTTP 400)" in turns[0].absent_reason
+
+
+def test_a_remote_libsql_store_keeps_token_data_too(tmp_path):
+    pytest.importorskip("libsql")
+    from standins.libsql_hrana import start_hrana_process
+
+    from synth_deploy.env import Env
+
+    token = "turso-test-token-" + "y" * 24
+    proc, url = start_hrana_process(str(tmp_path / "remote.db"), token=token)
+    try:
+        turns = turns_of(([1, 2, 3], [10, 11]), ([1, 2, 3, 10, 11, 4], [12]),
+                         ([1, 2, 9], [13]))
+        session = _session(turns)
+        env = Env({"TURSO_AUTH_TOKEN": token}, {"TURSO_AUTH_TOKEN": "environment"})
+        with open_trace_store(parse_trace_db(url, env=env)) as store:
+            assert store.setting.is_remote
+            store.write_sessions_sync([session])
+            back = store.get_session(session.session_id).turn_tokens
+        assert [t.prompt_ids for t in back] == [t.prompt_ids for t in turns]
+        assert [(b.turn, b.position) for b in continuity_breaks(back)] == [(3, 2)]
+    finally:
+        proc.kill()
+        proc.wait(10)
