@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from synth_deploy.errors import BadRequest
 from synth_deploy.tracing import TurnTokens, valid_ids, valid_logprobs
 
 CAPTURE_FIELD = "capture_tokens"
@@ -24,9 +25,14 @@ CAPTURE_REQUEST = {"logprobs": True, "return_token_ids": True}
 
 
 def wants_tokens(config: dict[str, Any], default: bool = False) -> bool:
-    """Whether the rollout's policy config asks for token capture (else ``default``)."""
+    """Whether the rollout's policy config asks for token capture (else ``default``);
+    `BadRequest` when it says something other than true or false."""
     value = config.get(CAPTURE_FIELD, default)
-    return value is True or value == "true"
+    if not isinstance(value, bool):
+        raise BadRequest(f"policy.config.{CAPTURE_FIELD} must be true or false, got "
+                         f"{str(value)[:40]!r}", code="invalid_policy_config",
+                         field=f"policy.config.{CAPTURE_FIELD}")
+    return value
 
 
 def capture_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -409,3 +409,17 @@ def test_a_remote_libsql_store_keeps_token_data_too(tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_capture_setting_that_is_not_a_boolean_is_refused_naming_the_field(
+        serve, crafter_traced, api_key):
+    policy = serve(vllm_policy(FIVE_TURNS))
+    server, _ = crafter_traced
+    resp = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=60,
+                      json={"run_id": "bad", "env": {"seed": 0, "config": {"max_turns": 1}},
+                            "policy": {"policy_name": "t", "config": {
+                                "model": "m", "inference_url": policy.url + "/v1",
+                                "capture_tokens": "yes"}}})
+    assert resp.status_code == 422, resp.text  # as every invalid_policy_config
+    assert "policy.config.capture_tokens must be true or false, got 'yes'" in resp.text
+    assert policy.app.state.requests == []
