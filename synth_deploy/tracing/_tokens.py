@@ -21,6 +21,11 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+# A turn packed: provenance, absent_reason, model, revision, then the ids the prompt shares
+# with the previous observed turn's prompt and completion (a count), the prompt's other ids,
+# the completion ids, the logprobs (None when there are none), the prompt's and the
+# completion's lengths, and where continuity broke (the position and the ids lost, or None).
+Packed = tuple[Any, ...]
 OBSERVED = "observed_provider"  # the policy server returned them
 ABSENT = "unavailable"          # it did not: ``absent_reason`` says what was missing
 
@@ -41,6 +46,22 @@ class TurnTokens:
     @property
     def observed(self) -> bool:
         return self.provenance == OBSERVED
+
+    def packed(self, context: list[int] | None) -> tuple[Packed, list[int] | None]:
+        """This turn as stored (see `pack_turns`), given the previous observed turn's prompt
+        and completion; and what the next turn's prompt should begin with."""
+        if not self.observed:
+            return (self.provenance, self.absent_reason, self.model, self.revision, 0, None,
+                    None, None, 0, 0, None, None), context
+        prompt = self.prompt_ids
+        shared = shared_prefix(context, prompt) if context else 0
+        lost = len(context) - shared if context is not None else 0
+        logprobs = self.completion_logprobs
+        return (self.provenance, self.absent_reason, self.model, self.revision, shared,
+                pack_ids(prompt[shared:]), pack_ids(self.completion_ids),
+                pack_logprobs(logprobs) if logprobs else None, len(prompt),
+                len(self.completion_ids), shared if lost else None, lost or None), \
+            prompt + self.completion_ids
 
     @classmethod
     def absent(cls, reason: str, *, model: str | None = None,
@@ -83,6 +104,19 @@ def valid_logprobs(values: Any, count: int) -> list[float]:
         raise ValueError(f"completion_logprobs has {len(values)} values for {count} "
                          "completion ids; they must align one to one")
     return [float(v) for v in values]
+
+
+class PackedTurn(TurnTokens):
+    """A turn as the writer child receives it, packed already (`pack_turns`) and stored as
+    it came: its ids are never read back into lists there, where nothing reads them."""
+
+    def __init__(self, row: Packed) -> None:
+        super().__init__(provenance=row[0], absent_reason=row[1], model=row[2],
+                         revision=row[3])
+        self.row = row
+
+    def packed(self, context: list[int] | None) -> tuple[Packed, list[int] | None]:
+        return self.row, context
 
 
 @dataclass(frozen=True)
@@ -214,11 +248,6 @@ def unpack_logprobs(data: bytes | None) -> list[float]:
     return packed.tolist()
 
 
-# A turn packed: provenance, absent_reason, model, revision, then the ids the prompt shares
-# with the previous observed turn's prompt and completion (a count), the prompt's other ids,
-# the completion ids, the logprobs (None when there are none), the prompt's and the
-# completion's lengths, and where continuity broke (the position and the ids lost, or None).
-Packed = tuple[Any, ...]
 
 
 def pack_turns(turns: list[TurnTokens]) -> list[Packed]:
@@ -226,19 +255,8 @@ def pack_turns(turns: list[TurnTokens]) -> list[Packed]:
     packed = []
     context: list[int] | None = None
     for t in turns:
-        if not t.observed:
-            packed.append((t.provenance, t.absent_reason, t.model, t.revision, 0, None, None,
-                           None, 0, 0, None, None))
-            continue
-        prompt = t.prompt_ids
-        shared = shared_prefix(context, prompt) if context else 0
-        lost = len(context) - shared if context is not None else 0
-        packed.append((t.provenance, t.absent_reason, t.model, t.revision, shared,
-                       pack_ids(prompt[shared:]), pack_ids(t.completion_ids),
-                       pack_logprobs(t.completion_logprobs) if t.completion_logprobs else None,
-                       len(prompt), len(t.completion_ids), shared if lost else None,
-                       lost or None))
-        context = prompt + t.completion_ids
+        row, context = t.packed(context)
+        packed.append(row)
     return packed
 
 
@@ -259,7 +277,7 @@ def unpack_turns(packed: list[Packed]) -> list[TurnTokens]:
     return turns
 
 
-__all__ = ["ABSENT", "OBSERVED", "ContinuityBreak", "TokenSummary", "TurnTokens",
+__all__ = ["ABSENT", "OBSERVED", "ContinuityBreak", "PackedTurn", "TokenSummary", "TurnTokens",
            "continuity_breaks", "pack_ids", "pack_logprobs", "pack_turns", "shared_prefix",
            "summarize", "unpack_turns",
            "unpack_ids", "unpack_logprobs", "valid_ids", "valid_logprobs"]

@@ -91,6 +91,27 @@ def test_the_store_keeps_each_prompt_as_what_it_adds_and_reads_it_back_whole(tmp
                     (0, None, None, None, None)]
 
 
+def test_the_writer_child_stores_what_it_is_sent_and_a_rewrite_is_no_conflict(tmp_path):
+    import asyncio
+
+    from trace_files import ready_writer_child
+
+    sessions = [_session(turns_of(([1, 2, 3], [10 + i, 11]), ([1, 2, 3, 10 + i, 11, 4], [12]),
+                                  ([1, 2, 7], [13])), run_id=f"r{i}") for i in range(20)]
+    with open_trace_store(parse_trace_db(str(tmp_path / "t.db"))) as store:
+        async def main():
+            await ready_writer_child(store)  # the child commits, not the store's thread
+            await asyncio.gather(*(store.write_session(s) for s in sessions))
+            await store.write_session(sessions[3])  # the same again: stored once
+
+        asyncio.run(main())
+        for s in sessions:
+            back = store.get_session(s.session_id).turn_tokens
+            assert [t.prompt_ids for t in back] == [t.prompt_ids for t in s.turn_tokens]
+            assert [t.completion_logprobs for t in back] == [[-0.5] * 2, [-0.5], [-0.5]]
+            assert [(b.turn, b.position) for b in continuity_breaks(back)] == [(3, 2)]
+
+
 def test_a_divergence_is_stored_where_sql_can_count_it(tmp_path):
     session = _session(turns_of(([1, 2], [3]), ([1, 2, 9, 4], [5])))
     path = tmp_path / "t.db"

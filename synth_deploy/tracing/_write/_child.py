@@ -61,7 +61,7 @@ from synth_deploy.tracing._session import (
     Timestep,
     sessions_recording,
 )
-from synth_deploy.tracing._tokens import pack_turns, unpack_turns
+from synth_deploy.tracing._tokens import PackedTurn, pack_turns
 from synth_deploy.tracing._write._commit import commit
 
 _HEAD = struct.Struct("<I")
@@ -155,9 +155,9 @@ def _pack_tokens(session: SessionTrace, steps: list[Any]) -> None:
 
 
 def _unpack_tokens(session: SessionTrace) -> None:
-    events = [e for e in session.events if isinstance(e.tokens, tuple)]
-    for event, turn in zip(events, unpack_turns([e.tokens for e in events]), strict=True):
-        event.tokens = turn
+    for event in session.events:
+        if isinstance(event.tokens, tuple):  # as `_pack_tokens` sent it: stored as it is
+            event.tokens = PackedTurn(event.tokens)
 
 
 def frame(payload: Any) -> bytes:
