@@ -303,7 +303,7 @@ def export(
     since: Annotated[str | None, typer.Option(
         "--since", help="Only newer sessions: 24h, 7d, or an ISO date/time (UTC).")] = None,
     limit: Annotated[int | None, typer.Option(
-        "--limit", min=1, help="Max examples (sft) or rollouts (otlp).")] = None,
+        "--limit", min=1, help="Max examples (sft), episodes (tokens) or rollouts (otlp).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     endpoint: Annotated[str | None, typer.Option(
         "--endpoint", help="OTLP/HTTP receiver (--format otlp): a base URL (/v1/traces is "
@@ -322,8 +322,9 @@ def export(
     trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Write SFT JSONL (one chat example per policy call), or send rollouts as OpenTelemetry
-    spans (--format otlp: one trace per rollout, resumable, idempotent)."""
+    """Write SFT JSONL (one chat example per policy call), token JSONL (--format tokens: one
+    row per episode of the ids the policy saw and sampled), or send rollouts as
+    OpenTelemetry spans (--format otlp: one trace per rollout, resumable, idempotent)."""
     with handling_errors(json_output):
         if fmt == "otlp":
             _export_otlp(endpoint, headers or [], include_content, state, resend, trace_db,
