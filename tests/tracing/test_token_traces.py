@@ -444,3 +444,13 @@ def test_a_capture_setting_that_is_not_a_boolean_is_refused_naming_the_field(
     assert resp.status_code == 422, resp.text  # as every invalid_policy_config
     assert "policy.config.capture_tokens must be true or false, got 'yes'" in resp.text
     assert policy.app.state.requests == []
+
+
+def test_crafters_history_window_breaks_continuity_where_it_drops_the_oldest_turn(
+        serve, crafter_traced, api_key):
+    policy = serve(vllm_policy(FIVE_TURNS))
+    server, _ = crafter_traced
+    body = play(server, api_key, policy.url + "/v1", turns=4, history_turns=2)
+    breaks = continuity_breaks(session_from_trace(body["trace"]).turn_tokens)
+    # Turns 2 and 3 see every earlier turn; turn 4 sees turns 2 and 3 only.
+    assert [b.turn for b in breaks] == [4]
