@@ -186,8 +186,12 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
     """Show one session: metadata, timesteps, messages, events and rewards."""
     with handling_errors(json_output), _open(trace_db, env_file) as store:
         trace = store.get_session(session)
+    from synth_deploy.tracing import summarize
+
+    turns = trace.turn_tokens
+    tokens = summarize(turns) if turns else None
     if json_output:
-        print_json(trace.to_dict())
+        print_json({**trace.to_dict(), "token_summary": tokens and tokens.to_dict()})
         return
     out = console()
     meta = trace.metadata
@@ -197,6 +201,12 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
         out.print(f"  {key:<12}{_num(shown.get(key), 6)}", markup=False)
     if meta.get("error"):
         out.print(f"  error       {meta['error'].get('message')}", markup=False)
+    if tokens is not None:
+        out.print(f"  tokens      {tokens.describe()}", markup=False)
+        for broke in tokens.breaks:
+            out.print(f"  [yellow]! {_esc(broke.describe())}[/yellow]", markup=True)
+        for reason in tokens.absent:
+            out.print(f"  [yellow]! no token data: {_esc(reason)}[/yellow]", markup=True)
     from synth_deploy.tracing import message_text, replay
 
     for played in replay(trace):
@@ -211,8 +221,11 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
                       markup=True, highlight=False)
         for e in step.events:
             if e.event_type == "cais":
+                ids = "" if e.tokens is None else (
+                    f" ids={len(e.tokens.prompt_ids)}+{len(e.tokens.completion_ids)}"
+                    if e.tokens.observed else " ids=none")
                 out.print(f"    [dim]lm call {_esc(e.model_name)} in={_num(e.input_tokens)} "
-                          f"out={_num(e.output_tokens)} {_num(e.latency_ms, 4)}ms[/dim]",
+                          f"out={_num(e.output_tokens)}{ids} {_num(e.latency_ms, 4)}ms[/dim]",
                           markup=True)
             else:
                 actions = e.metadata.get("actions")
@@ -323,9 +336,10 @@ def pull(
 @traces_app.command("export")
 def export(
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="JSONL file to write (--format sft).")] = None,
+        "--out", "-o", help="JSONL file to write (--format sft or tokens).")] = None,
     fmt: Annotated[str, typer.Option(
-        "--format", help="sft: chat examples as JSONL; otlp: spans to an OpenTelemetry "
+        "--format", help="sft: chat examples as JSONL; tokens: one row of token ids, loss "
+                         "mask and logprobs per episode; otlp: spans to an OpenTelemetry "
                          "receiver (--endpoint).")] = "sft",
     min_reward: Annotated[float | None, typer.Option(
         "--min-reward", help="Keep sessions with outcome reward ≥ this.")] = None,
@@ -334,7 +348,7 @@ def export(
     since: Annotated[str | None, typer.Option(
         "--since", help="Only newer sessions: 24h, 7d, or an ISO date/time (UTC).")] = None,
     limit: Annotated[int | None, typer.Option(
-        "--limit", min=1, help="Max examples (sft) or rollouts (otlp).")] = None,
+        "--limit", min=1, help="Max examples (sft), episodes (tokens) or rollouts (otlp).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
     endpoint: Annotated[str | None, typer.Option(
         "--endpoint", help="OTLP/HTTP receiver (--format otlp): a base URL (/v1/traces is "
@@ -353,18 +367,23 @@ def export(
     trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Write SFT JSONL (one chat example per policy call), or send rollouts as OpenTelemetry
-    spans (--format otlp: one trace per rollout, resumable, idempotent)."""
+    """Write SFT JSONL (one chat example per policy call), token JSONL (--format tokens: one
+    row per episode of the ids the policy saw and sampled), or send rollouts as
+    OpenTelemetry spans (--format otlp: one trace per rollout, resumable, idempotent)."""
     with handling_errors(json_output):
         if fmt == "otlp":
             _export_otlp(endpoint, headers or [], include_content, state, resend, trace_db,
                          env_file, json_output, limit, app=app, model=model, since=since,
                          min_reward=min_reward)
             return
-        if fmt != "sft":
-            raise UsageError(f"unknown --format {fmt!r}", hint="supported: sft, otlp")
+        if fmt not in ("sft", "tokens"):
+            raise UsageError(f"unknown --format {fmt!r}", hint="supported: sft, tokens, otlp")
         if out is None:
-            raise UsageError("--format sft needs --out FILE", hint="e.g. --out sft.jsonl")
+            raise UsageError(f"--format {fmt} needs --out FILE", hint=f"e.g. --out {fmt}.jsonl")
+        if fmt == "tokens":
+            _export_tokens(out, trace_db, env_file, json_output, min_reward=min_reward,
+                           app=app, model=model, since=since, limit=limit, overwrite=force)
+            return
         with _open(trace_db, env_file) as store, _export_progress(json_output) as progress:
             from synth_deploy.tracing import export_sft
 
@@ -375,6 +394,23 @@ def export(
         return
     console().print(f"wrote {result.examples} example(s) from {result.sessions} session(s) "
                     f"to {result.path} in {result.seconds:.2f}s", markup=False)
+    if result.note:
+        warn(result.note)
+
+
+def _export_tokens(out: Path, trace_db: Any, env_file: Any, json_output: bool,
+                   **filters: Any) -> None:
+    """`traces export --format tokens`: one training row per episode."""
+    with _open(trace_db, env_file) as store:
+        from synth_deploy.tracing import export_tokens
+
+        result = export_tokens(store, out, **filters)
+    if json_output:
+        print_json(result.to_dict())
+        return
+    console().print(f"wrote {result.episodes} episode(s), {result.tokens} token(s) "
+                    f"({result.sampled_tokens} sampled) to {result.path} in "
+                    f"{result.seconds:.2f}s", markup=False)
     if result.note:
         warn(result.note)
 

@@ -47,7 +47,8 @@ from synth_deploy.runs._suite import (
 
 # The mock policy imports starlette: only when a run needs it.
 __getattr__ = lazy_attributes(__name__, {"MOCK_MODEL": "_mock_policy",
-                                         "create_mock_policy_app": "_mock_policy"})
+                                         "create_mock_policy_app": "_mock_policy",
+                                         "ToyTokenizer": "_toy_tokenizer"})
 
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "RunOptions",
     "RunReport",
     "RunTarget",
+    "ToyTokenizer",
     "capacity_warnings",
     "create_mock_policy_app",
     "default_seeds",

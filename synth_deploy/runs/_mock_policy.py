@@ -15,6 +15,10 @@ some prompts and agree on the easy ones. A sample is keyed by the trainer's corr
 
 Offered ``tools``, it calls one with arguments valid for the tool's schema (see `_mock_tools`),
 so a multi-turn tool-calling environment plays through it with no model at all.
+
+Asked for token data as vLLM is (``return_token_ids``, ``logprobs``), it answers in vLLM's
+shape with the ids of a byte-level toy tokenizer and deterministic log-probabilities (see
+`_toy_tokenizer`): token capture, continuity checks and the token export run without a GPU.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from synth_deploy.runs import _toy_tokenizer as toy
 from synth_deploy.runs._mock_tools import mock_tool_reply
 
 MOCK_MODEL = "synth-deploy/mock-policy"
@@ -107,17 +112,19 @@ async def _chat_completions(request: Request) -> JSONResponse:
     else:
         message = {"role": "assistant",
                    "content": mock_answer(prompt, sample=cid, temperature=temperature)}
-    prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
-    completion_tokens = len(json.dumps(message.get("tool_calls") or message["content"]).split())
+    prompt_ids = toy.prompt_ids(messages)
+    completion_ids = toy.completion_ids(message)
+    top, choice = toy.vllm_fields(body, prompt_ids, completion_ids)
     return JSONResponse({
         "id": f"chatcmpl-mock-{state.requests}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model") or MOCK_MODEL,
-        "choices": [{"index": 0, "message": message,
+        "choices": [{"index": 0, "message": message, **choice,
                      "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                  "total_tokens": len(prompt_ids) + len(completion_ids)},
+        **top,
     })
 
 

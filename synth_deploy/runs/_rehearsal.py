@@ -198,7 +198,8 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
         first.cancel()
     step = await run.training_step()
     report.notes += run.notes
-    report.checks += [verdicts.step_check(step), verdicts.signal_check(step)]
+    report.checks += [verdicts.step_check(step), verdicts.signal_check(step),
+                      verdicts.tokens_check(step)]
     report.checks.append(await run.determinism(mocked) if "determinism" not in options.skip
                          else RehearsalCheck("determinism", "skip", "skipped (--skip)"))
     entry = _app_entry(app_or_url)

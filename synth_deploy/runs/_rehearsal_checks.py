@@ -54,6 +54,50 @@ def step_check(step: StepResult) -> RehearsalCheck:
     return RehearsalCheck("training step", "pass", finding, data=step.to_dict())
 
 
+def tokens_check(step: StepResult) -> RehearsalCheck:
+    """Token capture of the step's rollouts (their returned traces): skipped unless some
+    policy call asked for it; failed when a turn's prompt does not begin with the previous
+    turn's ids, which on-policy training would then learn from ids never sampled."""
+    from synth_deploy.tracing import TraceFormatError, session_from_trace, summarize
+
+    summaries = []
+    for outcome in step.outcomes:
+        if not outcome.trace:
+            continue
+        try:
+            turns = session_from_trace(outcome.trace).turn_tokens
+        except TraceFormatError:
+            continue
+        if turns:
+            summaries.append((outcome, summarize(turns)))
+    if not summaries:
+        return RehearsalCheck("token continuity", "skip", "no policy call asked for token ids "
+                              "(set capture_tokens = true in [rollout] policy_config)")
+    broken = [(o, s) for o, s in summaries if s.breaks]
+    absent = [(o, s) for o, s in summaries if s.absent]
+    sampled = sum(s.sampled for _, s in summaries)
+    finding = (f"{len(summaries)} rollout(s) with token ids · {sampled} sampled · "
+               f"{len(broken)} broke continuity")
+    data = {"rollouts": len(summaries), "sampled": sampled, "broken": len(broken),
+            "breaks": [{"run_id": o.run_id, **s.breaks[0].__dict__} for o, s in broken]}
+    if broken:
+        details = [f"{o.run_id}: {s.breaks[0].describe()}" for o, s in broken[:5]]
+        return RehearsalCheck(
+            "token continuity", "fail", finding, details=details, data=data,
+            fix="a turn's prompt does not begin with the previous turn's prompt and "
+                "completion: the chat template re-renders history (dropped reasoning, "
+                "reformatted tool calls) or the app trims it; concatenated, the episode "
+                "trains on ids the policy never saw or sampled. Keep history as sent (a "
+                "template that does not re-render it, no trimming window) or train per turn")
+    if absent:
+        return RehearsalCheck(
+            "token continuity", "warn", f"{finding} · {len(absent)} without token data",
+            details=[f"{o.run_id}: {s.absent[0]}" for o, s in absent[:5]], data=data,
+            fix="serve the policy with vLLM >= 0.10.2 (return_token_ids), or train from "
+                "re-tokenized text knowing it may differ from what was sampled")
+    return RehearsalCheck("token continuity", "pass", finding, data=data)
+
+
 def signal_check(step: StepResult) -> RehearsalCheck:
     plan, data = step.plan, step.to_dict()
     total, zero = plan.groups, step.zero_variance_groups

@@ -178,6 +178,8 @@ class TaskAppConfig:
     default, because a key holder chooses the policy URL.
     ``environment``: the app's `@task_app.environment`; ``session_idle_seconds``: the lease of
     an environment session on OpenEnv's wire (closed after that long unused).
+    ``capture_tokens``: `call_policy` asks for token ids and log-probabilities unless the
+    rollout's ``policy.config.capture_tokens`` says otherwise (see `_token_capture`).
     """
 
     app_id: str
@@ -201,6 +203,7 @@ class TaskAppConfig:
     allow_link_local: bool = False
     environment: EnvironmentSpec | None = None  # served on OpenEnv's wire when declared
     session_idle_seconds: float = DEFAULT_SESSION_IDLE_SECONDS
+    capture_tokens: bool = False
 
     def __post_init__(self) -> None:
         if not self.app_id or not self.app_id.replace("-", "").replace("_", "").isalnum():

@@ -26,6 +26,7 @@ from synth_deploy.env import is_secret_name, redact, redact_userinfo
 from synth_deploy.errors import BadRequest, TaskAppError
 from synth_deploy.taskapp._config import RolloutContext
 from synth_deploy.taskapp._outbound import ALLOW_LINK_LOCAL_HINT, refused_address
+from synth_deploy.taskapp._token_capture import capture_fields, reply_tokens, wants_tokens
 from synth_deploy.taskapp._tools import ToolCall, assistant_message, parse_tool_calls
 
 logger = logging.getLogger("synth_deploy.taskapp")
@@ -103,6 +104,10 @@ async def call_policy(
                 raise BadRequest(f"policy.config.{name} must be a finite number, got {value}",
                                  code="invalid_policy_config", field=f"policy.config.{name}")
     body.update(params)
+    plain = body
+    capture = wants_tokens(config, ctx.config.capture_tokens)
+    if capture:
+        body = capture_fields(body)
     # A copy, sent and recorded: the caller's list grows with later turns, and the record
     # must show what this call sent.
     body = copy.deepcopy(body)
@@ -115,6 +120,10 @@ async def call_policy(
     url = chat_completions_url(inference_url)
     started = time.perf_counter()
     resp = await _post_with_retry(ctx.http, url, body, headers)
+    refused = capture and body != plain and resp.status_code == 400
+    if refused:  # OpenAI and Groq refuse fields they do not know: ask again without ours
+        body = copy.deepcopy(plain)
+        resp = await _post_with_retry(ctx.http, url, body, headers)
     latency_ms = (time.perf_counter() - started) * 1000
     if resp.status_code >= 300:
         _log_answer(ctx, url, resp)
@@ -140,7 +149,8 @@ async def call_policy(
         record["usage"] = copy.deepcopy(usage)
     ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
                               provider=urlsplit(url).hostname, usage=usage,
-                              latency_ms=round(latency_ms, 3), call_records=[record])
+                              latency_ms=round(latency_ms, 3), call_records=[record],
+                              tokens=reply_tokens(data, refused) if capture else None)
     content = message.get("content") or ""
     tool_calls = list(message.get("tool_calls") or [])
     ctx.tracer.record_chat([*body["messages"], assistant_message(copy.deepcopy(message))])

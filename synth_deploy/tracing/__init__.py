@@ -48,6 +48,15 @@ from synth_deploy.tracing._store import (
     TraceStore,
     open_trace_store,
 )
+from synth_deploy.tracing._tokens import (
+    ContinuityBreak,
+    TokenSummary,
+    TurnTokens,
+    continuity_breaks,
+    summarize,
+    valid_ids,
+    valid_logprobs,
+)
 
 # What reads a store (browsing, export, reports, prices, replay) loads on first use: a
 # served app and its writer process only record and store.
@@ -55,6 +64,7 @@ _ON_USE = {
     "_read._browse": ("SORT_KEYS", "SessionPage", "SessionRow", "browse_sessions",
                       "filter_choices", "matching_session_ids"),
     "_read._export": ("ExportResult", "export_sft"),
+    "_read._tokens": ("TokenExportResult", "export_tokens"),
     "_read._sft": ("flat_tools", "sft_examples"),
     "_prices": ("PRICES_VAR", "CostEstimate", "ModelPrice", "PriceTable", "load_price_table",
                 "resolve_price_table"),
@@ -74,6 +84,7 @@ __all__ = [
     "TOKEN_VAR",
     "TRACES_DB_VAR",
     "Comparison",
+    "ContinuityBreak",
     "CostEstimate",
     "CostLedger",
     "Event",
@@ -108,9 +119,13 @@ __all__ = [
     "TraceDbUrlError",
     "TraceFormatError",
     "TraceStats",
+    "TokenExportResult",
+    "TokenSummary",
     "TraceStore",
+    "TurnTokens",
     "browse_sessions",
     "compare_by_seed",
+    "continuity_breaks",
     "content_text",
     "event_tokens",
     "ledger_of",
@@ -118,6 +133,7 @@ __all__ = [
     "describe_session",
     "describe_trace_db",
     "export_sft",
+    "export_tokens",
     "flat_tools",
     "filter_choices",
     "init_trace_db",
@@ -134,4 +150,7 @@ __all__ = [
     "session_from_trace",
     "sft_examples",
     "since_timestamp",
+    "summarize",
+    "valid_ids",
+    "valid_logprobs",
 ]

@@ -17,6 +17,8 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from synth_deploy.tracing._tokens import TurnTokens
+
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
 
 
@@ -76,6 +78,8 @@ class Event:
     system_state_before: dict[str, Any] | None = None
     system_state_after: dict[str, Any] | None = None
     id: str = field(default_factory=_new_id)
+    # The ids and log-probabilities of an LM call, when the policy server returned them
+    tokens: TurnTokens | None = None
 
 
 @dataclass
@@ -130,6 +134,12 @@ class SessionTrace:
     @property
     def messages(self) -> list[Message]:
         return [m for step in self.timesteps for m in step.messages]
+
+    @property
+    def turn_tokens(self) -> list[TurnTokens]:
+        """The token data of the LM calls that asked for it, in order."""
+        return [e.tokens for step in self.timesteps for e in step.events
+                if e.tokens is not None]
 
     def to_dict(self) -> dict[str, Any]:
         """The v3 in-memory trace shape (what `/rollout` returns as ``trace``)."""
@@ -266,10 +276,12 @@ class SessionTracer:
                        call_records: list[dict[str, Any]] | None = None,
                        usage: dict[str, Any] | None = None,
                        system_instance_id: str = "policy",
-                       metadata: dict[str, Any] | None = None) -> Event:
+                       metadata: dict[str, Any] | None = None,
+                       tokens: TurnTokens | None = None) -> Event:
         """Record one LM call. ``usage`` is the OpenAI-style object the model answered
         (``prompt_tokens``/``completion_tokens``/``total_tokens``); the token counts default
-        to it, and without it a ``usage`` is built from the counts."""
+        to it, and without it a ``usage`` is built from the counts. ``tokens``: the ids and
+        log-probabilities the policy server returned (see `synth_deploy.tracing.TurnTokens`)."""
         usage = dict(usage) if isinstance(usage, dict) else None
         if usage is not None:
             input_tokens = _count(usage, "prompt_tokens") if input_tokens is None else input_tokens
@@ -285,7 +297,7 @@ class SessionTracer:
                       model_name=model_name, provider=provider, input_tokens=input_tokens,
                       output_tokens=output_tokens, total_tokens=total, latency_ms=latency_ms,
                       cost_usd=cost_usd, call_records=call_records, usage=usage,
-                      metadata=dict(metadata or {}))
+                      metadata=dict(metadata or {}), tokens=tokens)
         self.current_timestep.events.append(event)
         return event
 

@@ -34,6 +34,7 @@ from synth_deploy.tracing._session import (
     usage_from_counts,
 )
 from synth_deploy.tracing._times import epoch
+from synth_deploy.tracing._tokens import TurnTokens
 
 _EVENT_KINDS = ("cais", "environment", "runtime")
 _LM_CALL_KINDS = ("lm_call", "llm_call", "lm", "llm")
@@ -193,6 +194,10 @@ def _fill_lm_call(event: Event, raw: dict[str, Any]) -> None:
         records = [{"request": request or {}, "response": reply,
                     **({"usage": event.usage} if event.usage else {})}]
     event.call_records = records or None
+    try:
+        event.tokens = TurnTokens.from_dict(raw.get("tokens"))
+    except ValueError as exc:
+        raise TraceFormatError(f"event {event.id}: tokens: {exc}") from None
 
 
 def _message(raw: dict[str, Any], created: float, ids: _Ids) -> Message:

@@ -3,7 +3,8 @@
 Each turn holds the messages the policy saw that no earlier turn showed (text and images: a
 policy call records the whole conversation, `tracing.replay` keeps what is new), its replies
 and tool calls, its LM calls (model, tokens, latency), the environment's events with their
-rewards and achievements, and the turn's timing; its two rewards are kept apart (the
+rewards and achievements, and the turn's timing (an LM call that captured token data shows
+its ids and logprobs, and where continuity broke); its two rewards are kept apart (the
 environment's, the event rewards recorded), and achievements are shown only for an app that
 records them. Images are passed on only as ``data:``
 URLs of raster types: the page never loads anything from outside (it works offline, and a
@@ -16,7 +17,18 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from synth_deploy.tracing import Event, EventReward, Message, ReplayStep, SessionTrace, replay
+from synth_deploy.tracing import (
+    ContinuityBreak,
+    Event,
+    EventReward,
+    Message,
+    ReplayStep,
+    SessionTrace,
+    replay,
+    summarize,
+)
+
+SHOWN_IDS = 2000  # per LM call: the page draws ids, not a whole long prompt
 
 _IMAGE_DATA_URL = re.compile(r"data:image/(?:png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
 _ACHIEVEMENT_KEYS = ("achievements", "unlocked_achievements", "new_achievements")
@@ -34,7 +46,11 @@ def session_replay(session: SessionTrace) -> dict[str, Any]:
             by_event.setdefault(reward.event_id, []).append(reward)
         else:
             by_turn.setdefault(reward.turn_number, []).append(reward)
-    turns = [_turn(step, by_event, by_turn) for step in replay(session)]
+    captured = [e for e in session.events if e.tokens is not None]
+    tokens = summarize([e.tokens for e in captured]) if captured else None
+    observed = [e for e in captured if e.tokens.observed]
+    breaks = {observed[b.turn - 1].id: b for b in tokens.breaks} if tokens else {}
+    turns = [_turn(step, by_event, by_turn, breaks) for step in replay(session)]
     lm_calls = [c for t in turns for c in t["lm_calls"]]
     error = meta.get("error") if isinstance(meta.get("error"), dict) else None
     return {
@@ -67,6 +83,7 @@ def session_replay(session: SessionTrace) -> dict[str, Any]:
                           if p["type"] == "image"),
         },
         "turns": turns,
+        "token_summary": tokens.to_dict() if tokens else None,
         # Whether the app records achievements at all: an outcome's count defaults to 0.
         "has_achievements": any(o.achievements_count for o in session.outcome_rewards)
         or any(e["achievements"] is not None for t in turns for e in t["env_events"]),
@@ -74,7 +91,8 @@ def session_replay(session: SessionTrace) -> dict[str, Any]:
 
 
 def _turn(replayed: ReplayStep, by_event: dict[str, list[EventReward]],
-          by_turn: dict[int | None, list[EventReward]]) -> dict[str, Any]:
+          by_turn: dict[int | None, list[EventReward]],
+          breaks: dict[str, ContinuityBreak]) -> dict[str, Any]:
     step = replayed.step
     duration = (None if step.completed_at is None or not step.timestamp
                 else round((step.completed_at - step.timestamp) * 1000, 3))
@@ -90,7 +108,8 @@ def _turn(replayed: ReplayStep, by_event: dict[str, list[EventReward]],
         # Each policy call records the whole conversation: a turn shows what it added.
         "messages": [_message(m) for m in replayed.messages],
         "repeated_messages": replayed.repeated,
-        "lm_calls": [_lm_call(e) for e in step.events if e.event_type == "cais"],
+        "lm_calls": [_lm_call(e, breaks.get(e.id)) for e in step.events
+                     if e.event_type == "cais"],
         "env_events": env_events,
         "rewards": [_reward(r) for r in loose],
         # Two different numbers: the rewards the environment's events carry, and the event
@@ -155,7 +174,7 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
             "arguments": function.get("arguments", function.get("input"))}
 
 
-def _lm_call(e: Event) -> dict[str, Any]:
+def _lm_call(e: Event, broke: ContinuityBreak | None) -> dict[str, Any]:
     tool_calls: list[dict[str, Any]] = []
     for record in e.call_records or []:
         response = record.get("response") if isinstance(record, dict) else None
@@ -165,7 +184,23 @@ def _lm_call(e: Event) -> dict[str, Any]:
     return {"model": e.model_name, "provider": e.provider, "input_tokens": e.input_tokens,
             "output_tokens": e.output_tokens, "total_tokens": e.total_tokens,
             "latency_ms": e.latency_ms, "cost_usd": e.cost_usd, "tool_calls": tool_calls,
-            "at": _iso(e.event_time)}
+            "at": _iso(e.event_time), "tokens": _tokens(e, broke)}
+
+
+def _tokens(e: Event, broke: ContinuityBreak | None) -> dict[str, Any] | None:
+    t = e.tokens
+    if t is None:
+        return None
+    return {"observed": t.observed, "absent_reason": t.absent_reason, "model": t.model,
+            "revision": t.revision, "prompt_count": len(t.prompt_ids),
+            "completion_count": len(t.completion_ids),
+            "completion_ids": t.completion_ids[:SHOWN_IDS],
+            "completion_logprobs": t.completion_logprobs[:SHOWN_IDS],
+            "break": broke.__dict__ if broke else None,
+            # The prompt's ids from where it left the previous turn's (a few before it).
+            "prompt_from": max(0, broke.position - 8) if broke else None,
+            "prompt_ids": t.prompt_ids[max(0, broke.position - 8):][:SHOWN_IDS] if broke
+            else []}
 
 
 def _env_event(e: Event, rewards: list[EventReward]) -> dict[str, Any]:

@@ -48,8 +48,9 @@ def test_the_math_app_is_ready_to_train_and_its_rollouts_are_traced(tmp_path):
                             "--trace-db", str(db))
     found = checks(report)
     assert code == 0 and report["ready"], found
-    assert set(found) == {"health", "training step", "reward signal", "determinism",
-                          "capacity", "timeouts", "idle connection"}
+    assert set(found) == {"health", "training step", "reward signal", "token continuity",
+                          "determinism", "capacity", "timeouts", "idle connection"}
+    assert found.pop("token continuity")["verdict"] == "skip"  # the config asks for no ids
     assert all(c["verdict"] in ("pass", "warn") for c in found.values())
     step = found["training step"]["data"]
     assert step["rollouts"] == 32 and step["failures"] == 0 and step["concurrency"] == 8

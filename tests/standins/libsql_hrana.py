@@ -57,8 +57,9 @@ def _decode(value: dict[str, Any]) -> Any:
         return float(value["value"])
     if kind == "text":
         return value["value"]
-    if kind == "blob":
-        return base64.b64decode(value["base64"])
+    if kind == "blob":  # Hrana's base64 has no padding (the libsql client sends none)
+        text = value["base64"]
+        return base64.b64decode(text + "=" * (-len(text) % 4))
     raise _HranaError(f"unknown value type {kind!r}", "PROTOCOL")
 
 
@@ -70,7 +71,7 @@ def _encode(value: Any) -> dict[str, Any]:
     if isinstance(value, float):
         return {"type": "float", "value": value}
     if isinstance(value, bytes):
-        return {"type": "blob", "base64": base64.b64encode(value).decode()}
+        return {"type": "blob", "base64": base64.b64encode(value).decode().rstrip("=")}
     return {"type": "text", "value": str(value)}
 
 

@@ -114,6 +114,9 @@ class TraceDatabase:
         sid = (row["session_id"],)
         parts = [self.query(f"SELECT * FROM {table} WHERE session_id = ?", sid)
                  for table in _SESSION_TABLES]
+        if self.schema_version >= schema.TOKENS_VERSION:  # through the events' index
+            parts.append(self.query(f"SELECT t.* FROM events e JOIN {schema.TOKENS_TABLE} t "
+                                    "ON t.event_id = e.id WHERE e.session_id = ?", sid))
         return _rows.build_session(row, *parts)
 
     def table_counts(self) -> dict[str, int]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from synth_deploy.env import redact, redact_userinfo
 from synth_deploy.errors import TraceStoreError
+from synth_deploy.tracing._db._libsql_worker import blob_json, from_json
 from synth_deploy.tracing._errors import TraceDbAuthError, TraceDbUnreachableError
 
 CONNECT_TIMEOUT_S = 15.0
@@ -68,7 +69,7 @@ class LibsqlBackend:
     def _send(self, message: dict[str, Any]) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         try:
-            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.write(json.dumps(message, default=blob_json) + "\n")
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # the child died; _wait reports it with its stderr
@@ -133,12 +134,12 @@ class LibsqlBackend:
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         reply = self._call({"op": "query", "sql": sql, "params": list(params)})
         cols = reply["cols"]
-        return [dict(zip(cols, row, strict=True)) for row in reply["rows"]]
+        return [dict(zip(cols, from_json(row), strict=True)) for row in reply["rows"]]
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """What `query` reads, as tuples in the statement's column order (for hot loops)."""
         reply = self._call({"op": "query", "sql": sql, "params": list(params)})
-        return [tuple(row) for row in reply["rows"]]
+        return [from_json(row) for row in reply["rows"]]
 
     def run(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
             transaction: bool = True) -> None:

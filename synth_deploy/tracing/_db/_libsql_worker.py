@@ -10,17 +10,34 @@ First line in: ``{"url", "token"}``. Then one request a line:
 ``{"op": "ping"}``, ``{"op": "query", "sql", "params"}``,
 ``{"op": "run", "statements": [[sql, params], ...], "transaction": bool}``,
 ``{"op": "close"}``; each answered by ``{"ok": true, ...}`` or ``{"ok": false, "error"}``.
+A BLOB (a parameter or a value read) crosses as ``{"$blob": base64}``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from typing import Any
 
+BLOB = "$blob"
+
+
+def blob_json(value: Any) -> Any:
+    """``json.dumps``'s ``default``: bytes as ``{"$blob": base64}``."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {BLOB: base64.b64encode(bytes(value)).decode()}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def from_json(values: Any) -> tuple[Any, ...]:
+    """A row or parameter list read back: ``{"$blob": ...}`` as bytes."""
+    return tuple(base64.b64decode(v[BLOB]) if isinstance(v, dict) and BLOB in v else v
+                 for v in values or ())
+
 
 def _reply(out: Any, payload: dict[str, Any]) -> None:
-    out.write(json.dumps(payload) + "\n")
+    out.write(json.dumps(payload, default=blob_json) + "\n")
     out.flush()
 
 
@@ -30,7 +47,7 @@ def _serve(conn: Any, request: dict[str, Any]) -> dict[str, Any]:
         conn.execute("SELECT 1").fetchall()
         return {"ok": True}
     if op == "query":
-        cur = conn.execute(request["sql"], tuple(request.get("params") or ()))
+        cur = conn.execute(request["sql"], from_json(request.get("params")))
         rows = cur.fetchall()
         cols = [d[0] for d in cur.description or ()]
         return {"ok": True, "cols": cols, "rows": [list(r) for r in rows]}
@@ -40,7 +57,7 @@ def _serve(conn: Any, request: dict[str, Any]) -> dict[str, Any]:
             conn.execute("BEGIN IMMEDIATE")
         try:
             for sql, params in request["statements"]:
-                conn.execute(sql, tuple(params))
+                conn.execute(sql, from_json(params))
             if transaction:
                 conn.execute("COMMIT")
         except Exception:

@@ -18,7 +18,9 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from synth_deploy.tracing import _tokens
 from synth_deploy.tracing._db._columns import METADATA_PATHS, cost_usd
+from synth_deploy.tracing._db._schema import TOKENS_COLUMNS, TOKENS_TABLE
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -37,7 +39,7 @@ _ROWS_PER_INSERT = 200
 JSON_CONTENT = "_content_json"
 
 _TABLES = ("session_traces", "session_timesteps", "events", "messages", "outcome_rewards",
-           "event_rewards")
+           "event_rewards", TOKENS_TABLE)
 # The tables whose ids `insert_rows` assigns, in the order of its ``next_ids``.
 ID_TABLES = ("session_timesteps", "events", "messages")
 _STEP_ID = "(SELECT id FROM session_timesteps WHERE session_id = ? AND step_id = ?)"
@@ -136,6 +138,7 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
             seed if isinstance(seed, int) and -2**63 <= seed < 2**63 else None,
             session_reward(s), *[_metadata_value(meta, keys) for keys in _METADATA_KEYS]))
         seen: set[str] = set()
+        packed = iter(_tokens.pack_turns(s.turn_tokens))
         event_ids: dict[str, int] = {}
         message_ids: dict[str, int] = {}
         for step in s.timesteps:
@@ -160,6 +163,8 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
                        e.latency_ms, _json(e.call_records), e.reward, _bool(e.terminated),
                        _bool(e.truncated), _json(e.system_state_before),
                        _json(e.system_state_after), _json(e.metadata), None)
+                if e.tokens is not None:
+                    out[TOKENS_TABLE].append((event_pk if explicit else e.id, *next(packed)))
                 if explicit:
                     event_ids[e.id] = event_pk
                     row = (event_pk, *row)
@@ -218,6 +223,7 @@ _ROW_SQL = {
     "event_rewards": _insert_sql("event_rewards", _EVENT_REWARD_COLS, _one_row(
         _looked_up("event_uid", "events"), "?", _looked_up("message_uid", "messages"),
         *"?" * (len(_EVENT_REWARD_COLS) - 3))),
+    TOKENS_TABLE: _insert_sql(TOKENS_TABLE, TOKENS_COLUMNS, _one_row(*"?" * len(TOKENS_COLUMNS))),
 }
 # Placeholders of one row for `insert_statements`, children looking their parents up.
 _LOOKUP_MARKS = {
@@ -227,9 +233,10 @@ _LOOKUP_MARKS = {
     "messages": _one_row("?", _STEP_ID, *"?" * (len(_MESSAGE_COLS) - 2)),
     "outcome_rewards": _one_row(*"?" * len(_OUTCOME_COLS)),
     "event_rewards": _one_row(_EVENT_ID, "?", _MESSAGE_ID, *"?" * (len(_EVENT_REWARD_COLS) - 3)),
+    TOKENS_TABLE: _one_row(_EVENT_ID, *"?" * (len(TOKENS_COLUMNS) - 1)),
 }
 _COLUMNS = dict(zip(_TABLES, (_SESSION_COLS, _STEP_COLS, _EVENT_COLS, _MESSAGE_COLS,
-                               _OUTCOME_COLS, _EVENT_REWARD_COLS), strict=True))
+                               _OUTCOME_COLS, _EVENT_REWARD_COLS, TOKENS_COLUMNS), strict=True))
 
 
 def insert_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int]
@@ -254,9 +261,10 @@ def insert_statements(sessions: list[SessionTrace]) -> list[Statement]:
 
 def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
                   events: list[dict[str, Any]], messages: list[dict[str, Any]],
-                  outcomes: list[dict[str, Any]], rewards: list[dict[str, Any]]
-                  ) -> SessionTrace:
+                  outcomes: list[dict[str, Any]], rewards: list[dict[str, Any]],
+                  tokens: list[dict[str, Any]] | None = None) -> SessionTrace:
     """A `SessionTrace` from its rows (dicts keyed by column name)."""
+    turns = turn_tokens(tokens or [])
     by_step: dict[Any, Timestep] = {}
     timesteps = []
     for st in sorted(steps, key=lambda r: (r["step_index"], r["id"])):
@@ -283,7 +291,8 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
             reward=ev["reward"], terminated=_opt_bool(ev["terminated"]),
             truncated=_opt_bool(ev["truncated"]),
             system_state_before=read_json(ev["system_state_before"]),
-            system_state_after=read_json(ev["system_state_after"]), id=uid)
+            system_state_after=read_json(ev["system_state_after"]), id=uid,
+            tokens=turns.get(ev["id"]))
         orphan = _step_for(ev["timestep_id"], by_step, timesteps, orphan)
         (by_step.get(ev["timestep_id"]) or orphan).events.append(event)
     message_uid: dict[Any, str] = {}
@@ -317,6 +326,14 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
             for r in sorted(rewards, key=lambda r: r["id"])])
 
 
+def turn_tokens(rows: list[dict[str, Any]]) -> dict[Any, _tokens.TurnTokens]:
+    """Each event's `TurnTokens`, from its `TOKENS_TABLE` row (prompts rebuilt in event
+    order)."""
+    rows = sorted(rows, key=lambda r: r["event_id"])
+    turns = _tokens.unpack_turns([tuple(r[c] for c in TOKENS_COLUMNS[1:]) for r in rows])
+    return {r["event_id"]: turn for r, turn in zip(rows, turns, strict=True)}
+
+
 def _stored_usage(ev: dict[str, Any], call_records: Any) -> dict[str, Any] | None:
     # The usage `call_policy` kept in its one call record, as the policy answered it; else
     # (older rows, synth-ai's rows) one rebuilt from the token columns.
@@ -346,4 +363,4 @@ def _opt_bool(value: Any) -> bool | None:
 
 
 __all__ = ["ID_TABLES", "build_session", "epoch", "insert_rows", "insert_statements", "iso",
-           "session_reward"]
+           "session_reward", "turn_tokens"]

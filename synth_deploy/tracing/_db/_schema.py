@@ -16,7 +16,8 @@ other writers' rows, by the version 3 triggers): the expression indexes and the 
 parsed each new session's metadata JSON again and again, and a mode stored as a number
 could not be filtered on. Version 8 replaces
 the seven per-filter indexes of versions 4 and 7 with one that holds every filter's column
-(see `GLANCE_INDEX`), and indexes the run alone again.
+(see `GLANCE_INDEX`), and indexes the run alone again. Version 9 adds `TOKENS_TABLE`, the
+ids and log-probabilities of LM calls (`synth_deploy.tracing._tokens`), one row an event.
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -33,7 +34,7 @@ from typing import Any
 from synth_deploy.tracing._db._columns import METADATA_PATHS
 from synth_deploy.tracing._db._totals import migration as totals_migration
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -275,6 +276,25 @@ def _v8_statements() -> list[str]:
             *totals_migration()]
 
 
+# Version 9: one row per LM call whose tokens were asked for, keyed by its event (read
+# through the events' session index, so it needs none of its own). Packed columns (see
+# `synth_deploy.tracing._tokens`): a prompt is the count of ids it shares with the previous
+# row's prompt and completion (in event order) and the ids after them.
+TOKENS_VERSION = 9
+TOKENS_TABLE = "lm_call_tokens"
+TOKENS_COLUMNS = ("event_id", "provenance", "absent_reason", "model", "revision",
+                  "prompt_shared", "prompt_rest", "completion_ids", "completion_logprobs",
+                  "prompt_count", "completion_count", "diverged_at", "diverged_ids")
+_V9_STATEMENTS = (
+    f"""CREATE TABLE IF NOT EXISTS {TOKENS_TABLE} (
+        event_id INTEGER PRIMARY KEY, provenance VARCHAR NOT NULL, absent_reason TEXT,
+        model VARCHAR, revision VARCHAR, prompt_shared INTEGER NOT NULL DEFAULT 0,
+        prompt_rest BLOB, completion_ids BLOB, completion_logprobs BLOB,
+        prompt_count INTEGER NOT NULL DEFAULT 0, completion_count INTEGER NOT NULL DEFAULT 0,
+        diverged_at INTEGER, diverged_ids INTEGER)""",
+)
+
+
 def detect_version(tables: Sequence[str], versions: Sequence[int]) -> int | None:
     """0 for an empty database, 1 for synth-ai's layout, N from the version table; None when
     the database holds tables that are not a trace store."""
@@ -343,6 +363,9 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     if current < 8:
         steps.append((8, "one index for every filter the viewer offers; the run on its own",
                       [(sql, ()) for sql in _v8_statements()]))
+    if current < 9:
+        steps.append((9, "token ids and log-probabilities of LM calls, packed",
+                      [(sql, ()) for sql in _V9_STATEMENTS]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -351,6 +374,7 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
 
 
 __all__ = ["FILTERED_METADATA", "GLANCE_INDEX", "GLANCE_INDEX_VERSION",
-           "INDEXED_METADATA_VERSION", "SCHEMA_VERSION", "SESSION_FIELDS",
+           "INDEXED_METADATA_VERSION", "SCHEMA_VERSION", "SESSION_FIELDS", "TOKENS_COLUMNS",
+           "TOKENS_TABLE", "TOKENS_VERSION",
            "V2_COLUMNS", "V7_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field",
            "migration_plan", "session_fields"]

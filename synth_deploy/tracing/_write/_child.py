@@ -61,6 +61,7 @@ from synth_deploy.tracing._session import (
     Timestep,
     sessions_recording,
 )
+from synth_deploy.tracing._tokens import PackedTurn, pack_turns
 from synth_deploy.tracing._write._commit import commit
 
 _HEAD = struct.Struct("<I")
@@ -113,6 +114,8 @@ def _flat(obj: Any, cls: type) -> Any:
         else:
             get = _GET[sub]
             values[i] = [get(x.__dict__) if type(x) is sub else x for x in values[i]]
+    if cls is SessionTrace:
+        _pack_tokens(obj, values[_STEPS_AT])
     return tuple(values)
 
 
@@ -125,7 +128,36 @@ def _restore(flat: Any, cls: type) -> Any:
     values = list(flat)
     for i, sub in plan:
         values[i] = [_restore(x, sub) for x in values[i]]
-    return cls(*values)
+    restored = cls(*values)
+    if cls is SessionTrace:
+        _unpack_tokens(restored)
+    return restored
+
+
+# Token ids cross packed, each prompt as what it adds to the turn before (`pack_turns`):
+# as Python ints, a session's prompts (each holding the conversation so far) would cost the
+# server's GIL a pickled int each.
+_STEPS_AT, _EVENTS_AT = _FIELDS[SessionTrace].index("timesteps"), _FIELDS[Timestep].index(
+    "events")
+_TOKENS_AT = _FIELDS[Event].index("tokens")
+
+
+def _pack_tokens(session: SessionTrace, steps: list[Any]) -> None:
+    events = [(step[_EVENTS_AT], i) for step in steps if isinstance(step, tuple)
+              for i, e in enumerate(step[_EVENTS_AT])
+              if isinstance(e, tuple) and e[_TOKENS_AT] is not None]
+    turns = session.turn_tokens
+    if not turns or len(events) != len(turns):  # events kept whole hold theirs
+        return
+    for (where, i), packed in zip(events, pack_turns(turns), strict=True):
+        event = where[i]
+        where[i] = (*event[:_TOKENS_AT], packed, *event[_TOKENS_AT + 1:])
+
+
+def _unpack_tokens(session: SessionTrace) -> None:
+    for event in session.events:
+        if isinstance(event.tokens, tuple):  # as `_pack_tokens` sent it: stored as it is
+            event.tokens = PackedTurn(event.tokens)
 
 
 def frame(payload: Any) -> bytes:

@@ -306,11 +306,28 @@ async function showReplay(sessionId, token) {
       fact("event_reward", num(s.totals.event_reward), "event rewards Σ"),
       fact("turns", s.totals.turns), fact("lm_calls", s.totals.lm_calls, "LM calls"),
       fact("tokens", `${count(s.totals.input_tokens)} in / ${count(s.totals.output_tokens)} out`),
-      fact("latency", `${num(s.totals.latency_ms, 1)} ms`, "LM latency Σ")),
+      fact("latency", `${num(s.totals.latency_ms, 1)} ms`, "LM latency Σ"),
+      s.token_summary ? fact("token_ids", s.token_summary.continuous
+        ? `${count(s.token_summary.sampled)} sampled · continuous`
+        : `continuity broke at turn ${s.token_summary.breaks[0].turn}`, "token ids") : null),
     outcome && Object.keys(outcome.reward_metadata || {}).length
       ? h("details", {}, h("summary", {}, "outcome details"), h("pre", {}, JSON.stringify(outcome.reward_metadata, null, 2)))
       : null,
     h("div", { id: "turns" }, s.turns.map(drawTurn)));
+}
+
+// An LM call's token data: counts, where continuity broke, the sampled ids and logprobs.
+function drawTokens(k) {
+  if (!k.observed) {
+    return h("div", { class: "tokens-absent muted", "data-field": "token-ids" }, `no token data: ${k.absent_reason ?? "?"}`);
+  }
+  const pairs = k.completion_ids.map((id, i) => `${id}\t${k.completion_logprobs[i] ?? "–"}`);
+  return h("div", { class: "token-ids", "data-field": "token-ids" },
+    `ids ${count(k.prompt_count)} prompt + ${count(k.completion_count)} sampled · ${count(k.completion_logprobs.length)} logprobs`,
+    k.break ? h("div", { class: "error", "data-field": "token-break" },
+      `continuity broke: this prompt leaves the previous turn's ids at id ${k.break.position} (${k.break.ids} ids not reproduced); its ids from ${k.prompt_from}: ${k.prompt_ids.slice(0, 64).join(" ")}`) : null,
+    h("details", {}, h("summary", {}, "sampled ids and logprobs"),
+      h("pre", {}, "id\tlogprob\n" + pairs.join("\n"))));
 }
 
 function drawTurn(t) {
@@ -334,6 +351,7 @@ function drawTurn(t) {
         ` · ${c.input_tokens ?? "?"} in / ${c.output_tokens ?? "?"} out tokens`),
       c.latency_ms === null ? "" : ` · ${num(c.latency_ms, 1)} ms`,
       c.cost_usd ? ` · $${num(c.cost_usd, 5)}` : "",
+      c.tokens ? drawTokens(c.tokens) : null,
       h("div", {}, c.tool_calls.filter((x) => !inMessages.has(x.id)).map(drawToolCall)))),
     t.env_events.map((e) => h("div", { class: "event env" },
       h("b", {}, `${e.kind} `), e.system,

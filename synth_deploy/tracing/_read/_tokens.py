@@ -1,0 +1,198 @@
+"""Stored rollouts → token JSONL for on-policy training: one row per episode.
+
+Each row holds the ids the policy saw and sampled, as its server returned them (never
+re-tokenized), for sessions whose LM calls all captured token data and kept continuity
+(each prompt begins with the previous prompt and completion: `continuity_breaks`). The
+others are left out and counted by reason: a trainer concatenating their turns would train
+on ids the policy never produced.
+
+Fields of a row (`datasets.load_dataset("json", data_files=...)` reads them):
+
+- ``session_id``, ``run_id``, ``app_id``, ``seed``, ``model``: the session's ids;
+- ``input_ids``: the first prompt, then each completion, each later prompt's new ids, ...;
+- ``loss_mask``: 1 where the policy sampled the id (completions), 0 elsewhere;
+- ``logprobs``: the sampled log-probability of each id where ``loss_mask`` is 1 (float32,
+  as the store keeps it), 0.0 elsewhere; the three arrays have the same length;
+- ``turns``: per LM call, ``[prompt_start, completion_start, completion_end]`` into the
+  arrays (``input_ids[:completion_start]`` is that call's whole prompt);
+- ``turn_rewards``: per LM call, the environment reward recorded in its timestep (null
+  where none was), and ``reward``: the session's outcome reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synth_deploy.errors import UsageError
+from synth_deploy.tracing._db._rows import read_json, turn_tokens
+from synth_deploy.tracing._db._schema import TOKENS_TABLE, TOKENS_VERSION
+from synth_deploy.tracing._db._select import SessionFilter, SessionSql, since_timestamp
+from synth_deploy.tracing._store import TraceStore
+from synth_deploy.tracing._tokens import TurnTokens, continuity_breaks
+
+PAGE_SESSIONS = 200
+NO_TOKENS = "no token data"
+NO_LOGPROBS = "no logprobs"
+BROKEN = "continuity broke"
+
+
+@dataclass(frozen=True)
+class TokenExportResult:
+    """What `export_tokens` wrote: ``episodes`` rows; ``skipped`` sessions by reason."""
+
+    path: str
+    episodes: int
+    tokens: int
+    sampled_tokens: int
+    seconds: float
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def note(self) -> str | None:
+        parts = []
+        if n := self.skipped.get(BROKEN):
+            parts.append(f"{n} session(s) left out: a turn's prompt does not begin with the "
+                         "previous turn's ids (the chat template re-renders history; see "
+                         "`synth-deploy traces show` for the turn)")
+        if n := self.skipped.get(NO_TOKENS):
+            parts.append(f"{n} session(s) left out: a policy call has no token data (ask "
+                         "with policy.config.capture_tokens and a server that returns them, "
+                         "such as vLLM >= 0.10.2)")
+        if n := self.skipped.get(NO_LOGPROBS):
+            parts.append(f"{n} session(s) left out: a policy call returned ids without one "
+                         "logprob each (see `synth-deploy traces show` for why)")
+        if not self.episodes and not parts:
+            parts.append("no stored session passes the filters (failed rollouts are never "
+                         "exported)")
+        return "; ".join(parts) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "skipped": dict(self.skipped), "note": self.note}
+
+
+def episode_row(turns: list[TurnTokens]) -> dict[str, Any]:
+    """``input_ids``, ``loss_mask``, ``logprobs`` and ``turns`` of continuous ``turns``."""
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    bounds = []
+    for turn in turns:
+        start = len(ids)
+        new = turn.prompt_ids[len(ids):]
+        ids += new
+        mask += [0] * len(new)
+        logprobs += [0.0] * len(new)
+        middle = len(ids)
+        ids += turn.completion_ids
+        mask += [1] * len(turn.completion_ids)
+        logprobs += turn.completion_logprobs
+        bounds.append([start, middle, len(ids)])
+    return {"input_ids": ids, "loss_mask": mask, "logprobs": logprobs, "turns": bounds}
+
+
+def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | None = None,
+                  app: str | None = None, model: str | None = None, since: str | None = None,
+                  limit: int | None = None, overwrite: bool = False,
+                  where: SessionFilter | None = None) -> TokenExportResult:
+    """Write one JSONL row per episode (see the module docstring); ``limit`` caps rows.
+    Written beside its target and renamed into place; an existing file is kept unless
+    ``overwrite``."""
+    started = time.perf_counter()
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise UsageError(f"{path} already exists; it was left as is",
+                         hint="choose another --out or pass --force to replace it")
+    if where is None:
+        where = SessionFilter(app=app, model=model, min_reward=min_reward,
+                              since=since_timestamp(since) if since else None)
+    db = store.database
+    selection = None if where.status == "error" or store.schema_version < TOKENS_VERSION \
+        else SessionSql(db).where(dataclasses.replace(where, status="ok"))[:2]
+    skipped: Counter[str] = Counter()
+    episodes = tokens = sampled = 0
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("w", encoding="utf-8") as fh:
+            for row in _rows(db, selection, skipped):
+                if limit is not None and episodes >= limit:
+                    break
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                episodes += 1
+                tokens += len(row["input_ids"])
+                sampled += sum(row["loss_mask"])
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
+                         hint="choose a writable --out") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return TokenExportResult(str(path), episodes, tokens, sampled,
+                             time.perf_counter() - started, dict(skipped))
+
+
+def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str]) -> Any:
+    if selection is None:
+        return
+    clause, params = selection
+    after: list[Any] = []
+    while True:
+        keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
+        where = clause + (" AND " if clause and keyset else " WHERE " if keyset else "") + keyset
+        sessions = db.query(
+            "SELECT s.rowid AS rid, s.session_id, s.created_at, s.metadata, "
+            f"s.total_reward FROM session_traces s{where} ORDER BY s.created_at, s.rowid "
+            f"LIMIT {PAGE_SESSIONS}", params + after)
+        if not sessions:
+            return
+        ids = [s["session_id"] for s in sessions]
+        marks = ", ".join("?" * len(ids))
+        calls: dict[str, list[dict[str, Any]]] = {sid: [] for sid in ids}
+        for r in db.query(f"SELECT e.session_id, e.timestep_id, t.* FROM events e JOIN "
+                          f"{TOKENS_TABLE} t ON t.event_id = e.id WHERE e.session_id IN "
+                          f"({marks}) ORDER BY e.id", ids):
+            calls[r["session_id"]].append(r)
+        step_rewards = {(r["session_id"], r["timestep_id"]): r["reward"] for r in db.query(
+            "SELECT session_id, timestep_id, SUM(reward) AS reward FROM events WHERE "
+            f"session_id IN ({marks}) AND event_type = 'environment' AND reward IS NOT NULL "
+            "GROUP BY session_id, timestep_id", ids)}
+        for s in sessions:
+            rows = calls[s["session_id"]]
+            if not rows:
+                continue  # no LM call asked for tokens: not an episode to train on
+            decoded = turn_tokens(rows)
+            turns = [decoded[r["event_id"]] for r in rows]
+            if not all(t.observed for t in turns):
+                skipped[NO_TOKENS] += 1
+                continue
+            if any(t.completion_ids and not t.completion_logprobs for t in turns):
+                skipped[NO_LOGPROBS] += 1
+                continue
+            if continuity_breaks(turns):
+                skipped[BROKEN] += 1
+                continue
+            meta = read_json(s["metadata"], {})
+            meta = meta if isinstance(meta, dict) else {}
+            yield {"session_id": s["session_id"], "run_id": meta.get("run_id"),
+                   "app_id": meta.get("app_id"), "seed": meta.get("seed"),
+                   "model": turns[-1].model or meta.get("model"),
+                   **episode_row(turns),
+                   "turn_rewards": [step_rewards.get((s["session_id"], r["timestep_id"]))
+                                    for r in rows],
+                   "reward": s["total_reward"]}
+        after = [sessions[-1]["created_at"], sessions[-1]["rid"]]
+
+
+__all__ = ["TokenExportResult", "episode_row", "export_tokens"]
