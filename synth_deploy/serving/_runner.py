@@ -93,7 +93,7 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     """The keyword arguments of ``uvicorn.Config`` (and ``uvicorn.run``) for every server."""
     import functools
 
-    from synth_deploy.serving._connections import bounded_protocol
+    from synth_deploy.serving._connections import QuietWSProtocol, bounded_protocol
 
     if limits.max_connections is None:
         limits = replace(limits, max_connections=max(64, _open_file_limit() - _FILES_KEPT))
@@ -101,8 +101,9 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # The client address a proxy forwards (X-Forwarded-For from cloudflared on 127.0.0.1) is
     # read by the access log alone: without it, nobody reads it and it is not parsed.
     extra.setdefault("proxy_headers", access_log)
-    # OpenEnv's sessions (`_openenv`): wsproto, pure Python on the h11 uvicorn already has.
-    extra.setdefault("ws", "wsproto")
+    # OpenEnv's sessions (`_openenv`): wsproto, pure Python on the h11 uvicorn already has,
+    # its handshakes logged as access-log lines (`_client_log`).
+    extra.setdefault("ws", QuietWSProtocol)
     # uvicorn holds a WebSocket message whole before the app sees it: capped as a body is.
     extra.setdefault("ws_max_size", _message_limit(app))
     # No "server: uvicorn" on every response: it tells a scanner what to try. The Date

@@ -8,10 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
+import signal
+import socket
+import subprocess
+import sys
 
 import httpx
 import pytest
+from processes import clean_env, free_port, wait_until_up
 from standins.openenv_client import WSEnvClient
 from toy_apps import env_config
 from wsproto.events import Message
@@ -108,7 +112,100 @@ def test_the_wire_caps_messages_where_another_server_runs_the_app(api_key):
     assert sent[2]["code"] == 1009
 
 
-@pytest.fixture
-def server_log(caplog):
-    with caplog.at_level(logging.INFO, logger="uvicorn"):
-        yield caplog
+ENV_APP = '''
+from synth_deploy.taskapp import Step, TaskApp, function_tool
+
+
+class Counter:
+    tool = function_tool("add", "Add one.", {"type": "object"})
+
+    def reset(self, seed, *, episode_id, config):
+        self.total = 0
+        return {"total": 0}
+
+    def step(self, action):
+        self.total += 1
+        return Step({"total": self.total}, reward=0.0, done=False)
+
+
+task_app = TaskApp("counter", name="Counter", description="Counts.")
+task_app.environment(Counter)
+'''
+
+
+def served_log(tmp_path, api_key, *flags, clients) -> str:
+    """What `synth-deploy serve` (a child process) prints while ``clients(url)`` runs."""
+    (tmp_path / "counter_app.py").write_text(ENV_APP)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "synth_deploy.cli", "serve", "counter_app.py", "--port",
+         str(port), "--no-trace", *flags], cwd=tmp_path,
+        env=clean_env(ENVIRONMENT_API_KEY=api_key), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(url, proc)
+        clients(url)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    return out + err
+
+
+def raw_exchange(url: str, request: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(request)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
+
+
+def handshake(path: str, *headers: str) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", "Upgrade: websocket",
+             "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+             "Sec-WebSocket-Version: 13", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_keyless_and_malformed_clients_write_next_to_nothing_to_the_log(tmp_path, api_key):
+    huge = "q=" + "A" * 100_000
+
+    def clients(url):
+        for _ in range(20):
+            assert b" 401 " in raw_exchange(url, handshake(f"/openenv/ws?{huge}"))
+            assert b" 403 " in raw_exchange(url, handshake(f"/openenv/ws?{huge}",
+                                                           "X-API-Key: sk_env_wrong"))
+            raw_exchange(url, b"NOT HTTP AT ALL\r\n\r\n")
+        env = WSEnvClient(url + "/openenv", headers={"X-API-Key": api_key})
+        env.path += f"?api_key={api_key}"  # a client that puts its key in the query too
+        with env:
+            env.reset(seed=1)
+
+    log = served_log(tmp_path, api_key, clients=clients)
+    assert "AAAA" not in log and api_key not in log
+    assert "WebSocket" not in log  # handshakes are access-log lines: the access log is off
+    assert log.count("Invalid HTTP request received") == 1, log
+    assert len(log) < 4_000, log
+
+
+def test_the_access_log_shows_paths_without_their_query(tmp_path, api_key):
+    def clients(url):
+        assert httpx.get(url + f"/health?api_key={api_key}",
+                         headers={"X-API-Key": api_key}).status_code == 200
+        raw_exchange(url, handshake("/openenv/ws?q=" + "A" * 10_000))
+        env = WSEnvClient(url + "/openenv", headers={"X-API-Key": api_key})
+        env.path += f"?api_key={api_key}"
+        with env:
+            env.reset(seed=1)
+        long_path = "/" + "p" * 5_000
+        assert httpx.get(url + long_path, headers={"X-API-Key": api_key}).status_code == 404
+
+    log = served_log(tmp_path, api_key, "--access-log", clients=clients)
+    assert '"GET /health?… HTTP/1.1" 200' in log, log
+    assert '"WebSocket /openenv/ws?…" 401' in log and '"WebSocket /openenv/ws?…" [accepted]' \
+        in log, log
+    assert "/" + "p" * 199 + "…" in log and "p" * 200 not in log
+    assert api_key not in log and "AAAA" not in log
