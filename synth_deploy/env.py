@@ -16,11 +16,13 @@ import hashlib
 import os
 import re
 import secrets
+from base64 import b64encode
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from synth_deploy.errors import EnvFileError
 
@@ -114,6 +116,42 @@ def mask_secrets(data: Any) -> Any:
 
 
 _CONTAINERS = (dict, list)
+_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://([^/?#\s]*)@")
+
+
+def known_secrets(data: Any) -> list[str]:
+    """Every secret value JSON ``data`` carries (a request's policy config), for `redact` to
+    mask wherever text that quotes one leaves (an exception's message, an upstream's error
+    body): the values under secret-named keys at any depth, and of each URL in a string its
+    userinfo (the password, ``user:password`` and that pair as HTTP Basic credentials) and the
+    values of its secret-named query parameters."""
+    found: list[str] = []
+    _collect_secrets(data, found, under_secret=False)
+    return found
+
+
+def _collect_secrets(data: Any, found: list[str], *, under_secret: bool) -> None:
+    if isinstance(data, dict):
+        for name, value in data.items():
+            _collect_secrets(value, found, under_secret=under_secret or (
+                type(name) is str and is_secret_name(name)))
+    elif isinstance(data, list):
+        for value in data:
+            _collect_secrets(value, found, under_secret=under_secret)
+    elif under_secret and data is not None and not isinstance(data, bool):
+        found.append(str(data))
+        if isinstance(data, str) and " " in data:  # "Bearer TOKEN", "Basic QUJD"
+            found.append(data.split(" ", 1)[1].strip())
+    if isinstance(data, str) and "://" in data:
+        for userinfo in _USERINFO.findall(data):
+            user, _, password = userinfo.partition(":")
+            found += [userinfo, unquote(password or user)]
+            if password:
+                pair = f"{unquote(user)}:{unquote(password)}"
+                found += [pair, b64encode(pair.encode()).decode()]
+        for _, name, value in _QUERY_PARAM.findall(data):
+            if value and is_secret_name(name):
+                found += [value, unquote(value)]
 
 
 def _masked_all(value: Any) -> Any:
@@ -303,6 +341,7 @@ __all__ = [
     "apply_env",
     "fingerprint",
     "is_secret_name",
+    "known_secrets",
     "load_env",
     "mask",
     "mask_secrets",

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from synth_deploy.deadlines import deadline
-from synth_deploy.env import Env, is_secret_name
+from synth_deploy.env import Env, known_secrets
 from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import RolloutLimits, RolloutStats
@@ -357,8 +357,9 @@ class _Rollouts:
 
 
 def _request_secrets(req: RolloutRequest) -> list[str]:
-    # The request's own policy secrets: a provider may echo a key in its error body.
-    return [str(v) for k, v in req.policy.config.items() if v and is_secret_name(k)]
+    # The request's own secrets, at any depth and in its URLs: a provider may echo a key in
+    # its error body, an app's exception may quote the inference_url.
+    return known_secrets(req.policy.config)
 
 
 def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
