@@ -186,14 +186,29 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
 
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise EnvFileError(
             f"env file not found: {path}",
             hint="check the path, or run `synth-deploy setup` to create .env",
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EnvFileError(f"cannot read env file {path}: {exc}") from exc
+    except OSError as exc:
+        raise EnvFileError(f"cannot read env file {path}: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise EnvFileError(
+            f"{path}:{line}: {_line_of(raw, exc.start)} is not "
+            f"UTF-8 text (byte 0x{raw[exc.start]:02x}; its value is not shown)",
+            hint="save the file as UTF-8") from None
+    if "\0" in text:
+        at = text.index("\0")
+        line = text.count("\n", 0, at) + 1
+        raise EnvFileError(
+            f"{path}:{line}: {_line_of(text, at)} holds a NUL byte, "
+            "which no environment variable can (its value is not shown)",
+            hint="delete the NUL: a paste or an editor's encoding put it there")
     import io
 
     for binding in parse_stream(io.StringIO(text)):
@@ -215,6 +230,16 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
             )
     values = DotEnv(path, interpolate=True).dict()
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _line_of(text: str | bytes, at: int) -> str:
+    """How an error names the line holding offset ``at``: by its variable when it has one
+    (never by anything after the name, which may be a secret)."""
+    start = text.rfind(b"\n" if isinstance(text, bytes) else "\n", 0, at) + 1
+    head = text[start:start + 80]
+    head = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+    name = _LEADING_NAME.match(head)
+    return f"the line for {name.group(1)}" if name else "the line"
 
 
 @dataclass(frozen=True)
