@@ -283,8 +283,6 @@ class _Rollouts:
         except Exception as exc:
             error = self._failure(exc, req, bound)
             elapsed = time.perf_counter() - started
-            self.stats.errors += 1
-        self.stats.record(elapsed)
         session = tracer.finish()
         # Bytes straight from pydantic-core: no str round trip on the hot path.
         body = None if result is None else result.__pydantic_serializer__.to_json(result)
@@ -315,12 +313,17 @@ class _Rollouts:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
                 self.trace_failures.error(exc, "trace write failed for rollout %s", req.run_id)
-                return error_response(500, "trace_write_failed",
-                                      f"rollout {req.run_id} ran but its trace could not be "
-                                      f"stored ({type(exc).__name__}); see the server's log",
-                                      run_id=req.run_id)
+                error = error_response(500, "trace_write_failed",
+                                       f"rollout {req.run_id} ran but its trace could not be "
+                                       f"stored ({type(exc).__name__}); see the server's log",
+                                       run_id=req.run_id)
+                body = None
+        # What the client waits for, the commit included; an answer that is not a 200 is
+        # an error, whichever step failed.
+        self.stats.record(time.perf_counter() - started)
         if body is None:
             assert error is not None
+            self.stats.errors += 1
             return error
         self.stats.rollouts += 1
         return _EncodedJSON(body)
