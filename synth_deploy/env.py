@@ -16,11 +16,13 @@ import hashlib
 import os
 import re
 import secrets
+from base64 import b64encode
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from synth_deploy.errors import EnvFileError
 
@@ -114,6 +116,42 @@ def mask_secrets(data: Any) -> Any:
 
 
 _CONTAINERS = (dict, list)
+_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://([^/?#\s]*)@")
+
+
+def known_secrets(data: Any) -> list[str]:
+    """Every secret value JSON ``data`` carries (a request's policy config), for `redact` to
+    mask wherever text that quotes one leaves (an exception's message, an upstream's error
+    body): the values under secret-named keys at any depth, and of each URL in a string its
+    userinfo (the password, ``user:password`` and that pair as HTTP Basic credentials) and the
+    values of its secret-named query parameters."""
+    found: list[str] = []
+    _collect_secrets(data, found, under_secret=False)
+    return found
+
+
+def _collect_secrets(data: Any, found: list[str], *, under_secret: bool) -> None:
+    if isinstance(data, dict):
+        for name, value in data.items():
+            _collect_secrets(value, found, under_secret=under_secret or (
+                type(name) is str and is_secret_name(name)))
+    elif isinstance(data, list):
+        for value in data:
+            _collect_secrets(value, found, under_secret=under_secret)
+    elif under_secret and data is not None and not isinstance(data, bool):
+        found.append(str(data))
+        if isinstance(data, str) and " " in data:  # "Bearer TOKEN", "Basic QUJD"
+            found.append(data.split(" ", 1)[1].strip())
+    if isinstance(data, str) and "://" in data:
+        for userinfo in _USERINFO.findall(data):
+            user, _, password = userinfo.partition(":")
+            found += [userinfo, unquote(password or user)]
+            if password:
+                pair = f"{unquote(user)}:{unquote(password)}"
+                found += [pair, b64encode(pair.encode()).decode()]
+        for _, name, value in _QUERY_PARAM.findall(data):
+            if value and is_secret_name(name):
+                found += [value, unquote(value)]
 
 
 def _masked_all(value: Any) -> Any:
@@ -148,14 +186,29 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
 
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise EnvFileError(
             f"env file not found: {path}",
             hint="check the path, or run `synth-deploy setup` to create .env",
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EnvFileError(f"cannot read env file {path}: {exc}") from exc
+    except OSError as exc:
+        raise EnvFileError(f"cannot read env file {path}: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise EnvFileError(
+            f"{path}:{line}: {_line_of(raw, exc.start)} is not "
+            f"UTF-8 text (byte 0x{raw[exc.start]:02x}; its value is not shown)",
+            hint="save the file as UTF-8") from None
+    if "\0" in text:
+        at = text.index("\0")
+        line = text.count("\n", 0, at) + 1
+        raise EnvFileError(
+            f"{path}:{line}: {_line_of(text, at)} holds a NUL byte, "
+            "which no environment variable can (its value is not shown)",
+            hint="delete the NUL: a paste or an editor's encoding put it there")
     import io
 
     for binding in parse_stream(io.StringIO(text)):
@@ -177,6 +230,16 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
             )
     values = DotEnv(path, interpolate=True).dict()
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _line_of(text: str | bytes, at: int) -> str:
+    """How an error names the line holding offset ``at``: by its variable when it has one
+    (never by anything after the name, which may be a secret)."""
+    start = text.rfind(b"\n" if isinstance(text, bytes) else "\n", 0, at) + 1
+    head = text[start:start + 80]
+    head = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+    name = _LEADING_NAME.match(head)
+    return f"the line for {name.group(1)}" if name else "the line"
 
 
 @dataclass(frozen=True)
@@ -303,6 +366,7 @@ __all__ = [
     "apply_env",
     "fingerprint",
     "is_secret_name",
+    "known_secrets",
     "load_env",
     "mask",
     "mask_secrets",

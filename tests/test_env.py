@@ -127,3 +127,23 @@ def test_a_url_in_text_keeps_everything_but_its_credentials():
     text = "GET http://a:b@h/p?x=1&sig=2&access_token=3#f failed; retry?api_key=4"
     assert redact_userinfo(text) == ("GET http://****@h/p?x=1&sig=2&access_token=****#f failed; "
                                      "retry?api_key=****")
+
+
+def test_a_nul_byte_names_the_line_and_its_variable_not_the_value(tmp_path):
+    path = tmp_path / ".env"
+    path.write_bytes(b"GOOD=1\n# note\nOPENAI_API_KEY=sk-sec\x00ret\nOTHER=2\n")
+    with pytest.raises(EnvFileError) as info:
+        load_env([path])
+    said = str(info.value)
+    assert f"{path}:3: the line for OPENAI_API_KEY holds a NUL byte" in said, said
+    assert "sk-sec" not in said and info.value.hint
+
+
+def test_a_file_that_is_not_utf8_names_the_line_not_a_byte_offset(tmp_path):
+    path = tmp_path / ".env"
+    path.write_bytes(b"GOOD=1\nOTHER=2\nPASSWORD=caf\xe9-secret\n")
+    with pytest.raises(EnvFileError) as info:
+        parse_env_file(path)
+    said = str(info.value)
+    assert f"{path}:3: the line for PASSWORD is not UTF-8" in said, said
+    assert "secret" not in said and "position" not in said and "UTF-8" in info.value.hint

@@ -51,11 +51,23 @@ def console(stderr: bool = False):
     stored run id or model name, a server's message, a model's reply) holding an escape
     sequence could retitle the terminal, clear it or forge a link. Each is shown as its escape
     (``\\x1b``); the styles rich adds itself are kept."""
-    from rich.console import Console
-
-    out = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    out = _control_free_console()(stderr=stderr, highlight=False, soft_wrap=False)
     out.push_render_hook(_control_free_hook())
     return out
+
+
+@functools.cache
+def _control_free_console() -> Any:
+    from rich.console import Console
+
+    class ControlFreeConsole(Console):
+        """A Console whose printed strings have their controls escaped before rich reads
+        them: rich drops a bell or a backspace itself, and the hook never sees it."""
+
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            return super().render_str(terminal_safe(text), **kwargs)
+
+    return ControlFreeConsole
 
 
 # C0 controls but tab and newline, DEL, and the C1 controls (\x9b is a one-byte CSI).

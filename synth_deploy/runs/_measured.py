@@ -12,12 +12,14 @@ The record lives in ``.synth-deploy/capacity.json`` under the working folder (be
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 MEASURED_CAPACITY_FILE = Path(".synth-deploy") / "capacity.json"
+_MOST_ROLLOUTS = 1_000_000  # far beyond what one process holds: a larger count is not one
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,23 @@ def record_capacity(app_id: str, report: Any, path: Path = MEASURED_CAPACITY_FIL
 
 def measured_capacity(app_id: str, path: Path = MEASURED_CAPACITY_FILE
                       ) -> MeasuredCapacity | None:
+    """What was measured of ``app_id``; None when nothing was, or the record is not one
+    `record_capacity` writes (another version's, a hand-edited one): as if never measured."""
     record = _read(path).get(app_id)
     try:
-        return MeasuredCapacity(**record) if isinstance(record, dict) else None
-    except TypeError:  # written by another version: as if never measured
+        measured = MeasuredCapacity(**record) if isinstance(record, dict) else None
+    except TypeError:
         return None
+    return measured if measured is not None and _plausible(measured) else None
+
+
+def _plausible(m: MeasuredCapacity) -> bool:
+    def count(value: Any) -> bool:
+        return type(value) is int and 1 <= value <= _MOST_ROLLOUTS
+
+    return (count(m.sustained) and count(m.knee) and m.knee <= m.sustained
+            and type(m.rollouts_per_s) in (int, float) and 0 <= m.rollouts_per_s < math.inf
+            and type(m.limited) is bool and isinstance(m.measured_at, str))
 
 
 def capacity_warnings(settings: Any, measured: MeasuredCapacity | None) -> list[str]:
@@ -83,7 +97,7 @@ def capacity_warnings(settings: Any, measured: MeasuredCapacity | None) -> list[
 def _read(path: Path) -> dict[str, Any]:
     try:
         records = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return records if isinstance(records, dict) else {}
 

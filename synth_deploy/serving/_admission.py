@@ -85,7 +85,7 @@ class RolloutStats:
         self.capacity = capacity
         self.rollout_requests = 0  # POST /rollout with the key, refused ones included
         self.rollouts = 0  # answered 200
-        self.errors = 0  # failed while running
+        self.errors = 0  # answered other than 200: failed, refused by the app, not stored
         self.refused = 0  # answered 503: at capacity
         self.in_flight = 0
         self.traced = 0  # sessions stored by this process

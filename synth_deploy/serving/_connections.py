@@ -8,6 +8,9 @@ the same bounds from `_Bounded`:
   connection is closed. uvicorn starts its keep-alive timer only after a first response and
   any byte resets it, so without this a client that sends a header byte every few seconds
   holds a connection, and a file descriptor, forever;
+- what the protocols log about a client is kept short and rare (`_client_log`): no query
+  strings, no WebSocket handshakes without the access log, one malformed-request warning
+  every few seconds;
 - beyond ``max_connections`` open connections a new one is answered 503 at once and closed,
   so a crowd gets a prompt "come back later" instead of a hang. The cap guards file
   descriptors, not capacity: how many rollouts run at once is the app's admission limit
@@ -29,6 +32,7 @@ import weakref
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
 
 try:  # the fast path: uvicorn's C parser (the `httptools` wheel)
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -36,6 +40,7 @@ except ImportError:  # pragma: no cover - where the wheel does not install
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 from synth_deploy.serving._admission import ConnectionLimits
+from synth_deploy.serving._client_log import ClientLog
 
 logger = logging.getLogger("synth_deploy.taskapp")
 _REFUSED_LINGER_S = 1.0  # a refused client still gets to read its 503 before the close
@@ -69,6 +74,9 @@ class _Bounded:
                  limits: ConnectionLimits) -> None:
         super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
         self._limits = limits
+        self.logger = ClientLog(self.logger, handshakes=False)  # type: ignore[has-type]
+        self.access_logger = ClientLog(self.access_logger,  # type: ignore[has-type]
+                                       handshakes=True)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescedWrites(transport, self.loop))  # type: ignore[misc]
@@ -128,6 +136,15 @@ if HttpToolsProtocol is not None:
         """uvicorn's httptools protocol with the kit's bounds: the fast path."""
 else:  # pragma: no cover
     BoundedHttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+class QuietWSProtocol(WSProtocol):
+    """uvicorn's wsproto protocol, its handshake lines logged by `ClientLog`'s rules."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.logger = ClientLog(self.logger, handshakes=config.access_log)  # type: ignore[assignment]
 
 
 def bounded_protocol() -> type:
@@ -222,4 +239,5 @@ class _Sweep:
         self.loop.call_later(self.interval, self.run, key)
 
 
-__all__ = ["BoundedH11Protocol", "BoundedHttpToolsProtocol", "bounded_protocol"]
+__all__ = ["BoundedH11Protocol", "BoundedHttpToolsProtocol", "QuietWSProtocol",
+           "bounded_protocol"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from synth_deploy.env import redact
+from synth_deploy.env import redact, redact_userinfo
 from synth_deploy.logs import CoalescedLog
 
 logger = logging.getLogger("synth_deploy.taskapp")
@@ -28,8 +28,9 @@ class AppFailures:
         self._warnings = CoalescedLog(logger, level=logging.WARNING, tracebacks=False)
 
     def redacted(self, text: str, extra_secrets: Sequence[str] = ()) -> str:
-        """``text`` with every secret value masked (``extra_secrets``: a request's own)."""
-        return redact(text, [*self.secret_values, *extra_secrets])
+        """``text`` with every secret value masked (``extra_secrets``: a request's own), and
+        the credentials of every URL in it (`redact_userinfo`)."""
+        return redact(redact_userinfo(text), [*self.secret_values, *extra_secrets])
 
     def error(self, exc: BaseException, message: str, *args: object,
               extra_secrets: Sequence[str] = ()) -> None:

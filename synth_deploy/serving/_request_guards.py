@@ -4,6 +4,8 @@ The protocol's own routes skip FastAPI's machinery (see `_protocol_app`), so wha
 have done for them is done here, in the protocol's error shape: a wrong method is a 405 with
 ``Allow``, a body that is not JSON a 415, a seed list that is not small ASCII integers a 422,
 and an unexpected exception a bare 500 whose traceback goes to the log, never to the client.
+A body is parsed by `parse_json`, whose nesting is bounded: a deep document is malformed JSON
+(422), never a RecursionError.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import re
 from typing import Any
 
+from pydantic_core import from_json
 from starlette.exceptions import HTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.middleware.exceptions import ExceptionMiddleware
@@ -112,6 +115,17 @@ def bad_request_response(exc: BadRequest, **extra: Any) -> Response:
     return error_response(exc.status, exc.code, exc.message, **extra)
 
 
+def parse_json(raw: bytes | str) -> Any:
+    """``raw`` as JSON, parsed as `/rollout` validates its body (pydantic's parser): nesting
+    deeper than it takes is a `ValueError` that says so, as any malformed document is.
+
+    The standard library's parser recurses once a level: a deep enough document raises
+    RecursionError, which no handler expects (a 500, a dropped WebSocket), and a document it
+    does take can still be too deep for the code that walks it afterwards.
+    """
+    return from_json(raw)
+
+
 class BodyTooLarge(Exception):
     """A request body beyond the app's ``max_body_bytes``."""
 
@@ -138,5 +152,5 @@ async def read_body(request: Request, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-__all__ = ["BodyTooLarge", "bad_request_response", "guarded", "http_error", "raw_header",
-           "read_body", "requested_seeds", "server_error", "unsupported_media_type"]
+__all__ = ["BodyTooLarge", "bad_request_response", "guarded", "http_error", "parse_json",
+           "raw_header", "read_body", "requested_seeds", "server_error", "unsupported_media_type"]

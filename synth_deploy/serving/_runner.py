@@ -42,6 +42,7 @@ from synth_deploy.env import Env, applied_env, apply_env
 from synth_deploy.errors import SynthDeployError, UsageError
 from synth_deploy.serving._admission import ConnectionLimits, RolloutLimits, rollout_limits
 from synth_deploy.serving._auth import ServerKeys, server_keys
+from synth_deploy.taskapp._config import DEFAULT_MAX_BODY_BYTES
 from synth_deploy.taskapp._registry import TaskAppEntry, load_app
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     """The keyword arguments of ``uvicorn.Config`` (and ``uvicorn.run``) for every server."""
     import functools
 
-    from synth_deploy.serving._connections import bounded_protocol
+    from synth_deploy.serving._connections import QuietWSProtocol, bounded_protocol
 
     if limits.max_connections is None:
         limits = replace(limits, max_connections=max(64, _open_file_limit() - _FILES_KEPT))
@@ -100,8 +101,11 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # The client address a proxy forwards (X-Forwarded-For from cloudflared on 127.0.0.1) is
     # read by the access log alone: without it, nobody reads it and it is not parsed.
     extra.setdefault("proxy_headers", access_log)
-    # OpenEnv's sessions (`_openenv`): wsproto, pure Python on the h11 uvicorn already has.
-    extra.setdefault("ws", "wsproto")
+    # OpenEnv's sessions (`_openenv`): wsproto, pure Python on the h11 uvicorn already has,
+    # its handshakes logged as access-log lines (`_client_log`).
+    extra.setdefault("ws", QuietWSProtocol)
+    # uvicorn holds a WebSocket message whole before the app sees it: capped as a body is.
+    extra.setdefault("ws_max_size", _message_limit(app))
     # No "server: uvicorn" on every response: it tells a scanner what to try. The Date
     # header, which HTTP requires, stays.
     extra.setdefault("server_header", False)
@@ -112,6 +116,13 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
                 http=functools.partial(bounded_protocol(), limits=limits), **extra)
+
+
+def _message_limit(app: Any) -> int:
+    """The largest WebSocket message ``app`` takes: a task app's ``max_body_bytes``, else the
+    kit's default (an app imported by name, the viewer, a mock policy)."""
+    config = getattr(getattr(app, "state", None), "config", None)
+    return getattr(config, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ which is where most of synth-ai's per-request overhead goes.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from synth_deploy.deadlines import deadline
-from synth_deploy.env import Env, is_secret_name
+from synth_deploy.env import Env, known_secrets
 from synth_deploy.errors import BadRequest
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import RolloutLimits, RolloutStats
@@ -47,7 +48,7 @@ from synth_deploy.serving._request_guards import (
     requested_seeds,
 )
 from synth_deploy.serving._responses import error_response, validation_errors
-from synth_deploy.serving._rollout_endpoint import RolloutEndpoint
+from synth_deploy.serving._rollout_endpoint import ClientWatch, RolloutEndpoint
 from synth_deploy.serving._routes import Endpoint, guarded_routes
 from synth_deploy.serving.openenv._wire import openenv_endpoints, openenv_sessions
 from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
@@ -228,7 +229,8 @@ def create_app(
 
     openapi_schema: dict[str, Any] = {}
     rollout = RolloutEndpoint(config, limits=limits, stats=stats,
-                              run=lambda req, body: rollouts.run(req, body, app.state.http))
+                              run=lambda req, body, client: rollouts.run(
+                                  req, body, app.state.http, client))
     endpoints = [  # /rollout first: the hot path matches at once
         Endpoint("/rollout", "POST", rollout, "Run one episode", asgi=True,
                  ok=schema_ref("RolloutResponse"), errors=(404, 413, 415, 422, 502, 504),
@@ -271,8 +273,10 @@ class _Rollouts:
         self.failures = failures
         self.trace_failures = CoalescedLog(logger)  # a full disk fails every rollout
 
-    async def run(self, req: RolloutRequest, request_json: bytes, http: Any) -> Response:
-        """``request_json``: the body ``req`` was read from."""
+    async def run(self, req: RolloutRequest, request_json: bytes, http: Any,
+                  client: ClientWatch | None = None) -> Response:
+        """``request_json``: the body ``req`` was read from; ``client``: whether its client
+        is still there (one that leaves stops the rollout, recorded as such)."""
         config, trace_store, on_session = self.config, self.trace_store, self.on_session
         inference_url = req.policy.config.get("inference_url")
         cid = correlation_id(req.policy.config)
@@ -289,11 +293,19 @@ class _Rollouts:
             elapsed = time.perf_counter() - started
             result = _completed(raw, req.run_id, tracer.finish(), wall_s=elapsed,
                                 inference_url=inference_url, cid=cid)
+        except asyncio.CancelledError:
+            if client is None or not client.left:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            elapsed = time.perf_counter() - started
+            error = error_response(499, "client_disconnected", f"rollout {req.run_id} was "
+                                   "stopped: its client disconnected before the answer",
+                                   run_id=req.run_id)
         except Exception as exc:
             error = self._failure(exc, req, bound)
             elapsed = time.perf_counter() - started
-            self.stats.errors += 1
-        self.stats.record(elapsed)
+        if client is not None:
+            client.running = False  # from here on the rollout is finished and stored
         session = tracer.finish()
         # Bytes straight from pydantic-core: no str round trip on the hot path.
         body = None if result is None else result.__pydantic_serializer__.to_json(result)
@@ -322,12 +334,17 @@ class _Rollouts:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
                 self.trace_failures.error(exc, "trace write failed for rollout %s", req.run_id)
-                return error_response(500, "trace_write_failed",
-                                      f"rollout {req.run_id} ran but its trace could not be "
-                                      f"stored ({type(exc).__name__}); see the server's log",
-                                      run_id=req.run_id)
+                error = error_response(500, "trace_write_failed",
+                                       f"rollout {req.run_id} ran but its trace could not be "
+                                       f"stored ({type(exc).__name__}); see the server's log",
+                                       run_id=req.run_id)
+                body = None
+        # What the client waits for, the commit included; an answer that is not a 200 is
+        # an error, whichever step failed.
+        self.stats.record(time.perf_counter() - started)
         if body is None:
             assert error is not None
+            self.stats.errors += 1
             return error
         self.stats.rollouts += 1
         return _EncodedJSON(body)
@@ -364,8 +381,9 @@ class _Rollouts:
 
 
 def _request_secrets(req: RolloutRequest) -> list[str]:
-    # The request's own policy secrets: a provider may echo a key in its error body.
-    return [str(v) for k, v in req.policy.config.items() if v and is_secret_name(k)]
+    # The request's own secrets, at any depth and in its URLs: a provider may echo a key in
+    # its error body, an app's exception may quote the inference_url.
+    return known_secrets(req.policy.config)
 
 
 def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,

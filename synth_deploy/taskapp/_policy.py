@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from synth_deploy.env import is_secret_name, redact, redact_userinfo
+from synth_deploy.env import known_secrets, redact, redact_userinfo
 from synth_deploy.errors import BadRequest, TaskAppError
 from synth_deploy.taskapp._config import RolloutContext
 from synth_deploy.taskapp._outbound import ALLOW_LINK_LOCAL_HINT, refused_address
@@ -255,8 +255,9 @@ def _origin(url: str) -> str:
 
 def _log_answer(ctx: RolloutContext, url: str, resp: httpx.Response) -> None:
     """The policy's answer, for the operator: truncated, the request's secrets masked."""
-    secrets = [str(v) for k, v in ctx.request.policy.config.items() if v and is_secret_name(k)]
-    text = redact(resp.text[:LOGGED_BODY_CHARS], secrets)
+    # At any depth and in the URL: an upstream may echo the query or the Basic credentials.
+    secrets = known_secrets(ctx.request.policy.config)
+    text = redact(redact_userinfo(resp.text[:LOGGED_BODY_CHARS]), secrets)
     logger.warning("rollout %s: policy at %s answered HTTP %d; first %d chars: %r",
                    ctx.request.run_id, _origin(url), resp.status_code, LOGGED_BODY_CHARS, text)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from synth_deploy.tracing._errors import SessionNotFoundError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._thread import ThreadWriter
+
+logger = logging.getLogger("synth_deploy.tracing")
 
 WRITE_TIMEOUT_S = 60.0
 
@@ -151,6 +154,9 @@ class TraceStore:
         with self._children_lock:
             self._check_writable()
             child = self._children.get(loop)
+            if child is not None and not child.alive:
+                logger.warning("%s; a new one takes over (the writes it held failed, and "
+                               "were answered so)", child.exit_error().message)
             if child is None or not child.alive:
                 from synth_deploy.tracing._write._child import LoopWriter
 

@@ -149,6 +149,17 @@ def test_the_plan_warns_when_settings_promise_more_than_rehearse_measured(standi
     assert "promises more" not in _run("math", "--dry-run").output
 
 
+def test_a_hand_edited_capacity_record_is_ignored_by_the_plan(standin):
+    record = standin["dir"] / ".synth-deploy" / "capacity.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({"math": {
+        "app_id": "math", "sustained": "4", "knee": None, "rollouts_per_s": 9.5,
+        "limited": True, "measured_at": "2026-11-26 21:00"}}))
+    result = _run("math", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "promises more" not in result.output
+
+
 def test_a_broken_app_never_reaches_modal(standin):
     app_dir = standin["dir"] / "apps" / "brokenmath"
     app_dir.mkdir(parents=True)

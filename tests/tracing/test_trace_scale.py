@@ -10,6 +10,7 @@ import asyncio
 import copy
 import fcntl
 import json
+import logging
 import os
 import pickle
 import select
@@ -121,7 +122,8 @@ def test_a_new_servers_first_writes_do_not_wait_for_its_writer_child(tmp_path):
         assert {s.run_id for s in store.list_sessions(limit=None)} == {"run-0", "run-1"}
 
 
-def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_path):
+def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_path,
+                                                                            caplog):
     path = tmp_path / "t.db"
     store = open_trace_store(path)
 
@@ -136,8 +138,11 @@ def test_a_killed_writer_fails_its_writes_and_the_next_write_starts_another(tmp_
         os.kill(first.pid, signal.SIGKILL)
         with pytest.raises(Exception, match="trace writer process .* exited"):
             await pending
-        await store.write_session(make_session(2))  # a new child (the thread while it starts)
+        with caplog.at_level(logging.WARNING, logger="synth_deploy.tracing"):
+            await store.write_session(make_session(2))  # a new child (the thread meanwhile)
         assert store.use_writer_process() is not first
+        [said] = [r.getMessage() for r in caplog.records if "writer" in r.getMessage()]
+        assert "exited" in said and "a new one takes over" in said, said
 
     asyncio.run(main())
     store.close()

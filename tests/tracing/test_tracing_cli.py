@@ -141,7 +141,7 @@ def test_stored_escape_sequences_never_reach_the_terminal(tmp_path):
         assert result.exit_code == 0, repr(result.exception)
         assert not {"\x1b", "\x07", "\x9b"} & set(result.output), (args, result.output)
     shown = run("show", session.session_id, "--trace-db", db, env=env).stdout
-    assert "run\\x1b]0;pwned" in shown  # shown as what it is (rich drops the bell itself)
+    assert "run\\x1b]0;pwned\\x07" in shown  # shown as what it is, the bell included
 
 
 def test_bad_inputs_exit_with_clear_errors(tmp_path):

@@ -192,3 +192,33 @@ def test_discovery_is_bounded_in_depth_and_folders(tmp_path):
     write(wide / "d29", RL_HEAD, "rl.toml")
     assert discover_configs(wide) == [wide / "d29" / "rl.toml"]
     assert discover_configs(wide, max_dirs=10) == []  # stops after ten folders
+
+
+@pytest.mark.parametrize("section, line, said", [
+    ("training", "batch_size = -16", "training.batch_size: must be at least 1, got -16"),
+    ("rollout", "max_concurrent_rollouts = -8",
+     "rollout.max_concurrent_rollouts: must be at least 1, got -8"),
+    ("compute", "gpu_count = 9223372036854775807",
+     "compute.gpu_count: must be at most 2147483647, got 9223372036854775807"),
+    ("training", "learning_rate = 0.0", "training.learning_rate: must be greater than 0"),
+    ("training", "learning_rate = inf", "training.learning_rate: expected a finite number, "
+     "got inf"),
+    ("training", "reward_positive = nan", "training.reward_positive: expected a finite number"),
+    ("rollout", "env_config = { limit = -inf }", "rollout.env_config.limit: expected a finite"),
+    ("evaluation", "seeds = [1, -2]", "evaluation.seeds.1: must be at least 0, got -2"),
+    ("policy", "top_p = 1.5", "policy.top_p: must be at most 1"),
+])
+def test_rl_values_out_of_range_name_their_key(tmp_path, section, line, said):
+    path = write(tmp_path, RL_HEAD + f"[{section}]\n{line}\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert said in info.value.message, info.value.message
+
+
+@pytest.mark.parametrize("levels", [20, 5_000])
+def test_a_deeply_nested_array_is_a_usage_error(tmp_path, levels):
+    path = write(tmp_path, RL_HEAD + "[rollout]\nenv_config = { a = " + "[" * levels
+                 + "]" * levels + " }\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert "nested" in info.value.message and str(path) in info.value.message

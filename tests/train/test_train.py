@@ -388,3 +388,14 @@ def test_ndjson_stream_cut_by_an_error_has_no_invented_outcome(backend, rl_env):
     assert [r for r in records if r.get("record") == "event"]
     assert not [r for r in records if r.get("record") == "outcome"]
     assert records[-1]["ok"] is False and records[-1]["error"]["status"] == 400
+
+
+def test_dry_run_refuses_infinity_before_printing_json(backend, rl_env, tmp_path):
+    config = tmp_path / "rl.toml"
+    config.write_text((APP_CONFIGS / "rl.toml").read_text()
+                      + '\n[vllm]\nbudget = inf\n')
+    result = run("--config", str(config), "--env-file", rl_env, "--dry-run")
+    assert result.exit_code == 2, result.output
+    assert "vllm.budget: expected a finite number, got inf" in result.output
+    assert "Infinity" not in result.output and "Traceback" not in result.output
+    assert backend.requests == []

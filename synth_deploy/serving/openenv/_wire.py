@@ -36,7 +36,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from synth_deploy.errors import BadRequest
 from synth_deploy.serving._failures import AppFailures
-from synth_deploy.serving._request_guards import BodyTooLarge, read_body
+from synth_deploy.serving._request_guards import BodyTooLarge, parse_json, read_body
 from synth_deploy.serving._responses import error_response
 from synth_deploy.serving._routes import Endpoint
 from synth_deploy.serving.openenv._sessions import (
@@ -58,6 +58,7 @@ _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": Tru
                                 "step_count": {"type": "integer", "minimum": 0}}}
 _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
+_CLOSE_TOO_BIG = 1009
 
 
 
@@ -169,7 +170,7 @@ class _Wire:
 
     async def mcp(self, request: Request) -> Response:
         try:
-            message = json.loads(await read_body(request, 64 * 1024) or b"null")
+            message = parse_json(await read_body(request, 64 * 1024) or b"null")
         except (BodyTooLarge, ValueError):
             message = None
         return JSONResponse(_mcp_answer(message))
@@ -255,7 +256,7 @@ class _Wire:
             return error_response(413, "body_too_large",
                                   f"request body exceeds {self.config.max_body_bytes} bytes")
         try:
-            body = json.loads(raw) if raw.strip() else {}
+            body = parse_json(raw) if raw.strip() else {}
         except ValueError as exc:
             return error_response(422, "invalid_json", f"request body is not valid JSON: {exc}")
         if not isinstance(body, dict):
@@ -282,10 +283,10 @@ class _Wire:
 
     async def websocket(self, websocket: WebSocket) -> None:
         await websocket.accept()
-        reaped: list[bool] = []
+        closed: list[bool] = []  # the socket was closed already (the lease, a message too big)
 
         def on_reap() -> None:  # the lease ran out: the session is gone, close the socket
-            reaped.append(True)
+            closed.append(True)
             asyncio.get_running_loop().create_task(_close_quietly(
                 websocket, _CLOSE_GOING_AWAY, "session idle too long: its lease ran out"))
 
@@ -304,6 +305,14 @@ class _Wire:
                     raw = await websocket.receive_text()
                 except (WebSocketDisconnect, RuntimeError, KeyError):
                     break  # gone (a vanished client, or the reaper closed the socket)
+                if len(raw) > self.config.max_body_bytes:
+                    # uvicorn closes first (its ws_max_size is this limit); another server
+                    # running the app (Modal's front end) hands the message over whole.
+                    reason = "a message beyond max_body_bytes"
+                    await _close_quietly(websocket, _CLOSE_TOO_BIG, "message exceeds "
+                                         f"{self.config.max_body_bytes} bytes")
+                    closed.append(True)
+                    break
                 answer = await self._message(session, raw)
                 if answer is None:
                     reason = "the client closed the session"
@@ -313,13 +322,13 @@ class _Wire:
             pass
         finally:
             await self.sessions.close(session, reason)
-            if not reaped:
+            if not closed:
                 await _close_quietly(websocket, 1000, "")
 
     async def _message(self, session: EnvSession, raw: str) -> dict[str, Any] | None:
         """The answer to one message (None: the client closed the session)."""
         try:
-            message = json.loads(raw)
+            message = parse_json(raw)
         except ValueError as exc:
             return _ws_error("INVALID_JSON", f"Invalid JSON: {exc}")
         kind = message.get("type") if isinstance(message, dict) else None

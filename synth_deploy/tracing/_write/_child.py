@@ -215,7 +215,7 @@ class LoopWriter:
         has committed it, or fails past ``timeout_s``."""
         future = self.loop.create_future()
         if not self.alive:
-            future.set_exception(self._exit_error())
+            future.set_exception(self.exit_error())
             return future
         self._seq += 1
         self._pending[self._seq] = future
@@ -313,13 +313,14 @@ class LoopWriter:
         if self._waiting_to_write:
             self.loop.remove_writer(self._in_fd)
             self._waiting_to_write = False
-        error = self._exit_error()
+        error = self.exit_error()
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
 
-    def _exit_error(self) -> TraceStoreError:
+    def exit_error(self) -> TraceStoreError:
+        """What the child's exit is told as (its code, once it has one)."""
         code = self._proc.poll()
         return TraceStoreError(
             f"the trace writer process for {self.display} exited"

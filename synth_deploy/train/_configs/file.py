@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -31,6 +32,7 @@ SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "__pycache__", "
                        "tests", "test"})
 DISCOVERY_MAX_DEPTH = 4
 DISCOVERY_MAX_DIRS = 2000
+_MOST_NESTED = 16  # levels of tables and arrays; synth-ai's configs use three or four
 
 # Old spelling -> (new spelling, note). Renamed ones are moved before validation.
 _RENAMED_SECTIONS = {"judge": "verifier"}
@@ -120,7 +122,10 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read config {p}: {exc}") from exc
     try:
-        return tomllib.loads(text)
+        raw = tomllib.loads(text)
+    except RecursionError:
+        raise UsageError(f"{p}: arrays or tables nested too deeply to read",
+                         hint=f"a training config nests at most {_MOST_NESTED} levels") from None
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
@@ -129,6 +134,30 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         col = f" (column {m.group(2)})" if m else ""
         raise UsageError(f"{where}: TOML syntax error: {reason}{col}",
                          hint="fix the line shown; strings need quotes, tables [name]") from None
+    if problems := _implausible(raw):
+        raise UsageError(f"{p}: {len(problems)} problem(s):\n"
+                         + "\n".join(f"  {p.name}: {line}" for line in problems),
+                         hint="a trainer takes finite numbers; configs nest a few levels")
+    return raw
+
+
+def _implausible(raw: dict[str, Any]) -> list[str]:
+    """What no training config holds, anywhere (in free-form tables too, which are sent on
+    as they are and printed as JSON): inf or nan, and nesting deeper than `_MOST_NESTED`."""
+    problems: list[str] = []
+    pending: list[tuple[tuple[str, ...], Any]] = [((), raw)]
+    while pending:  # not recursive: the depth is what is being checked
+        path, value = pending.pop()
+        where = ".".join(path) or "(top level)"
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{where}: expected a finite number, got {value}")
+        elif isinstance(value, (dict, list)):
+            if len(path) >= _MOST_NESTED:
+                problems.append(f"{where}: nested more than {_MOST_NESTED} levels deep")
+                continue
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            pending += [((*path, str(key)), item) for key, item in items]
+    return sorted(problems)
 
 
 def load_config(path: str | os.PathLike[str], kind: str = "auto") -> TrainConfig:

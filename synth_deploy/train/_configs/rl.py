@@ -11,8 +11,13 @@ from pydantic import model_validator
 from synth_deploy.train._configs.sections import (
     AlgorithmConfig,
     ComputeConfig,
+    Count,
+    Index,
     LoraConfig,
+    NonNegative,
     PolicyConfig,
+    Port,
+    Positive,
     Section,
 )
 
@@ -29,10 +34,10 @@ class RolloutConfig(Section):
     policy_name: str | None = None
     env_config: dict[str, Any] | None = None
     policy_config: dict[str, Any] | None = None
-    max_turns: int | None = None
-    episodes_per_batch: int | None = None
-    max_concurrent_rollouts: int | None = None
-    batches_per_step: int | None = None
+    max_turns: Count | None = None
+    episodes_per_batch: Count | None = None
+    max_concurrent_rollouts: Count | None = None
+    batches_per_step: Count | None = None
 
 
 class WeightSyncConfig(Section):
@@ -40,8 +45,8 @@ class WeightSyncConfig(Section):
     targets: list[str] | None = None
     mode: str | None = None
     direct: bool | None = None
-    verify_every_k: int | None = None
-    weight_sync_interval: int | None = None  # synth-ai's crafter example sets it here
+    verify_every_k: Count | None = None
+    weight_sync_interval: Count | None = None  # synth-ai's crafter example sets it here
 
 
 class RewardsConfig(Section):
@@ -54,16 +59,16 @@ class RewardsConfig(Section):
 
 
 class RLTrainingConfig(Section):
-    num_epochs: int | None = None
-    iterations_per_epoch: int | None = None
-    gradient_accumulation_steps: int | None = None
-    max_accumulated_minibatch: int | None = None
-    max_turns: int | None = None
-    batch_size: int | None = None
-    group_size: int | None = None
-    learning_rate: float | None = None
-    log_interval: int | None = None
-    weight_sync_interval: int | None = None
+    num_epochs: Count | None = None
+    iterations_per_epoch: Count | None = None
+    gradient_accumulation_steps: Count | None = None
+    max_accumulated_minibatch: Count | None = None
+    max_turns: Count | None = None
+    batch_size: Count | None = None
+    group_size: Count | None = None
+    learning_rate: Positive | None = None
+    log_interval: Count | None = None
+    weight_sync_interval: Count | None = None
     weight_sync: WeightSyncConfig | None = None
     lora: LoraConfig | None = None
     rewards: RewardsConfig | None = None
@@ -84,16 +89,16 @@ class RLDataConfig(Section):
     """``[data]`` of synth-ai's shipped math example: which seeds and splits rollouts use."""
 
     split: str | None = None
-    seed_start: int | None = None
-    episodes_per_iteration: int | None = None
+    seed_start: Index | None = None
+    episodes_per_iteration: Count | None = None
     evaluation_split: str | None = None
-    evaluation_episodes: int | None = None
+    evaluation_episodes: Count | None = None
 
 
 class EvaluationConfig(Section):
-    instances: int | None = None
-    every_n_iters: int | None = None
-    seeds: list[int] | None = None
+    instances: Count | None = None
+    every_n_iters: Count | None = None
+    seeds: list[Index] | None = None
 
 
 class RewardBlend(Section):
@@ -109,16 +114,16 @@ class VerifierOptionsConfig(Section):
     model: str | None = None
     rubric_id: str | None = None
     rubric_overrides: dict[str, Any] | None = None
-    timeout_s: float | None = None
+    timeout_s: Positive | None = None
     metadata: dict[str, Any] | None = None
     tracks: list[str] | None = None
-    weights: dict[str, float] | None = None
-    max_concurrency: int | None = None
+    weights: dict[str, NonNegative] | None = None
+    max_concurrency: Count | None = None
 
 
 class VerifierConfig(Section):
     type: str | None = None
-    timeout_s: int | None = None
+    timeout_s: Count | None = None
     enabled: bool | None = None
     reward_blend: RewardBlend | None = None
     rubric: dict[str, Any] | None = None  # deprecated: enabled / reward_blend
@@ -131,21 +136,21 @@ class SmokeConfig(Section):
     task_url: str | None = None
     env_name: str | None = None
     policy_name: str | None = None
-    max_steps: int | None = None
+    max_steps: Count | None = None
     policy: str | None = None
     model: str | None = None
     mock_backend: str | None = None
-    mock_port: int | None = None
+    mock_port: Port | None = None
     return_trace: bool | None = None
     use_mock: bool | None = None
     task_app_name: str | None = None
-    task_app_port: int | None = 8765
+    task_app_port: Port | None = 8765
     task_app_env_file: str | None = None
     task_app_force: bool | None = None
     sqld_auto_start: bool | None = None
     sqld_db_path: str | None = None
-    sqld_hrana_port: int | None = None
-    sqld_http_port: int | None = None
+    sqld_hrana_port: Port | None = None
+    sqld_http_port: Port | None = None
 
 
 class RLConfig(Section):

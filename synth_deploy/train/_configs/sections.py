@@ -8,9 +8,20 @@ rather than a setting the trainer silently ignores.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Ranges a trainer can take: a count is at least 1 and fits the 32-bit integer a backend
+# stores it in; a rate is positive; a probability is between 0 and 1. (A float is finite
+# everywhere: `read_toml` refuses inf and nan in any value.)
+_MOST = 2**31 - 1
+Count = Annotated[int, Field(ge=1, le=_MOST)]
+Index = Annotated[int, Field(ge=0, le=_MOST)]  # a seed, a first seed
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Probability = Annotated[float, Field(ge=0, le=1)]
 
 
 class Section(BaseModel):
@@ -31,17 +42,17 @@ class ComputeConfig(Section):
     """``[compute]``: where the trainer runs."""
 
     gpu_type: str | None = None
-    gpu_count: int | None = None
-    nodes: int | None = None
+    gpu_count: Count | None = None
+    nodes: Count | None = None
     topology: dict[str, Any] | None = None
 
 
 class LoraConfig(Section):
     """``[training.lora]`` (and the deprecated top-level ``[lora]``)."""
 
-    r: int | None = None
-    alpha: int | None = None
-    dropout: float | None = None
+    r: Count | None = None
+    alpha: Count | None = None
+    dropout: Probability | None = None
     target_modules: list[str] | None = None
 
 
@@ -58,11 +69,11 @@ class PolicyConfig(Section):
     model: str | None = None
     source: str | None = None
     # Sampling (synth-ai's [policy]); the backend fills its own defaults when absent.
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    repetition_penalty: float | None = None
+    max_tokens: Count | None = None
+    temperature: NonNegative | None = None
+    top_p: Probability | None = None
+    top_k: Count | None = None
+    repetition_penalty: Positive | None = None
     stop_sequences: list[str] | None = None
     inference_url: str | None = None
     trainer_mode: Literal["lora", "qlora", "full"] | None = None
@@ -87,4 +98,5 @@ class PolicyConfig(Section):
         return self.source or self.base_model
 
 
-__all__ = ["AlgorithmConfig", "ComputeConfig", "LoraConfig", "PolicyConfig", "Section"]
+__all__ = ["AlgorithmConfig", "ComputeConfig", "Count", "Index", "LoraConfig", "NonNegative",
+           "PolicyConfig", "Port", "Positive", "Probability", "Section"]
