@@ -68,6 +68,8 @@ def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailu
     failures are logged."""
     if config.environment is None:
         return None
+    declared = config.environment.max_sessions  # the environment's own cap, if lower
+    capacity = min(capacity, declared) if declared is not None else capacity
     return EnvSessions(config.environment, app_id=config.app_id, capacity=capacity,
                        idle_s=config.session_idle_seconds, failures=failures,
                        trace_store=trace_store, on_session=on_session)
@@ -139,7 +141,8 @@ class _Wire:
                     observation = getattr(env, "observation_schema", None) or {"type": "object"}
                     self._described = {"action": self.spec.action_schema(env),
                                        "observation": dict(observation),
-                                       "state": _STATE_SCHEMA}
+                                       "state": _state_schema(getattr(env, "state_schema",
+                                                                      None))}
                 finally:
                     await environment.close(env)
         return JSONResponse(self._described)
@@ -351,6 +354,15 @@ class _Wire:
             self.failures.error(exc, "environment session %s: %s failed", session.id, kind)
             return _ws_error("EXECUTION_ERROR", f"the environment failed in {kind}; see the "
                              "server's log")
+
+
+def _state_schema(declared: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The environment's state schema with what the kit adds to every state."""
+    if not declared:
+        return _STATE_SCHEMA
+    schema = dict(declared)
+    schema["properties"] = {**schema.get("properties", {}), **_STATE_SCHEMA["properties"]}
+    return schema
 
 
 def _session_id(request: HTTPConnection) -> str | None:
