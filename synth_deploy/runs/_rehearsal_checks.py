@@ -188,6 +188,15 @@ def idle_check(result: IdleResult) -> RehearsalCheck:
     if result.survived is None:
         return RehearsalCheck("idle connection", "skip", f"not measured: {result.error}",
                               data=data)
+    if result.refused is not None:
+        cut = result.refused in (502, 504, 520, 522, 524)
+        return RehearsalCheck(
+            "idle connection", "fail", f"closed ({result.refused}): {result.error}", data=data,
+            fix="a proxy on the path cut a rollout that sent no byte for longer than it "
+                "waits: the app must answer, or send its head, within the proxy's limit "
+                "(apps this kit serves send the head after 20 s; an app served otherwise "
+                "must do the same)"
+            if cut else "the app refused the probe's rollout: see the capacity and step checks")
     if not result.survived:
         return RehearsalCheck(
             "idle connection", "fail", f"lost after {idle} idle: {result.error}", data=data,

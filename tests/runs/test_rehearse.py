@@ -298,3 +298,36 @@ def test_the_mock_policy_samples_per_correlation_id_when_asked_to(mock_policy):
     sampled = {cid: answer(cid, 1.0) for cid in (f"c{i}" for i in range(40))}
     assert all(answer(cid, 1.0) == text for cid, text in list(sampled.items())[:5])
     assert len(set(sampled.values())) > 1  # group members disagree on some prompts
+
+
+def test_an_idle_probe_answered_524_and_closed_is_reported_not_a_crash(tmp_path, serve,
+                                                                       math_server, api_key):
+    # Cloudflare's edge answers a silent origin 524 and closes the connection: the probe
+    # read the closed socket's port and rehearse crashed (EBADF). Here an edge in front of the
+    # math app answers the idle probe's rollouts so; everything else passes through.
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def forward(request):
+        body = await request.body()
+        if request.url.path == "/rollout" and b"-idle-" in body:
+            return Response("error code: 524", status_code=524, media_type="text/plain",
+                            headers={"connection": "close"})
+        async with httpx.AsyncClient(base_url=math_server.url, timeout=60) as client:
+            upstream = await client.request(request.method, request.url.path, content=body,
+                                            params=request.query_params,
+                                            headers={k: v for k, v in request.headers.items()
+                                                     if k in ("x-api-key", "authorization",
+                                                              "content-type")})
+        return Response(upstream.content, status_code=upstream.status_code,
+                        media_type=upstream.headers.get("content-type"))
+
+    edge = serve(Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])]))
+    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--task-url", edge.url,
+                            "--skip", "determinism", "--skip", "capacity",
+                            ENVIRONMENT_API_KEY=api_key)
+    idle = checks(report)["idle connection"]
+    assert idle["verdict"] == "fail" and idle["finding"].startswith("closed (524)"), idle
+    assert "connection closed" in idle["finding"] and "proxy" in idle["fix"]
+    assert code != 0 and checks(report)["training step"]["verdict"] == "pass"
