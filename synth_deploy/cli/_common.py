@@ -274,9 +274,12 @@ def load_table(levels: Sequence[dict[str, Any]], *, width: int):
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
+    def per_second(value: float) -> str:  # a 45-s rollout is 0.022/s, not 0.0
+        return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2g}"
+
     rows = [[str(level["concurrency"]), str(level["rollouts"]),
              f"[red]{level['errors']}[/red]" if level["errors"] else "0",
-             seconds(level["p50_s"]), seconds(level["p99_s"]), f"{level['rollouts_per_s']:.1f}",
+             seconds(level["p50_s"]), seconds(level["p99_s"]), per_second(level["rollouts_per_s"]),
              "[red]gave way[/red]" if level["problem"] else "[green]held[/green]"]
             for level in levels]
     columns = [Column("concurrency", justify="right"), Column("rollouts", justify="right"),

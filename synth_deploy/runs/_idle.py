@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from synth_deploy.env import redact
+from synth_deploy.runs._rollouts import transport_error
 from synth_deploy.tls import client_ssl_context
 
 # Common idle timeouts: uvicorn and Node 5 s, AWS ALB 60 s, nginx 75 s.
@@ -99,8 +100,8 @@ async def idle_probe(base_url: str, api_key: str, bodies: tuple[dict[str, Any], 
                         first_done.set()
             except httpx.HTTPError as exc:
                 which = "first" if number == 0 else f"after {result.idle_s:g}s idle, the second"
-                result.error = redact(f"{which} rollout failed: {type(exc).__name__}: "
-                                      f"{exc or 'connection dropped'}", hidden)
+                result.error = redact(f"{which} rollout failed: {transport_error(exc)}",
+                                      hidden)
                 return result
             answered = time.monotonic()
             result.statuses.append(resp.status_code)
@@ -126,8 +127,7 @@ async def _touch(client: httpx.AsyncClient, result: IdleResult, idle: float,
     except httpx.HTTPError as exc:
         result.idle_s = round(idle, 1)
         result.error = redact(f"after {result.idle_s:g}s idle, a request on the kept "
-                              f"connection failed: {type(exc).__name__}: "
-                              f"{exc or 'connection dropped'}", hidden)
+                              f"connection failed: {transport_error(exc)}", hidden)
         return False
     return True
 
