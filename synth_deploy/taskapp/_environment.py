@@ -328,9 +328,8 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     tool = spec.tool(env)
     tool_name = tool["function"]["name"]
     system = {"role": "system", "content": await spec.system_prompt(env)}
-    no_call = getattr(env, "no_call_message", None) or (
-        f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
     noop = getattr(env, "noop", None)
+    ended = "the environment was done at reset"
     keep = getattr(env, "history_turns", None)
     history: list[list[dict[str, Any]]] = []
     steps: list[RolloutStep] = []
@@ -338,6 +337,10 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     turn = 0
     while not done:
         turn += 1
+        tool = spec.tool(env)  # read each turn: a tool may say which moves are legal now
+        tool_name = tool["function"]["name"]
+        no_call = getattr(env, "no_call_message", None) or (
+            f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
         tracer.start_timestep(f"turn-{turn}", turn_number=turn,
                               metadata=timestep_metadata(env, request.env.seed))
         content = prompt_of(env, observation)
@@ -380,6 +383,13 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
             if executed else []))
         history.append([{"role": "user", "content": text_of(content)}, *exchange])
         observation, done = result.observation, result.done
+        if missed and noop is None:
+            ended = (f"no valid action at turn {turn}, twice ({attempt.problem}): the episode "
+                     "was cut (give the environment a `noop` to play on instead)")
+        elif result.truncated:
+            ended = f"truncated by the environment at turn {turn}"
+        else:
+            ended = f"done at turn {turn}"
     if callable(getattr(env, "outcome", None)):
         outcome = await call(env.outcome, steps)
     else:
@@ -388,8 +398,12 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
                                  total_steps=len(steps), metadata=dict(outcome.metadata))
     policy = request.policy
     inference_url = policy.config.get("inference_url")
+    metrics = dict(outcome.metrics)
+    details = metrics.get("details")
+    metrics["details"] = {"ended": ended,
+                          **(dict(details) if isinstance(details, Mapping) else {})}
     return {
-        "metrics": dict(outcome.metrics),
+        "metrics": metrics,
         "trajectories": [RolloutTrajectory(
             env_id=outcome.env_id or f"{spec.app_id}:{request.env.seed}",
             policy_id=policy.policy_id or policy.policy_name or "policy", steps=steps,

@@ -18,7 +18,7 @@ from toy_apps import CountEnv, env_config
 
 from synth_deploy.errors import TaskAppError
 from synth_deploy.serving import RolloutLimits, create_app
-from synth_deploy.taskapp import TaskApp, function_tool
+from synth_deploy.taskapp import InvalidAction, Step, TaskApp, function_tool
 
 ActionT, ObsT, StateT = TypeVar("ActionT"), TypeVar("ObsT"), TypeVar("StateT")
 
@@ -229,3 +229,51 @@ def test_an_action_with_a_field_the_schema_forbids_is_refused(serve, api_key):
             env.step({})
         assert "'n'" in str(missing.value)
         assert env.step({"n": 1})["observation"]["total"] == 1  # nothing changed before
+
+
+class Corridor:
+    """Each turn exactly one move is legal, and the tool says which: read once per episode,
+    it goes stale after the first step."""
+
+    def tool(self):
+        return function_tool("move", "Take the one legal move.", {
+            "type": "object", "properties": {"move": {"type": "string",
+                                                      "enum": [f"m{self.at}"]}},
+            "required": ["move"]})
+
+    def reset(self, seed, *, episode_id, config):
+        self.at = 0
+        return {"text": "Walk the corridor: 4 moves."}
+
+    def step(self, action):
+        if action["move"] != f"m{self.at}":
+            raise InvalidAction(f"the only legal move is m{self.at}")
+        self.at += 1
+        return Step({"text": f"at {self.at}"}, reward=1.0, done=self.at == 4)
+
+
+def rollout(server, api_key, policy_url, run_id="r"):
+    resp = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
+                      json={"run_id": run_id, "env": {"seed": 0},
+                            "policy": {"config": {"inference_url": policy_url}}})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_a_tool_whose_legal_moves_change_is_read_each_turn(serve, mock_policy, api_key):
+    server = serve(create_app(env_config(Corridor), api_keys=[api_key]))
+    body = rollout(server, api_key, mock_policy.url + "/v1")
+    steps = body["trajectories"][0]["steps"]
+    assert len(steps) == 4 and body["metrics"]["outcome_reward"] == 4.0
+    assert body["metrics"]["details"]["ended"] == "done at turn 4"
+
+
+def test_why_an_episode_ended_is_in_its_details(serve, api_key):
+    from standins.scripted_policy import scripted_policy
+
+    policy = serve(scripted_policy(["I will not call a tool."]))
+    server = serve(create_app(env_config(Corridor), api_keys=[api_key]))
+    body = rollout(server, api_key, policy.url + "/v1")
+    ended = body["metrics"]["details"]["ended"]
+    assert ended.startswith("no valid action at turn 1, twice (no tool call)"), ended
+    assert "noop" in ended
