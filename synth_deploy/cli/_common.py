@@ -37,7 +37,9 @@ TraceDbOption = Annotated[str | None, typer.Option(
 NoTraceOption = Annotated[bool, typer.Option("--no-trace", help="Do not record traces.")]
 MaxRolloutsOption = Annotated[int | None, typer.Option(
     "--max-rollouts", min=1, help="Rollouts the app runs at once; beyond, 503 + Retry-After "
-                                  "(default: $SYNTH_DEPLOY_MAX_ROLLOUTS, else 10000).",
+                                  "(default: $SYNTH_DEPLOY_MAX_ROLLOUTS, else 10000). Also "
+                                  "caps /openenv sessions, unless the environment's own "
+                                  "max_sessions is lower.",
     show_default=False, metavar="N")]
 PricesOption = Annotated[Path | None, typer.Option(
     "--prices", help="A price table (TOML: US dollars per million tokens, per model) for a cost "
