@@ -277,3 +277,11 @@ def test_why_an_episode_ended_is_in_its_details(serve, api_key):
     ended = body["metrics"]["details"]["ended"]
     assert ended.startswith("no valid action at turn 1, twice (no tool call)"), ended
     assert "noop" in ended
+
+
+def test_openenvs_probes_at_the_app_root_are_told_the_base_url(serve, api_key):
+    server = serve(create_app(env_config(), api_keys=[api_key]))
+    for method, path in (("GET", "/metadata"), ("GET", "/schema"), ("POST", "/mcp")):
+        resp = httpx.request(method, server.url + path, json={}, timeout=5)
+        assert resp.status_code == 404
+        assert f"the base URL {server.url}/openenv" in resp.text, resp.text

@@ -103,7 +103,18 @@ def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
                  "document", **public),
         Endpoint(PREFIX + "/mcp", "POST", wire.mcp, "OpenEnv: MCP (answers JSON-RPC "
                  "errors)", **public),
+        # OpenEnv's probes sent to the app's root (a base URL without /openenv): told where.
+        *(Endpoint(path, method, _elsewhere, f"OpenEnv's {path} is under {PREFIX}",
+                   errors=(404,), **public)
+          for path, method in (("/metadata", "GET"), ("/schema", "GET"), ("/mcp", "POST"))),
     ]
+
+
+async def _elsewhere(request: Request) -> Response:
+    base = str(request.base_url).rstrip("/") + PREFIX
+    return error_response(404, "openenv_base_url", f"this is the task app's root; OpenEnv's "
+                          f"routes are under {PREFIX}: give OpenEnv's clients (and `openenv "
+                          f"validate --url`) the base URL {base}")
 
 
 def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:
