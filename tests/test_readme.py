@@ -56,3 +56,12 @@ def test_the_mock_policy_sections_game_is_won_on_some_seeds_and_lost_on_others(t
     calls = {json.dumps(lm.call_records[0]["response"]["tool_calls"][0]["function"])
              for lm in firsts}
     assert len(firsts) == 20 and len(calls) == 1, calls
+
+
+def test_the_environment_interface_is_documented_whole():
+    section = README.read_text().split("The environment interface, all of it", 1)[1][:4000]
+    for member in ("`tool`", "`reset(seed, *, episode_id, config)`", "`step(action)`",
+                   "`prompt(observation)`", "`system_prompt()`", "`state()`", "`outcome(steps)`",
+                   "`close()`", "`noop`", "`no_call_message`", "`Reward(kind, value)`",
+                   "`max_sessions`", "details.ended", "second reply is refused too"):
+        assert member in section, member

@@ -16,6 +16,7 @@ plain ``modal deploy apps/math/task_app.py``.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from math_problems import TEST_SEEDS, TIERS, TRAIN_SEEDS, make_problem, parse_answer
@@ -170,14 +171,20 @@ class MathEnvironment:
         "required": ["answer"], "additionalProperties": False})
 
     def reset(self, seed, *, episode_id, config):
-        self.problem = make_problem(seed if seed is not None else 0)
+        if seed is None:  # a client that names no seed gets a new train problem each time
+            seed = random.choice(TRAIN_SEEDS)
+        self.problem, self.done = make_problem(seed), False
+        self.timestep_metadata = {"seed": seed}  # the trace says which problem was asked
         return {"text": self.problem.question, "difficulty": self.problem.difficulty}
 
     def step(self, action):
+        if self.done:  # answered already: nothing more to earn until the next reset
+            return Step({"text": "The episode is over: reset for a new problem."},
+                        done=True, info={"after_done": True})
         answer = action.get("answer")
         if isinstance(answer, bool) or not isinstance(answer, int):
             raise InvalidAction(f"answer must be an integer, got {str(answer)[:40]!r}")
-        correct = answer == self.problem.answer
+        correct, self.done = answer == self.problem.answer, True
         return Step({"text": "Correct." if correct else "Not correct.", "correct": correct},
                     reward=float(correct), done=True, info={"answer": answer})
 

@@ -37,7 +37,9 @@ TraceDbOption = Annotated[str | None, typer.Option(
 NoTraceOption = Annotated[bool, typer.Option("--no-trace", help="Do not record traces.")]
 MaxRolloutsOption = Annotated[int | None, typer.Option(
     "--max-rollouts", min=1, help="Rollouts the app runs at once; beyond, 503 + Retry-After "
-                                  "(default: $SYNTH_DEPLOY_MAX_ROLLOUTS, else 10000).",
+                                  "(default: $SYNTH_DEPLOY_MAX_ROLLOUTS, else 10000). Also "
+                                  "caps /openenv sessions, unless the environment's own "
+                                  "max_sessions is lower.",
     show_default=False, metavar="N")]
 PricesOption = Annotated[Path | None, typer.Option(
     "--prices", help="A price table (TOML: US dollars per million tokens, per model) for a cost "
@@ -286,9 +288,12 @@ def load_table(levels: Sequence[dict[str, Any]], *, width: int):
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
+    def per_second(value: float) -> str:  # a 45-s rollout is 0.022/s, not 0.0
+        return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2g}"
+
     rows = [[str(level["concurrency"]), str(level["rollouts"]),
              f"[red]{level['errors']}[/red]" if level["errors"] else "0",
-             seconds(level["p50_s"]), seconds(level["p99_s"]), f"{level['rollouts_per_s']:.1f}",
+             seconds(level["p50_s"]), seconds(level["p99_s"]), per_second(level["rollouts_per_s"]),
              "[red]gave way[/red]" if level["problem"] else "[green]held[/green]"]
             for level in levels]
     columns = [Column("concurrency", justify="right"), Column("rollouts", justify="right"),

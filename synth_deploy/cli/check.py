@@ -166,7 +166,7 @@ def _render_load(capacity: Any) -> None:
         out.print(Text("sustained 0: fails even one rollout at a time", style="bold red"))
         return
     out.print(f"sustained {capacity.sustained} concurrent rollouts; knee at "
-              f"{knee.concurrency} ({knee.rollouts_per_s:.1f} rollouts/s) → "
+              f"{knee.concurrency} ({knee.rate}) → "
               f"max_concurrent_rollouts ≤ {rec['max_concurrent_rollouts']}, Modal "
               f"concurrent_inputs = {rec['concurrent_inputs']}")
 

@@ -192,6 +192,10 @@ def _fmt(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _secs(value: float | None) -> str:
+    return "n/a (no rollout finished)" if value is None else f"{value:.3f}s"
+
+
 def _render_report(report, where: str, prices=None) -> None:
     from rich import box
 
@@ -231,7 +235,7 @@ def _render_report(report, where: str, prices=None) -> None:
         f"{plural(s['rollouts'], 'rollout')} ({report.mode}), {plural(s['errors'], 'error')} · "
         f"mean reward {_fmt(s['mean_reward'], 3)}{over} · outcome "
         f"{_fmt(s['mean_outcome_score'], 3)} · events {_fmt(s['mean_events_score'], 3)}{tokens}"
-        f" · p50 {_fmt(s['latency_p50_s'], 3)}s · p95 {_fmt(s['latency_p95_s'], 3)}s · "
+        f" · p50 {_secs(s['latency_p50_s'])} · p95 {_secs(s['latency_p95_s'])} · "
         f"{s['elapsed_s']:.2f}s at concurrency {report.concurrency}", out.width),
         soft_wrap=True)
     if (ledger := report.ledger) is not None:

@@ -84,6 +84,9 @@ def serve(
                 f"serving [bold]{escape(app_id)}[/bold] at http://{host}:{port}  "
                 f"key {escape(keys.describe())}  traces → {escape(traces_where(traces))}  "
                 f"max {runner.settings.rollouts.max_in_flight} rollouts at once")
+            if runner.serves_openenv:  # OpenEnv's clients take this base URL, not the root
+                console(stderr=True).print(f"OpenEnv clients: base URL http://{host}:{port}"
+                                           "/openenv", highlight=False)
 
         if reload:
             announce()

@@ -139,6 +139,13 @@ def gateway_failure(response: Any) -> Diagnosis | None:
             "unavailable", shown,
             "the app is unavailable: a Modal cold start, an app still starting, or one that is "
             "overloaded; retry with --wait 60, and read its logs if it persists")
+    if status == 524:
+        return Diagnosis(
+            "proxy_timeout", shown,
+            "a proxy (Cloudflare: 100 s) cut a response that sent no byte for longer than it "
+            "waits: the app must answer, or send its 200 head, sooner (apps this kit serves "
+            "send the head after 20 s); an app served another way must answer within the "
+            "limit")
     if status == 504:
         return Diagnosis(
             "gateway_timeout", shown,
@@ -166,9 +173,18 @@ def auth_refusal(response: Any) -> str | None:
     return None
 
 
-def transport_failure(exc: RequestFailed) -> Diagnosis:
-    """A request that got no HTTP answer, as a diagnosis."""
+def transport_failure(exc: RequestFailed, *, answered_before: bool = False) -> Diagnosis:
+    """A request that got no HTTP answer, as a diagnosis. ``answered_before``: the same URL
+    answered earlier requests (so its host, port and scheme are right)."""
     kind, detail = exc.kind, exc.detail
+    if kind == "protocol" and answered_before:
+        return Diagnosis(
+            "connection_cut", detail,
+            "this URL answered the checks before, so host, port and scheme are right: the "
+            "connection was cut before an answer came, by a proxy on the path whose time "
+            "limit is shorter than this request (a corporate proxy, a load balancer) or by "
+            "the app crashing; send the same request straight to the app to tell, and read "
+            "its logs")
     if kind == "dns":
         return Diagnosis("dns_unresolved", detail,
                          "the host name does not resolve: check it for a typo, or retry with "

@@ -58,7 +58,9 @@ class EndpointSteps:
             response = self.client.request(method, self.base + path, headers=headers,
                                            timeout=timeout or self.timeout_s, **kwargs)
         except RequestFailed as exc:
-            return None, (time.perf_counter() - started) * 1000, dx.transport_failure(exc)
+            answered = any(c.verdict == "pass" for c in self.report.checks)
+            return None, (time.perf_counter() - started) * 1000, dx.transport_failure(
+                exc, answered_before=answered)
         return response, (time.perf_counter() - started) * 1000, None
 
     def fail(self, name: str, expected: str, diagnosis: dx.Diagnosis, latency: float,

@@ -104,6 +104,16 @@ class LoadLevel:
         return (self.rollouts - self.errors) / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def rate(self) -> str:
+        """The throughput as a reader can use it: per minute (or hour) below one a second."""
+        per_s = self.rollouts_per_s
+        if per_s >= 1 or per_s == 0:
+            return f"{per_s:.1f} rollouts/s"
+        if per_s * 60 >= 1:
+            return f"{per_s * 60:.1f} rollouts/min"
+        return f"{per_s * 3600:.1f} rollouts/h"
+
+    @property
     def problem(self) -> str | None:
         """Why this level is past what the app sustains (None: it held)."""
         if self.error_rate > self.error_rate_limit:
@@ -121,7 +131,7 @@ class LoadLevel:
         return {"concurrency": self.concurrency, "rollouts": self.rollouts,
                 "errors": self.errors, "p50_s": None if p50 is None else round(p50, 4),
                 "p99_s": None if p99 is None else round(p99, 4),
-                "rollouts_per_s": round(self.rollouts_per_s, 2), "problem": self.problem}
+                "rollouts_per_s": round(self.rollouts_per_s, 4), "problem": self.problem}
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from synth_deploy.env import redact
+from synth_deploy.runs._rollouts import transport_error
 from synth_deploy.serving import answered_status
 from synth_deploy.tls import client_ssl_context
 
@@ -138,7 +139,8 @@ async def check_determinism(base_url: str, api_key: str, seed: int,
                     return result
                 answers.append(answer)
         except (httpx.HTTPError, ValueError) as exc:
-            result.error = redact(f"{type(exc).__name__}: {exc}", hidden)
+            result.error = redact(transport_error(exc) if isinstance(exc, httpx.HTTPError)
+                                  else f"{type(exc).__name__}: {exc}", hidden)
             return result
     result.rewards = (_reward(answers[0]), _reward(answers[1]))
     result.rollout_difference = first_difference(_comparable(answers[0]),

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from synth_deploy.env import redact
+from synth_deploy.runs._rollouts import transport_error
 from synth_deploy.tls import client_ssl_context
 
 # Common idle timeouts: uvicorn and Node 5 s, AWS ALB 60 s, nginx 75 s.
@@ -41,14 +42,23 @@ class IdleResult:
         """The second request got an answer (None: the first got none, nothing to say)."""
         return None if not self.statuses else len(self.statuses) == 2
 
+    @property
+    def refused(self) -> int | None:
+        """The first status that was not a rollout's answer (a proxy's 524, a 503...)."""
+        return next((s for s in self.statuses if not 200 <= s < 300), None)
+
     def to_dict(self) -> dict[str, Any]:
         return {"idle_s": self.idle_s, "statuses": self.statuses, "survived": self.survived,
                 "reconnected": self.reconnected, "error": self.error}
 
 
 def _local_port(resp: httpx.Response) -> int | None:
+    """The answer's local port (None once the server closed the connection with it)."""
     stream = resp.extensions.get("network_stream")
-    address = stream.get_extra_info("client_addr") if stream is not None else None
+    try:
+        address = stream.get_extra_info("client_addr") if stream is not None else None
+    except OSError:  # the socket is gone: an answer sent with "Connection: close"
+        return None
     return address[1] if isinstance(address, tuple) and len(address) > 1 else None
 
 
@@ -90,12 +100,19 @@ async def idle_probe(base_url: str, api_key: str, bodies: tuple[dict[str, Any], 
                         first_done.set()
             except httpx.HTTPError as exc:
                 which = "first" if number == 0 else f"after {result.idle_s:g}s idle, the second"
-                result.error = redact(f"{which} rollout failed: {type(exc).__name__}: "
-                                      f"{exc or 'connection dropped'}", hidden)
+                result.error = redact(f"{which} rollout failed: {transport_error(exc)}",
+                                      hidden)
                 return result
             answered = time.monotonic()
             result.statuses.append(resp.status_code)
             ports.append(_local_port(resp))
+            if result.refused is not None:  # not a rollout's answer: nothing left to compare
+                closed = resp.headers.get("connection", "").lower() == "close"
+                result.error = redact(
+                    f"{'first' if number == 0 else 'second'} rollout answered HTTP "
+                    f"{resp.status_code}{' and the connection closed' if closed else ''}: "
+                    f"{resp.text[:200].strip() or 'no body'}", hidden)
+                return result
     if None not in ports:
         result.reconnected = ports[0] != ports[1]
     return result
@@ -110,8 +127,7 @@ async def _touch(client: httpx.AsyncClient, result: IdleResult, idle: float,
     except httpx.HTTPError as exc:
         result.idle_s = round(idle, 1)
         result.error = redact(f"after {result.idle_s:g}s idle, a request on the kept "
-                              f"connection failed: {type(exc).__name__}: "
-                              f"{exc or 'connection dropped'}", hidden)
+                              f"connection failed: {transport_error(exc)}", hidden)
         return False
     return True
 

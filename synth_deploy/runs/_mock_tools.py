@@ -64,31 +64,36 @@ def _missed_a_call(messages: Sequence[Mapping[str, Any]]) -> bool:
     return False
 
 
-def sample_schema(schema: Mapping[str, Any], rng: random.Random, depth: int = 0) -> Any:
-    """A value that satisfies the common JSON-schema keywords of ``schema``."""
+def sample_schema(schema: Mapping[str, Any], rng: random.Random, depth: int = 0,
+                  root: Mapping[str, Any] | None = None) -> Any:
+    """A value that satisfies the common JSON-schema keywords of ``schema`` (``$ref``s into
+    its ``$defs``, where pydantic puts enums and nested models, followed)."""
+    root = schema if root is None else root
+    if depth > _MAX_DEPTH:
+        return None
+    schema = _resolved(schema, root)
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
         return rng.choice(list(schema["enum"]))
     for combined in ("anyOf", "oneOf"):
         if schema.get(combined):
-            return sample_schema(rng.choice(schema[combined]), rng, depth + 1)
+            return sample_schema(rng.choice(schema[combined]), rng, depth + 1, root)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind is None:
         kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    if depth > _MAX_DEPTH:
-        return None
     if kind == "object":
         properties = schema.get("properties") or {}
         required = set(schema.get("required") or ())
-        return {name: sample_schema(sub, rng, depth + 1) for name, sub in properties.items()
+        return {name: sample_schema(sub, rng, depth + 1, root)
+                for name, sub in properties.items()
                 if name in required or rng.random() < 0.5}
     if kind == "array":
         low = int(schema.get("minItems", 1))
         high = int(schema.get("maxItems", max(low, 3)))
-        return [sample_schema(schema.get("items") or {}, rng, depth + 1)
+        return [sample_schema(schema.get("items") or {}, rng, depth + 1, root)
                 for _ in range(rng.randint(low, max(low, high)))]
     if kind == "integer":
         low = int(schema.get("minimum", 0))
@@ -101,6 +106,25 @@ def sample_schema(schema: Mapping[str, Any], rng: random.Random, depth: int = 0)
     if kind == "null":
         return None
     return "mock"
+
+
+def _resolved(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema`` with a local ``$ref`` (``#/$defs/Name``) and an ``allOf`` merged in."""
+    merged = dict(schema)
+    for _ in range(_MAX_DEPTH):  # a chain of references, not a cycle
+        ref = merged.pop("$ref", None)
+        if not isinstance(ref, str):
+            break
+        target: Any = root
+        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else ():
+            target = target.get(part) if isinstance(target, Mapping) else None
+        if not isinstance(target, Mapping) or target is root:
+            break  # a remote or broken reference: sampled as what the rest says
+        merged = {**target, **merged}
+    for part in merged.pop("allOf", None) or ():
+        if isinstance(part, Mapping):
+            merged = {**_resolved(part, root), **merged}
+    return merged
 
 
 __all__ = ["TEXT_REPLY", "TEXT_REPLY_RATE", "mock_tool_reply", "sample_schema"]

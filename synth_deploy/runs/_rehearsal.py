@@ -210,7 +210,8 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
     else:
         capacity = await run.capacity()
         report.checks.append(verdicts.capacity_check(capacity, plan.max_concurrent_rollouts,
-                                                     modal, one_process=target.local))
+                                                     modal, one_process=target.local,
+                                                     mocked=mocked))
         if entry is not None and target.local:  # one process, as a container runs one:
             record_capacity(entry.app_id, capacity)  # kept for `deploy` to hold settings to
     run.idle_release.set()  # the measurements are done: the idle probe may send its second

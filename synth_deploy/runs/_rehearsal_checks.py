@@ -105,6 +105,9 @@ def signal_check(step: StepResult) -> RehearsalCheck:
     finding = f"{zero} of {total} groups have zero reward variance"
     if step.groups_without_rewards:
         finding += f" ({step.groups_without_rewards} returned no reward)"
+    if step.outcomes and step.failures == len(step.outcomes):
+        return RehearsalCheck("reward signal", "skip", "not measured: every rollout failed "
+                              "(see the training step)", data=data)
     if scored == 0:
         return RehearsalCheck("reward signal", "fail", f"no group returned a reward "
                               f"({total} groups)", fix="make the rollout record a reward "
@@ -158,39 +161,52 @@ def determinism_check(result: DeterminismResult) -> RehearsalCheck:
 
 
 def capacity_check(report: CapacityReport, wanted: int, modal: Any = None, *,
-                   one_process: bool = True) -> RehearsalCheck:
+                   one_process: bool = True, mocked: bool = False) -> RehearsalCheck:
     """``one_process``: the app was served here, so a level is what one container holds
-    (a remote URL may be many containers: no per-container advice then)."""
+    (a remote URL may be many containers: no per-container advice then). ``mocked``: the
+    rollouts called the mock policy, whose replies take milliseconds."""
     data = report.to_dict(wanted)
     rec = data["recommended"]
     stopped = report.stopped_by
     tested = report.levels[-1].concurrency if report.levels else 0
+    sustained = report.sustained
     details = [f"stopped at {stopped.concurrency}: {stopped.problem}"] if stopped else []
     if rec["concurrent_inputs"] and one_process:
-        # Settings to paste, each where it is written.
+        # Settings to paste, each where it is written; a limit only where one was found.
+        limit = f", max_rollouts={sustained}" if stopped else ""
         details += [
             f"rl.toml:    [rollout] max_concurrent_rollouts = {rec['max_concurrent_rollouts']}",
             f"app file:   ModalSettings(concurrent_inputs={rec['concurrent_inputs']}, "
-            f"max_containers={rec['max_containers']}, max_rollouts={report.sustained})",
-            f"serve:      synth-deploy serve APP --max-rollouts {report.sustained}"]
+            f"max_containers={rec['max_containers']}{limit})"]
+        details.append(f"serve:      synth-deploy serve APP --max-rollouts {sustained}" if stopped
+                       else f"max_rollouts: none to paste; nothing gave way up to {sustained}")
     elif rec["concurrent_inputs"]:
         details.append(f"recommended: max_concurrent_rollouts = {rec['max_concurrent_rollouts']}"
                        " (measured across the whole deployment; rehearse with --app for "
                        "per-container advice)")
+    if mocked:
+        details.append("measured with the mock policy, whose replies take milliseconds: with "
+                       "a real model each rollout holds its slot longer (rehearse with "
+                       "--inference-url for figures that hold)")
     details += report.notes
-    sustained = report.sustained
     if sustained == 0:
         return RehearsalCheck("capacity", "fail", "fails even one rollout at a time",
                               details=details, fix="fix the failures first (see the training "
                               "step)", data=data)
     knee = report.knee
-    finding = (f"held {sustained} concurrent rollouts (tried up to {tested}); knee at "
-               f"{knee.concurrency} ({knee.rollouts_per_s:.1f} rollouts/s)")
+    if stopped is None:  # the ramp ended without a failure: a lower bound, not a limit
+        finding = f"held {sustained} concurrent rollouts, not measured above"
+    else:
+        finding = (f"held {sustained} concurrent rollouts (tried up to {tested}); knee at "
+                   f"{knee.concurrency} ({knee.rate})")
     if sustained < wanted:
-        return RehearsalCheck(
-            "capacity", "fail", f"{finding}; the config asks for {wanted}", details=details,
-            fix=f"set [rollout] max_concurrent_rollouts = {sustained}, or give the app more "
-                "capacity (Modal: concurrent_inputs, max_containers)", data=data)
+        fix = (f"set [rollout] max_concurrent_rollouts = {sustained}, or give the app more "
+               "capacity (Modal: concurrent_inputs, max_containers)") if stopped else (
+            f"nothing failed up to {sustained}: measure up to {wanted} (rehearse "
+            f"--max-concurrency {wanted}, with the app's own limit at least that), or set "
+            f"[rollout] max_concurrent_rollouts = {sustained}")
+        return RehearsalCheck("capacity", "fail", f"{finding}; the config asks for {wanted}",
+                              details=details, fix=fix, data=data)
     warnings = []
     if tested < wanted:
         warnings.append(f"only tried up to {tested} (the config asks for {wanted})")
@@ -232,6 +248,15 @@ def idle_check(result: IdleResult) -> RehearsalCheck:
     if result.survived is None:
         return RehearsalCheck("idle connection", "skip", f"not measured: {result.error}",
                               data=data)
+    if result.refused is not None:
+        cut = result.refused in (502, 504, 520, 522, 524)
+        return RehearsalCheck(
+            "idle connection", "fail", f"closed ({result.refused}): {result.error}", data=data,
+            fix="a proxy on the path cut a rollout that sent no byte for longer than it "
+                "waits: the app must answer, or send its head, within the proxy's limit "
+                "(apps this kit serves send the head after 20 s; an app served otherwise "
+                "must do the same)"
+            if cut else "the app refused the probe's rollout: see the capacity and step checks")
     if not result.survived:
         return RehearsalCheck(
             "idle connection", "fail", f"lost after {idle} idle: {result.error}", data=data,

@@ -199,7 +199,7 @@ async def run_rollouts(
                 except httpx.HTTPError as exc:
                     outcome = RolloutOutcome(seed, body["run_id"], False, None,
                                              time.perf_counter() - started,
-                                             error=redact(f"{type(exc).__name__}: {exc}", secrets))
+                                             error=redact(transport_error(exc), secrets))
             if on_outcome is not None:
                 on_outcome(outcome)
             return outcome
@@ -285,6 +285,18 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# What a proxy's own status means, for an answer that does not say (Cloudflare's are bare).
+_PROXY_STATUS = {
+    524: "a proxy (Cloudflare: 100 s) cut a response that sent no byte for longer than it "
+         "waits; the app must answer or send its head sooner (apps this kit serves send it "
+         "after 20 s)",
+    522: "the proxy could not connect to the app (Cloudflare: 522): the app or its tunnel "
+         "is down",
+    502: "the proxy got no valid answer from the app: it crashed or is still starting",
+    504: "the gateway gave up waiting for the app",
+}
+
+
 def _error_message(status: int, resp: httpx.Response, data: Any) -> str:
     if isinstance(data, dict):
         detail = data.get("detail")
@@ -292,7 +304,24 @@ def _error_message(status: int, resp: httpx.Response, data: Any) -> str:
             return f"HTTP {status}: {detail['error'].get('message')}"
         if detail:
             return f"HTTP {status}: {detail}"
-    return f"HTTP {status}: {resp.text[:200]}"
+    text = resp.text[:200].strip()
+    if status in _PROXY_STATUS:
+        return f"HTTP {status}: {_PROXY_STATUS[status]}" + (f" ({text})" if text else "")
+    return f"HTTP {status}: {text or 'no body'}"
+
+
+def transport_error(exc: httpx.HTTPError) -> str:
+    """A request that got no answer, said in words even when httpx's message is empty."""
+    if str(exc):
+        return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, httpx.TimeoutException):
+        why = "no answer within the timeout"
+    elif isinstance(exc, httpx.ConnectError):
+        why = "could not connect"
+    else:
+        why = ("the connection was closed before an answer came (the app crashed, or a "
+               "proxy on the path cut it)")
+    return f"{type(exc).__name__}: {why}"
 
 
 __all__ = ["PolicyTarget", "RolloutOutcome", "RunOptions", "RunReport", "rollout_ledger",

@@ -165,6 +165,7 @@ class LocalRunner:
         self.app: Any = None
         self.store: TraceStore | None = None
         self.live_export: Any = None  # synth_deploy.otel.LiveExporter, when OTEL_* ask for it
+        self.serves_openenv = False  # the app declares an environment: /openenv (after build)
         self._entry: TaskAppEntry | None = None
         self._server: BackgroundServer | None = None
         self._restore_env: contextlib.ExitStack | None = None
@@ -192,6 +193,7 @@ class LocalRunner:
         s = self.settings
         with applied_env(s.env):
             config = self.entry.build_config()
+        self.serves_openenv = config.environment is not None
         if s.traces is not None:
             from synth_deploy.tracing import open_trace_store
 

@@ -28,7 +28,15 @@ Methods may be sync (run on a worker thread) or async (run on the loop). Beside 
 - ``close()``; ``noop`` (the action a turn takes after a second reply without a valid call;
   without it such a turn ends the episode); ``no_call_message``; ``history_turns`` (earlier
   turns shown to the policy, as text; default all); ``timestep_metadata`` (a dict each
-  traced step carries, read after reset; default: the requested seed).
+  traced step carries, read after reset; default: the requested seed);
+- ``max_sessions`` (class attribute): instances OpenEnv's wire holds at once, below the
+  server's capacity (1 for an environment that is not safe to run twice in one process);
+- ``observation_schema``, ``state_schema``: JSON schemas ``/openenv/schema`` publishes.
+
+``reset`` gets only the keywords its signature accepts (``episode_id``, ``config``), as
+OpenEnv's server passes a reset's arguments. An action is checked against the tool's schema
+before ``step`` sees it: a missing required field, or a field the schema forbids
+(``additionalProperties: false``), is refused as an `InvalidAction` naming the field.
 """
 
 from __future__ import annotations
@@ -128,6 +136,11 @@ class EnvironmentSpec:
         self.app_id = app_id
         self.description = description
         self.name = getattr(factory, "__name__", app_id)
+        self.max_sessions: int | None = getattr(factory, "max_sessions", None)
+        if self.max_sessions is not None and (isinstance(self.max_sessions, bool) or not (
+                isinstance(self.max_sessions, int) and self.max_sessions >= 1)):
+            raise TaskAppError(f"environment {self.name} of task app {app_id!r}: max_sessions "
+                               f"must be a whole number >= 1, got {self.max_sessions!r}")
 
     def new(self) -> Any:
         env = self.factory()
@@ -159,11 +172,46 @@ class EnvironmentSpec:
 async def reset(env: Any, seed: int | None, *, episode_id: str,
                 config: Mapping[str, Any]) -> Step:
     """The environment reset, its first observation as a `Step` (no reward, not done)."""
-    first = await call(env.reset, seed, episode_id=episode_id, config=dict(config))
+    keywords = accepted(env.reset, {"episode_id": episode_id, "config": dict(config)})
+    first = await call(env.reset, seed, **keywords)
     return first if isinstance(first, Step) else Step(_observation(first))
 
 
+def accepted(fn: Callable[..., Any], keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """``keywords`` but those ``fn`` cannot take (all of them when it takes ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: pass what was asked
+        return dict(keywords)
+    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        return dict(keywords)
+    return {k: v for k, v in keywords.items() if k in parameters
+            and parameters[k].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                       inspect.Parameter.KEYWORD_ONLY)}
+
+
+def check_action(schema: Mapping[str, Any], action: Mapping[str, Any]) -> None:
+    """`InvalidAction` when ``action`` lacks a field ``schema`` requires or has one it
+    forbids (the top level of an object schema: what a tool call's arguments are)."""
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, Mapping) else {}
+    missing = [k for k in schema.get("required") or () if k not in action]
+    if missing:
+        raise InvalidAction(f"missing required field {missing[0]!r}; the action needs "
+                            f"{', '.join(map(repr, schema['required']))}")
+    if schema.get("additionalProperties") is False:
+        extra = [k for k in action if k not in properties]
+        if extra:
+            known = ", ".join(map(repr, properties)) or "none"
+            raise InvalidAction(f"unknown field {extra[0]!r}: the action schema allows only "
+                                f"{known}")
+
+
 async def step(env: Any, action: Mapping[str, Any]) -> Step:
+    tool = getattr(env, "tool", None)
+    tool = tool() if callable(tool) else tool
+    if isinstance(tool, Mapping) and isinstance(tool.get("function"), Mapping):
+        check_action(tool["function"].get("parameters") or {}, action)
     result = await call(env.step, dict(action))
     if not isinstance(result, Step):
         raise TaskAppError(f"{type(env).__name__}.step returned {type(result).__name__}, "
@@ -280,9 +328,8 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     tool = spec.tool(env)
     tool_name = tool["function"]["name"]
     system = {"role": "system", "content": await spec.system_prompt(env)}
-    no_call = getattr(env, "no_call_message", None) or (
-        f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
     noop = getattr(env, "noop", None)
+    ended = "the environment was done at reset"
     keep = getattr(env, "history_turns", None)
     history: list[list[dict[str, Any]]] = []
     steps: list[RolloutStep] = []
@@ -290,6 +337,10 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     turn = 0
     while not done:
         turn += 1
+        tool = spec.tool(env)  # read each turn: a tool may say which moves are legal now
+        tool_name = tool["function"]["name"]
+        no_call = getattr(env, "no_call_message", None) or (
+            f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
         tracer.start_timestep(f"turn-{turn}", turn_number=turn,
                               metadata=timestep_metadata(env, request.env.seed))
         content = prompt_of(env, observation)
@@ -332,6 +383,13 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
             if executed else []))
         history.append([{"role": "user", "content": text_of(content)}, *exchange])
         observation, done = result.observation, result.done
+        if missed and noop is None:
+            ended = (f"no valid action at turn {turn}, twice ({attempt.problem}): the episode "
+                     "was cut (give the environment a `noop` to play on instead)")
+        elif result.truncated:
+            ended = f"truncated by the environment at turn {turn}"
+        else:
+            ended = f"done at turn {turn}"
     if callable(getattr(env, "outcome", None)):
         outcome = await call(env.outcome, steps)
     else:
@@ -340,8 +398,12 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
                                  total_steps=len(steps), metadata=dict(outcome.metadata))
     policy = request.policy
     inference_url = policy.config.get("inference_url")
+    metrics = dict(outcome.metrics)
+    details = metrics.get("details")
+    metrics["details"] = {"ended": ended,
+                          **(dict(details) if isinstance(details, Mapping) else {})}
     return {
-        "metrics": dict(outcome.metrics),
+        "metrics": metrics,
         "trajectories": [RolloutTrajectory(
             env_id=outcome.env_id or f"{spec.app_id}:{request.env.seed}",
             policy_id=policy.policy_id or policy.policy_name or "policy", steps=steps,
@@ -358,23 +420,47 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
 # -- an OpenEnv Environment class as a declared environment ---------------------------------------
 
 def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str | None = None,
-                 max_turns: int = 20) -> type:
+                 max_turns: int = 20, max_sessions: int | None = None,
+                 observation_cls: Any = None, state_cls: Any = None) -> type:
     """An environment class wrapping OpenEnv's ``env_cls`` (an ``Environment``: reset/step/
     state, pydantic ``Action`` and ``Observation``) and ``action_cls``, duck-typed: OpenEnv is
-    needed by the wrapped class, never by the kit. The action schema is the action class's
-    (its ``metadata`` field aside); an observation is its fields but ``reward``, ``done`` and
-    ``metadata`` (as OpenEnv serializes it), the latter going to the step's info. An episode
-    the environment never ends is cut after ``max_turns`` steps (``env.config.max_turns``)."""
-    schema = dict(action_cls.model_json_schema())
-    schema["properties"] = {k: v for k, v in schema.get("properties", {}).items()
-                            if k != "metadata"}
+    needed by the wrapped class, never by the kit. Served as OpenEnv's server serves it:
+
+    - ``reset`` gets only the arguments it accepts (``seed`` when one was asked,
+      ``episode_id``, the reset's other options);
+    - sessions: one at a time unless the class sets ``SUPPORTS_CONCURRENT_SESSIONS``; then
+      ``max_sessions`` (default: the server's capacity). More than one for a class that does
+      not say it is safe is refused, as OpenEnv's ``create_app`` refuses it;
+    - a ``ValueError`` from ``step`` (the environment refusing the action) is an
+      `InvalidAction`: the policy is told, once; over the wire, a validation error;
+    - the schemas: the action class's (its ``metadata`` field aside); the observation's and
+      the state's, from ``observation_cls``/``state_cls`` or else the class's declaration
+      (``Environment[Action, Observation, State]``, or ``step``'s and ``state``'s types).
+
+    An observation is its fields but ``reward``, ``done`` and ``metadata`` (as OpenEnv
+    serializes it), the latter going to the step's info. An episode the environment never
+    ends is cut after ``max_turns`` steps (``env.config.max_turns``)."""
+    concurrent = bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False))
+    label = getattr(env_cls, "__name__", "the environment")
+    if max_sessions is not None and max_sessions > 1 and not concurrent:
+        raise TaskAppError(
+            f"{label} does not set SUPPORTS_CONCURRENT_SESSIONS = True, so it runs one session "
+            f"at a time (as OpenEnv's server runs it), not max_sessions={max_sessions}",
+            hint="drop max_sessions, or set SUPPORTS_CONCURRENT_SESSIONS = True on the class "
+                 "once its instances share no state")
+    schema = _without(dict(action_cls.model_json_schema()), ("metadata",))
     name = tool_name or _snake(action_cls.__name__)
     description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
+    declared = _declared_models(env_cls)
+    observation_cls = observation_cls or declared.get("observation")
+    state_cls = state_cls or declared.get("state")
     from synth_deploy.taskapp._tools import function_tool
 
     class OpenEnvEnvironment:
         tool = function_tool(name, description, schema)
-        observation_schema = None
+        observation_schema = _without(_model_schema(observation_cls),
+                                      ("reward", "done", "metadata"))
+        state_schema = _model_schema(state_cls)
 
         def __init__(self) -> None:
             self.env = env_cls()
@@ -384,10 +470,9 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
             options = dict(config)
             self.limit = int(options.pop("max_turns", max_turns))
             self.turns = 0
-            accepted = inspect.signature(self.env.reset).parameters
-            if not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
-                options = {k: v for k, v in options.items() if k in accepted}
-            return self._step(self.env.reset(seed=seed, episode_id=episode_id, **options))
+            asked = {**({"seed": seed} if seed is not None else {}), "episode_id": episode_id,
+                     **options}
+            return self._step(self.env.reset(**accepted(self.env.reset, asked)))
 
         def step(self, action: dict[str, Any]) -> Step:
             from pydantic import ValidationError
@@ -398,14 +483,19 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
                 raise InvalidAction("; ".join(
                     f"{'.'.join(map(str, e['loc'])) or 'action'}: {e['msg']}"
                     for e in exc.errors(include_url=False))) from None
+            try:
+                observation = self.env.step(typed)
+            except ValueError as exc:  # OpenEnv's environments refuse an action this way
+                raise InvalidAction(f"{label} refused the action: {exc}") from exc
             self.turns += 1
-            result = self._step(self.env.step(typed))
+            result = self._step(observation)
             if not result.done and self.turns >= self.limit:
                 result.done = result.truncated = True
             return result
 
         def state(self) -> dict[str, Any]:
             state = self.env.state
+            state = state() if callable(state) else state
             return state.model_dump() if hasattr(state, "model_dump") else dict(state or {})
 
         def close(self) -> None:
@@ -417,9 +507,50 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
             return Step(data, reward=float(observation.reward or 0.0),
                         done=bool(observation.done), info=dict(observation.metadata or {}))
 
+    OpenEnvEnvironment.max_sessions = max_sessions if concurrent else 1
     OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = getattr(
         env_cls, "__name__", "OpenEnvEnvironment")
     return OpenEnvEnvironment
+
+
+def _declared_models(env_cls: Any) -> dict[str, Any]:
+    """The observation and state classes ``env_cls`` declares: ``Environment[A, O, S]``'s
+    arguments, else the return types of ``step`` and ``state``."""
+    import typing
+
+    found: dict[str, Any] = {}
+    for base in getattr(env_cls, "__orig_bases__", ()):
+        args = typing.get_args(base)
+        if len(args) == 3:
+            found.update(observation=args[1], state=args[2])
+    for key, member in (("observation", "step"), ("state", "state")):
+        if _is_model(found.get(key)):
+            continue
+        attr = getattr(env_cls, member, None)
+        fn = attr.fget if isinstance(attr, property) else attr
+        try:
+            found[key] = typing.get_type_hints(fn).get("return")
+        except Exception:  # an annotation that cannot be resolved: no schema, not a failure
+            found.pop(key, None)
+    return {k: v for k, v in found.items() if _is_model(v)}
+
+
+def _is_model(value: Any) -> bool:
+    return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
+
+
+def _model_schema(model: Any) -> dict[str, Any] | None:
+    return dict(model.model_json_schema()) if _is_model(model) else None
+
+
+def _without(schema: dict[str, Any] | None, names: Sequence[str]) -> dict[str, Any] | None:
+    if schema is None:
+        return None
+    schema["properties"] = {k: v for k, v in schema.get("properties", {}).items()
+                            if k not in names}
+    if "required" in schema:
+        schema["required"] = [k for k in schema["required"] if k not in names]
+    return schema
 
 
 def _snake(name: str) -> str:
@@ -428,5 +559,6 @@ def _snake(name: str) -> str:
                    for i, c in enumerate(name))
 
 
-__all__ = ["EnvironmentSpec", "Outcome", "Reward", "Step", "call", "close", "episode_rollout",
+__all__ = ["EnvironmentSpec", "Outcome", "Reward", "Step", "accepted", "call", "check_action",
+           "close", "episode_rollout",
            "from_openenv", "prompt_of", "reset", "step", "text_of", "timestep_metadata"]

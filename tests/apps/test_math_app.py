@@ -151,3 +151,18 @@ def test_a_policy_connection_dropped_before_answering_is_retried(math_server, ap
     finally:
         listener.close()
         worker.join(5)
+
+
+def test_the_math_environment_without_a_seed_asks_new_problems_and_pays_once(math_server,
+                                                                           api_key):
+    from standins.openenv_client import WSEnvClient
+
+    with WSEnvClient(math_server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+        questions = {env.reset()["observation"]["text"] for _ in range(6)}
+        assert len(questions) >= 4  # random train problems: a repeat is rare, not the rule
+        env.reset(seed=7)
+        answer = make_problem(7).answer
+        assert env.step({"answer": answer})["reward"] == 1.0
+        again = env.step({"answer": answer})
+        assert again["reward"] == 0.0 and again["done"] is True
+        assert "reset" in again["observation"]["text"]

@@ -212,6 +212,7 @@ def test_cloudflare_530_means_the_tunnel_origin_is_down(serve, api_key):
 
 
 @pytest.mark.parametrize(("status", "code", "words"), [
+    (524, "proxy_timeout", "send its 200 head, sooner"),
     (503, "unavailable", "--wait"),
     (502, "bad_gateway", "crashed"),
     (504, "gateway_timeout", "gave up waiting"),
@@ -223,6 +224,23 @@ def test_gateway_statuses(serve, api_key, status, code, words):
     assert (root.verdict, root.code) == ("fail", code)
     assert words in root.hint and str(status) in root.actual
     assert report.exit_code == 1
+
+
+def test_a_connection_cut_after_checks_passed_blames_the_path_not_the_port(math_server,
+                                                                           api_key):
+    # A proxy with a short limit cuts the rollout, whose policy never answers: the port and
+    # scheme answered nine checks, so "is it the right port?" sent the user the wrong way.
+    from standins.silence_proxy import SilenceCuttingProxy
+
+    with StallServer() as policy, SilenceCuttingProxy(
+            "127.0.0.1", int(math_server.url.rsplit(":", 1)[1]), silence_s=1.0) as proxy:
+        rollout = RolloutOptions(f"http://127.0.0.1:{policy.port}/v1", "m", timeout_s=20)
+        report = check(proxy.url, api_key, CheckOptions(rollout=rollout, timeout_s=5))
+        assert proxy.cut >= 1
+    cut = by_name(report, "rollout")
+    assert (cut.verdict, cut.code) == ("fail", "connection_cut"), cut
+    assert "host, port and scheme are right" in cut.hint and "proxy" in cut.hint
+    assert "right port" not in cut.hint
 
 
 def test_stalled_server_times_out_within_the_bound(api_key):

@@ -86,3 +86,30 @@ def test_sampling_is_keyed_by_the_correlation_id(mock_policy):
 
     assert args("run-a") == args("run-a")
     assert len({args(f"run-{i}") for i in range(8)}) > 1
+
+
+def test_a_pydantic_schema_is_followed_through_its_refs(mock_policy):
+    # pydantic puts an enum (and a nested model) in $defs behind a $ref: the mock sent "mock".
+    from enum import StrEnum
+
+    from pydantic import BaseModel
+
+    class Direction(StrEnum):
+        north, south = "north", "south"
+
+    class Target(BaseModel):
+        cell: int
+
+    class MoveAction(BaseModel):
+        direction: Direction
+        target: Target
+
+    schema = MoveAction.model_json_schema()
+    assert "$ref" in json.dumps(schema["properties"])
+    tool = {"type": "function", "function": {"name": "move", "parameters": schema}}
+    made = [c for n in range(1, 12)
+            for c in ask(mock_policy, conversation(n), tools=(tool,))["message"].get(
+                "tool_calls") or ()]
+    assert len(made) >= 8  # about one reply in ten is text
+    for call in made:
+        MoveAction.model_validate(json.loads(call["function"]["arguments"]))

@@ -104,6 +104,22 @@ def test_a_dead_policy_fails_every_rollout_with_exit_1(tmp_path):
     report = json.loads(result.stdout)
     assert report["summary"]["errors"] == 3
     assert all("did not answer" in r["error"] for r in report["rollouts"])
+    shown = run_cli(tmp_path, "smoke", "math", "--seeds", "0", "--inference-url",
+                    "http://127.0.0.1:9/v1", "--model", "m", "--no-trace").stdout
+    assert "p50 n/a (no rollout finished)" in " ".join(shown.split()) and "-s" not in shown
+
+
+def test_the_load_table_shows_slow_rollouts_per_second_not_zero():
+    from rich.console import Console
+
+    from synth_deploy.cli._common import load_table
+
+    console = Console(width=80, record=True)
+    console.print(load_table([{"concurrency": 1, "rollouts": 2, "errors": 0, "p50_s": 45.0,
+                               "p99_s": 45.2, "rollouts_per_s": 0.0222, "problem": None}],
+                             width=80))
+    row = console.export_text().splitlines()[-2]
+    assert "0.022" in row and " 0.0 " not in row, row
 
 
 @pytest.mark.parametrize(("args", "message"), [

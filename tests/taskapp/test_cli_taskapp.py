@@ -112,6 +112,7 @@ def test_serve_no_auth_answers_without_a_key_and_warns(tmp_path):
         proc.wait(10)
         stderr = proc.stderr.read()
     assert stderr.count("never expose") == 1, stderr
+    assert f"OpenEnv clients: base URL {url}/openenv" in stderr  # math declares an environment
 
 
 def test_the_access_log_names_the_client_a_local_proxy_forwarded(tmp_path, api_key):

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from synth_deploy.errors import BadRequest
 from synth_deploy.serving._failures import AppFailures
 from synth_deploy.taskapp import _environment as environment
 from synth_deploy.taskapp._contracts import RolloutStep
@@ -134,6 +135,10 @@ class EnvSessions:
     async def step(self, session: EnvSession, action: Mapping[str, Any]) -> Step:
         async with self._using(session):
             episode = session.episode
+            if episode is None:
+                raise BadRequest("step before reset: this session has no episode yet; send "
+                                 "reset first (its answer is the first observation)",
+                                 status=409, code="reset_first")
             result = await environment.step(session.env, action)
             session.step_count += 1
             if episode is not None and not episode.done:

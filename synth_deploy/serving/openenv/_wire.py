@@ -69,6 +69,8 @@ def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailu
     failures are logged."""
     if config.environment is None:
         return None
+    declared = config.environment.max_sessions  # the environment's own cap, if lower
+    capacity = min(capacity, declared) if declared is not None else capacity
     return EnvSessions(config.environment, app_id=config.app_id, capacity=capacity,
                        idle_s=config.session_idle_seconds, failures=failures,
                        trace_store=trace_store, on_session=on_session)
@@ -102,7 +104,18 @@ def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
                  "document", **public),
         Endpoint(PREFIX + "/mcp", "POST", wire.mcp, "OpenEnv: MCP (answers JSON-RPC "
                  "errors)", **public),
+        # OpenEnv's probes sent to the app's root (a base URL without /openenv): told where.
+        *(Endpoint(path, method, _elsewhere, f"OpenEnv's {path} is under {PREFIX}",
+                   errors=(404,), **public)
+          for path, method in (("/metadata", "GET"), ("/schema", "GET"), ("/mcp", "POST"))),
     ]
+
+
+async def _elsewhere(request: Request) -> Response:
+    base = str(request.base_url).rstrip("/") + PREFIX
+    return error_response(404, "openenv_base_url", f"this is the task app's root; OpenEnv's "
+                          f"routes are under {PREFIX}: give OpenEnv's clients (and `openenv "
+                          f"validate --url`) the base URL {base}")
 
 
 def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:
@@ -140,7 +153,8 @@ class _Wire:
                     observation = getattr(env, "observation_schema", None) or {"type": "object"}
                     self._described = {"action": self.spec.action_schema(env),
                                        "observation": dict(observation),
-                                       "state": _STATE_SCHEMA}
+                                       "state": _state_schema(getattr(env, "state_schema",
+                                                                      None))}
                 finally:
                     await environment.close(env)
         return JSONResponse(self._described)
@@ -360,6 +374,15 @@ class _Wire:
             self.failures.error(exc, "environment session %s: %s failed", session.id, kind)
             return _ws_error("EXECUTION_ERROR", f"the environment failed in {kind}; see the "
                              "server's log")
+
+
+def _state_schema(declared: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The environment's state schema with what the kit adds to every state."""
+    if not declared:
+        return _STATE_SCHEMA
+    schema = dict(declared)
+    schema["properties"] = {**schema.get("properties", {}), **_STATE_SCHEMA["properties"]}
+    return schema
 
 
 def _session_id(request: HTTPConnection) -> str | None:

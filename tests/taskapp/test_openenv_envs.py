@@ -1,0 +1,287 @@
+"""Other people's OpenEnv environments, wrapped as the README says (`task_app.openenv`): served
+by the kit as OpenEnv's own server serves them. The environments here are written from
+OpenEnv's documented interface, shaped as envs/ of its repository has them (a `reset()` that
+takes nothing, a `ValueError` for a bad action, `SUPPORTS_CONCURRENT_SESSIONS`,
+`Environment[Action, Observation, State]`); the kit never imports openenv. The real ones, with
+OpenEnv's own clients: bench/openenv_third_party.py."""
+
+from __future__ import annotations
+
+import logging
+from typing import Generic, TypeVar
+
+import httpx
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+from standins.openenv_client import ServerError, WSEnvClient
+from toy_apps import CountEnv, env_config
+
+from synth_deploy.errors import TaskAppError
+from synth_deploy.serving import RolloutLimits, create_app
+from synth_deploy.taskapp import InvalidAction, Step, TaskApp, function_tool
+
+ActionT, ObsT, StateT = TypeVar("ActionT"), TypeVar("ObsT"), TypeVar("StateT")
+
+
+class Environment(Generic[ActionT, ObsT, StateT]):  # OpenEnv's base, as far as the kit reads it
+    SUPPORTS_CONCURRENT_SESSIONS = False
+
+    def close(self):
+        pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MoveAction(_Strict):
+    """Move one cell."""
+
+    metadata: dict = Field(default_factory=dict)
+    direction: str
+
+
+class GridObservation(_Strict):
+    done: bool = False
+    reward: float | None = None
+    metadata: dict = Field(default_factory=dict)
+    x: int = 0
+    message: str = ""
+
+
+class GridState(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    episode_id: str | None = None
+    step_count: int = 0
+    x: int = 0
+
+
+class GridWorld(Environment[MoveAction, GridObservation, GridState]):
+    """grid_world's shape: reset() takes no argument, a bad direction is a ValueError."""
+
+    def __init__(self):
+        self._state = GridState()
+
+    def reset(self):
+        self._state = GridState()
+        return GridObservation(message="at 0; reach 2")
+
+    def step(self, action):
+        if action.direction not in ("left", "right"):
+            raise ValueError(f"unknown direction {action.direction!r}: left or right")
+        self._state.x += 1 if action.direction == "right" else -1
+        self._state.step_count += 1
+        done = self._state.x == 2
+        return GridObservation(x=self._state.x, done=done, reward=float(done))
+
+    @property
+    def state(self):
+        return self._state
+
+
+class ConcurrentGrid(GridWorld):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+
+def grid_config(env_cls=GridWorld, **openenv):
+    task_app = TaskApp("grid", name="Grid", description="Walk right twice.")
+    task_app.openenv(env_cls, MoveAction, max_turns=6, **openenv)
+    return task_app.build_config()
+
+
+def ws(server, api_key) -> WSEnvClient:
+    return WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key})
+
+
+def test_a_reset_that_takes_no_arguments_plays_over_the_wire_and_rollout(serve, api_key):
+    from standins.scripted_policy import calls, scripted_policy, tool_call
+
+    server = serve(create_app(grid_config(), api_keys=[api_key]))
+    with ws(server, api_key) as env:
+        first = env.reset(seed=3, episode_id="e1")  # both dropped: reset() takes neither
+        assert first["observation"] == {"x": 0, "message": "at 0; reach 2"}
+        env.step({"direction": "right"})
+        assert env.step({"direction": "right"}) == {
+            "observation": {"x": 2, "message": ""}, "reward": 1.0, "done": True}
+    policy = serve(scripted_policy([calls(tool_call("move", {"direction": "right"}))]))
+    resp = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
+                      json={"run_id": "r1", "env": {"seed": 1},
+                            "policy": {"config": {"inference_url": policy.url + "/v1"}}})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["metrics"]["outcome_reward"] == 1.0
+
+
+def test_the_kits_own_reset_gets_only_the_keywords_it_takes(serve, api_key):
+    class SeedOnly(CountEnv):
+        def reset(self, seed):
+            return super().reset(seed, episode_id=None, config={})
+
+    server = serve(create_app(env_config(SeedOnly), api_keys=[api_key]))
+    with ws(server, api_key) as env:
+        assert env.reset(seed=2)["observation"]["target"] == 5
+
+
+def test_an_environment_not_safe_for_concurrent_sessions_holds_one(serve, api_key):
+    server = serve(create_app(grid_config(), api_keys=[api_key],
+                              limits=RolloutLimits(max_in_flight=8)))
+    health = httpx.get(server.url + "/openenv/health", timeout=5).json()
+    assert health["capacity"]["max_sessions"] == 1
+    with ws(server, api_key) as first:
+        first.reset()
+        with ws(server, api_key) as second:
+            refusal = second.receive()["data"]
+            assert second.closed_by_server.code == 1013
+        assert refusal["code"] == "CAPACITY_REACHED" and refusal["max_sessions"] == 1
+
+
+def test_a_concurrent_environment_holds_its_own_cap_apart_from_max_rollouts(serve, api_key):
+    server = serve(create_app(grid_config(ConcurrentGrid, max_sessions=2), api_keys=[api_key],
+                              limits=RolloutLimits(max_in_flight=8)))
+    with ws(server, api_key) as one, ws(server, api_key) as two:
+        one.reset()
+        two.reset()
+        with ws(server, api_key) as three:
+            assert three.receive()["data"]["code"] == "CAPACITY_REACHED"
+    health = httpx.get(server.url + "/health", headers={"X-API-Key": api_key}, timeout=5).json()
+    assert health["rollouts"]["max_in_flight"] == 8  # --max-rollouts is its own number
+    uncapped = serve(create_app(grid_config(ConcurrentGrid), api_keys=[api_key],
+                                limits=RolloutLimits(max_in_flight=3)))
+    capacity = httpx.get(uncapped.url + "/openenv/health", timeout=5).json()["capacity"]
+    assert capacity["max_sessions"] == 3
+
+
+def test_a_declared_environment_sets_its_own_session_cap(serve, api_key):
+    class Scarce(CountEnv):
+        max_sessions = 2
+
+    server = serve(create_app(env_config(Scarce), api_keys=[api_key],
+                              limits=RolloutLimits(max_in_flight=8)))
+    capacity = httpx.get(server.url + "/openenv/health", timeout=5).json()["capacity"]
+    assert capacity["max_sessions"] == 2
+
+
+def test_more_than_one_session_of_an_unsafe_environment_is_refused_when_declared():
+    with pytest.raises(TaskAppError) as refused:
+        grid_config(GridWorld, max_sessions=4)
+    assert "SUPPORTS_CONCURRENT_SESSIONS" in str(refused.value)
+    assert refused.value.hint and "max_sessions" in refused.value.hint
+
+
+def test_a_value_error_on_a_bad_action_goes_back_to_the_policy_once(serve, api_key, caplog):
+    from standins.scripted_policy import calls, scripted_policy, tool_call
+
+    policy = serve(scripted_policy([calls(tool_call("move", {"direction": "up"}, "c1")),
+                                    calls(tool_call("move", {"direction": "right"}))]))
+    server = serve(create_app(grid_config(), api_keys=[api_key]))
+    with caplog.at_level(logging.ERROR, logger="synth_deploy.taskapp"):
+        resp = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
+                          json={"run_id": "r2", "env": {"seed": 0},
+                                "policy": {"config": {"inference_url": policy.url + "/v1"}}})
+        assert resp.status_code == 200, resp.text
+        first = resp.json()["trajectories"][0]["steps"][0]
+        assert "unknown direction 'up'" in first["info"]["reply_problem"]
+        assert not first["info"]["noop_after_invalid_replies"]
+        told = policy.app.state.requests[1]["messages"][-1]
+        assert told["tool_call_id"] == "c1" and "left or right" in told["content"]
+        with ws(server, api_key) as env:
+            env.reset()
+            with pytest.raises(ServerError) as refused:
+                env.step({"direction": "up"})
+            assert refused.value.code == "VALIDATION_ERROR"
+            assert env.step({"direction": "right"})["observation"]["x"] == 1
+    assert not caplog.records  # a refused action is the policy's error, not the app's
+
+
+def test_a_step_before_reset_is_a_clear_error_not_an_app_failure(serve, api_key, caplog):
+    server = serve(create_app(env_config(), api_keys=[api_key]))
+    with caplog.at_level(logging.ERROR, logger="synth_deploy.taskapp"), \
+            ws(server, api_key) as env:
+        with pytest.raises(ServerError) as early:
+            env.step({"n": 1})
+        assert early.value.code == "VALIDATION_ERROR"
+        assert "reset first" in str(early.value)
+        assert env.reset(seed=0)["done"] is False
+    assert not caplog.records
+
+
+def test_schema_gives_observation_and_state_from_the_declaration(serve, api_key):
+    server = serve(create_app(grid_config(), api_keys=[api_key]))
+    schema = httpx.get(server.url + "/openenv/schema", timeout=5).json()
+    assert set(schema["observation"]["properties"]) == {"x", "message"}
+    assert {"x", "episode_id", "step_count"} <= set(schema["state"]["properties"])
+    assert set(schema["action"]["properties"]) == {"direction"}
+
+
+class Strict(CountEnv):
+    tool = function_tool("add", "Add 1, 2 or 3.", {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+        "additionalProperties": False})
+
+
+def test_an_action_with_a_field_the_schema_forbids_is_refused(serve, api_key):
+    server = serve(create_app(env_config(Strict), api_keys=[api_key]))
+    with ws(server, api_key) as env:
+        env.reset(seed=0)
+        with pytest.raises(ServerError) as extra:
+            env.step({"n": 1, "sneaky": True})
+        assert extra.value.code == "VALIDATION_ERROR" and "'sneaky'" in str(extra.value)
+        with pytest.raises(ServerError) as missing:
+            env.step({})
+        assert "'n'" in str(missing.value)
+        assert env.step({"n": 1})["observation"]["total"] == 1  # nothing changed before
+
+
+class Corridor:
+    """Each turn exactly one move is legal, and the tool says which: read once per episode,
+    it goes stale after the first step."""
+
+    def tool(self):
+        return function_tool("move", "Take the one legal move.", {
+            "type": "object", "properties": {"move": {"type": "string",
+                                                      "enum": [f"m{self.at}"]}},
+            "required": ["move"]})
+
+    def reset(self, seed, *, episode_id, config):
+        self.at = 0
+        return {"text": "Walk the corridor: 4 moves."}
+
+    def step(self, action):
+        if action["move"] != f"m{self.at}":
+            raise InvalidAction(f"the only legal move is m{self.at}")
+        self.at += 1
+        return Step({"text": f"at {self.at}"}, reward=1.0, done=self.at == 4)
+
+
+def rollout(server, api_key, policy_url, run_id="r"):
+    resp = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
+                      json={"run_id": run_id, "env": {"seed": 0},
+                            "policy": {"config": {"inference_url": policy_url}}})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_a_tool_whose_legal_moves_change_is_read_each_turn(serve, mock_policy, api_key):
+    server = serve(create_app(env_config(Corridor), api_keys=[api_key]))
+    body = rollout(server, api_key, mock_policy.url + "/v1")
+    steps = body["trajectories"][0]["steps"]
+    assert len(steps) == 4 and body["metrics"]["outcome_reward"] == 4.0
+    assert body["metrics"]["details"]["ended"] == "done at turn 4"
+
+
+def test_why_an_episode_ended_is_in_its_details(serve, api_key):
+    from standins.scripted_policy import scripted_policy
+
+    policy = serve(scripted_policy(["I will not call a tool."]))
+    server = serve(create_app(env_config(Corridor), api_keys=[api_key]))
+    body = rollout(server, api_key, policy.url + "/v1")
+    ended = body["metrics"]["details"]["ended"]
+    assert ended.startswith("no valid action at turn 1, twice (no tool call)"), ended
+    assert "noop" in ended
+
+
+def test_openenvs_probes_at_the_app_root_are_told_the_base_url(serve, api_key):
+    server = serve(create_app(env_config(), api_keys=[api_key]))
+    for method, path in (("GET", "/metadata"), ("GET", "/schema"), ("POST", "/mcp")):
+        resp = httpx.request(method, server.url + path, json={}, timeout=5)
+        assert resp.status_code == 404
+        assert f"the base URL {server.url}/openenv" in resp.text, resp.text
