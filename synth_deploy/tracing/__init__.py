@@ -33,6 +33,7 @@ from synth_deploy.tracing._errors import (
 )
 from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
+from synth_deploy.tracing._rollout_records import RolloutRecord, RolloutRecords
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -89,6 +90,8 @@ __all__ = [
     "PriceTable",
     "RewardSummary",
     "RolloutFacts",
+    "RolloutRecord",
+    "RolloutRecords",
     "SchemaTooNewError",
     "SessionConflictError",
     "SessionFilter",
