@@ -51,17 +51,23 @@ class RolloutRecord:
 
 
 class RolloutRecords:
-    """The ``async_rollouts`` table of ``store`` (made if missing). Blocking calls: a
+    """The ``async_rollouts`` table of ``store`` (made when first used). Blocking calls: a
     server runs them off its event loop."""
 
     def __init__(self, store: TraceStore) -> None:
         self.database = store.database
-        self.database.run([(_CREATE, ())])
+        self._made = False
+
+    def _table(self) -> None:
+        if not self._made:
+            self.database.run([(_CREATE, ())])
+            self._made = True
 
     def claim(self, rollout_id: str, digest: str, owner: str, now: float) -> RolloutRecord | None:
         """Record ``rollout_id`` as running under ``owner``, unless it is recorded already:
         then the record that is there (and nothing is written). The server that calls it
         keeps the rollouts it runs in hand, so two claims of one id never race in it."""
+        self._table()
         found = self.get(rollout_id)
         if found is not None:
             return found
@@ -73,11 +79,13 @@ class RolloutRecords:
 
     def finish(self, rollout_id: str, status: str, result: dict[str, Any], now: float) -> None:
         """Store ``rollout_id``'s final ``status`` and answer."""
+        self._table()
         self.database.run([(f"UPDATE {TABLE} SET status = ?, result = ?, updated_at = ? "
                             "WHERE rollout_id = ?",
                             (status, json.dumps(result), iso(now), rollout_id))])
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
+        self._table()
         rows = self.database.query(f"SELECT * FROM {TABLE} WHERE rollout_id = ?", (rollout_id,))
         if not rows:
             return None

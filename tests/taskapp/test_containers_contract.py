@@ -204,3 +204,16 @@ def test_bad_submissions_name_the_field(serve, api_key, bad, path):
         resp = c.post("/rollouts", json=bad)
     assert resp.status_code == 422
     assert resp.json()["detail"]["error"]["errors"][0]["path"] == path
+
+
+def test_a_store_that_refuses_writes_refuses_the_submission_and_says_why(tmp_path, serve,
+                                                                         api_key):
+    store = open_trace_store(str(tmp_path / "t.db"))
+    store.close()
+    app = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store))
+    with client(app, api_key) as c:
+        resp = c.post("/rollouts", json=body("w-1"))
+        health = httpx.get(app.url + "/health", headers={"X-API-Key": api_key}).json()
+    assert resp.status_code == 500
+    assert resp.json()["detail"]["error"]["code"] == "record_write_failed"
+    assert health["rollouts"]["in_flight"] == 0  # nothing left counted

@@ -49,7 +49,8 @@ def iso(epoch_s: float) -> str:
 
 
 class Refused(Exception):
-    """A submission the server will not run: ``status`` and ``code`` say why."""
+    """A submission the server will not run (or a rollout it cannot read back): ``status``
+    and ``code`` say why."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
@@ -159,6 +160,11 @@ class AsyncRollouts:
             try:
                 found = await anyio.to_thread.run_sync(self.records.claim, rollout_id, digest,
                                                        self.owner, now)
+            except Exception as exc:
+                self._release(live)
+                raise Refused(500, "record_write_failed",
+                              f"rollout {rollout_id} was not started: its record could not be "
+                              f"stored ({type(exc).__name__}); see the server's log") from exc
             except BaseException:
                 self._release(live)
                 raise
@@ -194,7 +200,12 @@ class AsyncRollouts:
             return live.document()
         if self.records is None:
             return None
-        found = await anyio.to_thread.run_sync(self.records.get, rollout_id)
+        try:
+            found = await anyio.to_thread.run_sync(self.records.get, rollout_id)
+        except Exception as exc:
+            raise Refused(500, "record_read_failed",
+                          f"rollout {rollout_id}'s record could not be read "
+                          f"({type(exc).__name__}); see the server's log") from exc
         return None if found is None else self._stored_document(found)
 
     def _stored_document(self, found: Any) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from synth_deploy.errors import BadRequest, TraceStoreError
+from synth_deploy.errors import BadRequest
 from synth_deploy.serving._admission import EarlyHeads, RolloutLimits
 from synth_deploy.serving._request_guards import (
     BodyTooLarge,
@@ -189,9 +189,6 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
             except Refused as exc:
                 refusal = error_response(exc.status, exc.code, exc.message, headers={
                     "retry-after": "1"} if exc.status == 503 else None)
-            except TraceStoreError as exc:
-                refusal = error_response(500, "record_write_failed",
-                                         f"the rollout's record could not be stored: {exc}")
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -236,7 +233,10 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
 
     async def document_of(request: Request) -> dict[str, Any] | Response:
         rollout_id = request.path_params["rollout_id"]
-        found = await rollouts.find(rollout_id)
+        try:
+            found = await rollouts.find(rollout_id)
+        except Refused as exc:
+            return error_response(exc.status, exc.code, exc.message, rollout_id=rollout_id)
         if found is None:
             return error_response(404, "unknown_rollout", f"no rollout {rollout_id!r} on this "
                                   "server", rollout_id=rollout_id)
