@@ -1,2 +1,22 @@
 """synth-containers' contract, served beside `/rollout` under `/containers`: the wire
-(`_wire`) and the durable asynchronous rollouts it submits (`_durable`)."""
+(`_wire`), the durable asynchronous rollouts it submits (`_durable`), and the client's side
+the kit's runners and `check` share (`_client`; light: no server imports)."""
+
+from synth_deploy.serving.containers._client import (
+    FIRST_POLL_S,
+    MAX_POLL_S,
+    METADATA_PATH,
+    POLL_FAILURES_ALLOWED,
+    PREFIX,
+    SUBMIT_PATH,
+    advertises_async,
+    async_submission,
+    document_path,
+    next_poll_delay,
+    retryable,
+    rollout_answer,
+)
+
+__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED", "PREFIX",
+           "SUBMIT_PATH", "advertises_async", "async_submission", "document_path",
+           "next_poll_delay", "retryable", "rollout_answer"]
