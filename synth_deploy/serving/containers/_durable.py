@@ -276,7 +276,7 @@ class AsyncRollouts:
             return
         body = json.loads(response.body)
         if response.status_code == 200:
-            await self._finish(live, "completed", 200, _completed_fields(body))
+            await self._finish(live, "completed", 200, _completed_fields(body, self.app_id))
         else:
             error = dict(body.get("detail", {}).get("error") or {})
             error["status"] = response.status_code
@@ -358,7 +358,7 @@ class AsyncRollouts:
         loop.call_later(self._sweep_interval(), self._sweep, loop)
 
 
-def _completed_fields(response: dict[str, Any]) -> dict[str, Any]:
+def _completed_fields(response: dict[str, Any], task_id: str) -> dict[str, Any]:
     """A completed rollout's answer in synth-containers' terms, with the kit's own answer
     (a synth-ai RolloutResponse) as ``response``."""
     metrics = response.get("metrics") or {}
@@ -366,6 +366,7 @@ def _completed_fields(response: dict[str, Any]) -> dict[str, Any]:
     details = metrics.get("details") or {}
     tokens = details.get("tokens")
     return {
+        "task_id": task_id,
         "reward_info": {"outcome_reward": reward,
                         "event_rewards": metrics.get("event_rewards") or [],
                         "details": {"objective": "outcome_reward"}},
@@ -374,6 +375,7 @@ def _completed_fields(response: dict[str, Any]) -> dict[str, Any]:
         "summary": {"reward": reward, "num_steps": metrics.get("num_steps")},
         "usage": {} if tokens is None else {"total_tokens": tokens},
         "trace_correlation_id": response.get("trace_correlation_id"),
+        "trace": response.get("trace") or {},  # when the request asked for it (record)
         "response": response,
     }
 

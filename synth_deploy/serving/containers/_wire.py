@@ -11,6 +11,7 @@ task through this contract and its client, ``HTTPContainerClient``: give them
 - ``GET /dataset`` (and ``/taskset``): the app's datasets, their splits and row counts;
   ``POST /dataset/rows`` (and ``/taskset/tasks``) ``{"seeds": [...]}``: a row per seed, the
   app's task instance for it.
+- ``GET /task_info``: the task (the app's id, name and description).
 - ``GET /program``: 404 ``container_route_not_supported:program``, as for a container that
   declares no prompt fields (a task app declares none).
 - ``POST /rollouts`` (and ``/rollout``): a rollout, ``submission_mode`` ``"sync"`` (the
@@ -113,6 +114,8 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                 "rollout_modes": ["blocking", "async"],
                 "route_hints": {
                     "metadata_routes": ["/metadata", "/info"],
+                    "task_info_routes": ["/task_info"],
+                    "program_routes": ["/program"],
                     "dataset_routes": ["/dataset", "/dataset/rows"],
                     "taskset_routes": ["/taskset", "/taskset/tasks"],
                     "rollout_routes": ["/rollouts"],
@@ -135,6 +138,11 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
 
     async def metadata(request: Request) -> Response:
         return JSONResponse(metadata_payload())
+
+    async def task_info(request: Request) -> Response:
+        return JSONResponse({"task": {"task_id": config.app_id, "task_name": config.name,
+                                      "description": config.description},
+                             "metadata": {"datasets": config.dataset_registry.describe()}})
 
     async def program(request: Request) -> Response:
         return JSONResponse({"detail": "container_route_not_supported:program"},
@@ -328,6 +336,7 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
         Endpoint(PREFIX + "/metadata", "GET", metadata, "synth-containers: contract version "
                  "and capabilities"),
         Endpoint(PREFIX + "/info", "GET", metadata, "synth-containers: as /metadata"),
+        Endpoint(PREFIX + "/task_info", "GET", task_info, "synth-containers: the task"),
         Endpoint(PREFIX + "/program", "GET", program, "synth-containers: no prompt fields",
                  errors=(404,)),
         Endpoint(PREFIX + "/dataset", "GET", dataset, "synth-containers: splits, row counts"),
