@@ -33,7 +33,12 @@ from synth_deploy.tracing._errors import (
 )
 from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
-from synth_deploy.tracing._rollout_records import RolloutRecord, RolloutRecords
+from synth_deploy.tracing._rollout_records import (
+    RolloutClaim,
+    RolloutFinish,
+    RolloutRecord,
+    RolloutRecords,
+)
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -90,6 +95,8 @@ __all__ = [
     "PriceTable",
     "RewardSummary",
     "RolloutFacts",
+    "RolloutClaim",
+    "RolloutFinish",
     "RolloutRecord",
     "RolloutRecords",
     "SchemaTooNewError",

@@ -17,8 +17,9 @@ another owner was lost with that process (see `RolloutRecord.lost_by`).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from synth_deploy.tracing._times import iso
 
@@ -50,6 +51,24 @@ class RolloutRecord:
         return self.status == RUNNING and self.owner != owner
 
 
+class RolloutClaim(NamedTuple):
+    """A rollout starting under ``owner`` (``at``: epoch seconds)."""
+
+    rollout_id: str
+    digest: str
+    owner: str
+    at: float
+
+
+class RolloutFinish(NamedTuple):
+    """A rollout's end: its status and answer (``at``: epoch seconds)."""
+
+    rollout_id: str
+    status: str
+    result: dict[str, Any]
+    at: float
+
+
 class RolloutRecords:
     """The ``async_rollouts`` table of ``store`` (made when first used). Blocking calls: a
     server runs them off its event loop."""
@@ -65,34 +84,49 @@ class RolloutRecords:
 
     def claim(self, rollout_id: str, digest: str, owner: str, now: float) -> RolloutRecord | None:
         """Record ``rollout_id`` as running under ``owner``, unless it is recorded already:
-        then the record that is there (and nothing is written). The server that calls it
-        keeps the rollouts it runs in hand, so two claims of one id never race in it."""
-        self._table()
-        found = self.get(rollout_id)
-        if found is not None:
-            return found
-        stamp = iso(now)
-        self.database.run([(f"INSERT OR IGNORE INTO {TABLE} (rollout_id, digest, status, "
-                            "owner, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-                            (rollout_id, digest, RUNNING, owner, stamp, stamp))])
-        return None
+        then the record that is there (and nothing is written)."""
+        return self.apply([RolloutClaim(rollout_id, digest, owner, now)], []).get(rollout_id)
 
     def finish(self, rollout_id: str, status: str, result: dict[str, Any], now: float) -> None:
         """Store ``rollout_id``'s final ``status`` and answer."""
+        self.apply([], [RolloutFinish(rollout_id, status, result, now)])
+
+    def apply(self, claims: Sequence[RolloutClaim], finishes: Sequence[RolloutFinish]
+              ) -> dict[str, RolloutRecord]:
+        """Many claims and finishes in one transaction (what a busy server batches); returns
+        the records already there for those of ``claims`` that were not written. The
+        server that calls it keeps the rollouts it runs in hand, so two claims of one id
+        never race in it."""
         self._table()
-        self.database.run([(f"UPDATE {TABLE} SET status = ?, result = ?, updated_at = ? "
-                            "WHERE rollout_id = ?",
-                            (status, json.dumps(result), iso(now), rollout_id))])
+        found: dict[str, RolloutRecord] = {}
+        if claims:
+            rows = self.database.query(
+                f"SELECT * FROM {TABLE} WHERE rollout_id IN (SELECT value FROM json_each(?))",
+                (json.dumps([c.rollout_id for c in claims]),))
+            found = {row["rollout_id"]: _record(row) for row in rows}
+        statements: list[tuple[str, Sequence[Any]]] = [
+            (f"INSERT OR IGNORE INTO {TABLE} (rollout_id, digest, status, owner, created_at, "
+             "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+             (c.rollout_id, c.digest, RUNNING, c.owner, iso(c.at), iso(c.at)))
+            for c in claims if c.rollout_id not in found]
+        statements += [(f"UPDATE {TABLE} SET status = ?, result = ?, updated_at = ? "
+                        "WHERE rollout_id = ?",
+                        (f.status, json.dumps(f.result), iso(f.at), f.rollout_id))
+                       for f in finishes]
+        if statements:
+            self.database.run(statements)
+        return found
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
         self._table()
         rows = self.database.query(f"SELECT * FROM {TABLE} WHERE rollout_id = ?", (rollout_id,))
-        if not rows:
-            return None
-        row = rows[0]
-        result = json.loads(row["result"]) if row["result"] else None
-        return RolloutRecord(row["rollout_id"], row["digest"], row["status"], row["owner"],
-                             str(row["created_at"]), str(row["updated_at"]), result)
+        return _record(rows[0]) if rows else None
 
 
-__all__ = ["RolloutRecord", "RolloutRecords"]
+def _record(row: dict[str, Any]) -> RolloutRecord:
+    result = json.loads(row["result"]) if row["result"] else None
+    return RolloutRecord(row["rollout_id"], row["digest"], row["status"], row["owner"],
+                         str(row["created_at"]), str(row["updated_at"]), result)
+
+
+__all__ = ["RolloutClaim", "RolloutFinish", "RolloutRecord", "RolloutRecords"]

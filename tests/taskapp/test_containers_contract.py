@@ -217,3 +217,25 @@ def test_a_store_that_refuses_writes_refuses_the_submission_and_says_why(tmp_pat
     assert resp.status_code == 500
     assert resp.json()["detail"]["error"]["code"] == "record_write_failed"
     assert health["rollouts"]["in_flight"] == 0  # nothing left counted
+
+
+def test_a_client_waiting_on_a_sync_rollout_holds_its_lease(serve, api_key):
+    app = serve(create_app(toy_config(sleeping(1.5)), api_keys=[api_key]))
+    with client(app, api_key) as c:
+        resp = c.post("/rollouts", json={**body("h-1", mode="sync"), "lease_ttl_seconds": 0.4})
+    assert resp.status_code == 200 and resp.json()["status"] == "completed"
+
+
+def test_terminate_cancels_a_running_rollout_and_traces_it(tmp_path, serve, api_key):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        app = serve(create_app(toy_config(sleeping(30.0)), api_keys=[api_key],
+                               trace_store=store))
+        with client(app, api_key) as c:
+            c.post("/rollouts", json=body("t-1"))
+            c.post("/rollouts/t-1/terminate")
+            doc = wait_done(c, "t-1")
+            health = httpx.get(app.url + "/health", headers={"X-API-Key": api_key}).json()
+        assert doc["status"] == "cancelled" and doc["error"]["code"] == "terminated"
+        assert health["rollouts"]["in_flight"] == 0
+        [session] = store.list_sessions(limit=None)
+        assert session.run_id == "t-1" and session.status == "cancelled"

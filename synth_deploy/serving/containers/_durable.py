@@ -32,7 +32,15 @@ from starlette.responses import Response
 
 from synth_deploy.serving._admission import RolloutStats
 from synth_deploy.taskapp._contracts import RolloutRequest
-from synth_deploy.tracing import RolloutFacts, RolloutRecords, SessionTracer, describe_session
+from synth_deploy.tracing import (
+    RolloutClaim,
+    RolloutFacts,
+    RolloutFinish,
+    RolloutRecord,
+    RolloutRecords,
+    SessionTracer,
+    describe_session,
+)
 
 RunRollout = Callable[[RolloutRequest, bytes], Awaitable[Response]]
 DEFAULT_LEASE_S = 300.0
@@ -67,7 +75,7 @@ def request_digest(body: dict[str, Any]) -> str:
 class _Live:
     """A rollout this server runs (or ran): its document, events and lease."""
 
-    __slots__ = ("rollout_id", "digest", "mode", "created", "updated", "status", "answer",
+    __slots__ = ("rollout_id", "digest", "mode", "created_at", "updated_at", "status", "answer",
                  "http_status", "events", "changed", "task", "ttl_s", "expires",
                  "cancel_reason", "req", "request_json")
 
@@ -75,7 +83,7 @@ class _Live:
                  request_json: bytes, ttl_s: float, now: float) -> None:
         self.rollout_id, self.digest, self.mode = rollout_id, digest, mode
         self.req, self.request_json = req, request_json
-        self.created = self.updated = now
+        self.created_at = self.updated_at = iso(now)  # text once: polls read it often
         self.status = "running"
         self.answer: dict[str, Any] = {}  # the result's fields, once it has one
         self.http_status = 202
@@ -103,7 +111,7 @@ class _Live:
         doc: dict[str, Any] = {
             "rollout_id": self.rollout_id, "status": self.status,
             "success_status": _SUCCESS[self.status],
-            "created_at": iso(self.created), "updated_at": iso(self.updated),
+            "created_at": self.created_at, "updated_at": self.updated_at,
             "metadata": {"submission_mode": self.mode}, "summary": {}}
         if not self.done:
             doc["lease"] = {"ttl_seconds": self.ttl_s,
@@ -111,6 +119,51 @@ class _Live:
                             "renew_route": f"/rollouts/{self.rollout_id}/renew"}
         doc.update(self.answer)
         return doc
+
+
+class _RecordBatches:
+    """Claims and finishes on their way to the store: whatever waits goes in one
+    transaction, on one worker thread, while the loop serves (a thousand submissions in a
+    second cost a few commits, not a thousand thread hops)."""
+
+    def __init__(self, records: RolloutRecords) -> None:
+        self.records = records
+        self.claims: list[tuple[RolloutClaim, asyncio.Future[Any]]] = []
+        self.finishes: list[tuple[RolloutFinish, asyncio.Future[Any]]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def claim(self, claim: RolloutClaim) -> RolloutRecord | None:
+        return await self._queued(self.claims, claim)
+
+    async def finish(self, finish: RolloutFinish) -> None:
+        await self._queued(self.finishes, finish)
+
+    async def _queued(self, queue: list[Any], item: Any) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        queue.append((item, future))
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self.claims or self.finishes:
+            claims, self.claims = self.claims, []
+            finishes, self.finishes = self.finishes, []
+            waiting = [f for _, f in claims] + [f for _, f in finishes]
+            try:
+                found = await anyio.to_thread.run_sync(
+                    self.records.apply, [c for c, _ in claims], [f for f, _ in finishes])
+            except Exception as exc:  # noqa: BLE001 - each waiter raises it
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for claim, future in claims:
+                if not future.done():
+                    future.set_result(found.get(claim.rollout_id))
+            for _, future in finishes:
+                if not future.done():
+                    future.set_result(None)
 
 
 class AsyncRollouts:
@@ -126,6 +179,7 @@ class AsyncRollouts:
                  trace: Any = None, app_id: str = "", default_ttl_s: float = DEFAULT_LEASE_S
                  ) -> None:
         self.run, self.stats, self.records, self.trace = run, stats, records, trace
+        self._batches = None if records is None else _RecordBatches(records)
         self.app_id = app_id
         self.default_ttl_s = default_ttl_s
         self.owner = uuid.uuid4().hex  # this process: a record running under another is lost
@@ -156,10 +210,10 @@ class AsyncRollouts:
                      now)
         self.live[rollout_id] = live  # held before any await: a second claim finds it
         stats.in_flight += 1
-        if self.records is not None:
+        if self._batches is not None:
             try:
-                found = await anyio.to_thread.run_sync(self.records.claim, rollout_id, digest,
-                                                       self.owner, now)
+                found = await self._batches.claim(RolloutClaim(rollout_id, digest, self.owner,
+                                                               now))
             except Exception as exc:
                 self._release(live)
                 raise Refused(500, "record_write_failed",
@@ -306,15 +360,16 @@ class AsyncRollouts:
 
     async def _finish(self, live: _Live, status: str, http_status: int,
                       answer: dict[str, Any]) -> None:
-        live.updated = time.time()
+        updated = time.time()
+        live.updated_at = iso(updated)
         live.answer, live.http_status = answer, http_status
-        if self.records is not None:
+        if self._batches is not None:
             document = {**live.document(), "status": status,
                         "success_status": _SUCCESS[status]}
             document.pop("lease", None)
             try:
-                await anyio.to_thread.run_sync(self.records.finish, live.rollout_id, status,
-                                               document, live.updated)
+                await self._batches.finish(RolloutFinish(live.rollout_id, status, document,
+                                                         updated))
             except Exception as exc:  # noqa: BLE001 - answered in memory, said in the record
                 live.answer = {**answer, "warning": f"its record could not be stored "
                                                     f"({type(exc).__name__})"}

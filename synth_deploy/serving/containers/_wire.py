@@ -207,7 +207,7 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
             await JSONResponse(document, status_code=status)(scope, receive, send)
             return
         pulse = heads.watch(send)
-        while not await rollouts.wait(live, heartbeat_s):
+        while not await rollouts.wait(live, min(heartbeat_s, live.ttl_s / 2)):
             live.renew()  # the client is waiting on this request: it holds the lease
         answer = JSONResponse({**live.document(), **({"replayed": True} if replayed else {})},
                               status_code=live.http_status)
@@ -298,7 +298,8 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                 if live is None or live.done:
                     return
                 live.renew()  # a client reading its stream holds its lease
-                if not await rollouts.wait(live, heartbeat_s) and len(live.events) <= after:
+                if not await rollouts.wait(live, min(heartbeat_s, live.ttl_s / 2)) \
+                        and len(live.events) <= after:
                     yield ": heartbeat\n\n"
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
