@@ -391,7 +391,8 @@ class EndpointSteps:
 
     def async_rollout(self, body: dict[str, Any], timeout_s: float
                       ) -> tuple[Any, float, dx.Diagnosis | None]:
-        """Submit ``body`` asynchronously and poll it with backoff: (a response as POST
+        """Submit ``body`` asynchronously and long-poll it (backing off after a failed
+        poll): (a response as POST
         /rollout would have answered, latency ms, None), or a diagnosis of no answer."""
         started = time.perf_counter()
         response, _, failure = self.request("POST", durable.SUBMIT_PATH, key=self.api_key,
@@ -403,11 +404,11 @@ class EndpointSteps:
         delay, failures = durable.FIRST_POLL_S, 0
         give_up = time.monotonic() + timeout_s + 60.0
         while document.get("status") == "running" and time.monotonic() < give_up:
-            time.sleep(delay)
-            delay = durable.next_poll_delay(delay)
-            polled, _, failure = self.request("GET", durable.document_path(body["run_id"]),
-                                              key=self.api_key)
+            polled, _, failure = self.request("GET", durable.poll_path(body["run_id"]),
+                                              key=self.api_key)  # a long poll
             if failure is not None or durable.retryable(polled.status_code):
+                time.sleep(delay)
+                delay = durable.next_poll_delay(delay)
                 failures += 1
                 if failures > durable.POLL_FAILURES_ALLOWED:
                     return polled, (time.perf_counter() - started) * 1000, failure

@@ -250,14 +250,15 @@ async def rollout_path(client: httpx.AsyncClient) -> RolloutPath:
 async def submit_and_poll(client: httpx.AsyncClient, body: dict[str, Any],
                           max_time_s: float) -> tuple[int, Any]:
     """Run ``body`` (a synth-ai rollout request) as an async rollout: (status, body) as
-    ``POST /rollout`` would have answered. Polls back off to every few seconds; a poll
-    that fails (a proxy's 5xx, a dropped connection) is asked again a few times, as the
-    rollout runs on regardless."""
+    ``POST /rollout`` would have answered. Each poll waits at the app up to a second for
+    the rollout to end (so its end is seen as it comes); a poll that fails (a proxy's 5xx,
+    a dropped connection) is asked again a few times with backoff, as the rollout runs on
+    regardless."""
     resp = await client.post(durable.SUBMIT_PATH, json=durable.async_submission(body))
     document = _json_or_none(resp)
     if resp.status_code not in (200, 202) or not isinstance(document, dict):
         return resp.status_code, document
-    where = durable.document_path(body["run_id"])
+    where = durable.poll_path(body["run_id"])
     delay, failures = durable.FIRST_POLL_S, 0
     give_up = time.monotonic() + max_time_s + 60.0
     while document.get("status") == "running":
@@ -265,13 +266,13 @@ async def submit_and_poll(client: httpx.AsyncClient, body: dict[str, Any],
             return 504, {"detail": {"error": {
                 "code": "rollout_timeout", "message": f"rollout {body['run_id']} was still "
                 f"running {max_time_s + 60:g}s after it was submitted"}}}
-        await asyncio.sleep(delay)
-        delay = durable.next_poll_delay(delay)
         try:
-            resp = await client.get(where)
+            resp = await client.get(where)  # a long poll: no sleep between them
         except httpx.HTTPError:
             resp = None
         if resp is None or durable.retryable(resp.status_code):
+            await asyncio.sleep(delay)
+            delay = durable.next_poll_delay(delay)
             failures += 1
             if failures > durable.POLL_FAILURES_ALLOWED:
                 if resp is None:

@@ -239,3 +239,15 @@ def test_terminate_cancels_a_running_rollout_and_traces_it(tmp_path, serve, api_
         assert health["rollouts"]["in_flight"] == 0
         [session] = store.list_sessions(limit=None)
         assert session.run_id == "t-1" and session.status == "cancelled"
+
+
+def test_a_long_poll_is_answered_as_soon_as_the_rollout_ends(serve, api_key):
+    app = serve(create_app(toy_config(sleeping(1.0)), api_keys=[api_key]))
+    with client(app, api_key) as c:
+        c.post("/rollouts", json=body("lp-1"))
+        asked = time.monotonic()
+        doc = c.get("/rollouts/lp-1", params={"wait_ms": 8000}).json()
+        waited = time.monotonic() - asked
+        quick = c.get("/rollouts/lp-1", params={"wait_ms": 8000})  # done: no wait at all
+    assert doc["status"] == "completed" and 0.5 < waited < 4.0
+    assert quick.elapsed.total_seconds() < 1.0

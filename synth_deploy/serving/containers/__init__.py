@@ -7,16 +7,18 @@ from synth_deploy.serving.containers._client import (
     MAX_POLL_S,
     METADATA_PATH,
     POLL_FAILURES_ALLOWED,
+    POLL_WAIT_MS,
     PREFIX,
     SUBMIT_PATH,
     advertises_async,
     async_submission,
     document_path,
     next_poll_delay,
+    poll_path,
     retryable,
     rollout_answer,
 )
 
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED", "PREFIX",
-           "SUBMIT_PATH", "advertises_async", "async_submission", "document_path",
-           "next_poll_delay", "retryable", "rollout_answer"]
+__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
+           "POLL_WAIT_MS", "PREFIX", "SUBMIT_PATH", "advertises_async", "async_submission",
+           "document_path", "next_poll_delay", "poll_path", "retryable", "rollout_answer"]

@@ -5,8 +5,8 @@ submitted, how long to wait between polls, and what a finished rollout's documen
 
     if advertises_async(metadata):                    # GET {PREFIX}/metadata
         submit(POST {PREFIX}/rollouts, json=async_submission(body))
-        while document["status"] == "running":        # GET {PREFIX}/rollouts/{id}
-            sleep(delay); delay = next_poll_delay(delay)
+        while document["status"] == "running":        # GET poll_path(id): a long poll
+            document = poll(...)                      # (after a failure: sleep, back off)
         status, answer = rollout_answer(document)     # as POST /rollout would have
 """
 
@@ -19,6 +19,9 @@ METADATA_PATH = PREFIX + "/metadata"
 SUBMIT_PATH = PREFIX + "/rollouts"
 FIRST_POLL_S = 0.25
 MAX_POLL_S = 2.0
+# How long a poll waits at the app for its rollout to finish: a result is seen as it comes,
+# and a request is never silent for long (the stand-ins' scaled proxy limits included).
+POLL_WAIT_MS = 1000
 # Polls that may fail in a row (a proxy's 5xx, a dropped connection) before the client gives
 # up: the rollout runs on regardless, and its result waits for the next ask.
 POLL_FAILURES_ALLOWED = 5
@@ -49,8 +52,15 @@ def document_path(rollout_id: str) -> str:
     return f"{SUBMIT_PATH}/{rollout_id}"
 
 
+def poll_path(rollout_id: str) -> str:
+    """Where a client polls ``rollout_id``: its document, answered once it is done or
+    after `POLL_WAIT_MS`."""
+    return f"{document_path(rollout_id)}?wait_ms={POLL_WAIT_MS}"
+
+
 def next_poll_delay(delay: float) -> float:
-    """The wait before the next poll: growing by half, to at most `MAX_POLL_S`."""
+    """The wait before asking again after a failed poll: growing by half, to at most
+    `MAX_POLL_S`."""
     return min(MAX_POLL_S, delay * 1.5)
 
 
@@ -72,6 +82,6 @@ def rollout_answer(document: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return status, {"detail": {"error": {**error, "code": code, "message": message}}}
 
 
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED", "PREFIX",
-           "SUBMIT_PATH", "advertises_async", "async_submission", "document_path",
-           "next_poll_delay", "retryable", "rollout_answer"]
+__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
+           "POLL_WAIT_MS", "PREFIX", "SUBMIT_PATH", "advertises_async", "async_submission",
+           "document_path", "next_poll_delay", "poll_path", "retryable", "rollout_answer"]

@@ -19,7 +19,8 @@ task through this contract and its client, ``HTTPContainerClient``: give them
   or ``"async"`` (202 and its id at once). Its body: ``rollout_id``, ``seed`` (or
   ``env.seed``), ``env.config``, ``policy`` (``model``, ``inference_url`` and ``config``),
   ``mode`` (``rl``/``eval``), ``safety.max_time_s``; ``lease_ttl_seconds`` optionally.
-- ``GET /rollouts/{id}`` (its document, the result once done), ``/state``, ``/events``
+- ``GET /rollouts/{id}`` (its document, the result once done; ``?wait_ms=`` up to 10,000:
+  answered as soon as it is done, or then), ``/state``, ``/events``
   (``?after=`` a cursor), ``/stream`` (the events as SSE with heartbeats), ``POST
   /rollouts/{id}/renew`` and ``/terminate``. Durability, leases and replays: `_durable`.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -59,6 +61,8 @@ from synth_deploy.taskapp._contracts import RolloutRequest
 CONTRACT_VERSION = "2026-05-28"  # synth-containers 0.4.6's ontology.CONTRACT_VERSION
 PROTOCOL = "synth.container.contract.v1"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# The longest a poll may wait for its rollout to finish: far inside any proxy's patience.
+MAX_WAIT_MS = 10_000
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
 
@@ -251,6 +255,12 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
         return found
 
     async def get_rollout(request: Request) -> Response:
+        wait_s = min(_whole(request.query_params.get("wait_ms")), MAX_WAIT_MS) / 1000
+        live = rollouts.live.get(request.path_params["rollout_id"])
+        if wait_s and live is not None:  # a long poll: answered as soon as it is done
+            until = time.monotonic() + wait_s
+            while not live.done and (left := until - time.monotonic()) > 0:
+                await rollouts.wait(live, left)
         found = await document_of(request)
         return found if isinstance(found, Response) else JSONResponse(found)
 
