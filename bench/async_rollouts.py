@@ -113,7 +113,10 @@ def _run(url: str, n: int, mode: str, poll_s: float) -> dict[str, object]:
         return await asyncio.gather(*(_async_one(host, int(port), f"a-{i}", i / n, poll_s,
                                                  polls, reconnects) for i in range(n)))
 
+    client_cpu = time.process_time()
+    wall = time.perf_counter()
     results = asyncio.run(everyone())
+    client_load = (time.process_time() - client_cpu) / (time.perf_counter() - wall)
     after = tree_cpu_s(pid) if pid else None
     ok = [seconds for status, seconds in results if status == 200]
     errors: dict[str, int] = {}
@@ -123,7 +126,7 @@ def _run(url: str, n: int, mode: str, poll_s: float) -> dict[str, object]:
     cpu = (after[1] - before[1]) if before and after else float("nan")
     return {"ok": len(ok), "errors": errors, "rollout": _cuts(ok), "cpu_per_rollout_ms":
             cpu / max(1, len(results)) * 1000, "polls": len(polls), "poll": _cuts(polls),
-            "reconnects": len(reconnects)}
+            "reconnects": len(reconnects), "client_load": client_load}
 
 
 def main() -> None:
@@ -132,12 +135,15 @@ def main() -> None:
     parser.add_argument("--rollout-s", type=float, default=10.0)
     parser.add_argument("--poll-s", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--untraced", action="store_true",
+                        help="serve with --no-trace: async records in memory only")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     os.sched_setaffinity(0, {1})  # the load client on core 1, the server on core 0
     print(f"{args.n} rollouts of {args.rollout_s:g}s, async polled every {args.poll_s:g}s, "
-          "vs sync; the traced server pinned to core 0 (a shared machine: read the ratios)")
+          f"vs sync; the {'untraced' if args.untraced else 'traced'} server pinned to core 0 "
+          "(a shared machine: read the ratios)")
     print(f"{'run':>3} {'mode':>5} {'ok':>5} {'errors':>16} {'p50 s':>6} {'p99 s':>6} "
           f"{'CPU/rollout ms':>14} {'polls':>6} {'poll p50 ms':>11} {'poll p99 ms':>11}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,8 +153,9 @@ def main() -> None:
             found = {}
             for mode in ("sync", "async"):
                 db = Path(tmp) / f"traces-{run}-{mode}.db"
+                flags = ["--no-trace"] if args.untraced else ["--trace-db", str(db)]
                 with child_server(SERVE_CLI, wrapper=PIN, quiet=True, app=str(app), key=KEY,
-                                  flags=["--trace-db", str(db)]) as url:
+                                  flags=flags) as url:
                     found[mode] = result = _run(url, args.n, mode, args.poll_s)
                 errors = ", ".join(f"{v}x {k}" for k, v in result["errors"].items()) or "0"
                 p50, p99 = result["rollout"]
@@ -163,7 +170,8 @@ def main() -> None:
             per_rollout = durable["polls"] / max(1, args.n)
             extra = durable["cpu_per_rollout_ms"] - sync["cpu_per_rollout_ms"]
             print(f"    {durable['reconnects']} poll(s) asked again on a new connection "
-                  "(the server had closed the kept-alive one)")
+                  "(the server had closed the kept-alive one); the load client's core busy "
+                  f"{sync['client_load']:.0%} (sync), {durable['client_load']:.0%} (async)")
             print(f"    async/sync CPU per rollout {durable['cpu_per_rollout_ms'] / max(1e-9, sync['cpu_per_rollout_ms']):.2f}x; "  # noqa: E501
                   f"{per_rollout:.1f} polls a rollout, about {extra / per_rollout:.3f} ms "
                   "of server CPU each", flush=True)
