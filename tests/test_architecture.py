@@ -108,7 +108,7 @@ def test_test_modules_share_through_helpers_and_conftest_only():
 # below its own (never one of its own layer, never one above), at module level or inside a
 # function alike. The root modules are the packages' common ground.
 LAYERS = (
-    ("errors", "deadlines", "_lazy", "_batches", "tls", "logs", "__init__"),
+    ("errors", "deadlines", "_lazy", "_batches", "tls", "logs", "proxy_limits", "__init__"),
     ("env", "urls", "handoff"),
     ("tracing",),    # the trace store: what rollouts record, written and read
     ("otel",),       # traces as OpenTelemetry spans

@@ -6,17 +6,19 @@ Each step records one `CheckResult`; a step after which later ones cannot mean a
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from typing import Any
 
 from synth_deploy.env import mask, missing_key_hint
 from synth_deploy.health import _diagnosis as dx
-from synth_deploy.health._http import HTTPClient, RequestFailed
+from synth_deploy.health._http import HTTPClient, RequestFailed, Response
 from synth_deploy.health._options import CheckOptions, RolloutOptions
 from synth_deploy.health._report import CheckResult, HealthReport
 from synth_deploy.health._schema import short_repr, validate
 from synth_deploy.serving import answered_status
+from synth_deploy.serving import containers as durable
 
 
 class Stop(Exception):
@@ -333,8 +335,12 @@ class EndpointSteps:
         body = {"run_id": run_id, "mode": "eval", "env": {"seed": seed, "config": {}},
                 "policy": {"policy_name": "synth-deploy-check", "config": policy_config},
                 "record": {"return_trace": False}, "safety": {"max_time_s": timeout_s}}
-        response, latency, failure = self.request("POST", "/rollout", key=self.api_key,
-                                                  json=body, timeout=timeout_s)
+        path, why = self.rollout_path()
+        if path == "async":
+            response, latency, failure = self.async_rollout(body, timeout_s)
+        else:
+            response, latency, failure = self.request("POST", "/rollout", key=self.api_key,
+                                                      json=body, timeout=timeout_s)
         if failure is not None:
             self.fail("rollout", expected, failure, latency)
             return
@@ -373,7 +379,7 @@ class EndpointSteps:
                                 problem["actual"] + problem["more"], latency)
             return
         actual = (f"reward_mean={result.metrics.reward_mean:g}, steps={result.metrics.num_steps}"
-                  f", {latency / 1000:.2f}s")
+                  f", {latency / 1000:.2f}s, {path}: {why}")
         if result.run_id != run_id:
             self.add(CheckResult("rollout", "warn", expected, actual + f", run_id "
                                  f"{result.run_id!r}", latency, code="run_id_mismatch",
@@ -381,6 +387,52 @@ class EndpointSteps:
                                       "responses to requests by it"))
             return
         self.add(CheckResult("rollout", "pass", expected, actual, latency))
+
+    def rollout_path(self) -> tuple[str, str]:
+        """("async" or "sync", why): async when the app advertises it."""
+        response, _, failure = self.request("GET", durable.METADATA_PATH, key=self.api_key)
+        if failure is None and response.status_code == 200 and \
+                durable.advertises_async(dx.body_json(response)):
+            return "async", "submitted and polled (the app advertises async rollouts)"
+        answered = "no answer" if failure is not None else response.status_code
+        return "sync", f"POST /rollout (no async rollouts advertised: {answered})"
+
+    def async_rollout(self, body: dict[str, Any], timeout_s: float
+                      ) -> tuple[Any, float, dx.Diagnosis | None]:
+        """Submit ``body`` asynchronously and long-poll it (backing off after a failed
+        poll): (a response as POST
+        /rollout would have answered, latency ms, None), or a diagnosis of no answer."""
+        started = time.perf_counter()
+        response, _, failure = self.request("POST", durable.SUBMIT_PATH, key=self.api_key,
+                                            json=durable.async_submission(body))
+        document = None if failure is not None else dx.body_json(response)
+        if failure is not None or response.status_code not in (200, 202) \
+                or not isinstance(document, dict):
+            return response, (time.perf_counter() - started) * 1000, failure
+        delay, failures = durable.FIRST_POLL_S, 0
+        give_up = time.monotonic() + timeout_s + 60.0
+        while document.get("status") == "running" and time.monotonic() < give_up:
+            polled, _, failure = self.request("GET", durable.poll_path(body["run_id"]),
+                                              key=self.api_key)  # a long poll
+            if failure is not None or durable.retryable(polled.status_code):
+                time.sleep(delay)
+                delay = durable.next_poll_delay(delay)
+                failures += 1
+                if failures > durable.POLL_FAILURES_ALLOWED:
+                    return polled, (time.perf_counter() - started) * 1000, failure
+                continue
+            failures = 0
+            document = dx.body_json(polled)
+            if polled.status_code != 200 or not isinstance(document, dict):
+                return polled, (time.perf_counter() - started) * 1000, None
+        if document.get("status") == "running":
+            status, answer = 504, {"detail": {"error": {
+                "code": "rollout_timeout", "message": "still running after the check's "
+                f"{timeout_s + 60:g}s"}}}
+        else:
+            status, answer = durable.rollout_answer(document)
+        latency = (time.perf_counter() - started) * 1000
+        return Response(status, json.dumps(answer).encode(), response.url), latency, None
 
     def schema_failure(self, name: str, where: str, path: str, expected: str, actual: str,
                        latency: float) -> None:

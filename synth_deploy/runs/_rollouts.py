@@ -1,7 +1,10 @@
 """Driving `/rollout` on a task app: many seeds, bounded concurrency, one report.
 
 Used by `smoke` (mode "rl") and `eval` (mode "eval"). The runner speaks only HTTP, so it
-drives a local app, a tunnel or a Modal deployment the same way.
+drives a local app, a tunnel or a Modal deployment the same way. An app that advertises
+synth-containers' async rollouts (``GET /containers/metadata``) gets each rollout submitted
+and polled with backoff, so a long rollout costs a few short requests through any proxy;
+any other app gets ``POST /rollout``. Each outcome says which path it took (`RolloutPath`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import httpx
 
 from synth_deploy.env import redact
 from synth_deploy.serving import answered_status
+from synth_deploy.serving import containers as durable
 from synth_deploy.tls import client_ssl_context
 
 if TYPE_CHECKING:
@@ -46,6 +50,17 @@ class RunOptions:
     split: str | None = None  # env.config.split sent with each seed
 
 
+@dataclass(frozen=True)
+class RolloutPath:
+    """How a run's rollouts reach the app (``"async"`` or ``"sync"``) and why."""
+
+    name: str
+    why: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "why": self.why}
+
+
 @dataclass
 class RolloutOutcome:
     """One seed's result, success or not."""
@@ -64,9 +79,11 @@ class RolloutOutcome:
     tokens: int | None = None  # the rollout's LM tokens, when the app reports them
     warning: str | None = None  # e.g. its returned trace could not be stored
     ledger: CostLedger | None = None  # tokens in/out, LM, environment and wall time
+    path: RolloutPath | None = None  # how it reached the app
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "run_id": self.run_id, "ok": self.ok, "status": self.status,
+                "path": self.path.to_dict() if self.path is not None else None,
                 "latency_s": round(self.latency_s, 4), "reward": self.reward,
                 "outcome_score": self.outcome_score, "events_score": self.events_score,
                 "tokens": self.tokens, "details": self.details, "error": self.error,
@@ -187,6 +204,7 @@ async def run_rollouts(
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, limits=limits,
                                  headers={"X-API-Key": api_key}, transport=transport,
                                  follow_redirects=True, verify=client_ssl_context()) as client:
+        path = await rollout_path(client)
 
         async def one(index: int, seed: int) -> RolloutOutcome:
             body = bodies[index] if bodies is not None else rollout_request(
@@ -194,12 +212,20 @@ async def run_rollouts(
             async with limit:
                 started = time.perf_counter()
                 try:
-                    resp = await client.post("/rollout", json=body)
-                    outcome = _outcome(seed, body["run_id"], resp, time.perf_counter() - started)
+                    if path.name == "async":
+                        status, data = await submit_and_poll(client, body, max_time_s)
+                        outcome = _outcome(seed, body["run_id"], status, data, "",
+                                           time.perf_counter() - started)
+                    else:
+                        resp = await client.post("/rollout", json=body)
+                        data = _json_or_none(resp)
+                        outcome = _outcome(seed, body["run_id"], resp.status_code, data,
+                                           resp.text, time.perf_counter() - started)
                 except httpx.HTTPError as exc:
                     outcome = RolloutOutcome(seed, body["run_id"], False, None,
                                              time.perf_counter() - started,
                                              error=redact(transport_error(exc), secrets))
+            outcome.path = path
             if on_outcome is not None:
                 on_outcome(outcome)
             return outcome
@@ -207,15 +233,83 @@ async def run_rollouts(
         return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds))))
 
 
-def _outcome(seed: int, run_id: str, resp: httpx.Response, latency: float) -> RolloutOutcome:
+async def rollout_path(client: httpx.AsyncClient) -> RolloutPath:
+    """Which path ``client``'s app takes rollouts by: async when it advertises it."""
     try:
-        data = resp.json()
+        resp = await client.get(durable.METADATA_PATH, timeout=30.0)
+    except httpx.HTTPError as exc:
+        return RolloutPath("sync", f"POST /rollout: GET {durable.METADATA_PATH} failed "
+                                   f"({type(exc).__name__})")
+    if resp.status_code == 200 and durable.advertises_async(_json_or_none(resp)):
+        return RolloutPath("async", "submitted to /containers/rollouts and polled: the app "
+                                    "advertises async rollouts, which no proxy cuts")
+    return RolloutPath("sync", f"POST /rollout: the app does not advertise async rollouts "
+                               f"(GET {durable.METADATA_PATH} answered {resp.status_code})")
+
+
+async def submit_and_poll(client: httpx.AsyncClient, body: dict[str, Any],
+                          max_time_s: float) -> tuple[int, Any]:
+    """Run ``body`` (a synth-ai rollout request) as an async rollout: (status, body) as
+    ``POST /rollout`` would have answered. Each poll waits at the app up to a second for
+    the rollout to end (so its end is seen as it comes); a poll that fails (a proxy's 5xx,
+    a dropped connection) is asked again a few times with backoff, as the rollout runs on
+    regardless."""
+    resp = await client.post(durable.SUBMIT_PATH, json=durable.async_submission(body))
+    document = _json_or_none(resp)
+    if resp.status_code not in (200, 202) or not isinstance(document, dict):
+        return resp.status_code, document
+    where = durable.poll_path(body["run_id"])
+    delay, failures = durable.FIRST_POLL_S, 0
+    give_up = time.monotonic() + max_time_s + 60.0
+    while document.get("status") == "running":
+        if time.monotonic() > give_up:
+            return 504, {"detail": {"error": {
+                "code": "rollout_timeout", "message": f"rollout {body['run_id']} was still "
+                f"running {max_time_s + 60:g}s after it was submitted"}}}
+        try:
+            resp = await client.get(where)  # a long poll: no sleep between them
+        except httpx.HTTPError:
+            resp = None
+        if resp is None or durable.retryable(resp.status_code):
+            await asyncio.sleep(delay)
+            delay = durable.next_poll_delay(delay)
+            failures += 1
+            if failures > durable.POLL_FAILURES_ALLOWED:
+                if resp is None:
+                    raise httpx.ConnectError(f"polling {where} failed "
+                                             f"{failures} times in a row")
+                return resp.status_code, _json_or_none(resp)
+            continue
+        failures = 0
+        document = _json_or_none(resp)
+        if resp.status_code != 200 or not isinstance(document, dict):
+            return resp.status_code, document
+    return durable.rollout_answer(document)
+
+
+def path_notes(outcomes: Sequence[RolloutOutcome]) -> list[str]:
+    """A line for each path ``outcomes`` took (which, how many, and why), for a report."""
+    counts: dict[RolloutPath, int] = {}
+    for outcome in outcomes:
+        if outcome.path is not None:
+            counts[outcome.path] = counts.get(outcome.path, 0) + 1
+    return [f"{n} rollout{'' if n == 1 else 's'} {path.name}: {path.why}"
+            for path, n in counts.items()]
+
+
+def _json_or_none(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
     except ValueError:
-        data = None
-    status = answered_status(resp.status_code, data)
+        return None
+
+
+def _outcome(seed: int, run_id: str, status_code: int, data: Any, text: str,
+             latency: float) -> RolloutOutcome:
+    status = answered_status(status_code, data)
     if status != 200 or not isinstance(data, dict):
         return RolloutOutcome(seed, run_id, False, status, latency,
-                              error=_error_message(status, resp, data))
+                              error=_error_message(status, text, data))
     metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
     reward = metrics.get("outcome_reward")
     if reward is None:
@@ -297,14 +391,14 @@ _PROXY_STATUS = {
 }
 
 
-def _error_message(status: int, resp: httpx.Response, data: Any) -> str:
+def _error_message(status: int, text: str, data: Any) -> str:
     if isinstance(data, dict):
         detail = data.get("detail")
         if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
             return f"HTTP {status}: {detail['error'].get('message')}"
         if detail:
             return f"HTTP {status}: {detail}"
-    text = resp.text[:200].strip()
+    text = text[:200].strip()
     if status in _PROXY_STATUS:
         return f"HTTP {status}: {_PROXY_STATUS[status]}" + (f" ({text})" if text else "")
     return f"HTTP {status}: {text or 'no body'}"
@@ -324,5 +418,6 @@ def transport_error(exc: httpx.HTTPError) -> str:
     return f"{type(exc).__name__}: {why}"
 
 
-__all__ = ["PolicyTarget", "RolloutOutcome", "RunOptions", "RunReport", "rollout_ledger",
-           "rollout_request", "rollout_tokens", "run_ledger", "run_rollouts"]
+__all__ = ["PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions", "RunReport",
+           "path_notes", "rollout_ledger", "rollout_path", "rollout_request", "rollout_tokens",
+           "run_ledger", "run_rollouts", "submit_and_poll"]

@@ -18,6 +18,7 @@ from synth_deploy.runs._rollouts import (
     RolloutOutcome,
     RunOptions,
     RunReport,
+    path_notes,
     run_rollouts,
 )
 from synth_deploy.tls import client_ssl_context
@@ -206,7 +207,8 @@ def run_seeds(target: RunTarget, seeds: Sequence[int], options: RunOptions = Run
                                         on_outcome=on_outcome))
     elapsed = time.perf_counter() - started
     store_returned_traces(target, outcomes)
-    return RunReport(target.url, options.mode, concurrency, outcomes, elapsed, notes)
+    return RunReport(target.url, options.mode, concurrency, outcomes, elapsed,
+                     notes + path_notes(outcomes))
 
 
 def store_returned_traces(target: RunTarget, outcomes: Sequence[RolloutOutcome]) -> None:

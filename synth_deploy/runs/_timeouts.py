@@ -7,7 +7,8 @@ From the inside out:
     app limit        the app's declared limits.timeout_seconds (/info)
     Modal function   ModalSettings.timeout: Modal kills the request, no answer at all
     Modal web        150 s, then a 303 to a result URL the client must follow
-    tunnel           Cloudflare answers 524 after 100 s without a response byte
+    tunnel           Cloudflare answers 524 after 125 s without a response byte
+    (both from synth_deploy.proxy_limits)
     trainer          the trainer's per-rollout timeout: it gives up and counts a failure
 
 A layer shorter than the rollouts measured fails the check (those rollouts would be lost); a
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+from synth_deploy.proxy_limits import MODAL_WEB_REDIRECT_S
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def modal_function_layer(seconds: float, source: str) -> TimeoutLayer:
 # Modal answers a web request that runs longer with a 303 to a result URL (clients must
 # follow); its web endpoints are served under this domain. The layers are the only users of
 # these facts of Modal's: deploying (synth_deploy.modal) has no use for them.
-MODAL_WEB_TIMEOUT_S = 150
+MODAL_WEB_TIMEOUT_S = MODAL_WEB_REDIRECT_S
 MODAL_WEB_SUFFIX = ".modal.run"
 
 

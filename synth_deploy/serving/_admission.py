@@ -9,13 +9,15 @@ cutoffs, and what a client may hold of its connections (`ConnectionLimits`, enfo
   ``Retry-After`` before its body is read. ``/health`` says the capacity and what is in flight.
   Connections are not the limit (a trainer may open many and send few); rollouts are.
 - **an early head**: proxies between a trainer and the app cut a request whose response is
-  silent too long (Cloudflare answers 524 after 100 s without a byte; Modal turns a request
-  not answered in 150 s into a 303 to a result URL). A rollout still running after
-  ``head_after_s`` gets its ``200`` head and a space, then a space every ``heartbeat_s``,
-  then its JSON body: leading whitespace is valid JSON, so any client reads it as before. The
-  price: once the head has left, a rollout that then fails cannot change the status; its
-  body is the usual error document, with the status it stands for in ``detail.error.status``
-  (`answered_status` reads it back).
+  silent too long (Cloudflare answers 524 after 125 s without a byte; Modal turns a request
+  not answered in 150 s into a 303 to a result URL: `synth_deploy.proxy_limits`). Under the
+  strict reading of Modal's docs a buffered body is redirected all the same: a client that
+  must not depend on a proxy's patience submits asynchronously (`serving.containers`).
+  A rollout still running after ``head_after_s`` gets its ``200`` head and a space, then a
+  space every ``heartbeat_s``, then its JSON body: leading whitespace is valid JSON, so any
+  client reads it as before. The price: once the head has left, a rollout that then fails
+  cannot change the status; its body is the usual error document, with the status it stands
+  for in ``detail.error.status`` (`answered_status` reads it back).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from synth_deploy.errors import UsageError
 
 MAX_ROLLOUTS_VAR = "SYNTH_DEPLOY_MAX_ROLLOUTS"
 DEFAULT_MAX_ROLLOUTS = 10_000
-# Well inside the shortest silence a common proxy allows (nginx's 60 s, Cloudflare's 100 s,
+# Well inside the shortest silence a common proxy allows (nginx's 60 s, Cloudflare's 125 s,
 # Modal's 150 s), late enough that most rollouts are answered with their own status.
 DEFAULT_HEAD_AFTER_S = 20.0
 DEFAULT_HEARTBEAT_S = 15.0

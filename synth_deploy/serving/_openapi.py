@@ -23,7 +23,8 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 _REASONS = {
     400: "Bad request", 401: "No API key was sent", 403: "The API key is wrong",
     404: "No such task instance", 408: "The request was not received in time",
-    413: "Body too large", 415: "The body is not JSON", 422: "The request is invalid",
+    409: "The rollout id names another request", 413: "Body too large",
+    415: "The body is not JSON", 422: "The request is invalid",
     502: "The policy endpoint failed", 503: "The server has no key configured",
     504: "The rollout exceeded safety.max_time_s",
 }

@@ -50,6 +50,8 @@ from synth_deploy.serving._request_guards import (
 from synth_deploy.serving._responses import error_response, validation_errors
 from synth_deploy.serving._rollout_endpoint import ClientWatch, RolloutEndpoint
 from synth_deploy.serving._routes import Endpoint, guarded_routes
+from synth_deploy.serving.containers._durable import AsyncRollouts
+from synth_deploy.serving.containers._wire import containers_endpoints
 from synth_deploy.serving.openenv._wire import openenv_endpoints, openenv_sessions
 from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
 from synth_deploy.taskapp._contracts import (
@@ -61,8 +63,10 @@ from synth_deploy.taskapp._outbound import outbound_client
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.tracing import (
     RolloutFacts,
+    RolloutRecords,
     SessionTrace,
     SessionTracer,
+    TraceStore,
     describe_session,
     ledger_of,
 )
@@ -231,6 +235,10 @@ def create_app(
     rollout = RolloutEndpoint(config, limits=limits, stats=stats,
                               run=lambda req, body, client: rollouts.run(
                                   req, body, app.state.http, client))
+    # synth-containers' contract: its rollouts run as /rollout's, their records in the store.
+    durable = AsyncRollouts(lambda req, body: rollouts.run(req, body, app.state.http),
+                            stats=stats, trace=trace_store, app_id=config.app_id,
+                            records=_rollout_records(trace_store))
     endpoints = [  # /rollout first: the hot path matches at once
         Endpoint("/rollout", "POST", rollout, "Run one episode", asgi=True,
                  ok=schema_ref("RolloutResponse"), errors=(404, 413, 415, 422, 502, 504),
@@ -245,6 +253,8 @@ def create_app(
         Endpoint("/done", "POST", done, "The trainer is done with this app"),
         Endpoint("/openapi.json", "GET", openapi, "This document"),
         *openenv_endpoints(config, env_sessions, failures),
+        *containers_endpoints(config, durable, limits=limits,
+                              task_instances=lambda seeds: _task_instances(config, seeds)),
     ]
     if config.proxy is not None:
         from synth_deploy.serving._proxy import proxy_endpoints
@@ -396,6 +406,11 @@ def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
             **session_correlation(cid)}
     failure = None if error is None else json.loads(error.body)["detail"]["error"]
     return RolloutFacts(head, elapsed, request_json, body, failure)
+
+
+def _rollout_records(trace_store: TraceSink | None) -> RolloutRecords | None:
+    # Async rollouts' records live in the kit's store; another sink keeps none (memory).
+    return RolloutRecords(trace_store) if isinstance(trace_store, TraceStore) else None
 
 
 _REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",

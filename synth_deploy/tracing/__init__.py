@@ -32,6 +32,12 @@ from synth_deploy.tracing._errors import (
 )
 from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
+from synth_deploy.tracing._rollout_records import (
+    RolloutClaim,
+    RolloutFinish,
+    RolloutRecord,
+    RolloutRecords,
+)
 from synth_deploy.tracing._session import (
     Event,
     EventReward,
@@ -101,6 +107,10 @@ __all__ = [
     "PriceTable",
     "RewardSummary",
     "RolloutFacts",
+    "RolloutClaim",
+    "RolloutFinish",
+    "RolloutRecord",
+    "RolloutRecords",
     "SchemaTooNewError",
     "SessionConflictError",
     "SessionFilter",

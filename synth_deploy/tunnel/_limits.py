@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from synth_deploy.proxy_limits import CLOUDFLARE_READ_TIMEOUT_S, QUICK_TUNNEL_INFLIGHT_LIMIT
+
 QUICK_TUNNEL_DOMAIN = "trycloudflare.com"
-QUICK_TUNNEL_INFLIGHT_LIMIT = 200
 # Half the documented limit: health probes and retries share the budget.
 QUICK_TUNNEL_CONCURRENCY_CAP = 100
 # Cloudflare answers 524 when the origin sends no response byte for this long.
-TUNNEL_RESPONSE_TIMEOUT_S = 100
+TUNNEL_RESPONSE_TIMEOUT_S = CLOUDFLARE_READ_TIMEOUT_S
 
 
 def is_quick_tunnel(url: str) -> bool:

@@ -1,16 +1,25 @@
-"""The two proxies a trainer's long rollout passes through in production, with their limits
-settable so that a test of minutes takes seconds (loopback only, real HTTP both ways).
+"""The proxies a trainer's long rollout passes through in production, with their limits
+settable so that a test of minutes takes seconds (loopback only, real HTTP both ways). Their
+defaults are the facts the kit quotes (`synth_deploy.proxy_limits`): this module is the one
+place the tests model those proxies.
 
 `EdgeProxy` stands in for Cloudflare's edge in front of a tunnel: it forwards each request
 to the origin and streams the answer back, but when the origin sends no byte for
-``silence_s`` (Cloudflare: 100 s) it gives up — before the head, the client gets Cloudflare's
-``524 A timeout occurred``; once the answer has begun, the connection is cut.
+``silence_s`` (Cloudflare: 125 s) it gives up — before the head, the client gets Cloudflare's
+``524 A timeout occurred``; once the answer has begun, the connection is cut. `QuickTunnel`
+is the same edge in front of a quick tunnel: past ``max_in_flight`` (200) requests at once it
+answers 429, and a ``text/event-stream`` answer reaches the client only once it is complete.
 
 `ModalFrontEnd` stands in for Modal's web endpoint front end: a request the function has not
 begun to answer within ``redirect_after_s`` (Modal: 150 s) is answered ``303 See Other`` to
 its result URL (the same URL with ``__modal_function_call_id``) while the function goes on;
 a GET of the result URL waits up to ``redirect_after_s`` again, then answers the function's
 response or another 303. An answer that has begun (its head sent) is streamed through.
+
+`StrictModalFrontEnd` is Modal's front end under the strict reading of its docs: every body
+that is not ``text/event-stream`` is buffered until it is complete, and a call not complete
+within ``redirect_after_s`` is a 303 to its result URL whatever the function has sent (an
+early head and heartbeats do not help); an event stream is relayed as it is written.
 
     with EdgeProxy(origin_url, silence_s=2) as edge:
         httpx.post(edge.url + "/rollout", ...)
@@ -26,6 +35,11 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from synth_deploy.proxy_limits import (
+    CLOUDFLARE_READ_TIMEOUT_S,
+    MODAL_WEB_REDIRECT_S,
+    QUICK_TUNNEL_INFLIGHT_LIMIT,
+)
 from synth_deploy.serving import BackgroundServer
 
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
@@ -96,7 +110,8 @@ class _Proxy:
 class EdgeProxy(_Proxy):
     """Cloudflare's rule: no byte from the origin for ``silence_s`` ends the request."""
 
-    def __init__(self, origin_url: str, *, silence_s: float) -> None:
+    def __init__(self, origin_url: str, *,
+                 silence_s: float = CLOUDFLARE_READ_TIMEOUT_S) -> None:
         super().__init__(origin_url)
         self.silence_s = silence_s
         self.cut = 0  # answers cut after their head
@@ -129,11 +144,48 @@ class EdgeProxy(_Proxy):
         return _relayed(upstream, relay())
 
 
+class QuickTunnel(EdgeProxy):
+    """A quick tunnel's edge: `EdgeProxy`'s silence rule, 429 past ``max_in_flight``
+    requests at once, and no server-sent events (a stream arrives whole, when it ends)."""
+
+    def __init__(self, origin_url: str, *, silence_s: float = CLOUDFLARE_READ_TIMEOUT_S,
+                 max_in_flight: int = QUICK_TUNNEL_INFLIGHT_LIMIT) -> None:
+        super().__init__(origin_url, silence_s=silence_s)
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.too_many = 0  # answered 429
+
+    async def handle(self, request: Request) -> Response:
+        if self.in_flight >= self.max_in_flight:
+            self.too_many += 1
+            return Response("error code: 1015", status_code=429, media_type="text/plain")
+        self.in_flight += 1
+        try:
+            response = await super().handle(request)
+            if response.media_type != "text/event-stream" and not response.headers.get(
+                    "content-type", "").startswith("text/event-stream"):
+                return response
+            # Held to its end: the client hears nothing meanwhile, and the edge's silence
+            # rule applies to what the client hears.
+            async def whole() -> bytes:
+                return b"".join([c if isinstance(c, bytes) else c.encode()
+                                 async for c in response.body_iterator])
+            try:
+                body = await asyncio.wait_for(whole(), self.silence_s)
+            except TimeoutError:
+                return Response("error code: 524", status_code=524, media_type="text/plain")
+            return Response(body, status_code=response.status_code,
+                            headers=dict(response.headers))
+        finally:
+            self.in_flight -= 1
+
+
 class ModalFrontEnd(_Proxy):
     """Modal's rule: a request not begun within ``redirect_after_s`` becomes a 303 to its
     result URL; the function runs on."""
 
-    def __init__(self, origin_url: str, *, redirect_after_s: float) -> None:
+    def __init__(self, origin_url: str, *,
+                 redirect_after_s: float = MODAL_WEB_REDIRECT_S) -> None:
         super().__init__(origin_url)
         self.redirect_after_s = redirect_after_s
         self.redirects = 0
@@ -171,4 +223,50 @@ class ModalFrontEnd(_Proxy):
         return _relayed(upstream, relay())
 
 
-__all__ = ["EdgeProxy", "FUNCTION_CALL_PARAM", "ModalFrontEnd"]
+class StrictModalFrontEnd(ModalFrontEnd):
+    """Modal's rule, strictly read: a call whose body is not complete within
+    ``redirect_after_s`` is a 303 to its result URL, whatever it has sent; only an event
+    stream is relayed as it is written."""
+
+    async def handle(self, request: Request) -> Response:
+        call_id = request.query_params.get(FUNCTION_CALL_PARAM)
+        if call_id is not None:
+            call = self._calls.get(call_id)
+            if call is None:
+                return JSONResponse({"error": "unknown function call"}, status_code=404)
+        else:
+            upstream_request = await self.origin_request(request)
+            call = asyncio.get_running_loop().create_task(self._complete(upstream_request))
+            call_id = f"fc-{next(self._ids):08d}"
+            self._calls[call_id] = call
+        try:
+            upstream, body = await asyncio.wait_for(asyncio.shield(call), self.redirect_after_s)
+        except TimeoutError:
+            self.redirects += 1
+            return Response(status_code=303, headers={
+                "location": f"{request.url.path}?{FUNCTION_CALL_PARAM}={call_id}"})
+        self._calls.pop(call_id, None)
+        if body is None:  # an event stream: relayed as it comes
+            async def relay() -> Any:
+                try:
+                    async for chunk in upstream.aiter_raw():
+                        yield chunk
+                finally:
+                    await upstream.aclose()
+            return _relayed(upstream, relay())
+        return _relayed(upstream, iter([body]))
+
+    async def _complete(self, upstream_request: httpx.Request
+                        ) -> tuple[httpx.Response, bytes | None]:
+        """The origin's answer, its body read to the end (None: an event stream)."""
+        upstream = await self._client.send(upstream_request, stream=True)
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            return upstream, None
+        try:
+            return upstream, await upstream.aread()
+        finally:
+            await upstream.aclose()
+
+
+__all__ = ["EdgeProxy", "FUNCTION_CALL_PARAM", "ModalFrontEnd", "QuickTunnel",
+           "StrictModalFrontEnd"]

@@ -81,6 +81,10 @@ class TraceDatabase:
         """What `query` reads, as tuples in the statement's column order (for hot loops)."""
         return self._backend.rows(sql, params)
 
+    def run(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Write statements (SQL, parameters) in one transaction: all of them, or none."""
+        self._backend.run(statements)
+
     def insert_sessions(self, sessions: list[SessionTrace]) -> None:
         """Every row of ``sessions`` in one transaction: all of them, or none."""
         self._backend.insert_sessions(sessions)

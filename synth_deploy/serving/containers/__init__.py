@@ -1,0 +1,24 @@
+"""synth-containers' contract, served beside `/rollout` under `/containers`: the wire
+(`_wire`), the durable asynchronous rollouts it submits (`_durable`), and the client's side
+the kit's runners and `check` share (`_client`; light: no server imports)."""
+
+from synth_deploy.serving.containers._client import (
+    FIRST_POLL_S,
+    MAX_POLL_S,
+    METADATA_PATH,
+    POLL_FAILURES_ALLOWED,
+    POLL_WAIT_MS,
+    PREFIX,
+    SUBMIT_PATH,
+    advertises_async,
+    async_submission,
+    document_path,
+    next_poll_delay,
+    poll_path,
+    retryable,
+    rollout_answer,
+)
+
+__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
+           "POLL_WAIT_MS", "PREFIX", "SUBMIT_PATH", "advertises_async", "async_submission",
+           "document_path", "next_poll_delay", "poll_path", "retryable", "rollout_answer"]

@@ -1,0 +1,438 @@
+"""`AsyncRollouts`: rollouts that outlive the request that started them.
+
+A rollout is submitted (by id), runs as a task of its own, and is answered by id: its state,
+its events, its result. What makes it durable:
+
+- **admission**: it is counted in flight like a ``/rollout`` (the same `RolloutStats`), from
+  its submission to its end; past the capacity the submission is refused (503).
+- **idempotent ids**: the same id with the same body is answered from the first submission
+  (``replayed: true``), running or done; the same id with another body is refused (409).
+- **a lease**: the client holds the rollout by asking after it (any read of it, or
+  ``POST .../renew``); a rollout nobody asked after for its lease's ``ttl_seconds`` is
+  cancelled, and its trace says so (``status: cancelled``, ``error.code: lease_expired``).
+- **the trace store**: with one, each rollout's record is stored when it starts and its
+  answer when it ends (`RolloutRecords`), so a client that restarts reads it there, and a
+  server that restarts answers ``interrupted`` for a rollout it lost (never 404, never a
+  hang). Without one, records live in memory, for as long as the server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from starlette.responses import Response
+
+from synth_deploy.serving._admission import RolloutStats
+from synth_deploy.taskapp._contracts import RolloutRequest
+from synth_deploy.tracing import (
+    RolloutClaim,
+    RolloutFacts,
+    RolloutFinish,
+    RolloutRecord,
+    RolloutRecords,
+    SessionTracer,
+    describe_session,
+)
+
+RunRollout = Callable[[RolloutRequest, bytes], Awaitable[Response]]
+DEFAULT_LEASE_S = 300.0
+TERMINAL = ("completed", "failed", "cancelled", "interrupted")
+# synth-containers' success_status for each status (its wire.py), and ours for `interrupted`.
+_SUCCESS = {"running": "running", "completed": "success", "failed": "failed",
+            "cancelled": "cancelled", "interrupted": "interrupted"}
+# Fields of a submission that do not make it another request: how it is waited for and held.
+_NOT_IDENTITY = ("submission_mode", "lease_ttl_seconds")
+
+
+def iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat()
+
+
+class Refused(Exception):
+    """A submission the server will not run (or a rollout it cannot read back): ``status``
+    and ``code`` say why."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def request_digest(body: dict[str, Any]) -> str:
+    """What tells one submission from another under the same id."""
+    identity = {k: v for k, v in body.items() if k not in _NOT_IDENTITY}
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _Live:
+    """A rollout this server runs (or ran): its document, events and lease."""
+
+    __slots__ = ("rollout_id", "digest", "mode", "created_at", "updated_at", "status", "answer",
+                 "http_status", "events", "changed", "task", "ttl_s", "expires",
+                 "cancel_reason", "req", "request_json")
+
+    def __init__(self, rollout_id: str, digest: str, mode: str, req: RolloutRequest,
+                 request_json: bytes, ttl_s: float, now: float) -> None:
+        self.rollout_id, self.digest, self.mode = rollout_id, digest, mode
+        self.req, self.request_json = req, request_json
+        self.created_at = self.updated_at = iso(now)  # text once: polls read it often
+        self.status = "running"
+        self.answer: dict[str, Any] = {}  # the result's fields, once it has one
+        self.http_status = 202
+        self.events: list[dict[str, Any]] = []
+        self.changed = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.ttl_s = ttl_s
+        self.expires = time.monotonic() + ttl_s
+        self.cancel_reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+    def event(self, kind: str, **data: Any) -> None:
+        self.events.append({"seq": len(self.events) + 1, "kind": kind, "at": iso(time.time()),
+                            "rollout_id": self.rollout_id, "data": data})
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()  # wakes whoever waits for news of this rollout
+
+    def renew(self) -> None:
+        self.expires = time.monotonic() + self.ttl_s
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "rollout_id": self.rollout_id, "status": self.status,
+            "success_status": _SUCCESS[self.status],
+            "created_at": self.created_at, "updated_at": self.updated_at,
+            "metadata": {"submission_mode": self.mode}, "summary": {}}
+        if not self.done:
+            doc["lease"] = {"ttl_seconds": self.ttl_s,
+                            "expires_in_s": round(max(0.0, self.expires - time.monotonic()), 3),
+                            "renew_route": f"/rollouts/{self.rollout_id}/renew"}
+        doc.update(self.answer)
+        return doc
+
+
+class _RecordBatches:
+    """Claims and finishes on their way to the store: whatever waits goes in one
+    transaction, on one worker thread, while the loop serves (a thousand submissions in a
+    second cost a few commits, not a thousand thread hops)."""
+
+    def __init__(self, records: RolloutRecords) -> None:
+        self.records = records
+        self.claims: list[tuple[RolloutClaim, asyncio.Future[Any]]] = []
+        self.finishes: list[tuple[RolloutFinish, asyncio.Future[Any]]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def claim(self, claim: RolloutClaim) -> RolloutRecord | None:
+        return await self._queued(self.claims, claim)
+
+    async def finish(self, finish: RolloutFinish) -> None:
+        await self._queued(self.finishes, finish)
+
+    async def _queued(self, queue: list[Any], item: Any) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        queue.append((item, future))
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self.claims or self.finishes:
+            claims, self.claims = self.claims, []
+            finishes, self.finishes = self.finishes, []
+            waiting = [f for _, f in claims] + [f for _, f in finishes]
+            try:
+                found = await anyio.to_thread.run_sync(
+                    self.records.apply, [c for c, _ in claims], [f for f, _ in finishes])
+            except Exception as exc:  # noqa: BLE001 - each waiter raises it
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for claim, future in claims:
+                if not future.done():
+                    future.set_result(found.get(claim.rollout_id))
+            for _, future in finishes:
+                if not future.done():
+                    future.set_result(None)
+
+
+class AsyncRollouts:
+    """The rollouts submitted to one served app (see the module docstring).
+
+    ``run`` runs a validated request to the kit's answer (the `/rollout` path: its bound,
+    its trace); ``records``: where records are kept past this process (None: memory only);
+    ``trace``: the sink the `/rollout` path writes to, for the sessions of rollouts
+    cancelled before they could write their own.
+    """
+
+    def __init__(self, run: RunRollout, *, stats: RolloutStats, records: RolloutRecords | None,
+                 trace: Any = None, app_id: str = "", default_ttl_s: float = DEFAULT_LEASE_S
+                 ) -> None:
+        self.run, self.stats, self.records, self.trace = run, stats, records, trace
+        self._batches = None if records is None else _RecordBatches(records)
+        self.app_id = app_id
+        self.default_ttl_s = default_ttl_s
+        self.owner = uuid.uuid4().hex  # this process: a record running under another is lost
+        self.live: dict[str, _Live] = {}
+        self._sweeping: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def durable(self) -> bool:
+        return self.records is not None
+
+    async def submit(self, req: RolloutRequest, request_json: bytes, digest: str, *,
+                     mode: str, ttl_s: float | None) -> tuple[dict[str, Any], bool, _Live | None]:
+        """Start ``req`` (its id: ``req.run_id``), or find the submission it repeats.
+        Returns (its document, whether it was replayed, its live rollout when this server
+        runs it); raises `Refused` (409: the id is another request's; 503: at capacity)."""
+        rollout_id = req.run_id
+        live = self.live.get(rollout_id)
+        if live is not None:
+            return self._replay(live.digest, digest, rollout_id, live.document()), True, live
+        stats = self.stats
+        stats.rollout_requests += 1
+        if stats.in_flight >= stats.capacity:
+            stats.refused += 1
+            raise Refused(503, "at_capacity", f"the app is running its maximum of "
+                          f"{stats.capacity} rollouts at once; retry shortly")
+        now = time.time()
+        live = _Live(rollout_id, digest, mode, req, request_json, ttl_s or self.default_ttl_s,
+                     now)
+        self.live[rollout_id] = live  # held before any await: a second claim finds it
+        stats.in_flight += 1
+        if self._batches is not None:
+            try:
+                found = await self._batches.claim(RolloutClaim(rollout_id, digest, self.owner,
+                                                               now))
+            except Exception as exc:
+                self._release(live)
+                raise Refused(500, "record_write_failed",
+                              f"rollout {rollout_id} was not started: its record could not be "
+                              f"stored ({type(exc).__name__}); see the server's log") from exc
+            except BaseException:
+                self._release(live)
+                raise
+            if found is not None:  # submitted before this process started (or elsewhere)
+                self._release(live)
+                return self._replay(found.digest, digest, rollout_id,
+                                    self._stored_document(found)), True, None
+        live.event("rollout.accepted", submission_mode=mode, lease_ttl_seconds=live.ttl_s)
+        live.task = asyncio.get_running_loop().create_task(self._execute(live))
+        self._sweep_leases()
+        return live.document(), False, live
+
+    def _release(self, live: _Live) -> None:
+        del self.live[live.rollout_id]
+        self.stats.in_flight -= 1
+
+    @staticmethod
+    def _replay(first: str, digest: str, rollout_id: str, document: dict[str, Any]
+                ) -> dict[str, Any]:
+        if first != digest:
+            raise Refused(409, "rollout_identity_conflict",
+                          f"rollout {rollout_id} was submitted with another request; give "
+                          "this one a new rollout_id, or resend the first request as it was")
+        return {**document, "replayed": True}
+
+    async def find(self, rollout_id: str, *, renew: bool = True) -> dict[str, Any] | None:
+        """The document of ``rollout_id`` (asking after it renews its lease), or None when
+        no rollout has the id."""
+        live = self.live.get(rollout_id)
+        if live is not None:
+            if renew and not live.done:
+                live.renew()
+            return live.document()
+        if self.records is None:
+            return None
+        try:
+            found = await anyio.to_thread.run_sync(self.records.get, rollout_id)
+        except Exception as exc:
+            raise Refused(500, "record_read_failed",
+                          f"rollout {rollout_id}'s record could not be read "
+                          f"({type(exc).__name__}); see the server's log") from exc
+        return None if found is None else self._stored_document(found)
+
+    def _stored_document(self, found: Any) -> dict[str, Any]:
+        if found.result is not None:
+            return found.result
+        document = {"rollout_id": found.rollout_id, "status": found.status,
+                    "success_status": _SUCCESS.get(found.status, found.status),
+                    "created_at": found.created_at, "updated_at": found.updated_at,
+                    "metadata": {}, "summary": {}}
+        if found.lost_by(self.owner):
+            document.update(status="interrupted", success_status="interrupted",
+                            status_detail="the server running it stopped before it finished; "
+                                          "submit it again under a new rollout_id")
+        return document
+
+    def renew(self, rollout_id: str, ttl_s: float | None) -> dict[str, Any] | None:
+        live = self.live.get(rollout_id)
+        if live is None:
+            return None
+        if not live.done:
+            if ttl_s is not None:
+                live.ttl_s = ttl_s
+            live.renew()
+            live.event("rollout.lease.renewed", ttl_seconds=live.ttl_s)
+        return live.document()
+
+    def terminate(self, rollout_id: str, reason: str) -> dict[str, Any] | None:
+        live = self.live.get(rollout_id)
+        if live is None:
+            return None
+        self._cancel(live, reason)
+        return live.document()
+
+    def _cancel(self, live: _Live, reason: str) -> None:
+        if not live.done and live.cancel_reason is None and live.task is not None:
+            live.cancel_reason = reason
+            live.task.cancel()
+
+    async def wait(self, live: _Live, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for news of ``live``; True when there was some."""
+        if live.done:
+            return True
+        try:
+            await asyncio.wait_for(live.changed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _execute(self, live: _Live) -> None:
+        started = time.perf_counter()
+        try:
+            response = await self.run(live.req, live.request_json)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if live.cancel_reason is None or task is None:
+                # The server is stopping: the record stays `running`, which the next
+                # server answers as interrupted.
+                self.stats.in_flight -= 1
+                raise
+            task.uncancel()
+            await self._cancelled(live, time.perf_counter() - started)
+            return
+        except Exception as exc:  # the kit's own failure: the app's are answered by `run`
+            response = None
+            answer = {"error": {"code": "server_error", "status": 500,
+                                "message": f"{type(exc).__name__} while running the rollout"}}
+            await self._finish(live, "failed", 500, answer)
+            return
+        body = json.loads(response.body)
+        if response.status_code == 200:
+            await self._finish(live, "completed", 200, _completed_fields(body, self.app_id))
+        else:
+            error = dict(body.get("detail", {}).get("error") or {})
+            error["status"] = response.status_code
+            await self._finish(live, "failed", response.status_code,
+                               {"status_detail": error.get("message", ""), "error": error})
+
+    async def _cancelled(self, live: _Live, elapsed: float) -> None:
+        reason = live.cancel_reason or "cancelled"
+        message = (f"nobody asked after rollout {live.rollout_id} for {live.ttl_s:g}s (its "
+                   "lease): it was cancelled" if reason == "lease_expired"
+                   else f"rollout {live.rollout_id} was terminated by its client")
+        error = {"code": reason, "message": message, "status": 499}
+        if self.trace is not None:
+            session = SessionTracer().finish()
+            req = live.req
+            head = {"app_id": self.app_id, "run_id": req.run_id, "mode": req.mode,
+                    "seed": req.env.seed, "model": req.policy.config.get("model"),
+                    "env_name": req.env.env_name}
+            describe_session(session, RolloutFacts(head, elapsed, live.request_json, None,
+                                                   error))
+            session.metadata["status"] = "cancelled"
+            try:
+                await self.trace.write_session(session)
+            except Exception:  # noqa: BLE001 - the record below still says what happened
+                pass
+        await self._finish(live, "cancelled", 499, {"status_detail": message, "error": error})
+
+    async def _finish(self, live: _Live, status: str, http_status: int,
+                      answer: dict[str, Any]) -> None:
+        updated = time.time()
+        live.updated_at = iso(updated)
+        live.answer, live.http_status = answer, http_status
+        if self._batches is not None:
+            document = {**live.document(), "status": status,
+                        "success_status": _SUCCESS[status]}
+            document.pop("lease", None)
+            try:
+                await self._batches.finish(RolloutFinish(live.rollout_id, status, document,
+                                                         updated))
+            except Exception as exc:  # noqa: BLE001 - answered in memory, said in the record
+                live.answer = {**answer, "warning": f"its record could not be stored "
+                                                    f"({type(exc).__name__})"}
+        live.status = status
+        live.event(f"rollout.{status}", http_status=http_status)
+        self.stats.in_flight -= 1
+        if self.records is not None:  # its record answers from now on; memory is let go
+            asyncio.get_running_loop().call_later(
+                max(live.ttl_s, 60.0), self._forget, live)
+
+    def _forget(self, live: _Live) -> None:
+        if self.live.get(live.rollout_id) is live:
+            del self.live[live.rollout_id]
+
+    def _sweep_leases(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._sweeping is loop:
+            return
+        self._sweeping = loop
+        loop.call_later(self._sweep_interval(), self._sweep, loop)
+
+    def _sweep_interval(self) -> float:
+        shortest = min((live.ttl_s for live in self.live.values() if not live.done),
+                       default=self.default_ttl_s)
+        return min(1.0, shortest / 4)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._sweeping is not loop:
+            return
+        now = time.monotonic()
+        running = False
+        for live in list(self.live.values()):
+            if live.done:
+                continue
+            running = True
+            if live.expires <= now:
+                self._cancel(live, "lease_expired")
+        if not running:
+            self._sweeping = None  # the next submission starts a new sweep
+            return
+        loop.call_later(self._sweep_interval(), self._sweep, loop)
+
+
+def _completed_fields(response: dict[str, Any], task_id: str) -> dict[str, Any]:
+    """A completed rollout's answer in synth-containers' terms, with the kit's own answer
+    (a synth-ai RolloutResponse) as ``response``."""
+    metrics = response.get("metrics") or {}
+    reward = metrics.get("outcome_reward")
+    details = metrics.get("details") or {}
+    tokens = details.get("tokens")
+    return {
+        "task_id": task_id,
+        "reward_info": {"outcome_reward": reward,
+                        "event_rewards": metrics.get("event_rewards") or [],
+                        "details": {"objective": "outcome_reward"}},
+        "objective_scores": [] if reward is None else [
+            {"objective": "outcome_reward", "value": reward, "source": "container.reward_info"}],
+        "summary": {"reward": reward, "num_steps": metrics.get("num_steps")},
+        "usage": {} if tokens is None else {"total_tokens": tokens},
+        "trace_correlation_id": response.get("trace_correlation_id"),
+        "trace": response.get("trace") or {},  # when the request asked for it (record)
+        "response": response,
+    }
+
+
+__all__ = ["AsyncRollouts", "DEFAULT_LEASE_S", "Refused", "TERMINAL", "request_digest"]

@@ -1,0 +1,185 @@
+"""A long rollout through the proxies under their strictest reading (tests/standins/
+cutoff_proxies.py, limits scaled: Modal's 150 s is 3 s, Cloudflare's 125 s is 2 s, a rollout
+of ten minutes is 8 s): the early head does not survive a front end that buffers; the
+asynchronous path of synth-containers' contract does, through every one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.error
+import urllib.request
+
+import httpx
+from standins.cutoff_proxies import EdgeProxy, QuickTunnel, StrictModalFrontEnd
+from toy_apps import toy_config
+
+from synth_deploy.proxy_limits import URLLIB_MAX_REPEATS
+from synth_deploy.serving import RolloutLimits, create_app
+from synth_deploy.taskapp import RolloutContext, RolloutRequest
+from synth_deploy.tracing import open_trace_store
+
+SILENCE_S = 2.0  # Cloudflare's 125 s, scaled
+REDIRECT_AFTER_S = 3.0  # Modal's 150 s, scaled
+LONG_S = 8.0  # a ten-minute rollout, scaled
+EARLY = RolloutLimits(head_after_s=0.5, heartbeat_s=0.5)
+
+
+def sleeping(seconds: float):
+    async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
+        await asyncio.sleep(float(request.env.config.get("sleep", seconds)))
+        ctx.tracer.record_outcome_reward(1.0)
+        return {"run_id": request.run_id, "metrics": {}}
+    return rollout
+
+
+def trainer_body(run_id: str) -> dict:
+    return {"run_id": run_id, "env": {"seed": 1},
+            "policy": {"config": {"model": "m", "inference_url": "http://127.0.0.1:9/v1"}}}
+
+
+def async_body(rollout_id: str) -> dict:
+    return {"rollout_id": rollout_id, "seed": 1, "submission_mode": "async",
+            "policy": {"model": "m", "inference_url": "http://127.0.0.1:9/v1"}}
+
+
+async def submit_and_poll(base_url: str, api_key: str, rollout_id: str) -> tuple[int, dict]:
+    async with httpx.AsyncClient(base_url=base_url + "/containers", timeout=30,
+                                 headers={"X-API-Key": api_key}) as client:
+        submitted = await client.post("/rollouts", json=async_body(rollout_id))
+        assert submitted.status_code == 202, submitted.text
+        polls = 0
+        while True:
+            polls += 1
+            doc = (await client.get(f"/rollouts/{rollout_id}")).json()
+            if doc["status"] != "running":
+                return polls, doc
+            await asyncio.sleep(0.5)
+
+
+def test_the_strict_front_end_redirects_an_early_head_and_urllib_gives_up(serve, api_key):
+    # The stand-in bites: under the strict reading, heartbeats do not stop the 303s.
+    app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY))
+    with StrictModalFrontEnd(app.url, redirect_after_s=1.5) as modal:
+        no_follow = httpx.post(modal.url + "/rollout", json=trainer_body("no-follow"),
+                               headers={"X-API-Key": api_key}, timeout=30)
+        request = urllib.request.Request(
+            modal.url + "/rollout", data=httpx.Request(
+                "POST", "http://x", json=trainer_body("urllib")).read(),
+            headers={"X-API-Key": api_key, "Content-Type": "application/json"})
+        started = time.monotonic()
+        try:
+            urllib.request.urlopen(request, timeout=30)
+            raise AssertionError("urllib finished a rollout that needs more hops than it takes")
+        except urllib.error.HTTPError as exc:
+            failure = exc
+    assert no_follow.status_code == 303
+    assert failure.code == 303 and "redirect" in str(failure.reason).lower()
+    assert time.monotonic() - started >= URLLIB_MAX_REPEATS * 1.5
+
+
+def test_a_long_rollout_completes_asynchronously_through_strict_modal_and_cloudflare(
+        tmp_path, serve, api_key):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key],
+                               trace_store=store, limits=EARLY))
+        with StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal, \
+                EdgeProxy(app.url, silence_s=SILENCE_S) as edge:
+
+            async def both():
+                return await asyncio.gather(submit_and_poll(modal.url, api_key, "via-modal"),
+                                            submit_and_poll(edge.url, api_key, "via-edge"))
+
+            started = time.monotonic()
+            (modal_polls, via_modal), (edge_polls, via_edge) = asyncio.run(both())
+            assert time.monotonic() - started >= LONG_S
+            assert modal.redirects == 0 and edge.cut == 0  # no request was ever held long
+        for doc in (via_modal, via_edge):
+            assert doc["status"] == "completed" and doc["reward_info"]["outcome_reward"] == 1.0
+        assert modal_polls >= 10 and edge_polls >= 10  # a few short requests, each quick
+        assert {s.run_id for s in store.list_sessions(limit=None)} == {"via-modal", "via-edge"}
+
+
+def test_the_event_stream_passes_modal_and_cloudflare_but_not_a_quick_tunnel(serve, api_key):
+    app = serve(create_app(toy_config(sleeping(4.0)), api_keys=[api_key], limits=EARLY))
+    headers = {"X-API-Key": api_key}
+    with StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal, \
+            EdgeProxy(app.url, silence_s=SILENCE_S) as edge, \
+            QuickTunnel(app.url, silence_s=SILENCE_S) as quick:
+        answers = {}
+        for name, proxy in (("modal", modal), ("edge", edge), ("quick", quick)):
+            rid = f"sse-{name}"
+            httpx.post(app.url + "/containers/rollouts", json=async_body(rid), headers=headers)
+            answers[name] = httpx.get(f"{proxy.url}/containers/rollouts/{rid}/stream",
+                                      headers=headers, timeout=30)
+    for name in ("modal", "edge"):
+        assert answers[name].status_code == 200
+        assert "event: rollout.completed" in answers[name].text
+        assert ": heartbeat" in answers[name].text
+    # A quick tunnel holds the stream to its end: the edge hears nothing and cuts it.
+    assert answers["quick"].status_code == 524
+
+
+def test_a_quick_tunnel_refuses_requests_past_its_limit(serve, api_key):
+    app = serve(create_app(toy_config(sleeping(1.0)), api_keys=[api_key]))
+    with QuickTunnel(app.url, max_in_flight=2) as quick:
+
+        async def crowd():
+            async with httpx.AsyncClient(base_url=quick.url, timeout=30,
+                                         headers={"X-API-Key": api_key}) as client:
+                return await asyncio.gather(*(client.post("/rollout", json=trainer_body(
+                    f"q{i}")) for i in range(4)))
+
+        statuses = sorted(r.status_code for r in asyncio.run(crowd()))
+    assert statuses == [200, 200, 429, 429]
+
+
+def test_our_runners_and_check_go_async_through_strict_modal_and_cloudflare(
+        tmp_path, serve, api_key):
+    from synth_deploy.health import CheckOptions, RolloutOptions, check
+    from synth_deploy.runs import PolicyTarget, RunOptions, run_rollouts
+
+    policy = PolicyTarget("http://127.0.0.1:9/v1", "m")
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key],
+                               trace_store=store, limits=EARLY))
+        with StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal, \
+                EdgeProxy(app.url, silence_s=SILENCE_S) as edge:
+
+            async def runs():
+                return await asyncio.gather(
+                    run_rollouts(edge.url, api_key, [1, 2], policy, RunOptions(concurrency=2)),
+                    run_rollouts(modal.url, api_key, [3], policy, RunOptions(mode="eval")))
+
+            tunnel_outcomes, modal_outcomes = asyncio.run(runs())
+            report = check(modal.url, api_key, CheckOptions(seeds=(1,), rollout=RolloutOptions(
+                "http://127.0.0.1:9/v1", "m", timeout_s=30)))
+            assert modal.redirects == 0 and edge.cut == 0
+        outcomes = tunnel_outcomes + modal_outcomes
+        assert [o.ok for o in outcomes] == [True, True, True]
+        assert {o.path.name for o in outcomes} == {"async"}
+        assert all(o.latency_s >= LONG_S for o in outcomes)
+        rollout_check = next(r for r in report.checks if r.name == "rollout")
+        assert rollout_check.verdict == "pass", rollout_check
+        assert "async: submitted and polled" in rollout_check.actual
+        assert len(store.list_sessions(limit=None)) == 4
+
+
+def test_runners_fall_back_to_rollout_for_an_app_without_async(serve, api_key):
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from synth_deploy.runs import PolicyTarget, path_notes, run_rollouts
+
+    async def rollout(request):  # a synth-ai 0.4.4 app: /rollout only
+        body = await request.json()
+        return JSONResponse({"run_id": body["run_id"], "metrics": {"outcome_reward": 0.5}})
+
+    app = serve(Starlette(routes=[Route("/rollout", rollout, methods=["POST"])]))
+    [outcome] = asyncio.run(run_rollouts(app.url, api_key, [1], PolicyTarget(
+        "http://127.0.0.1:9/v1", "m")))
+    assert outcome.ok and outcome.reward == 0.5 and outcome.path.name == "sync"
+    [note] = path_notes([outcome])
+    assert "POST /rollout" in note and "404" in note
