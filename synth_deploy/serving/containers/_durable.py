@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 from starlette.responses import Response
 
-from synth_deploy.serving._admission import RolloutStats
+from synth_deploy.serving._admission import RolloutStats, at_capacity
 from synth_deploy.taskapp._contracts import RolloutRequest
 from synth_deploy.tracing import (
     RolloutClaim,
@@ -201,15 +201,13 @@ class AsyncRollouts:
             return self._replay(live.digest, digest, rollout_id, live.document()), True, live
         stats = self.stats
         stats.rollout_requests += 1
-        if stats.in_flight >= stats.capacity:
-            stats.refused += 1
-            raise Refused(503, "at_capacity", f"the app is running its maximum of "
-                          f"{stats.capacity} rollouts at once; retry shortly")
+        if not stats.admit():  # the same slots as /rollout's
+            status, code, message, _ = at_capacity(stats.capacity)
+            raise Refused(status, code, message)
         now = time.time()
         live = _Live(rollout_id, digest, mode, req, request_json, ttl_s or self.default_ttl_s,
                      now)
         self.live[rollout_id] = live  # held before any await: a second claim finds it
-        stats.in_flight += 1
         if self._batches is not None:
             try:
                 found = await self._batches.claim(RolloutClaim(rollout_id, digest, self.owner,
@@ -233,7 +231,7 @@ class AsyncRollouts:
 
     def _release(self, live: _Live) -> None:
         del self.live[live.rollout_id]
-        self.stats.in_flight -= 1
+        self.stats.release()
 
     @staticmethod
     def _replay(first: str, digest: str, rollout_id: str, document: dict[str, Any]
@@ -317,7 +315,7 @@ class AsyncRollouts:
             if live.cancel_reason is None or task is None:
                 # The server is stopping: the record stays `running`, which the next
                 # server answers as interrupted.
-                self.stats.in_flight -= 1
+                self.stats.release()
                 raise
             task.uncancel()
             await self._cancelled(live, time.perf_counter() - started)
@@ -375,7 +373,7 @@ class AsyncRollouts:
                                                     f"({type(exc).__name__})"}
         live.status = status
         live.event(f"rollout.{status}", http_status=http_status)
-        self.stats.in_flight -= 1
+        self.stats.release()
         if self.records is not None:  # its record answers from now on; memory is let go
             asyncio.get_running_loop().call_later(
                 max(live.ttl_s, 60.0), self._forget, live)
