@@ -219,7 +219,7 @@ def test_no_token_gives_the_fix_within_seconds(tmp_path):
     elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr
     assert "modal token new" in proc.stderr and "MODAL_TOKEN_ID" in proc.stderr
-    assert elapsed < 10
+    assert elapsed < 30  # not the minute Modal's client waits without a network
 
 
 def test_real_modal_cli_without_token_maps_to_the_fix(tmp_path):

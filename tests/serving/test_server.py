@@ -219,7 +219,8 @@ def test_each_rollout_times_out_at_its_own_bound_never_before(serve, api_key):
     for run_id in ("b-0.2", "b-0.6"):
         status, took = answers[run_id]
         assert status == 504
-        assert bounds[run_id] <= took < bounds[run_id] + 0.5, (run_id, took)
+        # late by scheduling at most (a missing deadline would answer 200 after the 3-s sleep)
+        assert bounds[run_id] <= took < bounds[run_id] + 2.0, (run_id, took)
 
 
 @pytest.mark.parametrize("rollout", [slow_async_rollout, slow_sync_rollout])
