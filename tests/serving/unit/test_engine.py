@@ -20,12 +20,14 @@ from synth_deploy.taskapp import RolloutContext, RolloutRequest
 KEY = "sk_env_unit_0123456789abcdef"
 ROLLOUT = {"run_id": "r", "env": {"seed": 1}, "policy": {"config": {}}}
 
-# What answers without the key, and nothing else: the app's liveness and what
-# `openenv validate` reads (the environment's name, schemas, capacity, its OpenAPI document
-# and MCP's answer that it serves no tools without a session).
+# What answers without the key, and nothing else: the app's liveness, what `openenv
+# validate` reads (the environment's name, schemas, capacity, its OpenAPI document and
+# MCP's answer that it serves no tools without a session), and the same probes sent to the
+# app's root, answered with where OpenEnv's base URL is.
 PUBLIC = {("GET", "/"), ("HEAD", "/"), ("GET", "/openenv/health"),
           ("GET", "/openenv/metadata"), ("GET", "/openenv/schema"),
-          ("GET", "/openenv/openapi.json"), ("POST", "/openenv/mcp")}
+          ("GET", "/openenv/openapi.json"), ("POST", "/openenv/mcp"),
+          ("GET", "/metadata"), ("GET", "/schema"), ("POST", "/mcp")}
 
 
 def run(coroutine):
