@@ -316,7 +316,6 @@ class _Rollouts:
                     await trace_store.write_session(session)
                 else:  # described where it is written, off this loop
                     await trace_store.write_session(session, rollout=facts)
-                self.stats.traced += 1
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
@@ -325,6 +324,7 @@ class _Rollouts:
                                       f"rollout {req.run_id} ran but its trace could not be "
                                       f"stored ({type(exc).__name__}); see the server's log",
                                       run_id=req.run_id)
+            self.stats.traced += 1
         if body is None:
             assert error is not None
             return error
