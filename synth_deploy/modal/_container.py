@@ -97,7 +97,8 @@ def web() -> Any:
 
 def _volume_snapshots(env: Env, traces: TraceDbSetting | None) -> VolumeSnapshots | None:
     folder, name = env.get(TRACE_VOLUME_DIR_VAR), env.get(TRACE_VOLUME_VAR)
-    if traces is None or traces.is_remote or traces.path is None or not (folder and name):
+    if (traces is None or traces.is_remote or traces.path is None or traces.url == ":memory:"
+            or not (folder and name)):
         return None
     every_s = float(env.get(TRACE_COMMIT_VAR) or DEFAULT_TRACE_COMMIT_S)
     # Modal names each container (MODAL_TASK_ID); its file on the Volume is its own.
