@@ -40,7 +40,7 @@ async def rollout(request, ctx):
 
 SETTINGS = """
 from synth_deploy.env import Env
-from synth_deploy.taskapp import LocalRunner, ServerKeys, ServeSettings
+from synth_deploy.serving import LocalRunner, ServerKeys, ServeSettings
 settings = ServeSettings(app=%(app)r, env=Env(), keys=ServerKeys((%(key)r,), "bench"),
                          port=%(port)d, log_level="warning")
 """

@@ -10,6 +10,7 @@ from processes import run_cli
 from typer.testing import CliRunner
 
 import synth_deploy
+import synth_deploy.cli
 from synth_deploy.cli import app
 from synth_deploy.env import missing_key_hint
 
@@ -81,3 +82,31 @@ def test_every_client_of_an_app_says_the_same_when_its_key_is_missing(tmp_path, 
     check_hint = " ".join(missing_key_hint(flag="--api-key").split())
     assert {name: (check_hint if name == "check" else hint) in text
             for name, text in said.items()} == dict.fromkeys(said, True), said
+
+
+def test_root_help_is_typers_own_rendering():
+    # `synth-deploy --help` prints help.txt without importing Typer; a command added or
+    # reworded without `python -m synth_deploy.cli.help_text` fails here.
+    from synth_deploy.cli import help_text
+
+    with open(synth_deploy.cli.HELP_FILE, encoding="utf-8") as file:
+        assert file.read() == help_text.rendered_help()
+
+
+def test_root_help_starts_without_typer_or_the_commands(tmp_path):
+    result = run_cli(tmp_path, "--help")
+    assert result.returncode == 0
+    with open(synth_deploy.cli.HELP_FILE, encoding="utf-8") as file:
+        assert result.stdout == file.read()
+    probe = ("import sys; sys.argv = ['synth-deploy', '--help']\n"
+             "from synth_deploy.cli import main; main()\n"
+             "heavy = sorted(m for m in ('typer', 'click', 'fastapi', 'uvicorn', 'modal', "
+             "'synth_deploy.cli._app') if m in sys.modules)\n"
+             "print('loaded:', heavy, file=sys.stderr)")
+    import subprocess
+    import sys
+
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stderr.strip() == "loaded: []"

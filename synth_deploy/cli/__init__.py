@@ -1,52 +1,31 @@
-"""The `synth-deploy` command: a thin Typer shell over the library.
+"""The `synth-deploy` command: a thin Typer shell over the library (the app: `_app`).
 
-Each command group lives in its own module with a ``register(app)`` function. Modules import
-only typer at the top; the library (and so fastapi, uvicorn, modal) loads inside commands.
+`synth-deploy --help` is the one invocation answered without Typer: importing Typer and the
+command modules costs several times the interpreter's own start, so the root help is printed
+from `help.txt`, Typer's own rendering of it at 80 columns, kept equal to the live one by
+tests/test_cli_conventions.py (`python -m synth_deploy.cli.help_text` rewrites it).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+import sys
 
-import typer
+from synth_deploy._lazy import lazy_attributes
 
-from synth_deploy.cli import check, deploy, rehearse, runs, taskapp, traces, train, tunnel
+HELP_FILE = os.path.join(os.path.dirname(__file__), "help.txt")
 
-app = typer.Typer(
-    name="synth-deploy",
-    help="Take an RL task app from a laptop to production: serve, tunnel, deploy, check, "
-         "trace, train.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # Plain help: rich-formatted help would import rich, markdown and pygments at start.
-    rich_markup_mode=None,
-)
-
-
-def _print_version(asked: bool) -> None:
-    if asked:
-        from synth_deploy import __version__
-
-        typer.echo(f"synth-deploy {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_print_version, is_eager=True,
-        help="Print the version and exit.")] = False,
-) -> None:
-    pass
-
-
-for _module in (taskapp, runs, rehearse, check, tunnel, deploy, traces, train):
-    _module.register(app)
+__getattr__ = lazy_attributes(__name__, {"app": "_app"})
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--help"]:
+        with open(HELP_FILE, encoding="utf-8") as file:
+            sys.stdout.write(file.read())
+        return
+    from synth_deploy.cli._app import app
+
     app()
 
 
-__all__ = ["app", "main"]
+__all__ = ["HELP_FILE", "app", "main"]

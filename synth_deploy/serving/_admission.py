@@ -93,6 +93,19 @@ class RolloutStats:
         self.durations: list[float] = []  # seconds, since the last `take_durations`
         self._said = (0, 0)  # errors and refusals at the last summary
 
+    def admit(self) -> bool:
+        """Take a slot for a rollout about to run (True), or count it refused: the app is
+        running ``capacity`` rollouts already (False: answer it `at_capacity`)."""
+        if self.in_flight >= self.capacity:
+            self.refused += 1
+            return False
+        self.in_flight += 1
+        return True
+
+    def release(self) -> None:
+        """Give back a slot `admit` took: its rollout has its answer."""
+        self.in_flight -= 1
+
     def snapshot(self) -> dict[str, int]:
         return {"rollout_requests": self.rollout_requests, "rollouts": self.rollouts,
                 "errors": self.errors, "refused": self.refused, "in_flight": self.in_flight,
@@ -129,6 +142,13 @@ class RolloutStats:
             parts.append(f"{new_refused} refused (at capacity)")
         parts.append(f"{self.in_flight}/{self.capacity} in flight")
         return " · ".join(parts)
+
+
+def at_capacity(capacity: int) -> tuple[int, str, str, dict[str, str]]:
+    """The refusal of a rollout `RolloutStats.admit` did not admit: status, code, message and
+    headers (a client retries after ``Retry-After``; the app is not failing)."""
+    return (503, "at_capacity", f"the app is running its maximum of {capacity} rollouts at "
+            "once; retry shortly", {"retry-after": "1"})
 
 
 def answered_status(status_code: int, body: Any) -> int:
@@ -242,4 +262,4 @@ class ConnectionLimits:
 
 
 __all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "MAX_ROLLOUTS_VAR",
-           "RolloutLimits", "RolloutStats", "answered_status", "rollout_limits"]
+           "RolloutLimits", "RolloutStats", "answered_status", "at_capacity", "rollout_limits"]

@@ -118,10 +118,6 @@ class ApiKeyAuth:
         self.enabled = keys is not None
         self._keys = [k.encode() for k in keys or () if k]
 
-    @property
-    def configured(self) -> bool:
-        return bool(self._keys)
-
     def __repr__(self) -> str:
         return f"ApiKeyAuth(keys=<{len(self._keys)} hidden>)"
 

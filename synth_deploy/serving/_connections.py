@@ -15,7 +15,7 @@ the same bounds from `_Bounded`:
 
 Deadlines are checked by one sweep per server (`_Sweep`), which reads where each connection
 is from uvicorn's own request cycle (``cycle.response_complete``, ``cycle.more_body``): a
-request costs nothing extra. tests/taskapp/test_connections.py pins those attributes.
+request costs nothing extra. tests/serving/test_connection_limits.py pins those attributes.
 
 Settings come from `ConnectionLimits` (see `_runner`, the one place uvicorn is configured).
 """

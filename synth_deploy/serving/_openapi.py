@@ -2,7 +2,7 @@
 the app's own FastAPI routers, the vendor proxies when enabled.
 
 Served at ``GET /openapi.json`` behind the app's key: what a trainer, a client generator or
-a schema-based fuzzer (tests/taskapp/test_fuzz.py) needs to drive the app. The protocol's
+a schema-based fuzzer (tests/serving/test_fuzz.py) needs to drive the app. The protocol's
 routes bypass FastAPI's routing (see `_protocol_app`), so FastAPI cannot describe them; they
 are described here, from the same pydantic models the server validates with.
 """

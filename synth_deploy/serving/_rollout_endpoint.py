@@ -1,9 +1,9 @@
 """``POST /rollout`` as a bare ASGI app: the checks before a rollout runs, admission, and the
 answer (with an early head when the rollout runs long; see `_admission`).
 
-Behind the key check every protected route has (`_routes`), in order: the media type, the
-admission limit (503 + Retry-After, before the body is read), the body's size and shape, the
-seed; then the rollout, counted in flight until its answer is sent.
+Behind the key check every protected route has (`_routes`), in order: the media type,
+admission (`_admission`: a slot, or 503 + Retry-After before the body is read), the body's
+size and shape, the seed; then the rollout, holding its slot until its answer is sent.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from synth_deploy.errors import BadRequest
-from synth_deploy.serving._admission import EarlyHeads, RolloutLimits, RolloutStats
+from synth_deploy.serving._admission import EarlyHeads, RolloutLimits, RolloutStats, at_capacity
 from synth_deploy.serving._request_guards import (
     BodyTooLarge,
     bad_request_response,
@@ -46,7 +46,6 @@ class RolloutEndpoint:
         self.config = config
         self.run = run
         self.stats = stats
-        self.capacity = limits.max_in_flight
         self.heads = EarlyHeads(limits)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -54,19 +53,16 @@ class RolloutEndpoint:
         stats.rollout_requests += 1
         request = Request(scope, receive, send)
         refusal = unsupported_media_type(request)
-        if refusal is None and stats.in_flight >= self.capacity:
-            stats.refused += 1
-            refusal = error_response(
-                503, "at_capacity", f"the app is running its maximum of {self.capacity} "
-                "rollouts at once; retry shortly", headers={"retry-after": "1"})
+        if refusal is None and not stats.admit():
+            status, code, message, headers = at_capacity(stats.capacity)
+            refusal = error_response(status, code, message, headers=headers)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        stats.in_flight += 1
         try:
             await self._answer(request, scope, receive, send)
         finally:
-            stats.in_flight -= 1
+            stats.release()
 
     async def _answer(self, request: Request, scope: Any, receive: Any, send: Any) -> None:
         try:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, is_secret_name
-from synth_deploy.errors import BadRequest, TraceStoreError
+from synth_deploy.errors import BadRequest
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import RolloutLimits, RolloutStats
 from synth_deploy.serving._auth import ApiKeyAuth
@@ -65,7 +65,6 @@ from synth_deploy.tracing import (
     RolloutRecords,
     SessionTrace,
     SessionTracer,
-    TraceStore,
     describe_session,
     ledger_of,
 )
@@ -78,14 +77,21 @@ _RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
 
 
 class TraceSink(Protocol):
-    """Where finished rollout sessions go; `write_session` returns once the data is durable."""
+    """Where a served app's finished sessions go: the kit's `TraceStore`, or any object with
+    these two methods. ``start`` is called once as the server starts; ``write_session``
+    returns once the session is durable. ``rollout``, when given, holds the facts the session
+    is described from (`describe_session`), which the sink applies before it stores it: the
+    store does so in its writer child, off the server's loop."""
 
-    async def write_session(self, session: SessionTrace) -> None: ...
+    def start(self) -> None: ...
+
+    async def write_session(self, session: SessionTrace,
+                            rollout: RolloutFacts | None = None) -> None: ...
 
 
 class _EncodedJSON(Response):
     """A 200 whose body is JSON already encoded. Its two headers are spelled out: `Response`
-    works them out for any media type and extra headers, half of building it (0.5 us)."""
+    works them out for any media type and extra headers, half the cost of building one."""
 
     media_type = "application/json"
 
@@ -102,6 +108,7 @@ def create_app(
     env: Env | None = None,
     on_session: Callable[[SessionTrace], None] | None = None,
     limits: RolloutLimits = RolloutLimits(),
+    rollout_records: RolloutRecords | None = None,
 ) -> Starlette:
     """Build the ASGI app for ``config`` (a FastAPI app when it has routers).
 
@@ -112,6 +119,8 @@ def create_app(
     ``on_session``: called with each finished rollout's session as it goes to the store (the
     live OTLP export); it must return at once, and its failure never fails a rollout.
     ``limits``: how many rollouts run at once, and when a long one's head is sent.
+    ``rollout_records``: where async rollouts (synth-containers' contract, `/containers`)
+    keep their records, to be answered after a restart; None keeps them in memory.
     """
     env = env or Env()
     auth = ApiKeyAuth(api_keys)
@@ -129,7 +138,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette):
         app.state.http = outbound_client(allow_link_local=config.allow_link_local)
-        _start_trace_writer(trace_store)
+        if trace_store is not None:
+            trace_store.start()
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
@@ -223,7 +233,7 @@ def create_app(
     # synth-containers' contract: its rollouts run as /rollout's, their records in the store.
     durable = AsyncRollouts(lambda req, body: rollouts.run(req, body, app.state.http),
                             stats=stats, trace=trace_store, app_id=config.app_id,
-                            records=_rollout_records(trace_store))
+                            records=rollout_records)
     endpoints = [  # /rollout first: the hot path matches at once
         Endpoint("/rollout", "POST", rollout, "Run one episode", asgi=True,
                  ok=schema_ref("RolloutResponse"), errors=(404, 413, 415, 422, 502, 504),
@@ -263,9 +273,6 @@ class _Rollouts:
         self.config = config
         self.call_executor = _executor_caller(config.rollout)
         self.trace_store = trace_store
-        # The kit's store describes a session where it writes it (its writer child); any
-        # other sink is handed sessions described here.
-        self.store_describes = isinstance(trace_store, TraceStore)
         self.on_session = on_session
         self.stats = stats
         self.failures = failures
@@ -301,7 +308,7 @@ class _Rollouts:
         if trace_store is not None or req.record.return_trace or on_session is not None:
             # Building the session's metadata is wasted work when nobody reads it.
             facts = _rollout_facts(req, request_json, body, error, elapsed, config.app_id, cid)
-            if req.record.return_trace or on_session is not None or not self.store_describes:
+            if req.record.return_trace or on_session is not None:
                 describe_session(session, facts)  # needed here, not only where it is stored
                 facts = None
             if result is not None and req.record.return_trace and result.trace is None:
@@ -316,10 +323,7 @@ class _Rollouts:
                                     extra_secrets=_request_secrets(req))
         if trace_store is not None:
             try:
-                if facts is None:
-                    await trace_store.write_session(session)
-                else:  # described where it is written, off this loop
-                    await trace_store.write_session(session, rollout=facts)
+                await trace_store.write_session(session, rollout=facts)
             except Exception as exc:
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
@@ -380,22 +384,6 @@ def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
             **session_correlation(cid)}
     failure = None if error is None else json.loads(error.body)["detail"]["error"]
     return RolloutFacts(head, elapsed, request_json, body, failure)
-
-
-def _rollout_records(trace_store: TraceSink | None) -> RolloutRecords | None:
-    # Async rollouts' records live in the kit's store; another sink keeps none (memory).
-    return RolloutRecords(trace_store) if isinstance(trace_store, TraceStore) else None
-
-
-def _start_trace_writer(trace_store: TraceSink | None) -> None:
-    # A store that commits in a child process starts it with the server (until the child is
-    # ready, the server commits itself); a closed or read-only store refuses each write.
-    start = getattr(trace_store, "use_writer_process", None)
-    if start is not None:
-        try:
-            start()
-        except TraceStoreError:
-            pass
 
 
 _REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",

@@ -101,7 +101,7 @@ class _GuardedTransport(httpx.AsyncHTTPTransport):
     def __init__(self, limits: httpx.Limits, tls: ssl.SSLContext) -> None:
         super().__init__(limits=limits, verify=tls)
         # httpx does not take a network backend; its pool is rebuilt with the same settings
-        # and ours (tests/taskapp/test_hardening.py fails if httpx stops using `_pool`).
+        # and ours (tests/serving/test_hardening.py fails if httpx stops using `_pool`).
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=tls, max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,

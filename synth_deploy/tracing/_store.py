@@ -131,6 +131,15 @@ class TraceStore:
         except concurrent.futures.TimeoutError:
             raise self._timeout_error() from None
 
+    def start(self) -> None:
+        """Commit in a writer child from now on (the server's `TraceSink` start; until the
+        child is ready, writes commit here). A closed or read-only store refuses each write
+        instead."""
+        try:
+            self.use_writer_process()
+        except TraceStoreError:
+            pass
+
     def use_writer_process(self) -> Any:
         """Commit the running loop's writes in a child process from now on (a served app
         calls this as its server starts; a child that dies is replaced on the next write).

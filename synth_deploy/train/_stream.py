@@ -213,7 +213,7 @@ class CliHandler:
         self.console.print(Text.assemble((f"{seq:>4}", "dim"), " ", (etype, style), " ",
                                          message), highlight=False)
 
-    def on_metrics(self, points: list[dict[str, Any]]) -> None:  # pragma: no cover - unused
+    def on_metrics(self, points: list[dict[str, Any]]) -> None:  # never called: wants_metrics
         pass
 
     def on_status(self, status: str, job: dict[str, Any]) -> None:

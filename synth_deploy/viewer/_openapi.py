@@ -1,6 +1,6 @@
 """The viewer's OpenAPI document (``GET /api/openapi.json``): its read-only JSON API, with
 every query parameter as `_params` reads it, for a client generator or a schema-based fuzzer
-(tests/taskapp/test_fuzz.py holds the viewer to it: no answer a server error)."""
+(tests/serving/test_fuzz.py holds the viewer to it: no answer a server error)."""
 
 from __future__ import annotations
 

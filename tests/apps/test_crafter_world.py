@@ -139,7 +139,7 @@ def call(arguments, name="interact", call_id="c1"):
 
 
 # Which call of a reply runs, and what answers the others, is the kit's episode loop
-# (tests/taskapp/test_openenv_wire.py); what an `interact` call's arguments ask for is the app's.
+# (tests/serving/test_openenv_wire.py); what an `interact` call's arguments ask for is the app's.
 
 def test_a_valid_call_runs_its_actions():
     assert read_actions({"actions": ["move_left", " DO "]}, 5) == (("move_left", "do"), None)

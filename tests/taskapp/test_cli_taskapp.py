@@ -62,7 +62,7 @@ def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
 
         worker = threading.Thread(target=slow_rollout)
         worker.start()
-        time.sleep(0.4)
+        wait_for_in_flight(url, api_key, 1)
         term_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         worker.join(20)
@@ -74,6 +74,17 @@ def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
             httpx.get(url + "/", timeout=1)
     finally:
         stop(proc)
+
+
+def wait_for_in_flight(url: str, api_key: str, count: int, within_s: float = 10) -> None:
+    """Until the server's /health counts ``count`` rollouts in flight."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        health = httpx.get(url + "/health", headers={"X-API-Key": api_key}, timeout=5).json()
+        if health["rollouts"]["in_flight"] >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{count} rollouts never were in flight at {url}")
 
 
 def test_serve_without_a_key_refuses_to_start_and_says_how_to_fix_it(tmp_path):

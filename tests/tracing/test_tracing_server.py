@@ -192,7 +192,10 @@ def test_a_full_disk_fails_each_rollout_and_is_logged_once(serve, api_key, caplo
     from synth_deploy.errors import TraceStoreError
 
     class FullDisk:  # what the kit's store raises when its disk is full
-        async def write_session(self, session):
+        def start(self):
+            pass
+
+        async def write_session(self, session, rollout=None):
             raise TraceStoreError("trace database /srv/secret/traces.db: cannot write: "
                                   "database or disk is full")
 

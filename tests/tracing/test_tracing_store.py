@@ -210,7 +210,9 @@ def test_list_filters_stats_and_missing_session(tmp_path):
         assert len(store.list_sessions(limit=3)) == 3
         assert {s.app_id for s in store.list_sessions(app="other")} == {"other"}
         assert [s.status for s in store.list_sessions(status="error")] == ["error"]
-        assert all(s.total_reward == 1.0 for s in store.list_sessions(min_reward=0.5))
+        rewarded = store.list_sessions(min_reward=0.5, newest_first=False)
+        assert [(s.run_id, s.total_reward) for s in rewarded] == \
+            [("run-1", 1.0), ("run-3", 1.0), ("run-5", 1.0)]
         stats = store.stats()
         assert (stats.sessions, stats.errors, stats.lm_calls) == (6, 1, 12)
         assert stats.input_tokens == sum(10 + i for i in range(6)) * 2
@@ -288,7 +290,8 @@ def test_missing_file_is_not_created_for_reads(tmp_path):
 def open_dir(tmp_path, tmp_path_factory):
     """A folder under tmp_path every user may traverse to (pytest makes its folders private to
     their owner): the folders above it are opened to traversal for the test, then closed."""
-    top = tmp_path_factory.getbasetemp().parent
+    # pytest-of-<user> and below (under pytest-xdist the base folder is one level deeper).
+    top = next(p for p in tmp_path.parents if p.name.startswith("pytest-of-"))
     above = [tmp_path, *[p for p in tmp_path.parents if p == top or top in p.parents]]
     modes = {p: p.stat().st_mode & 0o777 for p in above}
     for folder in above:

@@ -77,9 +77,9 @@ def test_a_create_that_never_answers_names_the_key_that_finds_the_job(backend, r
     from synth_deploy.errors import JobError
     from synth_deploy.train import RetryPolicy
 
-    backend.faults.stall_creates, backend.faults.stall_s = 2, 2.0
+    backend.faults.stall_creates, backend.faults.stall_s = 2, 4.0
     options = TrainOptions(configs=[APP_CONFIGS / "rl.toml"], poll=False,
-                           request_timeout_s=0.5, retry=RetryPolicy(retries=1, backoff_s=0.01))
+                           request_timeout_s=1.5, retry=RetryPolicy(retries=1, backoff_s=0.01))
     with pytest.raises(JobError) as failed:
         train(options, load_env([rl_env]))
     [key] = backend.create_attempts

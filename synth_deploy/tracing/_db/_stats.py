@@ -46,6 +46,36 @@ def store_stats(db: TraceDatabase) -> TraceStats:
     q = db.query
     groups = q(_totals.session_groups(db.fields, db.schema_version))
     models = q(_totals.model_groups(db.schema_version))
+    by_app = _by_app(groups)
+    cost = float(sum(m["cost_usd"] or 0.0 for m in models))
+    # Two index seeks (one aggregate each, so SQLite can use its min/max shortcut).
+    first = q("SELECT MIN(created_at) AS v FROM session_traces")[0]["v"]
+    last = q("SELECT MAX(created_at) AS v FROM session_traces")[0]["v"]
+    return TraceStats(
+        sessions=_total(groups, "sessions"),
+        ok=sum(g["sessions"] for g in groups if g["status"] == "ok"),
+        errors=sum(a["errors"] for a in by_app),
+        timesteps=_total(groups, "timesteps"),
+        events=_total(groups, "events"),
+        messages=_total(groups, "messages"),
+        lm_calls=_total(models, "lm_calls"),
+        input_tokens=_total(models, "input_tokens"),
+        output_tokens=_total(models, "output_tokens"),
+        cost_usd=cost, first_at=first, last_at=last, by_app=by_app, by_model=_by_model(models),
+        ledger=dataclasses.replace(ledger_from_calls(
+            ((m["model"], m["lm_calls"], m["input_tokens"], m["output_tokens"],
+              m["latency_sum"], m["cost_usd"]) for m in models),
+            wall_s=sum(g["wall_s"] or 0.0 for g in groups),
+            rollouts=_total(groups, "sessions")), cost_usd=cost or None))
+
+
+def _total(rows: list[dict[str, Any]], column: str) -> int:
+    return sum(int(row[column] or 0) for row in rows)
+
+
+def _by_app(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sessions, errors and mean reward per app (groups are per app and status), busiest
+    first."""
     apps: dict[Any, dict[str, Any]] = {}
     for g in groups:
         app = apps.setdefault(g["app_id"], {"app_id": g["app_id"], "sessions": 0,
@@ -54,34 +84,19 @@ def store_stats(db: TraceDatabase) -> TraceStats:
         app["errors"] += g["sessions"] if g["status"] == "error" else 0
         app["reward_sum"] += g["reward_sum"] or 0.0
         app["rewards"] += g["rewards"] or 0
-    by_app = sorted(({"app_id": a["app_id"], "sessions": a["sessions"], "errors": a["errors"],
-                      "mean_reward": a["reward_sum"] / a["rewards"] if a["rewards"] else None}
-                     for a in apps.values()), key=lambda a: -a["sessions"])
-    by_model = sorted(({"model": m["model"], "lm_calls": m["lm_calls"],
-                        "input_tokens": m["input_tokens"], "output_tokens": m["output_tokens"],
-                        "mean_latency_ms": m["latency_sum"] / m["latencies"]
-                        if m["latencies"] else None} for m in models),
-                      key=lambda m: -m["lm_calls"])
-    cost = float(sum(m["cost_usd"] or 0.0 for m in models))
-    # Two index seeks (one aggregate each, so SQLite can use its min/max shortcut).
-    first = q("SELECT MIN(created_at) AS v FROM session_traces")[0]["v"]
-    last = q("SELECT MAX(created_at) AS v FROM session_traces")[0]["v"]
-    return TraceStats(
-        sessions=sum(g["sessions"] for g in groups),
-        ok=sum(g["sessions"] for g in groups if g["status"] == "ok"),
-        errors=sum(a["errors"] for a in by_app),
-        timesteps=sum(g["timesteps"] or 0 for g in groups),
-        events=sum(g["events"] or 0 for g in groups),
-        messages=sum(g["messages"] or 0 for g in groups),
-        lm_calls=sum(m["lm_calls"] for m in models),
-        input_tokens=sum(m["input_tokens"] or 0 for m in models),
-        output_tokens=sum(m["output_tokens"] or 0 for m in models),
-        cost_usd=cost, first_at=first, last_at=last, by_app=by_app, by_model=by_model,
-        ledger=dataclasses.replace(ledger_from_calls(
-            ((m["model"], m["lm_calls"], m["input_tokens"], m["output_tokens"],
-              m["latency_sum"], m["cost_usd"]) for m in models),
-            wall_s=sum(g["wall_s"] or 0.0 for g in groups),
-            rollouts=sum(int(g["sessions"]) for g in groups)), cost_usd=cost or None))
+    rows = [{"app_id": a["app_id"], "sessions": a["sessions"], "errors": a["errors"],
+             "mean_reward": a["reward_sum"] / a["rewards"] if a["rewards"] else None}
+            for a in apps.values()]
+    return sorted(rows, key=lambda a: -a["sessions"])
+
+
+def _by_model(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """LM calls, tokens and mean latency per model, busiest first."""
+    rows = [{"model": m["model"], "lm_calls": m["lm_calls"], "input_tokens": m["input_tokens"],
+             "output_tokens": m["output_tokens"],
+             "mean_latency_ms": m["latency_sum"] / m["latencies"] if m["latencies"] else None}
+            for m in models]
+    return sorted(rows, key=lambda m: -m["lm_calls"])
 
 
 __all__ = ["TraceStats", "store_stats"]

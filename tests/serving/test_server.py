@@ -286,7 +286,7 @@ def test_building_and_serving_an_app_leaves_the_garbage_collector_alone(serve, a
 def test_a_serving_process_freezes_what_exists_and_opens_as_many_files_as_allowed():
     script = (
         "import gc, json, resource\n"
-        "from synth_deploy.taskapp import prepare_serving_process\n"
+        "from synth_deploy.serving import prepare_serving_process\n"
         "kept = {'rows': [1]}\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit("
         "resource.RLIMIT_NOFILE)[1]))\n"

@@ -13,7 +13,7 @@ import uvicorn
 
 import synth_deploy
 
-SOURCE = Path(synth_deploy.__file__).parent / "taskapp" / "_prompt_stop.py"
+SOURCE = Path(synth_deploy.__file__).parent / "serving" / "_prompt_stop.py"
 
 # uvicorn's steps that ours take otherwise, and why.
 REPLACED = {

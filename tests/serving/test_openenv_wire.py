@@ -93,7 +93,10 @@ def test_episodes_whose_traces_cannot_be_stored_are_logged_once(serve, api_key, 
     from synth_deploy.errors import TraceStoreError
 
     class FullDisk:  # what the kit's store raises when its disk is full
-        async def write_session(self, session):
+        def start(self):
+            pass
+
+        async def write_session(self, session, rollout=None):
             raise TraceStoreError("trace database: cannot write: database or disk is full")
 
     server = serve(create_app(env_config(), api_keys=[api_key], trace_store=FullDisk()))
@@ -293,7 +296,8 @@ def test_a_client_that_vanishes_mid_episode_leaves_no_session(serve, api_key, st
 
 
 def test_an_idle_session_is_reaped_and_its_slot_comes_back(serve, api_key):
-    server = serve(create_app(env_config(session_idle_seconds=0.3), api_keys=[api_key],
+    # Idle long enough for the refusals below to come first on a loaded machine.
+    server = serve(create_app(env_config(session_idle_seconds=1.5), api_keys=[api_key],
                               limits=RolloutLimits(max_in_flight=1)))
     base, headers = server.url + "/openenv", {"X-API-Key": api_key}
     idle = WSEnvClient(base, headers=headers).connect()
