@@ -47,7 +47,7 @@ from synth_deploy.taskapp import (
     TaskInfo,
     load_app,
 )
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.tracing import RolloutRecords, open_trace_store
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -110,7 +110,8 @@ def error(results: dict[str, Any], name: str) -> str:
 def check_app(python: str, name: str, config: TaskAppConfig, seed: int, policy_url: str,
               tmp: Path) -> None:
     with open_trace_store(str(tmp / f"{name}.db")) as store, \
-            BackgroundServer(create_app(config, api_keys=[KEY], trace_store=store)) as app:
+            BackgroundServer(create_app(config, api_keys=[KEY], trace_store=store,
+                                        rollout_records=RolloutRecords(store))) as app:
         ours, theirs = side(python, {
             "op": "drive", "url": app.url + "/containers", "key": KEY,
             "payload": payload(f"{name}-fid-1", seed, policy_url),
@@ -184,6 +185,7 @@ def check_long(python: str, tmp: Path) -> None:
     limits = RolloutLimits(head_after_s=0.5, heartbeat_s=0.5)
     with open_trace_store(str(tmp / "long.db")) as store, \
             BackgroundServer(create_app(sleeping_config(), api_keys=[KEY], trace_store=store,
+                                        rollout_records=RolloutRecords(store),
                                         limits=limits)) as app, \
             StrictModalFrontEnd(app.url, redirect_after_s=3.0) as modal, \
             EdgeProxy(app.url, silence_s=2.0) as edge:

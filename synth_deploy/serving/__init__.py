@@ -5,7 +5,7 @@
 By role, as uvicorn's protocols/ and loops/ are: the app and its route table (`_server`,
 `_routes`), rollouts (`_rollout_endpoint`), admission (`_admission`), connections, auth,
 the vendor proxy, the one local runner every command uses (`_runner`), and one folder per
-protocol beyond synth-ai's `/rollout` (`openenv/`).
+protocol beyond synth-ai's `/rollout` (`openenv/`, `containers/`).
 
 Limits and keys (`_admission`, `_auth`) are light; the app, the runner and the server (fastapi,
 uvicorn) load on first use, so `synth-deploy --help` and `deploy --dry-run` pay for no server.

@@ -194,15 +194,18 @@ class LocalRunner:
         with applied_env(s.env):
             config = self.entry.build_config()
         self.serves_openenv = config.environment is not None
+        records = None
         if s.traces is not None:
-            from synth_deploy.tracing import open_trace_store
+            from synth_deploy.tracing import RolloutRecords, open_trace_store
 
             self.store = open_trace_store(s.traces)
+            records = RolloutRecords(self.store)  # async rollouts outlive the process
         self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,
                               env=s.env, limits=s.rollouts, on_session=self.live_export.offer
                               if self.live_export is not None else None,
-                              trace_destination=s.trace_destination or _destination(s.traces))
+                              trace_destination=s.trace_destination or _destination(s.traces),
+                              rollout_records=records)
         return self.app
 
     def stats(self) -> Mapping[str, int]:

@@ -66,7 +66,6 @@ from synth_deploy.tracing import (
     RolloutRecords,
     SessionTrace,
     SessionTracer,
-    TraceStore,
     describe_session,
     ledger_of,
 )
@@ -111,6 +110,7 @@ def create_app(
     on_session: Callable[[SessionTrace], None] | None = None,
     limits: RolloutLimits = RolloutLimits(),
     trace_destination: Mapping[str, Any] | None = None,
+    rollout_records: RolloutRecords | None = None,
 ) -> Starlette:
     """Build the ASGI app for ``config`` (a FastAPI app when it has routers).
 
@@ -123,6 +123,8 @@ def create_app(
     ``limits``: how many rollouts run at once, and when a long one's head is sent.
     ``trace_destination``: where the traces end up, as /health says it (``destination``:
     for humans, ``durable``: whether they outlive this process's machine).
+    ``rollout_records``: where async rollouts (synth-containers' contract, `/containers`)
+    keep their records, to be answered after a restart; None keeps them in memory.
     """
     env = env or Env()
     auth = ApiKeyAuth(api_keys)
@@ -238,7 +240,7 @@ def create_app(
     # synth-containers' contract: its rollouts run as /rollout's, their records in the store.
     durable = AsyncRollouts(lambda req, body: rollouts.run(req, body, app.state.http),
                             stats=stats, trace=trace_store, app_id=config.app_id,
-                            records=_rollout_records(trace_store))
+                            records=rollout_records)
     endpoints = [  # /rollout first: the hot path matches at once
         Endpoint("/rollout", "POST", rollout, "Run one episode", asgi=True,
                  ok=schema_ref("RolloutResponse"), errors=(404, 413, 415, 422, 502, 504),
@@ -406,11 +408,6 @@ def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
             **session_correlation(cid)}
     failure = None if error is None else json.loads(error.body)["detail"]["error"]
     return RolloutFacts(head, elapsed, request_json, body, failure)
-
-
-def _rollout_records(trace_store: TraceSink | None) -> RolloutRecords | None:
-    # Async rollouts' records live in the kit's store; another sink keeps none (memory).
-    return RolloutRecords(trace_store) if isinstance(trace_store, TraceStore) else None
 
 
 _REWARD_KEYS = ("episode_rewards", "episode_returns", "outcome_reward", "reward_mean",

@@ -18,7 +18,7 @@ from toy_apps import toy_config
 from synth_deploy.proxy_limits import URLLIB_MAX_REPEATS
 from synth_deploy.serving import RolloutLimits, create_app
 from synth_deploy.taskapp import RolloutContext, RolloutRequest
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.tracing import RolloutRecords, open_trace_store
 
 SILENCE_S = 2.0  # Cloudflare's 125 s, scaled
 REDIRECT_AFTER_S = 3.0  # Modal's 150 s, scaled
@@ -83,7 +83,8 @@ def test_a_long_rollout_completes_asynchronously_through_strict_modal_and_cloudf
         tmp_path, serve, api_key):
     with open_trace_store(str(tmp_path / "t.db")) as store:
         app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key],
-                               trace_store=store, limits=EARLY))
+                               trace_store=store,
+                               rollout_records=RolloutRecords(store), limits=EARLY))
         with StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal, \
                 EdgeProxy(app.url, silence_s=SILENCE_S) as edge:
 
@@ -143,7 +144,8 @@ def test_our_runners_and_check_go_async_through_strict_modal_and_cloudflare(
     policy = PolicyTarget("http://127.0.0.1:9/v1", "m")
     with open_trace_store(str(tmp_path / "t.db")) as store:
         app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key],
-                               trace_store=store, limits=EARLY))
+                               trace_store=store,
+                               rollout_records=RolloutRecords(store), limits=EARLY))
         with StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal, \
                 EdgeProxy(app.url, silence_s=SILENCE_S) as edge:
 

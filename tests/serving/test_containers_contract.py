@@ -15,7 +15,7 @@ from toy_apps import toy_config
 
 from synth_deploy.serving import RolloutLimits, create_app
 from synth_deploy.taskapp import RolloutContext, RolloutRequest, TaskDataset
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.tracing import RolloutRecords, open_trace_store
 
 
 def sleeping(seconds: float):
@@ -73,7 +73,8 @@ def test_metadata_dataset_rows_and_program_under_the_key_rule(serve, api_key):
 
 def test_a_sync_rollout_is_answered_done_and_traced(tmp_path, serve, api_key):
     with open_trace_store(str(tmp_path / "t.db")) as store:
-        app = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store))
+        app = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store,
+                               rollout_records=RolloutRecords(store)))
         with client(app, api_key) as c:
             resp = c.post("/rollouts", json=body("s-1", seed=4, mode="sync"))
         assert resp.status_code == 200, resp.text
@@ -88,7 +89,7 @@ def test_a_sync_rollout_is_answered_done_and_traced(tmp_path, serve, api_key):
 def test_an_async_rollout_202_state_events_stream_and_result(tmp_path, serve, api_key):
     with open_trace_store(str(tmp_path / "t.db")) as store:
         app = serve(create_app(toy_config(sleeping(1.0)), api_keys=[api_key],
-                               trace_store=store,
+                               trace_store=store, rollout_records=RolloutRecords(store),
                                limits=RolloutLimits(head_after_s=1, heartbeat_s=0.2)))
         with client(app, api_key) as c:
             submitted = c.post("/rollouts", json=body("a-1"))
@@ -145,7 +146,7 @@ def test_async_rollouts_are_admitted_like_sync_ones(serve, api_key):
 def test_a_rollout_nobody_asks_after_is_cancelled_when_its_lease_ends(tmp_path, serve, api_key):
     with open_trace_store(str(tmp_path / "t.db")) as store:
         app = serve(create_app(toy_config(sleeping(30.0)), api_keys=[api_key],
-                               trace_store=store))
+                               trace_store=store, rollout_records=RolloutRecords(store)))
         with client(app, api_key) as c:
             assert c.post("/rollouts", json={**body("l-1"), "lease_ttl_seconds": 0.5}
                           ).status_code == 202
@@ -171,7 +172,8 @@ def test_a_restarted_client_reads_the_result_and_a_restarted_server_says_interru
     path = str(tmp_path / "t.db")
     with open_trace_store(path) as store:
         first = BackgroundServer(create_app(toy_config(sleeping(0.3)), api_keys=[api_key],
-                                            trace_store=store)).start()
+                                            trace_store=store,
+                                            rollout_records=RolloutRecords(store))).start()
         try:
             with client(first, api_key) as c:
                 c.post("/rollouts", json=body("done-1", sleep=0.1))
@@ -180,8 +182,10 @@ def test_a_restarted_client_reads_the_result_and_a_restarted_server_says_interru
         finally:
             first.stop()  # mid-rollout for lost-1
     with open_trace_store(path) as store:
-        second = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store))
+        second = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store,
+                                  rollout_records=RolloutRecords(store)))
         with client(second, api_key) as c:  # a new client, a new server: the same store
+            assert c.get("/metadata").json()["capabilities"]["async_rollouts"]["durable"]
             done = c.get("/rollouts/done-1").json()
             lost = c.get("/rollouts/lost-1")
             replayed = c.post("/rollouts", json=body("done-1", sleep=0.1))
@@ -210,7 +214,8 @@ def test_a_store_that_refuses_writes_refuses_the_submission_and_says_why(tmp_pat
                                                                          api_key):
     store = open_trace_store(str(tmp_path / "t.db"))
     store.close()
-    app = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store))
+    app = serve(create_app(toy_config(), api_keys=[api_key], trace_store=store,
+                           rollout_records=RolloutRecords(store)))
     with client(app, api_key) as c:
         resp = c.post("/rollouts", json=body("w-1"))
         health = httpx.get(app.url + "/health", headers={"X-API-Key": api_key}).json()
@@ -229,7 +234,7 @@ def test_a_client_waiting_on_a_sync_rollout_holds_its_lease(serve, api_key):
 def test_terminate_cancels_a_running_rollout_and_traces_it(tmp_path, serve, api_key):
     with open_trace_store(str(tmp_path / "t.db")) as store:
         app = serve(create_app(toy_config(sleeping(30.0)), api_keys=[api_key],
-                               trace_store=store))
+                               trace_store=store, rollout_records=RolloutRecords(store)))
         with client(app, api_key) as c:
             c.post("/rollouts", json=body("t-1"))
             c.post("/rollouts/t-1/terminate")
