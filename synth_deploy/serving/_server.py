@@ -56,7 +56,7 @@ from synth_deploy.taskapp._contracts import (
     RolloutResponse,
     TaskInfo,
 )
-from synth_deploy.taskapp._outbound import outbound_client
+from synth_deploy.taskapp._outbound import open_outbound
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.tracing import (
     RolloutFacts,
@@ -125,7 +125,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
-        app.state.http = outbound_client(allow_link_local=config.allow_link_local)
+        app.state.http = await open_outbound(allow_link_local=config.allow_link_local,
+                                             max_connections=limits.max_in_flight)
         _start_trace_writer(trace_store)
         try:
             for hook in config.startup_hooks:
