@@ -7,6 +7,7 @@ which is where most of synth-ai's per-request overhead goes.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -28,7 +29,7 @@ from synth_deploy.errors import BadRequest, TraceStoreError
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import RolloutLimits, RolloutStats
 from synth_deploy.serving._auth import ApiKeyAuth
-from synth_deploy.serving._blocking import timed_steps
+from synth_deploy.serving._blocking import LoopWatch, timed_steps
 from synth_deploy.serving._correlation import (
     correlate,
     correlate_trace,
@@ -128,11 +129,13 @@ def create_app(
         app.state.http = await open_outbound(allow_link_local=config.allow_link_local,
                                              max_connections=limits.max_in_flight)
         _start_trace_writer(trace_store)
+        watching = asyncio.create_task(rollouts.loop_watch.run())
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
             yield
         finally:
+            watching.cancel()
             if env_sessions is not None:
                 await env_sessions.close_all()
             for hook in config.shutdown_hooks:
@@ -253,7 +256,8 @@ class _Rollouts:
                  on_session: Callable[[SessionTrace], None] | None, failures: AppFailures,
                  stats: RolloutStats) -> None:
         self.config = config
-        self.call_executor = _executor_caller(config.rollout)
+        self.loop_watch = LoopWatch()
+        self.call_executor = _executor_caller(config.rollout, self.loop_watch)
         self.trace_store = trace_store
         # The kit's store describes a session where it writes it (its writer child); any
         # other sink is handed sessions described here.
@@ -449,11 +453,11 @@ def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str,
     return metrics
 
 
-def _executor_caller(executor: Any) -> Any:
+def _executor_caller(executor: Any, watch: LoopWatch) -> Any:
     """An async callable running ``executor`` (decided once, not per request)."""
     if inspect.iscoroutinefunction(executor) or inspect.iscoroutinefunction(
             type(executor).__call__):
-        return timed_steps(executor)  # on the loop: a step that holds it is reported
+        return timed_steps(executor, watch)  # on the loop: a step that holds it is reported
 
     async def in_thread(req: RolloutRequest, ctx: RolloutContext) -> Any:
         # A sync executor runs in a worker thread; on timeout the thread is abandoned, not
