@@ -39,6 +39,12 @@ ALLOW_LINK_LOCAL_HINT = ("link-local addresses are refused because cloud metadat
                          "answer there; an app that really needs one sets "
                          "allow_link_local=True in its TaskApp(...)")
 
+# Both would be the Authorization header: one would be dropped without a word.
+CREDENTIALS_CONFLICT = ("carries a user:password@ and an Authorization header is set too "
+                        "(an api_key's Bearer token): both go in the one Authorization "
+                        "header, so one of them would be dropped")
+CREDENTIALS_HINT = "keep one: the URL without user:password@, or no key/Authorization header"
+
 # A policy call may think for minutes; connecting is quick or broken. Idle connections expire
 # before uvicorn's 5 s keep-alive does, so the pool rarely hands out one the policy server is
 # closing (and a call that meets one is sent again: `_policy`).
@@ -131,6 +137,14 @@ class OutboundClient(httpx.AsyncClient):
                          timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
         self.session, self._tls = session, tls
 
+    def build_request(self, *args: Any, **kwargs: Any) -> httpx.Request:
+        """httpx's, refusing a URL's userinfo beside an Authorization header (httpx would let
+        the userinfo win without a word)."""
+        request = super().build_request(*args, **kwargs)
+        if request.url.userinfo and "authorization" in request.headers:
+            raise httpx.InvalidURL(f"the URL {CREDENTIALS_CONFLICT}; {CREDENTIALS_HINT}")
+        return request
+
     async def post_capped(self, url: str, body: bytes, headers: Mapping[str, str], *,
                           max_bytes: int, timeout: aiohttp.ClientTimeout | None = None
                           ) -> PolicyAnswer:
@@ -169,9 +183,12 @@ class _SessionTransport(httpx.AsyncBaseTransport):
         timeout = aiohttp.ClientTimeout(total=None, connect=limits.get("pool"),
                                         sock_connect=limits.get("connect"),
                                         sock_read=limits.get("read"))
+        # httpx has made the userinfo an Authorization header already; aiohttp would refuse
+        # the two together.
+        url = request.url.copy_with(userinfo=b"") if request.url.userinfo else request.url
         with _as_httpx_error(request):
             answer = await self._session.request(
-                request.method, str(request.url), headers=request.headers.multi_items(),
+                request.method, str(url), headers=request.headers.multi_items(),
                 data=await request.aread(), allow_redirects=False, timeout=timeout,
                 ssl=self._tls, auto_decompress=False,  # httpx decodes what it reads
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"))
@@ -252,5 +269,6 @@ def refused_address(exc: BaseException) -> RefusedAddress | None:
     return None
 
 
-__all__ = ["ALLOW_LINK_LOCAL_HINT", "AnswerTooLarge", "OutboundClient", "PolicyAnswer",
-           "RefusedAddress", "is_link_local", "open_outbound", "refused_address"]
+__all__ = ["ALLOW_LINK_LOCAL_HINT", "AnswerTooLarge", "CREDENTIALS_CONFLICT", "CREDENTIALS_HINT",
+           "OutboundClient", "PolicyAnswer", "RefusedAddress", "is_link_local", "open_outbound",
+           "refused_address"]

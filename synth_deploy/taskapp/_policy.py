@@ -30,6 +30,8 @@ from synth_deploy.errors import BadRequest, TaskAppError
 from synth_deploy.taskapp._config import RolloutContext
 from synth_deploy.taskapp._outbound import (
     ALLOW_LINK_LOCAL_HINT,
+    CREDENTIALS_CONFLICT,
+    CREDENTIALS_HINT,
     AnswerTooLarge,
     OutboundClient,
     PolicyAnswer,
@@ -204,6 +206,10 @@ async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
     """``content`` (JSON) POSTed through the app's session, the answer read whole (at most
     `MAX_ANSWER_BYTES`: whoever holds a key picks the policy URL, and must not make the
     server hold gigabytes)."""
+    if "Authorization" in headers and "@" in url and urlsplit(url).username is not None:
+        raise BadRequest(f"{INFERENCE_URL_FIELD} {CREDENTIALS_CONFLICT}",
+                         code="conflicting_policy_credentials", field=INFERENCE_URL_FIELD,
+                         hint=CREDENTIALS_HINT)
     headers = {"Content-Type": "application/json", **headers}
     for attempt in range(1, POLICY_ATTEMPTS + 1):
         try:

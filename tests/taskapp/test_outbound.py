@@ -9,6 +9,7 @@ Each test runs its calls inside a rollout of a real served app against real serv
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import threading
 import time
@@ -17,12 +18,12 @@ import httpx
 import pytest
 from standins.health_servers import SelfSignedTLSServer, self_signed_cert
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse, RedirectResponse
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from starlette.routing import Route
 from toy_apps import toy_config
 
 from synth_deploy.serving import RolloutLimits, create_app
-from synth_deploy.taskapp import refused_address
+from synth_deploy.taskapp import call_policy, refused_address
 from synth_deploy.tls import client_ssl_context
 
 
@@ -237,3 +238,76 @@ def test_https_is_verified_with_the_kits_certificates(serve, api_key, tmp_path, 
     seen = run_in_app(serve, api_key, body)
     assert seen["https"] == "{}"
     assert "CERTIFICATE_VERIFY_FAILED" in seen["untrusted"]
+
+
+# -- credentials: a URL's user:password@ and a key or Authorization header --------------------
+
+def auth_recorder() -> Starlette:
+    """A "policy" that answers a chat completion and keeps each request's Authorization."""
+    seen: list[str | None] = []
+
+    async def chat(request):
+        seen.append(request.headers.get("authorization"))
+        return JSONResponse({"choices": [{"message": {"role": "assistant", "content": "ok"}}]})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/any", chat)])
+    app.state.seen = seen
+    return app
+
+
+@pytest.fixture
+def policy_app(serve, api_key):
+    async def rollout(request, ctx):
+        await call_policy(ctx, [{"role": "user", "content": "hi"}])
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    return serve(create_app(toy_config(rollout), api_keys=[api_key]))
+
+
+def policy_rollout(server, key, inference_url, **config) -> httpx.Response:
+    return httpx.post(server.url + "/rollout", headers={"X-API-Key": key}, timeout=20,
+                      json={"run_id": "cred-1", "env": {"seed": 1}, "policy": {"config": {
+                          "model": "m", "inference_url": inference_url, **config}}})
+
+
+def test_the_policy_gets_the_urls_userinfo_or_the_key(serve, policy_app, api_key):
+    upstream = serve(auth_recorder())
+    with_userinfo = upstream.url.replace("http://", "http://alice:s3cret@") + "/v1?cid=c1"
+    assert policy_rollout(policy_app, api_key, with_userinfo).status_code == 200
+    assert policy_rollout(policy_app, api_key, upstream.url + "/v1",
+                          api_key="sk-policy-1").status_code == 200
+    assert upstream.app.state.seen == ["Basic " + base64.b64encode(b"alice:s3cret").decode(),
+                                       "Bearer sk-policy-1"]
+
+
+def test_userinfo_and_a_key_together_are_refused_naming_both(serve, policy_app, api_key):
+    upstream = serve(auth_recorder())
+    with_userinfo = upstream.url.replace("http://", "http://alice:s3cret@") + "/v1"
+    resp = policy_rollout(policy_app, api_key, with_userinfo, api_key="sk-policy-1")
+    assert resp.status_code == 422, resp.text
+    error = resp.json()["detail"]["error"]
+    assert error["code"] == "conflicting_policy_credentials"
+    assert error["errors"][0]["path"] == "policy.config.inference_url"
+    assert "user:password@" in error["message"] and "keep one" in error["hint"]
+    assert "s3cret" not in resp.text and "sk-policy-1" not in resp.text
+    assert upstream.app.state.seen == []  # nothing sent with half the credentials
+
+
+def test_ctx_http_honours_userinfo_and_refuses_it_beside_a_header(serve, api_key):
+    upstream = serve(auth_recorder())
+    with_userinfo = upstream.url.replace("http://", "http://alice:s3cret@") + "/any"
+
+    async def body(client):
+        seen = {"alone": (await client.get(with_userinfo)).status_code}
+        try:
+            await client.get(with_userinfo, headers={"Authorization": "Bearer x"})
+            seen["both"] = "sent"
+        except httpx.InvalidURL as exc:
+            seen["both"] = str(exc)
+        return seen
+
+    seen = run_in_app(serve, api_key, body)
+    assert seen["alone"] == 200
+    assert "user:password@" in seen["both"] and "s3cret" not in seen["both"]
+    assert upstream.app.state.seen == ["Basic " + base64.b64encode(b"alice:s3cret").decode()]
