@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from synth_deploy.env import Env, mask, redact_userinfo
 from synth_deploy.errors import UsageError
@@ -115,16 +115,30 @@ def parse_headers(items: list[str] | tuple[str, ...] | str, *, what: str) -> dic
     return headers
 
 
+def _one_credential(endpoint: str, headers: Mapping[str, str], *, what: str) -> None:
+    """`UsageError` for a user:password@ in the endpoint beside an Authorization header: the
+    exporter would send the endpoint's and drop the header without a word."""
+    parts = urlsplit(endpoint)
+    if (parts.username or parts.password) and any(k.lower() == "authorization"
+                                                  for k in headers):
+        raise UsageError(f"{what} carries a user:password@ and the headers set Authorization "
+                         "too: both would be the one Authorization header, and one would be "
+                         "dropped", hint="keep one: the endpoint without user:password@, or "
+                                         "no Authorization header")
+
+
 def otlp_setting(endpoint: str, headers: list[str] | tuple[str, ...] = (), *,
                  capture_content: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
                  service_name: str | None = None) -> OtlpSetting:
     """The setting the export command's flags give."""
     if timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout_s:g}")
-    return OtlpSetting(endpoint=traces_url(endpoint, what="--endpoint"),
-                       headers=parse_headers(headers, what="--headers"),
-                       timeout_s=timeout_s, service_name=service_name,
-                       capture_content=capture_content, source="--endpoint")
+    url = traces_url(endpoint, what="--endpoint")
+    parsed = parse_headers(headers, what="--headers")
+    _one_credential(url, parsed, what="--endpoint")
+    return OtlpSetting(endpoint=url, headers=parsed, timeout_s=timeout_s,
+                       service_name=service_name, capture_content=capture_content,
+                       source="--endpoint")
 
 
 def otlp_setting_from_env(env: Env) -> OtlpSetting | None:
@@ -151,6 +165,7 @@ def otlp_setting_from_env(env: Env) -> OtlpSetting | None:
                                                     "port (4318 for a collector)")
     headers_var = TRACES_HEADERS_VAR if env.get(TRACES_HEADERS_VAR) else HEADERS_VAR
     headers = parse_headers(env.get(headers_var) or "", what=headers_var)
+    _one_credential(endpoint, headers, what=source)
     timeout_var = TRACES_TIMEOUT_VAR if env.get(TRACES_TIMEOUT_VAR) else TIMEOUT_VAR
     timeout_s = DEFAULT_TIMEOUT_S
     if raw := env.get(timeout_var):

@@ -2,14 +2,20 @@
 
 An ``async def`` rollout runs on the server's event loop: while one of its steps computes
 (no ``await`` reached), nothing else runs — not ``/health``, not the other rollouts' policy
-calls. `timed_steps` runs a coroutine step by step and, the first time a step of a function
-holds the loop longer than `SLOW_STEP_S`, logs one warning that names the function and the
-fix. It measures only what the function does between its awaits; the loop itself is not
-touched.
+calls. `timed_steps` runs a coroutine step by step, noting a step that took longer than
+`SLOW_STEP_S`; `LoopWatch` (a task on the same loop) decides whether the loop itself was
+held then, and the first time it was for a function, logs one warning that names the function
+and the fix.
+
+A step's wall time is not enough: on a busy machine the process waits for a core, and a step
+that computed for a millisecond can span a second. The watch wakes every `TICK_S` and takes
+from how late it woke the time the thread spent waiting for a core (Linux's run delay, in
+/proc/thread-self/schedstat; without it, wall time is all there is).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Generator
@@ -18,7 +24,45 @@ from typing import Any
 logger = logging.getLogger("synth_deploy.taskapp")
 
 SLOW_STEP_S = 0.1
+TICK_S = 0.05
+_SCHEDSTAT = "/proc/thread-self/schedstat"
 _warned: set[str] = set()
+
+
+def _run_delay_s() -> float:
+    """Seconds this thread has spent runnable but not running (0.0 where Linux does not
+    say)."""
+    try:
+        with open(_SCHEDSTAT, "rb") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class LoopWatch:
+    """The judge of slow steps on one loop: `note` records them, `run` (a task on that loop)
+    warns for one only if the loop was held, not the thread kept off a core."""
+
+    def __init__(self) -> None:
+        self._slowest: tuple[str, float] | None = None  # since the last tick
+
+    def note(self, name: str, wall_s: float) -> None:
+        if self._slowest is None or wall_s > self._slowest[1]:
+            self._slowest = (name, wall_s)
+
+    async def run(self) -> None:
+        waited = _run_delay_s()
+        while True:
+            await asyncio.sleep(TICK_S)
+            now_waited = _run_delay_s()
+            slowest, self._slowest = self._slowest, None
+            if slowest is not None:
+                # The step ran between two ticks: the thread's wait for a core in that
+                # interval is at least what the step's wall time owes to it.
+                held_s = slowest[1] - (now_waited - waited)
+                if held_s > SLOW_STEP_S:
+                    _warn_once(slowest[0], held_s)
+            waited = now_waited
 
 
 def function_name(fn: Any) -> str:
@@ -45,11 +89,10 @@ def _warn_once(name: str, held_s: float) -> None:
 class _TimedSteps:
     """Awaits ``coro`` as a task would, timing each step it runs on the loop."""
 
-    __slots__ = ("coro", "name")
+    __slots__ = ("coro", "name", "watch")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
-        self.coro = coro
-        self.name = name
+    def __init__(self, coro: Coroutine[Any, Any, Any], name: str, watch: LoopWatch) -> None:
+        self.coro, self.name, self.watch = coro, name, watch
 
     def __await__(self) -> Generator[Any, Any, Any]:
         send, throw = self.coro.send, self.coro.throw
@@ -72,20 +115,21 @@ class _TimedSteps:
             except BaseException as exc:  # cancellation and the deadline, passed on
                 value, error = None, exc
 
-    def _check(self, held_s: float) -> None:
-        if held_s > SLOW_STEP_S:
-            _warn_once(self.name, held_s)
+    def _check(self, wall_s: float) -> None:
+        if wall_s > SLOW_STEP_S:
+            self.watch.note(self.name, wall_s)
 
 
-def timed_steps(fn: Callable[..., Coroutine[Any, Any, Any]]
+def timed_steps(fn: Callable[..., Coroutine[Any, Any, Any]], watch: LoopWatch
                 ) -> Callable[..., Coroutine[Any, Any, Any]]:
-    """``fn`` (an async function), each call's steps timed (see the module docstring)."""
+    """``fn`` (an async function), each call's slow steps noted for ``watch`` (see the module
+    docstring)."""
     name = function_name(fn)
 
     async def call(*args: Any) -> Any:
-        return await _TimedSteps(fn(*args), name)
+        return await _TimedSteps(fn(*args), name, watch)
 
     return call
 
 
-__all__ = ["SLOW_STEP_S", "function_name", "timed_steps"]
+__all__ = ["SLOW_STEP_S", "LoopWatch", "function_name", "timed_steps"]

@@ -29,7 +29,7 @@ from synth_deploy.errors import BadRequest
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import RolloutLimits, RolloutStats
 from synth_deploy.serving._auth import ApiKeyAuth
-from synth_deploy.serving._blocking import timed_steps
+from synth_deploy.serving._blocking import LoopWatch, timed_steps
 from synth_deploy.serving._correlation import (
     correlate,
     correlate_trace,
@@ -59,7 +59,7 @@ from synth_deploy.taskapp._contracts import (
     RolloutResponse,
     TaskInfo,
 )
-from synth_deploy.taskapp._outbound import outbound_client
+from synth_deploy.taskapp._outbound import open_outbound
 from synth_deploy.taskapp._policy import PolicyError
 from synth_deploy.tracing import (
     RolloutFacts,
@@ -141,14 +141,17 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
-        app.state.http = outbound_client(allow_link_local=config.allow_link_local)
+        app.state.http = await open_outbound(allow_link_local=config.allow_link_local,
+                                             max_connections=limits.max_in_flight)
         if trace_store is not None:
             trace_store.start()
+        watching = asyncio.create_task(rollouts.loop_watch.run())
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
             yield
         finally:
+            watching.cancel()
             if env_sessions is not None:
                 await env_sessions.close_all()
             for hook in config.shutdown_hooks:
@@ -278,7 +281,8 @@ class _Rollouts:
                  on_session: Callable[[SessionTrace], None] | None, failures: AppFailures,
                  stats: RolloutStats) -> None:
         self.config = config
-        self.call_executor = _executor_caller(config.rollout)
+        self.loop_watch = LoopWatch()
+        self.call_executor = _executor_caller(config.rollout, self.loop_watch)
         self.trace_store = trace_store
         self.on_session = on_session
         self.stats = stats
@@ -474,11 +478,11 @@ def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str,
     return metrics
 
 
-def _executor_caller(executor: Any) -> Any:
+def _executor_caller(executor: Any, watch: LoopWatch) -> Any:
     """An async callable running ``executor`` (decided once, not per request)."""
     if inspect.iscoroutinefunction(executor) or inspect.iscoroutinefunction(
             type(executor).__call__):
-        return timed_steps(executor)  # on the loop: a step that holds it is reported
+        return timed_steps(executor, watch)  # on the loop: a step that holds it is reported
 
     async def in_thread(req: RolloutRequest, ctx: RolloutContext) -> Any:
         # A sync executor runs in a worker thread; on timeout the thread is abandoned, not

@@ -63,6 +63,7 @@ from synth_deploy.taskapp._tools import (
 _LAZY = {
     "call_policy": "_policy",
     "is_link_local": "_outbound",
+    "refused_address": "_outbound",
     "chat_completions_url": "_policy",
     "PolicyError": "_policy",
     "PolicyReply": "_policy",
@@ -125,6 +126,7 @@ __all__ = [
     "image_part",
     "load_app",
     "parse_tool_calls",
+    "refused_address",
     "png_data_url",
     "register_task_app",
     "registered_apps",

@@ -16,9 +16,8 @@ from synth_deploy.taskapp._contracts import (
 )
 
 if TYPE_CHECKING:
-    import httpx
-
     from synth_deploy.taskapp._environment import EnvironmentSpec
+    from synth_deploy.taskapp._outbound import OutboundClient
     from synth_deploy.tracing import SessionTracer
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -149,7 +148,7 @@ class RolloutContext:
     request: RolloutRequest
     config: TaskAppConfig
     tracer: SessionTracer
-    http: httpx.AsyncClient
+    http: OutboundClient  # an httpx.AsyncClient (see `_outbound`)
     app_state: dict[str, Any]
 
     @property

@@ -1,5 +1,11 @@
-"""Outbound HTTP made on a request's behalf (`ctx.http`, the policy call): redirects are not
-followed, and link-local addresses are refused unless the app allows them.
+"""Outbound HTTP made on a request's behalf (`ctx.http`, the policy call, the vendor proxy):
+one aiohttp session per served app, made at start-up; redirects are not followed, and
+link-local addresses are refused unless the app allows them.
+
+Every turn of an episode is a policy call, so this path is the server's hot loop: aiohttp's
+pool and parser cost a fraction of httpx's per request (infra/outbound.md has the figures).
+The kit's own calls (`post_capped`) use the session directly; ``ctx.http`` keeps httpx's API,
+the SDK's since the start, on a transport that sends through the same session and guard.
 
 A key holder chooses ``policy.config.inference_url``, so a key holder chooses where the server
 connects. Link-local addresses are where cloud metadata services answer (169.254.169.254 on
@@ -10,16 +16,18 @@ resolves there, or answers differently on a second lookup, is refused too.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
+import json
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import aiohttp
 import anyio
-import httpcore
 import httpx
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 
 from synth_deploy.tls import client_ssl_context
 
@@ -31,8 +39,21 @@ ALLOW_LINK_LOCAL_HINT = ("link-local addresses are refused because cloud metadat
                          "answer there; an app that really needs one sets "
                          "allow_link_local=True in its TaskApp(...)")
 
+# Both would be the Authorization header: one would be dropped without a word.
+CREDENTIALS_CONFLICT = ("carries a user:password@ and an Authorization header is set too "
+                        "(an api_key's Bearer token): both go in the one Authorization "
+                        "header, so one of them would be dropped")
+CREDENTIALS_HINT = "keep one: the URL without user:password@, or no key/Authorization header"
 
-class RefusedAddress(httpcore.ConnectError):
+# A policy call may think for minutes; connecting is quick or broken. Idle connections expire
+# before uvicorn's 5 s keep-alive does, so the pool rarely hands out one the policy server is
+# closing (and a call that meets one is sent again: `_policy`).
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 600.0
+KEEPALIVE_S = 3.0
+
+
+class RefusedAddress(OSError):
     """A connection the guard refused: ``host`` resolved to the link-local ``address``."""
 
     def __init__(self, host: str, address: str) -> None:
@@ -56,157 +77,191 @@ def is_link_local(address: str) -> bool:
     return ip.is_link_local
 
 
-class _GuardedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend, resolving names itself and refusing link-local answers."""
+class _GuardedResolver(AbstractResolver):
+    """DNS answers with a link-local address in them refused, so the error names the host."""
 
-    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
-        self._inner = inner
+    def __init__(self) -> None:
+        self._inner = DefaultResolver()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None
-                          ) -> httpcore.AsyncNetworkStream:
-        try:
-            with anyio.fail_after(timeout):
-                infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        for address in addresses:
-            if is_link_local(address):
-                raise RefusedAddress(host, address)
-        error: Exception | None = None
-        for address in addresses:  # connect to what was checked, not to a second lookup
-            try:
-                return await self._inner.connect_tcp(address, port, timeout=timeout,
-                                                     local_address=local_address,
-                                                     socket_options=socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                error = exc
-        raise error or httpcore.ConnectError(f"{host} resolves to no address")
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        answers = await self._inner.resolve(host, port, family)
+        for answer in answers:
+            if is_link_local(answer["host"]):
+                raise RefusedAddress(host, answer["host"])
+        return answers
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Iterable[Any] | None = None
-                                  ) -> httpcore.AsyncNetworkStream:
-        return await self._inner.connect_unix_socket(path, timeout=timeout,
-                                                     socket_options=socket_options)
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+    async def close(self) -> None:
+        await self._inner.close()
 
 
-class _GuardedTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, limits: httpx.Limits, tls: ssl.SSLContext) -> None:
-        super().__init__(limits=limits, verify=tls)
-        # httpx does not take a network backend; its pool is rebuilt with the same settings
-        # and ours (tests/serving/test_hardening.py fails if httpx stops using `_pool`).
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=tls, max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=_GuardedBackend(httpcore.AnyIOBackend()))
+def _guarded_socket(addr_info: Any) -> socket.socket:
+    """The socket for one address about to be connected to: the last word on the guard (an
+    IP literal in a URL never goes through the resolver)."""
+    family, kind, proto, _, address = addr_info
+    if is_link_local(str(address[0])):
+        raise RefusedAddress(str(address[0]), str(address[0]))
+    return socket.socket(family, kind, proto)
 
 
-class _SpreadTransport(httpx.AsyncBaseTransport):
-    """Requests spread over several small connection pools, each sent through the pool with
-    the fewest requests in flight.
+class PolicyAnswer:
+    """An answer read whole: what `post_capped` returns."""
 
-    httpcore 1.0's pool does work quadratic in its connections on every request it starts or
-    finishes (encode/httpcore#1035, encode/httpx#3215): with 32 rollouts calling the policy at
-    once, that bookkeeping was ~70% of the calling process's CPU. Pools of a few connections
-    each keep it small; together they hold as many connections as one pool would.
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes) -> None:
+        self.status_code, self.headers, self.content = status_code, headers, content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class AnswerTooLarge(Exception):
+    """An answer longer than the caller's cap; it was not read."""
+
+
+class OutboundClient(httpx.AsyncClient):
+    """``ctx.http``: an `httpx.AsyncClient` sending through the app's one aiohttp session, and
+    `post_capped`, the kit's own calls on that session without httpx in the way.
+
+    Made by `open_outbound` at start-up (the session, its pool and TLS context are never set
+    up on the loop while rollouts run); closed with ``aclose``.
     """
 
-    def __init__(self, pools: list[httpx.AsyncBaseTransport]) -> None:
-        self.pools = pools
-        self._in_flight = [0] * len(pools)
+    def __init__(self, session: aiohttp.ClientSession, tls: ssl.SSLContext) -> None:
+        super().__init__(transport=_SessionTransport(session, tls), follow_redirects=False,
+                         timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+        self.session, self._tls = session, tls
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        index = min(range(len(self.pools)), key=self._in_flight.__getitem__)
-        self._in_flight[index] += 1
-        try:
-            response = await self.pools[index].handle_async_request(request)
-        except BaseException:
-            self._in_flight[index] -= 1
-            raise
-        response.stream = _Released(response.stream, self._in_flight, index)
-        return response
+    def build_request(self, *args: Any, **kwargs: Any) -> httpx.Request:
+        """httpx's, refusing a URL's userinfo beside an Authorization header (httpx would let
+        the userinfo win without a word)."""
+        request = super().build_request(*args, **kwargs)
+        if request.url.userinfo and "authorization" in request.headers:
+            raise httpx.InvalidURL(f"the URL {CREDENTIALS_CONFLICT}; {CREDENTIALS_HINT}")
+        return request
 
-    async def aclose(self) -> None:
-        for pool in self.pools:
-            await pool.aclose()
-
-
-class _ByScheme(httpx.AsyncBaseTransport):
-    """Plain HTTP to pools that hold no certificates; HTTPS to pools made at the first HTTPS
-    request.
-
-    Loading the CA bundle is a noticeable part of a served app's start, and a policy on
-    127.0.0.1 or a private network never needs it. The plain pools get a context that trusts
-    no certificate, so a TLS connection could never go unverified through them.
-    """
-
-    def __init__(self, pools: Callable[[ssl.SSLContext], _SpreadTransport]) -> None:
-        self._pools = pools
-        self.plain = pools(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))  # verifies, trusts none
-        self.tls: _SpreadTransport | None = None
-        self._making_tls = asyncio.Lock()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.scheme != "https":
-            return await self.plain.handle_async_request(request)
-        if self.tls is None:
-            async with self._making_tls:
-                if self.tls is None:  # off the loop: it reads and parses a file
-                    self.tls = self._pools(await anyio.to_thread.run_sync(client_ssl_context))
-        return await self.tls.handle_async_request(request)
+    async def post_capped(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                          max_bytes: int, timeout: aiohttp.ClientTimeout | None = None
+                          ) -> PolicyAnswer:
+        """POST ``body`` (JSON) and read the answer whole, unless it is longer than
+        ``max_bytes`` (`AnswerTooLarge`: whoever holds a key picks the URL, and must not make
+        the server hold gigabytes). aiohttp's errors pass through; redirects are answers."""
+        async with self.session.post(url, data=body, headers=headers, allow_redirects=False,
+                                     ssl=self._tls, timeout=timeout or _TIMEOUT) as answer:
+            if (answer.content_length or 0) > max_bytes:
+                raise AnswerTooLarge
+            chunks, size = [], 0
+            while chunk := await answer.content.read(2**16):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise AnswerTooLarge
+                chunks.append(chunk)
+            return PolicyAnswer(answer.status, answer.headers, b"".join(chunks))
 
     async def aclose(self) -> None:
-        await self.plain.aclose()
-        if self.tls is not None:
-            await self.tls.aclose()
+        await super().aclose()
+        await self.session.close()
 
 
-class _Released(httpx.AsyncByteStream):
-    """A response body that gives its pool's in-flight slot back once it is closed."""
+_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
+                                 sock_read=READ_TIMEOUT_S)
 
-    def __init__(self, inner: Any, in_flight: list[int], index: int) -> None:
-        self._inner, self._in_flight = inner, in_flight
-        self._index: int | None = index  # None once given back
+
+class _SessionTransport(httpx.AsyncBaseTransport):
+    """httpx's requests sent through an aiohttp session; its errors turned into httpx's."""
+
+    def __init__(self, session: aiohttp.ClientSession, tls: ssl.SSLContext) -> None:
+        self._session, self._tls = session, tls
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        limits = request.extensions.get("timeout", {})
+        timeout = aiohttp.ClientTimeout(total=None, connect=limits.get("pool"),
+                                        sock_connect=limits.get("connect"),
+                                        sock_read=limits.get("read"))
+        # httpx has made the userinfo an Authorization header already; aiohttp would refuse
+        # the two together.
+        url = request.url.copy_with(userinfo=b"") if request.url.userinfo else request.url
+        with _as_httpx_error(request):
+            answer = await self._session.request(
+                request.method, str(url), headers=request.headers.multi_items(),
+                data=await request.aread(), allow_redirects=False, timeout=timeout,
+                ssl=self._tls, auto_decompress=False,  # httpx decodes what it reads
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"))
+        return httpx.Response(answer.status, headers=answer.raw_headers,
+                              stream=_AnswerStream(answer, request),
+                              extensions={"http_version": b"HTTP/1.1"})
+
+
+class _AnswerStream(httpx.AsyncByteStream):
+    def __init__(self, answer: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._answer, self._request = answer, request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
+        with _as_httpx_error(self._request):
+            async for chunk in self._answer.content.iter_any():
+                yield chunk
 
     async def aclose(self) -> None:
-        if self._index is not None:
-            self._in_flight[self._index] -= 1
-            self._index = None
-        await self._inner.aclose()
+        self._answer.release()
 
 
-def outbound_client(*, allow_link_local: bool) -> httpx.AsyncClient:
-    """The client a served app calls out with: bounded, no redirects, link-local refused."""
-    # 8 pools of at most 32 connections (see `_SpreadTransport`), each keeping all of its
-    # connections alive: httpcore 1.0 closes idle ones whenever a pool holds more than
-    # max_keepalive_connections in all. Idle connections expire before uvicorn's 5 s
-    # keep-alive does, so a pool rarely hands out one the policy server is closing.
-    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32,
-                          keepalive_expiry=3.0)
+class _as_httpx_error:  # noqa: N801 - used as a `with` statement
+    """aiohttp's and the socket's errors as the httpx ones an app catches, chained."""
 
-    def pools(tls: ssl.SSLContext) -> _SpreadTransport:
-        return _SpreadTransport([httpx.AsyncHTTPTransport(limits=limits, verify=tls)
-                                 if allow_link_local else _GuardedTransport(limits, tls)
-                                 for _ in range(8)])
+    def __init__(self, request: httpx.Request) -> None:
+        self._request = request
 
-    return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0),
-                             transport=_ByScheme(pools), follow_redirects=False)
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or isinstance(exc, httpx.HTTPError):
+            return False
+        error = _httpx_error(exc)
+        if error is None:
+            return False
+        raise error(str(exc) or type(exc).__name__, request=self._request) from exc
+
+
+def _httpx_error(exc: BaseException) -> type[httpx.TransportError] | None:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout
+    if isinstance(exc, aiohttp.SocketTimeoutError | TimeoutError):
+        return httpx.ReadTimeout
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return httpx.RemoteProtocolError
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return httpx.ReadError
+    return None
+
+
+async def open_outbound(*, allow_link_local: bool, max_connections: int) -> OutboundClient:
+    """The client a served app calls out with: bounded, no redirects, link-local refused.
+
+    Call it at start-up, on the loop that will use it. ``max_connections``: at most this many
+    open at once (one a rollout in flight is the server's bound); more requests wait.
+    """
+    # The certificates are read off the loop; aiohttp makes its own contexts when imported.
+    tls = await anyio.to_thread.run_sync(client_ssl_context)
+    guard: dict[str, Any] = {} if allow_link_local else {
+        "resolver": _GuardedResolver(), "socket_factory": _guarded_socket}
+    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=KEEPALIVE_S,
+                                     ssl=tls, **guard)
+    session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                    timeout=_TIMEOUT, raise_for_status=False,
+                                    trust_env=False)
+    return OutboundClient(session, tls)
 
 
 def refused_address(exc: BaseException) -> RefusedAddress | None:
-    """The guard's refusal behind an httpx error, if that is what it was."""
+    """The guard's refusal behind an aiohttp or httpx error, if that is what it was."""
     while exc is not None:
         if isinstance(exc, RefusedAddress):
             return exc
@@ -214,5 +269,6 @@ def refused_address(exc: BaseException) -> RefusedAddress | None:
     return None
 
 
-__all__ = ["ALLOW_LINK_LOCAL_HINT", "RefusedAddress", "is_link_local", "outbound_client",
+__all__ = ["ALLOW_LINK_LOCAL_HINT", "AnswerTooLarge", "CREDENTIALS_CONFLICT", "CREDENTIALS_HINT",
+           "OutboundClient", "PolicyAnswer", "RefusedAddress", "is_link_local", "open_outbound",
            "refused_address"]

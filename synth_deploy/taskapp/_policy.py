@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
+import json
 import logging
 import math
 import time
@@ -20,12 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import httpx
 
 from synth_deploy.env import known_secrets, redact, redact_userinfo
 from synth_deploy.errors import BadRequest, TaskAppError
 from synth_deploy.taskapp._config import RolloutContext
-from synth_deploy.taskapp._outbound import ALLOW_LINK_LOCAL_HINT, refused_address
+from synth_deploy.taskapp._outbound import (
+    ALLOW_LINK_LOCAL_HINT,
+    CREDENTIALS_CONFLICT,
+    CREDENTIALS_HINT,
+    AnswerTooLarge,
+    OutboundClient,
+    PolicyAnswer,
+    refused_address,
+)
 from synth_deploy.taskapp._token_capture import capture_fields, reply_tokens, wants_tokens
 from synth_deploy.taskapp._tools import ToolCall, assistant_message, parse_tool_calls
 
@@ -39,6 +50,7 @@ class PolicyError(TaskAppError):
     """The policy endpoint could not be called or answered badly (the server answers 502)."""
 
 
+@functools.lru_cache(maxsize=1024)  # every call of a run parses the same URL
 def chat_completions_url(inference_url: str) -> str:
     """``{base}/chat/completions`` with the base's query (``?cid=``) kept; `BadRequest` when
     ``inference_url`` is not an http(s) URL."""
@@ -108,9 +120,10 @@ async def call_policy(
     capture = wants_tokens(config, ctx.config.capture_tokens)
     if capture:
         body = capture_fields(body)
-    # A copy, sent and recorded: the caller's list grows with later turns, and the record
-    # must show what this call sent.
-    body = copy.deepcopy(body)
+    # Sent as these bytes and recorded as read back from them: the caller's list grows with
+    # later turns, and the record must show what this call sent.
+    content = _json_bytes(body)
+    body = json.loads(content)
     headers = {}
     if api_key := config.get("api_key"):
         if not (isinstance(api_key, str) and api_key.isascii() and api_key.isprintable()):
@@ -119,11 +132,12 @@ async def call_policy(
         headers["Authorization"] = f"Bearer {api_key}"
     url = chat_completions_url(inference_url)
     started = time.perf_counter()
-    resp = await _post_with_retry(ctx.http, url, body, headers)
+    resp = await _post_with_retry(ctx.http, url, content, headers)
     refused = capture and body != plain and resp.status_code == 400
     if refused:  # OpenAI and Groq refuse fields they do not know: ask again without ours
-        body = copy.deepcopy(plain)
-        resp = await _post_with_retry(ctx.http, url, body, headers)
+        content = _json_bytes(plain)
+        body = json.loads(content)
+        resp = await _post_with_retry(ctx.http, url, content, headers)
     latency_ms = (time.perf_counter() - started) * 1000
     if resp.status_code >= 300:
         _log_answer(ctx, url, resp)
@@ -190,21 +204,35 @@ def _why(exc: Exception) -> str:
 # A pooled keep-alive connection the server closed a moment ago fails before any answer
 # (connection reset, "server disconnected"): sending again on a fresh connection is what every
 # OpenAI client does. Timeouts are not retried: the policy may still be working.
-_TRANSIENT = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 POLICY_ATTEMPTS = 3
 
 
-async def _post_with_retry(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                           headers: dict[str, str]) -> httpx.Response:
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    """``body`` as JSON, as httpx's ``json=`` sends it (NaN and infinity refused)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
+                           headers: dict[str, str]) -> PolicyAnswer:
+    """``content`` (JSON) POSTed through the app's session, the answer read whole (at most
+    `MAX_ANSWER_BYTES`: whoever holds a key picks the policy URL, and must not make the
+    server hold gigabytes)."""
+    if "Authorization" in headers and "@" in url and urlsplit(url).username is not None:
+        raise BadRequest(f"{INFERENCE_URL_FIELD} {CREDENTIALS_CONFLICT}",
+                         code="conflicting_policy_credentials", field=INFERENCE_URL_FIELD,
+                         hint=CREDENTIALS_HINT)
+    headers = {"Content-Type": "application/json", **headers}
     for attempt in range(1, POLICY_ATTEMPTS + 1):
         try:
-            request = client.build_request("POST", url, json=body, headers=headers)
-            answer = await client.send(request, stream=True, follow_redirects=False)
-            try:
-                return await _read_capped(answer, url)
-            finally:
-                await answer.aclose()
-        except _TRANSIENT as exc:
+            return await client.post_capped(url, content, headers, max_bytes=MAX_ANSWER_BYTES)
+        except AnswerTooLarge:
+            raise PolicyError(f"policy at {_origin(url)} answered more than "
+                              f"{MAX_ANSWER_BYTES // 2**20} MiB; the answer was not "
+                              "read") from None
+        except TimeoutError as exc:  # aiohttp's timeouts are connection errors too
+            raise PolicyError(f"policy at {_origin(url)} did not answer: "
+                              f"{_failure(exc)}") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             if (refused := refused_address(exc)) is not None:
                 raise BadRequest(f"{INFERENCE_URL_FIELD}: {refused.host} resolves to the "
                                  f"link-local address {refused.address}; refused",
@@ -214,31 +242,10 @@ async def _post_with_retry(client: httpx.AsyncClient, url: str, body: dict[str, 
                 raise PolicyError(f"policy at {_origin(url)} did not answer after "
                                   f"{attempt} attempts: {_failure(exc)}") from exc
             await asyncio.sleep(0.05 * attempt)
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise PolicyError(f"policy at {_origin(url)} did not answer: "
                               f"{_failure(exc)}") from exc
     raise AssertionError("unreachable")
-
-
-async def _read_capped(answer: httpx.Response, url: str) -> httpx.Response:
-    """``answer`` read whole, unless it is larger than `MAX_ANSWER_BYTES` (a `PolicyError`:
-    whoever holds a key picks the policy URL, and must not make the server hold gigabytes)."""
-    declared = answer.headers.get("content-length", "")
-    too_big = PolicyError(f"policy at {_origin(url)} answered more than "
-                          f"{MAX_ANSWER_BYTES // 2**20} MiB; the answer was not read")
-    if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in answer.aiter_bytes():
-        size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            raise too_big
-        chunks.append(chunk)
-    # The body as read (decoded): the headers that described its encoding no longer apply.
-    headers = [(k, v) for k, v in answer.headers.multi_items()
-               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-    return httpx.Response(answer.status_code, headers=headers, content=b"".join(chunks),
-                          request=answer.request)
 
 
 def _failure(exc: Exception) -> str:
@@ -253,7 +260,7 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
 
 
-def _log_answer(ctx: RolloutContext, url: str, resp: httpx.Response) -> None:
+def _log_answer(ctx: RolloutContext, url: str, resp: PolicyAnswer) -> None:
     """The policy's answer, for the operator: truncated, the request's secrets masked."""
     # At any depth and in the URL: an upstream may echo the query or the Basic credentials.
     secrets = known_secrets(ctx.request.policy.config)

@@ -68,6 +68,9 @@ def test_a_password_in_the_endpoint_is_never_kept_or_shown():
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"),
     ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, "OTEL_EXPORTER_OTLP_TIMEOUT='soon'"),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://user:{SECRET}@127.0.0.1:4318",
+      "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20x"},
+     "OTEL_EXPORTER_OTLP_ENDPOINT carries a user:password@ and the headers set Authorization"),
 ])
 def test_a_value_that_cannot_work_stops_the_server_before_it_serves(variables, named):
     env = Env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", **variables})
@@ -82,6 +85,8 @@ def test_a_value_that_cannot_work_stops_the_server_before_it_serves(variables, n
     (["--format", "otlp", "--endpoint", "127.0.0.1:5000"], "has no scheme"),
     (["--format", "otlp", "--endpoint", "http://127.0.0.1:5000", "--headers", SECRET],
      "cannot read the header"),
+    (["--format", "otlp", "--endpoint", f"http://u:{SECRET}@127.0.0.1:5000", "--headers",
+      "authorization=Basic%20eA"], "--endpoint carries a user:password@"),
     (["--format", "sft"], "--format sft needs --out FILE"),
     (["--format", "csv", "--out", "x"], "unknown --format 'csv'"),
 ])

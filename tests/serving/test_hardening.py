@@ -170,25 +170,6 @@ def test_what_counts_as_link_local(address, refused):
     assert is_link_local(address) is refused
 
 
-def test_the_opt_out_serves_the_app_with_an_unguarded_client(serve, api_key):
-    # Reaching a real link-local address from a test would send packets off this machine, so
-    # the opt-out is checked where it takes effect: the client the app calls out with.
-    seen = {}
-
-    async def rollout_fn(request, ctx):
-        pools = [spread._pool for spread in ctx.http._transport.plain.pools]
-        seen["guarded"] = {"_GuardedBackend" in type(pool._network_backend).__name__
-                           for pool in pools} == {True}
-        return {"metrics": {"episode_rewards": [1.0]}}
-
-    for allow in (False, True):
-        app = serve(create_app(toy_config(rollout_fn, allow_link_local=allow),
-                               api_keys=[api_key]))
-        assert httpx.post(app.url + "/rollout", headers={"X-API-Key": api_key}, timeout=10,
-                          json={"run_id": "o-1"}).status_code == 200
-        assert seen["guarded"] is not allow
-
-
 # -- what the client sends the policy call, and what the policy answers (issue 38) ------------
 
 def test_a_sampling_parameter_json_cannot_carry_is_the_clients_mistake(policy_app, mock_policy,

@@ -1,0 +1,144 @@
+"""The warning that a rollout held the event loop is about the loop, not the machine: a
+served app kept off its core by another process, its LLM-bound rollouts never computing for
+long, gets no warning; and the kit sets up nothing on the loop at a first policy call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from processes import clean_env, free_port, wait_until_up
+
+LLM_BOUND_APP = '''
+from synth_deploy.taskapp import TaskApp, call_policy
+
+task_app = TaskApp("llm-bound", name="llm bound", description="five policy calls")
+
+
+@task_app.rollout
+async def rollout(request, ctx):
+    messages = [{"role": "user", "content": "go"}]
+    for _ in range(5):
+        reply = await call_policy(ctx, messages)
+        messages = [*messages, reply.message, {"role": "user", "content": "again"}]
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
+'''
+
+
+def body(run_id: str, inference_url: str) -> dict:
+    return {"run_id": run_id, "env": {"seed": 1}, "mode": "rl",
+            "policy": {"config": {"model": "m", "inference_url": inference_url}}}
+
+
+@pytest.mark.skipif(not (shutil.which("taskset") and os.path.exists("/proc/thread-self/"
+                                                                      "schedstat")),
+                    reason="needs taskset and Linux's scheduler statistics")
+def test_an_llm_bound_app_kept_off_its_core_is_not_told_it_held_the_loop(
+        tmp_path, mock_policy, api_key):
+    (tmp_path / "task_app.py").write_text(LLM_BOUND_APP)
+    port = free_port()
+    core = str(sorted(os.sched_getaffinity(0))[0])
+    server = subprocess.Popen(
+        ["taskset", "-c", core, sys.executable, "-m", "synth_deploy.cli", "serve",
+         str(tmp_path / "task_app.py"), "--port", str(port), "--no-trace"],
+        cwd=tmp_path, env=clean_env(ENVIRONMENT_API_KEY=api_key), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    hog = None
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, server)
+        # A process of the highest priority on the server's core: the server runs a sliver
+        # of each scheduling period, so a step of a millisecond spans many.
+        hog = subprocess.Popen(["taskset", "-c", core, "nice", "-n", "-20", sys.executable,
+                                "-c", "while True: pass"])
+
+        async def load() -> list[int]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                async def one(i: int) -> int:
+                    answer = await client.post(url + "/rollout", headers={
+                        "X-API-Key": api_key}, json=body(f"held-{i}", mock_policy.url + "/v1"))
+                    return answer.status_code
+                return await asyncio.gather(*(one(i) for i in range(16)))
+
+        started = time.monotonic()
+        statuses = asyncio.run(load())
+        slow_s = time.monotonic() - started
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait(5)
+        server.terminate()
+        output = server.communicate(timeout=15)[0]
+    assert statuses == [200] * 16, output[-2000:]
+    assert slow_s > 1  # the server really was kept waiting
+    assert "held the event loop" not in output, output[-2000:]
+
+
+FIRST_CALL_APP = '''
+import asyncio, time
+from synth_deploy.taskapp import TaskApp, call_policy
+
+longest = [0.0]
+
+
+async def monitor():
+    # Asks to wake every millisecond: the CPU its thread spent between two wake-ups is the
+    # longest the loop was held (thread CPU: other processes on the machine do not count).
+    while True:
+        before = time.thread_time()
+        await asyncio.sleep(0.001)
+        longest[0] = max(longest[0], time.thread_time() - before)
+
+
+def start(state):
+    state["monitor"] = asyncio.get_running_loop().create_task(monitor())
+
+
+def stop(state):
+    state["monitor"].cancel()
+
+
+task_app = TaskApp("first-call", name="first call", description="one policy call",
+                   startup_hooks=[start], shutdown_hooks=[stop])
+
+
+@task_app.rollout
+async def rollout(request, ctx):
+    longest[0] = 0.0
+    await call_policy(ctx, [{"role": "user", "content": "hi"}])
+    await asyncio.sleep(0.005)  # the monitor wakes after the call's last step
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0],
+                                                   "details": {"longest_s": longest[0]}}}
+'''
+
+
+def test_the_first_policy_call_holds_the_loop_no_longer_than_the_hundredth(
+        tmp_path, mock_policy, api_key):
+    (tmp_path / "task_app.py").write_text(FIRST_CALL_APP)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "synth_deploy.cli", "serve", str(tmp_path / "task_app.py"),
+         "--port", str(port), "--no-trace"], cwd=tmp_path,
+        env=clean_env(ENVIRONMENT_API_KEY=api_key), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    held = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, server)
+        with httpx.Client(timeout=30) as client:
+            for i in range(100):
+                answer = client.post(url + "/rollout", headers={"X-API-Key": api_key},
+                                     json=body(f"first-{i}", mock_policy.url + "/v1"))
+                assert answer.status_code == 200, answer.text
+                held.append(answer.json()["metrics"]["details"]["longest_s"])
+    finally:
+        server.terminate()
+        server.wait(15)
+    first, late = held[0], max(held[90:])
+    assert first < late + 0.01, (first, late)
