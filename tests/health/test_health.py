@@ -227,10 +227,16 @@ def test_gateway_statuses(serve, api_key, status, code, words):
 
 
 def test_a_connection_cut_after_checks_passed_blames_the_path_not_the_port(math_server,
-                                                                           api_key):
+                                                                           api_key,
+                                                                           monkeypatch):
     # A proxy with a short limit cuts the rollout, whose policy never answers: the port and
     # scheme answered nine checks, so "is it the right port?" sent the user the wrong way.
+    # The app is taken for one without async rollouts (whose polls no proxy cuts): a
+    # synth-ai app's single POST /rollout is what such a proxy cuts.
     from standins.silence_proxy import SilenceCuttingProxy
+
+    monkeypatch.setattr("synth_deploy.serving.containers.advertises_async",
+                        lambda document: False)
 
     with StallServer() as policy, SilenceCuttingProxy(
             "127.0.0.1", int(math_server.url.rsplit(":", 1)[1]), silence_s=1.0) as proxy:
