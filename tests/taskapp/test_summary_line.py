@@ -15,11 +15,17 @@ from synth_deploy.serving import create_app
 
 
 class FullDisk:
+    def start(self):  # a TraceSink: nothing to start
+        pass
+
     async def write_session(self, session, rollout=None):
         raise TraceStoreError("trace database: cannot write: database or disk is full")
 
 
 class SlowCommit:
+    def start(self):
+        pass
+
     async def write_session(self, session, rollout=None):
         await asyncio.sleep(0.4)  # a commit waiting for the disk
 
