@@ -162,16 +162,31 @@ def answered_status(status_code: int, body: Any) -> int:
     return status_code
 
 
-class _Pulse:
-    """One long rollout's early head and heartbeat, sent by its own task."""
+class InFlight:
+    """One rollout in flight, as `EarlyHeads` keeps it: its early head and heartbeat (sent by
+    a task of its own once due), and whether its client is still there. Once the rollout has
+    run a sweep's interval, a task waits for the client's disconnect: one that leaves while
+    the rollout is ``running`` cancels it (its slot comes back), and ``left`` says so."""
 
-    __slots__ = ("started", "send", "task", "head_sent")
+    __slots__ = ("started", "send", "receive", "rollout", "task", "listener", "head_sent",
+                 "left", "running")
 
-    def __init__(self, started: float, send: Any) -> None:
+    def __init__(self, started: float, send: Any, receive: Any) -> None:
         self.started = started
-        self.send = send
+        self.send, self.receive = send, receive
+        self.rollout = asyncio.current_task()
         self.task: asyncio.Task[None] | None = None
+        self.listener: asyncio.Task[None] | None = None
         self.head_sent = False
+        self.left = False
+        self.running = True  # False once the rollout's result is final (being stored)
+
+    async def listen(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass  # the body was read: nothing else comes before the disconnect
+        self.left = True
+        if self.running and self.rollout is not None:
+            self.rollout.cancel()
 
 
 _HEAD = {"type": "http.response.start", "status": 200,
@@ -180,32 +195,36 @@ _SPACE = {"type": "http.response.body", "body": b" ", "more_body": True}
 
 
 class EarlyHeads:
-    """Sends the head and a heartbeat for rollouts that run past ``head_after_s``.
+    """Sends the head and a heartbeat for rollouts that run past ``head_after_s``, and
+    stops those whose client left (`InFlight`).
 
     A rollout is registered when it starts (`watch`) and released when it has its answer
     (`answer`). One sweep per app, while rollouts run, starts a pulse task for each that is
-    due: short rollouts cost a dict entry, never a task or a timer.
+    due, and a listener for each that has run an interval: short rollouts cost a dict entry,
+    never a task or a timer.
     """
 
     def __init__(self, limits: RolloutLimits) -> None:
         self.head_after_s = limits.head_after_s
         self.heartbeat_s = limits.heartbeat_s
         self.interval = min(limits.head_after_s, limits.heartbeat_s) / 4
-        self._running: dict[int, _Pulse] = {}
+        self._running: dict[int, InFlight] = {}
         self._sweeping: asyncio.AbstractEventLoop | None = None  # the loop a sweep runs on
 
-    def watch(self, send: Any) -> _Pulse:
+    def watch(self, send: Any, receive: Any) -> InFlight:
         loop = asyncio.get_running_loop()
-        pulse = _Pulse(loop.time(), send)
+        pulse = InFlight(loop.time(), send, receive)
         self._running[id(pulse)] = pulse
         if self._sweeping is not loop:
             self._sweeping = loop
             loop.call_later(self.interval, self._sweep, loop)
         return pulse
 
-    async def answer(self, pulse: _Pulse, response: Any, scope: Any, receive: Any) -> None:
+    async def answer(self, pulse: InFlight, response: Any, scope: Any, receive: Any) -> None:
         """Send ``response`` (a Starlette response with its body) for ``pulse``'s rollout."""
         del self._running[id(pulse)]
+        if pulse.listener is not None:
+            pulse.listener.cancel()
         if pulse.task is not None:
             pulse.task.cancel()
             try:
@@ -230,13 +249,15 @@ class EarlyHeads:
         if not self._running:
             self._sweeping = None  # the next rollout starts a new sweep
             return
-        due = loop.time() - self.head_after_s
+        now = loop.time()
         for pulse in list(self._running.values()):
-            if pulse.task is None and pulse.started <= due:
+            if pulse.listener is None and pulse.started <= now - self.interval:
+                pulse.listener = loop.create_task(pulse.listen())
+            if pulse.task is None and pulse.started <= now - self.head_after_s:
                 pulse.task = loop.create_task(self._beat(pulse))
         loop.call_later(self.interval, self._sweep, loop)
 
-    async def _beat(self, pulse: _Pulse) -> None:
+    async def _beat(self, pulse: InFlight) -> None:
         await pulse.send(_HEAD)
         pulse.head_sent = True
         while True:
@@ -262,5 +283,6 @@ class ConnectionLimits:
     keep_alive_s: float = 5.0
 
 
-__all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "MAX_ROLLOUTS_VAR",
-           "RolloutLimits", "RolloutStats", "answered_status", "at_capacity", "rollout_limits"]
+__all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "InFlight",
+           "MAX_ROLLOUTS_VAR", "RolloutLimits", "RolloutStats", "answered_status", "at_capacity",
+           "rollout_limits"]

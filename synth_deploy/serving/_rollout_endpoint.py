@@ -8,7 +8,6 @@ size and shape, the seed; then the rollout, holding its slot until its answer is
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from synth_deploy.errors import BadRequest
-from synth_deploy.serving._admission import EarlyHeads, RolloutLimits, RolloutStats, at_capacity
+from synth_deploy.serving._admission import (
+    EarlyHeads,
+    InFlight,
+    RolloutLimits,
+    RolloutStats,
+    at_capacity,
+)
 from synth_deploy.serving._request_guards import (
     BodyTooLarge,
     bad_request_response,
@@ -37,32 +42,7 @@ _REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
 
 
 
-class ClientWatch:
-    """Whether a rollout's client is still there to read its answer. While the rollout runs
-    (`running`), a client that disconnects stops it: its task is cancelled, its admission
-    slot comes back, and `left` says why (the rollout records it, not a success nobody
-    received)."""
-
-    __slots__ = ("left", "running", "_task", "_watching")
-
-    def __init__(self, receive: Any) -> None:
-        self.left = False
-        self.running = True
-        self._task = asyncio.current_task()
-        self._watching = asyncio.get_running_loop().create_task(self._watch(receive))
-
-    async def _watch(self, receive: Any) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass  # the body was read: nothing else comes before the disconnect
-        self.left = True
-        if self.running and self._task is not None:
-            self._task.cancel()
-
-    def stop(self) -> None:
-        self._watching.cancel()
-
-
-RunRollout = Callable[[RolloutRequest, bytes, ClientWatch], Awaitable[Response]]
+RunRollout = Callable[[RolloutRequest, bytes, InFlight], Awaitable[Response]]
 
 
 class RolloutEndpoint:
@@ -102,15 +82,12 @@ class RolloutEndpoint:
             await checked(scope, receive, send)
             return
         req, body = checked
-        pulse = self.heads.watch(send)
-        client = ClientWatch(receive)
+        pulse = self.heads.watch(send, receive)
         try:
-            response = await self.run(req, body, client)
+            response = await self.run(req, body, pulse)
         except Exception as exc:  # the kit's own failure: the app's are answered by `run`
             logger.exception("POST /rollout failed")
             response = await server_error(request, exc)
-        finally:
-            client.stop()
         await self.heads.answer(pulse, response, scope, receive)
 
     async def _checked(self, request: Request) -> Response | tuple[RolloutRequest, bytes]:
@@ -138,4 +115,4 @@ class RolloutEndpoint:
         return req, body
 
 
-__all__ = ["ClientWatch", "RolloutEndpoint"]
+__all__ = ["RolloutEndpoint"]

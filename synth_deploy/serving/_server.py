@@ -27,7 +27,7 @@ from synth_deploy.deadlines import deadline
 from synth_deploy.env import Env, known_secrets
 from synth_deploy.errors import BadRequest
 from synth_deploy.logs import CoalescedLog
-from synth_deploy.serving._admission import RolloutLimits, RolloutStats
+from synth_deploy.serving._admission import InFlight, RolloutLimits, RolloutStats
 from synth_deploy.serving._auth import ApiKeyAuth
 from synth_deploy.serving._blocking import LoopWatch, timed_steps
 from synth_deploy.serving._correlation import (
@@ -48,7 +48,7 @@ from synth_deploy.serving._request_guards import (
     requested_seeds,
 )
 from synth_deploy.serving._responses import error_response, validation_errors
-from synth_deploy.serving._rollout_endpoint import ClientWatch, RolloutEndpoint
+from synth_deploy.serving._rollout_endpoint import RolloutEndpoint
 from synth_deploy.serving._routes import Endpoint, guarded_routes
 from synth_deploy.serving.containers._durable import AsyncRollouts
 from synth_deploy.serving.containers._wire import containers_endpoints
@@ -290,7 +290,7 @@ class _Rollouts:
         self.trace_failures = CoalescedLog(logger)  # a full disk fails every rollout
 
     async def run(self, req: RolloutRequest, request_json: bytes, http: Any,
-                  client: ClientWatch | None = None) -> Response:
+                  client: InFlight | None = None) -> Response:
         """``request_json``: the body ``req`` was read from; ``client``: whether its client
         is still there (one that leaves stops the rollout, recorded as such)."""
         config, trace_store, on_session = self.config, self.trace_store, self.on_session

@@ -1,6 +1,6 @@
 """A client that gives up on a rollout (closes its connection) gets its admission slot back
-at once, and the rollout is stored as what the client got: stopped, not a success. Real
-uvicorn, raw sockets for the clients that leave, a real trace file."""
+within a sweep of the server's, and the rollout is stored as what the client got: stopped,
+not a success. Real uvicorn, raw sockets for the clients that leave, a real trace file."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def test_a_client_that_leaves_gets_its_slot_back_and_is_recorded(tmp_path, serve
                                                                   rollout):
     with open_trace_store(str(tmp_path / "traces.db")) as store:
         app = create_app(toy_config(rollout), api_keys=[api_key], trace_store=store,
-                         limits=RolloutLimits(max_in_flight=2))
+                         limits=RolloutLimits(max_in_flight=2, head_after_s=4,
+                                              heartbeat_s=1))  # a sweep each 0.25 s
         server = serve(app)
         socks = [send_and_leave(server.url, api_key, f"gone-{i}") for i in range(2)]
         deadline = time.monotonic() + 5
