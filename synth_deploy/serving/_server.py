@@ -230,7 +230,7 @@ def create_app(
                  openapi={"parameters": seed_parameters(config.max_seeds_per_request)}),
         Endpoint("/done", "POST", done, "The trainer is done with this app"),
         Endpoint("/openapi.json", "GET", openapi, "This document"),
-        *openenv_endpoints(config, env_sessions, failures),
+        *openenv_endpoints(config, env_sessions, failures, auth),
     ]
     if config.proxy is not None:
         from synth_deploy.serving._proxy import proxy_endpoints

@@ -387,7 +387,7 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
             ended = (f"no valid action at turn {turn}, twice ({attempt.problem}): the episode "
                      "was cut (give the environment a `noop` to play on instead)")
         elif result.truncated:
-            ended = f"truncated by the environment at turn {turn}"
+            ended = f"truncated at turn {turn}"
         else:
             ended = f"done at turn {turn}"
     if callable(getattr(env, "outcome", None)):
@@ -448,7 +448,11 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
             f"at a time (as OpenEnv's server runs it), not max_sessions={max_sessions}",
             hint="drop max_sessions, or set SUPPORTS_CONCURRENT_SESSIONS = True on the class "
                  "once its instances share no state")
+    mcp = _mcp_actions(action_cls)  # an MCP environment: tools listed and called by step
     schema = _without(dict(action_cls.model_json_schema()), ("metadata",))
+    if mcp:  # either action, told apart by its "type" (as OpenEnv's server tells them)
+        schema = {"anyOf": [_without(dict(c.model_json_schema()), ("metadata",))
+                            for c in mcp.values()]}
     name = tool_name or _snake(action_cls.__name__)
     description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
     declared = _declared_models(env_cls)
@@ -477,8 +481,9 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
         def step(self, action: dict[str, Any]) -> Step:
             from pydantic import ValidationError
 
+            typed_as = mcp.get(action.get("type"), action_cls) if mcp else action_cls
             try:
-                typed = action_cls.model_validate(action)
+                typed = typed_as.model_validate(action)
             except ValidationError as exc:
                 raise InvalidAction("; ".join(
                     f"{'.'.join(map(str, e['loc'])) or 'action'}: {e['msg']}"
@@ -493,6 +498,24 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
                 result.done = result.truncated = True
             return result
 
+        def mcp(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            """A JSON-RPC MCP method's result, run as OpenEnv's server runs it for an
+            environment whose actions are MCP's: as a step."""
+            if method == "tools/list":
+                listed = self.env.step(mcp["list_tools"]())
+                return {"tools": json.loads(json.dumps(list(getattr(listed, "tools", ())),
+                                                       default=_plain))}
+            name = params.get("name")
+            if not isinstance(name, str) or not name:
+                raise InvalidAction("tools/call needs params.name, the tool's name")
+            called = self.env.step(mcp["call_tool"](tool_name=name,
+                                                    arguments=params.get("arguments") or {}))
+            if (failed := getattr(called, "error", None)) is not None:
+                raise InvalidAction(f"tool {name!r} failed: "
+                                    f"{getattr(failed, 'message', failed)}")
+            # The tool's own result, as OpenEnv's server answers through its MCP client.
+            return json.loads(json.dumps(getattr(called, "result", None), default=_plain))
+
         def state(self) -> dict[str, Any]:
             state = self.env.state
             state = state() if callable(state) else state
@@ -504,13 +527,38 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
         @staticmethod
         def _step(observation: Any) -> Step:
             data = observation.model_dump(exclude={"reward", "done", "metadata"})
+            data = json.loads(json.dumps(data, default=_plain))  # e.g. an MCP tool's result
             return Step(data, reward=float(observation.reward or 0.0),
-                        done=bool(observation.done), info=dict(observation.metadata or {}))
+                        done=bool(observation.done),
+                        info=json.loads(json.dumps(dict(observation.metadata or {}),
+                                                   default=_plain)))
 
     OpenEnvEnvironment.max_sessions = max_sessions if concurrent else 1
+    if not mcp:
+        OpenEnvEnvironment.mcp = None  # /mcp answers as for an environment without tools
     OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = getattr(
         env_cls, "__name__", "OpenEnvEnvironment")
     return OpenEnvEnvironment
+
+
+def _mcp_actions(action_cls: Any) -> dict[str, Any]:
+    """OpenEnv's MCP actions by their ``type`` ("list_tools", "call_tool") when
+    ``action_cls`` is one of them (read from its own module: the kit never imports openenv)."""
+    import sys
+
+    module = sys.modules.get(getattr(action_cls, "__module__", ""), None)
+    found = {"list_tools": getattr(module, "ListToolsAction", None),
+             "call_tool": getattr(module, "CallToolAction", None)}
+    return found if action_cls in found.values() and all(found.values()) else {}
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready form of what an observation holds beyond JSON (a tool's result object)."""
+    if callable(getattr(value, "model_dump", None)):
+        return value.model_dump()
+    if hasattr(value, "__dict__"):
+        return {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    return str(value)
 
 
 def _declared_models(env_cls: Any) -> dict[str, Any]:

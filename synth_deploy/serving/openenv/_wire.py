@@ -76,13 +76,14 @@ def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailu
 
 
 def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
-                      failures: AppFailures) -> list[Endpoint]:
+                      failures: AppFailures, auth: Any = None) -> list[Endpoint]:
     """OpenEnv's endpoints over ``sessions`` (none without), declared with their access:
-    what `openenv validate` reads is public, the episodes take the key. An environment that
-    fails in a session is logged by ``failures``."""
+    what `openenv validate` reads is public, the episodes take the key (``auth``, which
+    ``/mcp`` checks itself: its empty probe is public, its methods are not). An environment
+    that fails in a session is logged by ``failures``."""
     if sessions is None:
         return []
-    wire = _Wire(config, sessions, failures)
+    wire = _Wire(config, sessions, failures, auth)
     public = {"public": True}
     return [
         Endpoint(PREFIX + "/ws", "GET", wire.websocket, "OpenEnv: an episode session over "
@@ -101,8 +102,8 @@ def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
                  "state schemas", **public),
         Endpoint(PREFIX + "/openapi.json", "GET", wire.openapi, "OpenEnv: its OpenAPI "
                  "document", **public),
-        Endpoint(PREFIX + "/mcp", "POST", wire.mcp, "OpenEnv: MCP (answers JSON-RPC "
-                 "errors)", **public),
+        Endpoint(PREFIX + "/mcp", "POST", wire.mcp, "OpenEnv: MCP JSON-RPC (its methods "
+                 "check the key themselves)", **public),
         # OpenEnv's probes sent to the app's root (a base URL without /openenv): told where.
         *(Endpoint(path, method, _elsewhere, f"OpenEnv's {path} is under {PREFIX}",
                    errors=(404,), **public)
@@ -125,8 +126,8 @@ def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:
 
 class _Wire:
     def __init__(self, config: TaskAppConfig, sessions: EnvSessions,
-                 failures: AppFailures) -> None:
-        self.config, self.sessions, self.failures = config, sessions, failures
+                 failures: AppFailures, auth: Any = None) -> None:
+        self.config, self.sessions, self.failures, self.auth = config, sessions, failures, auth
         self.spec = sessions.spec
         self._described: dict[str, Any] = {}
         self._describing = asyncio.Lock()  # a crowd on this public route makes one, not many
@@ -178,15 +179,68 @@ class _Wire:
                 "/health": op("get", "Health and session capacity", False),
                 "/metadata": op("get", "The environment's name and description", False),
                 "/schema": op("get", "Action, observation and state JSON schemas", False),
-                "/mcp": op("post", "JSON-RPC: this environment offers no MCP tools", False),
+                "/mcp": op("post", "JSON-RPC: MCP tools (with the key) and sessions", False),
             }})
 
     async def mcp(self, request: Request) -> Response:
+        """JSON-RPC as OpenEnv's server answers it: ``openenv/session/create`` and ``close``,
+        ``tools/list`` and ``tools/call`` in the session named by ``params.session_id``
+        (what `MCPToolClient` sends). A malformed probe is answered without a key."""
         try:
             message = json.loads(await read_body(request, 64 * 1024) or b"null")
         except (BodyTooLarge, ValueError):
             message = None
-        return JSONResponse(_mcp_answer(message))
+        if not (isinstance(message, dict) and isinstance(message.get("method"), str)):
+            return JSONResponse(_mcp_answer(message))
+        if self.auth is not None and (failure := self.auth.check(request.headers)):
+            return error_response(failure.status, failure.code, failure.message)
+        return JSONResponse(await self._rpc(message, None))
+
+    async def _rpc(self, message: Mapping[str, Any], attached: EnvSession | None
+                   ) -> dict[str, Any]:
+        """One JSON-RPC request's answer; ``attached``: the WebSocket's own session."""
+        request_id, method = message.get("id"), message.get("method")
+        params = message.get("params") or {}
+
+        def error(code: int, text: str) -> dict[str, Any]:
+            return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": text}}
+
+        if not isinstance(params, dict):
+            return error(-32602, "Params must be an object")
+        if not callable(getattr(self.spec.factory, "mcp", None)):
+            return _mcp_answer(message)
+        if method == "openenv/session/create":
+            if attached is not None:
+                return {"jsonrpc": "2.0", "id": request_id,
+                        "result": {"session_id": attached.id}}
+            try:
+                session = await self.sessions.open("mcp")
+            except AtCapacity as exc:
+                return error(-32000, str(exc))
+            return {"jsonrpc": "2.0", "id": request_id, "result": {"session_id": session.id}}
+        session = attached or self.sessions.sessions.get(str(params.get("session_id")))
+        if method == "openenv/session/close":
+            if session is None or session is attached:
+                return error(-32602, "Unknown session_id (a WebSocket's own session closes "
+                             "with its socket)")
+            await self.sessions.close(session, "the client closed the session")
+            return {"jsonrpc": "2.0", "id": request_id,
+                    "result": {"session_id": session.id, "closed": True}}
+        if method not in ("tools/list", "tools/call"):
+            return error(-32601, f"Method not found: {method}")
+        if session is None:
+            return error(-32602, "Unknown session_id: send openenv/session/create first")
+        try:
+            result = await self.sessions.mcp(session, method, params)
+        except BadRequest as exc:
+            return error(-32602, exc.message)
+        except SessionGone:
+            return error(-32602, "the session was closed: its lease ran out")
+        except Exception as exc:
+            self.failures.error(exc, "environment session %s: MCP %s failed", session.id,
+                                method)
+            return error(-32603, f"the environment failed in {method}; see the server's log")
+        return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
     # -- sessions over HTTP (behind the key) -----------------------------------------------------
 
@@ -303,8 +357,13 @@ class _Wire:
             asyncio.get_running_loop().create_task(_close_quietly(
                 websocket, _CLOSE_GOING_AWAY, "session idle too long: its lease ran out"))
 
+        named = self.sessions.sessions.get(websocket.query_params.get("session_id") or "")
+        attached = named if named is not None and named.transport == "mcp" else None
         try:
-            session = await self.sessions.open("ws", on_reap=on_reap)
+            if attached is not None:  # MCPToolClient's: made by openenv/session/create
+                session, attached.on_reap = attached, on_reap
+            else:
+                session = await self.sessions.open("ws", on_reap=on_reap)
         except AtCapacity as exc:
             await websocket.send_text(json.dumps({"type": "error", "data": {
                 "message": str(exc), "code": "CAPACITY_REACHED", "active_sessions": exc.active,
@@ -326,7 +385,8 @@ class _Wire:
         except WebSocketDisconnect:
             pass
         finally:
-            await self.sessions.close(session, reason)
+            if attached is None:  # an MCP session outlives its socket: its client closes it
+                await self.sessions.close(session, reason)
             if not reaped:
                 await _close_quietly(websocket, 1000, "")
 
@@ -355,7 +415,9 @@ class _Wire:
             if kind == "close":
                 return None
             if kind == "mcp":
-                return {"type": "mcp", "data": _mcp_answer(data)}
+                if not (isinstance(data, dict) and isinstance(data.get("method"), str)):
+                    return {"type": "mcp", "data": _mcp_answer(data)}
+                return {"type": "mcp", "data": await self._rpc(data, session)}
             return _ws_error("UNKNOWN_TYPE", f"Unknown message type: {kind}")
         except BadRequest as exc:
             return _ws_error("VALIDATION_ERROR", exc.message, field=exc.field)
