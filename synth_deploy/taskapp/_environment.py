@@ -159,14 +159,21 @@ class EnvironmentSpec:
                                "`tool = function_tool(name, description, action_schema)`")
         return dict(tool)
 
+    def tools(self, env: Any) -> list[dict[str, Any]]:
+        """The tools the policy is offered: the environment's ``tools`` (several, each call
+        made an action by its ``action_for(name, arguments)``), else its one ``tool``."""
+        many = getattr(env, "tools", None)
+        many = many() if callable(many) else many
+        return [dict(t) for t in many] if many else [self.tool(env)]
+
     def action_schema(self, env: Any) -> dict[str, Any]:
         return dict(self.tool(env)["function"].get("parameters") or {"type": "object"})
 
     async def system_prompt(self, env: Any) -> str:
         if callable(getattr(env, "system_prompt", None)):
             return await call(env.system_prompt)
-        name = self.tool(env)["function"]["name"]
-        return f"{self.description}\nAct by calling the `{name}` tool."
+        names = " or ".join(f"`{t['function']['name']}`" for t in await call(self.tools, env))
+        return f"{self.description}\nAct by calling the {names} tool."
 
 
 async def reset(env: Any, seed: int | None, *, episode_id: str,
@@ -281,18 +288,24 @@ class _Attempt:
                              else f"error: {self.problems[c.id]}") for c in self.calls]
 
 
-async def _attempt(env: Any, calls: list[ToolCall], tool_name: str) -> _Attempt:
+async def _attempt(env: Any, calls: list[ToolCall], tools: list[dict[str, Any]]) -> _Attempt:
+    names = [t["function"]["name"] for t in tools]
+    action_for = getattr(env, "action_for", None)
     attempt = _Attempt(list(calls))
     for c in calls:
         if attempt.executed is not None:
-            attempt.problems[c.id] = f"not executed: one {tool_name} call per turn"
-        elif c.name != tool_name:
-            attempt.problems[c.id] = f"unknown tool {c.name!r}; the only tool is {tool_name}"
+            attempt.problems[c.id] = (f"not executed: one {names[0] if len(names) == 1 else 'tool'}"
+                                      " call per turn")
+        elif c.name not in names:
+            attempt.problems[c.id] = f"unknown tool {c.name!r}; " + (
+                f"the only tool is {names[0]}" if len(names) == 1
+                else f"the tools are {', '.join(names)}")
         elif c.arguments is None:
             attempt.problems[c.id] = c.error or "arguments could not be read"
         else:
             try:
-                attempt.step = await step(env, c.arguments)
+                action = action_for(c.name, c.arguments) if action_for else c.arguments
+                attempt.step = await step(env, action)
                 attempt.executed = c
             except InvalidAction as exc:
                 attempt.problems[c.id] = exc.message
@@ -325,8 +338,7 @@ def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
 async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRequest, ctx: Any,
                 call_policy: Callable[..., Any]) -> dict[str, Any]:
     tracer = ctx.tracer
-    tool = spec.tool(env)
-    tool_name = tool["function"]["name"]
+    tool_name = " or ".join(t["function"]["name"] for t in await call(spec.tools, env))
     system = {"role": "system", "content": await spec.system_prompt(env)}
     noop = getattr(env, "noop", None)
     ended = "the environment was done at reset"
@@ -337,8 +349,8 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     turn = 0
     while not done:
         turn += 1
-        tool = spec.tool(env)  # read each turn: a tool may say which moves are legal now
-        tool_name = tool["function"]["name"]
+        tools = await call(spec.tools, env)  # each turn: the moves legal now may change
+        tool_name = " or ".join(t["function"]["name"] for t in tools)
         no_call = getattr(env, "no_call_message", None) or (
             f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
         tracer.start_timestep(f"turn-{turn}", turn_number=turn,
@@ -347,15 +359,15 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
         shown = history if keep is None else history[-keep:] if keep else []
         messages = [system, *(m for group in shown for m in group),
                     {"role": "user", "content": content}]
-        reply = await call_policy(ctx, messages, tools=[tool])
+        reply = await call_policy(ctx, messages, tools=tools)
         exchange = [reply.message]
-        attempt, problem = await _attempt(env, reply.calls, tool_name), None
+        attempt, problem = await _attempt(env, reply.calls, tools), None
         if attempt.step is None:  # one correction, one more try
             problem = attempt.problem
             exchange += attempt.corrections(no_call)
-            reply = await call_policy(ctx, [*messages, *exchange], tools=[tool])
+            reply = await call_policy(ctx, [*messages, *exchange], tools=tools)
             exchange.append(reply.message)
-            attempt = await _attempt(env, reply.calls, tool_name)
+            attempt = await _attempt(env, reply.calls, tools)
         missed = attempt.step is None
         if not missed:
             result = attempt.step
@@ -469,6 +481,7 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
         def __init__(self) -> None:
             self.env = env_cls()
             self.turns, self.limit = 0, max_turns
+            self._listed: list[dict[str, Any]] | None = None
 
         def reset(self, seed: int | None, *, episode_id: str, config: dict[str, Any]) -> Step:
             options = dict(config)
@@ -497,6 +510,23 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
             if not result.done and self.turns >= self.limit:
                 result.done = result.truncated = True
             return result
+
+        def tools(self) -> list[dict[str, Any]]:
+            """An MCP environment's own tools, as the policy's functions (listed once)."""
+            if not mcp:
+                return []
+            if self._listed is None:
+                listed = self.mcp("tools/list", {})["tools"]
+                self._listed = [function_tool(
+                    t["name"], t.get("description") or t["name"],
+                    t.get("input_schema") or t.get("inputSchema") or {"type": "object"})
+                    for t in listed if isinstance(t, dict) and t.get("name")]
+            return self._listed
+
+        def action_for(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            if not mcp:
+                return arguments
+            return {"type": "call_tool", "tool_name": name, "arguments": arguments}
 
         def mcp(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
             """A JSON-RPC MCP method's result, run as OpenEnv's server runs it for an

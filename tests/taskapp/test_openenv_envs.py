@@ -368,3 +368,18 @@ def test_mcp_is_served_as_openenvs_server_serves_it(serve, api_key):
         answer = env.call({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1,
                                                    "method": "tools/list", "params": {}}})
         assert answer["data"]["result"]["tools"][0]["name"] == "echo"
+
+
+def test_an_mcp_environments_tools_are_the_policys_in_the_episode_loop(serve, api_key):
+    from standins.scripted_policy import calls, scripted_policy, tool_call
+
+    policy = serve(scripted_policy([calls(tool_call("echo", {"message": "hi"}))]))
+    task_app = TaskApp("echo-tools", name="Echo", description="Echo over MCP.")
+    task_app.openenv(EchoTools, CallToolAction, max_turns=2)
+    server = serve(create_app(task_app.build_config(), api_keys=[api_key]))
+    body = rollout(server, api_key, policy.url + "/v1")
+    offered = policy.app.state.requests[0]["tools"]
+    assert [t["function"]["name"] for t in offered] == ["echo"]
+    steps = body["trajectories"][0]["steps"]
+    assert [s["tool_calls"][0]["function"]["name"] for s in steps] == ["echo", "echo"]
+    assert body["metrics"]["outcome_reward"] == 2.0
