@@ -120,6 +120,21 @@ def test_the_access_log_names_the_client_a_local_proxy_forwarded(tmp_path, api_k
     assert '203.0.113.7:0 - "GET /health HTTP/1.1" 200' in out + err, out + err
 
 
+def test_a_key_in_an_openenv_base_url_is_never_in_the_access_log(tmp_path, api_key):
+    port = free_port()
+    proc = start_serve(tmp_path, "math", port, "--access-log", ENVIRONMENT_API_KEY=api_key)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(url, proc)
+        resp = httpx.post(f"{url}/openenv/key/{api_key}/reset", json={"seed": 1}, timeout=5)
+        assert resp.status_code == 200, resp.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert '"POST /openenv/reset HTTP/1.1" 200' in out + err, out + err
+    assert api_key not in out + err
+
+
 def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

@@ -383,3 +383,17 @@ def test_an_mcp_environments_tools_are_the_policys_in_the_episode_loop(serve, ap
     steps = body["trajectories"][0]["steps"]
     assert [s["tool_calls"][0]["function"]["name"] for s in steps] == ["echo", "echo"]
     assert body["metrics"]["outcome_reward"] == 2.0
+
+
+def test_a_client_that_cannot_send_headers_keeps_a_key_in_its_base_url(serve, api_key):
+    # openenv-core <= 0.3's clients take a base URL and send no headers.
+    server = serve(create_app(env_config(), api_keys=[api_key]))
+    keyed = f"{server.url}/openenv/key/{api_key}"
+    with WSEnvClient(keyed) as env:
+        assert env.reset(seed=1)["done"] is False
+        assert env.step({"n": 1})["observation"]["total"] == 1
+    first = httpx.post(keyed + "/reset", json={"seed": 0}, timeout=5)
+    assert first.status_code == 200, first.text
+    wrong = httpx.post(f"{server.url}/openenv/key/sk_env_wrong/reset", json={}, timeout=5)
+    assert wrong.status_code == 403 and api_key not in wrong.text
+    assert httpx.get(keyed + "/health", timeout=5).json()["status"] == "healthy"

@@ -50,6 +50,9 @@ from synth_deploy.taskapp._config import TaskAppConfig
 from synth_deploy.taskapp._environment import Step
 
 PREFIX = "/openenv"
+# A base URL with the key in it, for OpenEnv's clients that cannot send a header
+# (openenv-core <= 0.3): `{app URL}/openenv/key/{KEY}`.
+KEYED_PREFIX = PREFIX + "/key/"
 SESSION_COOKIE = "openenv_session"
 SESSION_HEADER = "openenv-session-id"
 API_VERSION = "1.0.0"  # the OpenEnv HTTP API this wire follows (openenv-http/1.x)
@@ -59,6 +62,17 @@ _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": Tru
 _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
 
+
+
+def unkey(scope: dict[str, Any]) -> None:
+    """``/openenv/key/{KEY}/...`` as ``/openenv/...`` with the key in ``X-API-Key``, rewritten
+    in the scope itself before anything (the access log, an error's log line) reads the path:
+    the key is never logged."""
+    key, _, tail = scope["path"][len(KEYED_PREFIX):].partition("/")
+    path = PREFIX + ("/" + tail if tail else "")
+    scope["path"], scope["raw_path"] = path, path.encode()
+    scope["headers"] = [*((k, v) for k, v in scope["headers"] if k != b"x-api-key"),
+                        (b"x-api-key", key.encode())]
 
 
 def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailures,
@@ -479,5 +493,5 @@ async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
         pass  # closed already
 
 
-__all__ = ["API_VERSION", "openenv_sessions", "PREFIX", "SESSION_COOKIE", "SESSION_HEADER",
-           "observation_payload", "openenv_endpoints"]
+__all__ = ["API_VERSION", "KEYED_PREFIX", "openenv_sessions", "PREFIX", "SESSION_COOKIE",
+           "SESSION_HEADER", "observation_payload", "openenv_endpoints", "unkey"]
