@@ -15,8 +15,8 @@ For each of envs/echo_env, maze_env, grid_world_env and coding_env an app file i
 
   clients   OpenEnv's own client (0.10, the key in its `headers`) plays three episodes over
             /openenv: `GenericEnvClient`, or for echo_env (MCP) `MCPToolClient`
-  core03    (--core03) the same with openenv-core 0.3's client, which sends no headers
-            (against a --no-auth server)
+  core03    (--core03) the same with openenv-core 0.3's client, which sends no headers:
+            the key in its base URL, {app URL}/openenv/key/{KEY}
   smoke     `synth-deploy smoke APP_URL --seeds 0-2` through the mock policy: three ok
 
 One line per check (ok or FAIL, with what failed), exit 1 on any FAIL. No figures: this
@@ -147,9 +147,9 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
-def play(python: str, package: str, url: str, key: str, envs_dir: Path) -> list[dict]:
+def play(python: str, package: str, base_url: str, key: str, envs_dir: Path) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(envs_dir)}
-    result = subprocess.run([python, "-c", CLIENT, package, url + "/openenv", key], env=env,
+    result = subprocess.run([python, "-c", CLIENT, package, base_url, key], env=env,
                             capture_output=True, text=True, timeout=180)
     if result.returncode != 0:
         raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip()
@@ -189,7 +189,7 @@ def main() -> int:
                 continue
             try:
                 try:
-                    played = play(sys.executable, package, url, KEY, envs_dir)
+                    played = play(sys.executable, package, url + "/openenv", KEY, envs_dir)
                     report(f"{package} clients", len(played) == 3, played)
                 except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
                     report(f"{package} clients", False, exc)
@@ -199,17 +199,15 @@ def main() -> int:
                 report(f"{package} smoke", ok, [
                     {k: r.get(k) for k in ("seed", "ok", "reward", "error", "details")}
                     for r in rollouts] or ran.get("error", "")[-500:])
+                if args.core03:  # no headers: the key in the base URL
+                    try:
+                        played = play(args.core03, package, f"{url}/openenv/key/{KEY}", "",
+                                      envs_dir)
+                        report(f"{package} core03", len(played) == 3, played)
+                    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+                        report(f"{package} core03", False, exc)
             finally:
                 stop(proc)
-            if args.core03:
-                proc, url = serve(app_file, envs_dir, "--no-auth")
-                try:
-                    played = play(args.core03, package, url, "", envs_dir)
-                    report(f"{package} core03", len(played) == 3, played)
-                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
-                    report(f"{package} core03", False, exc)
-                finally:
-                    stop(proc)
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
 
