@@ -65,3 +65,10 @@ def test_the_environment_interface_is_documented_whole():
                    "`close()`", "`noop`", "`no_call_message`", "`Reward(kind, value)`",
                    "`max_sessions`", "details.ended", "second reply is refused too"):
         assert member in section, member
+
+
+def test_openenv_clients_without_headers_and_mcp_are_documented():
+    text = README.read_text()
+    for words in ("`{app URL}/openenv/key/{KEY}`", "never in a log", "`MCPToolClient`",
+                  "`openenv/session/create`", "bench/openenv_third_party.py"):
+        assert words in text, words
