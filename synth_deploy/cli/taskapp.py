@@ -11,6 +11,8 @@ from synth_deploy.cli._common import (
     EXIT_FAILURE,
     Column,
     EnvFilesOption,
+    HeadAfterOption,
+    HeartbeatOption,
     JsonOption,
     MaxRolloutsOption,
     NoTraceOption,
@@ -49,6 +51,8 @@ def serve(
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
     max_rollouts: MaxRolloutsOption = None,
+    head_after: HeadAfterOption = None,
+    heartbeat: HeartbeatOption = None,
     access_log: Annotated[bool, typer.Option(
         "--access-log", help="A log line per request (default: a summary line every "
                              "10 s while rollouts run).")] = False,
@@ -72,7 +76,8 @@ def serve(
         runner = LocalRunner(ServeSettings(
             app=app_ref, env=env, keys=keys, traces=traces, host=host, port=port,
             env_files=tuple(str(p) for p in env_file or ()),
-            rollouts=rollout_limits(env, max_rollouts), access_log=access_log,
+            rollouts=rollout_limits(env, max_rollouts, head_after_s=head_after,
+                                            heartbeat_s=heartbeat), access_log=access_log,
             summary_every_s=None if access_log else DEFAULT_SUMMARY_EVERY_S))
         app_id = runner.entry.app_id
 
