@@ -72,3 +72,13 @@ def test_openenv_clients_without_headers_and_mcp_are_documented():
     for words in ("`{app URL}/openenv/key/{KEY}`", "never in a log", "`MCPToolClient`",
                   "`openenv/session/create`", "bench/openenv_third_party.py"):
         assert words in text, words
+
+
+def test_the_head_and_heartbeat_settings_and_worker_object_costs_are_documented():
+    text = README.read_text()
+    for words in ("--head-after S --heartbeat S", "SYNTH_DEPLOY_HEAD_AFTER_S",
+                  "ModalSettings(head_after_s=, heartbeat_s=)", "affinity=KEY",
+                  "one round trip per call"):
+        assert words in text, words
+    modal_doc = (README.parent / "infra" / "modal.md").read_text()
+    assert "check --url" not in modal_doc
