@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("apps")(apps)
     app.command("setup")(setup)
+    app.command("init")(init)
 
 
 def serve(
@@ -98,6 +99,18 @@ def serve(
             runner.serve_with_reload()
         else:
             runner.serve_forever(on_ready=announce)
+
+
+def init(name: Annotated[str, typer.Argument(metavar="NAME",
+                                             help="The new app's id and folder.")]) -> None:
+    """Start a new task app: NAME/task_app.py (an environment), NAME/rl.toml (a training
+    run, each field explained) and NAME/README.md (the next commands)."""
+    with handling_errors():
+        from synth_deploy.taskapp import scaffold_app
+
+        for file in scaffold_app(name):
+            console().print(f"wrote {escape(str(file))}")
+        console().print(f"next: synth-deploy smoke {escape(name)}/task_app.py")
 
 
 def apps(json_output: JsonOption = False) -> None:

@@ -227,3 +227,27 @@ def test_an_app_without_routers_is_served_without_fastapi():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert "STATUS 200 FASTAPI False" in out.stdout, out.stdout + out.stderr
+
+
+def test_init_writes_an_app_that_smokes_and_an_rl_toml_that_loads(tmp_path):
+    from synth_deploy.train import load_config
+
+    result = run_cli(tmp_path, "init", "guess", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "next: synth-deploy smoke guess/task_app.py" in result.stdout
+    rl = (tmp_path / "guess" / "rl.toml").read_text()
+    # Every field worth a question says what it is, on its own line.
+    for field in ("task_url", "gpus_for_vllm", "max_concurrent_rollouts", "group_size",
+                  "trainer_mode", "weight_sync_interval"):
+        line = next(x for x in rl.splitlines() if x.startswith(field))
+        assert "#" in line, line
+    assert load_config(tmp_path / "guess" / "rl.toml") is not None
+    smoked = run_cli(tmp_path, "smoke", "guess/task_app.py", "--json", "--no-trace",
+                     timeout=120)
+    assert smoked.returncode == 0, smoked.stderr
+    report = json.loads(smoked.stdout)
+    assert report["summary"]["errors"] == 0 and report["summary"]["rollouts"] == 10
+    again = run_cli(tmp_path, "init", "guess", timeout=60)
+    assert again.returncode == 2 and "exists already: nothing was written" in again.stderr
+    bad = run_cli(tmp_path, "init", "Not A Name", timeout=60)
+    assert bad.returncode == 2 and "is not a task app name" in bad.stderr
