@@ -82,3 +82,10 @@ def test_the_head_and_heartbeat_settings_and_worker_object_costs_are_documented(
         assert words in text, words
     modal_doc = (README.parent / "infra" / "modal.md").read_text()
     assert "check --url" not in modal_doc
+
+
+def test_the_new_commands_are_in_the_command_table():
+    text = README.read_text()
+    for command in ("`synth-deploy init NAME`", "`synth-deploy logs APP [-f] [--tail N]`",
+                    "`synth-deploy mock-policy [--port 8002]`"):
+        assert command in text, command
