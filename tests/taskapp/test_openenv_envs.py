@@ -362,6 +362,8 @@ def test_mcp_is_served_as_openenvs_server_serves_it(serve, api_key):
     assert "Unknown session_id" in rpc("tools/list", session_id=session_id).json()[
         "error"]["message"]
     with ws(server, api_key) as env:  # over the WebSocket: as step actions, and as JSON-RPC
+        listed = env.step({"type": "list_tools"})["observation"]["tools"]  # before a reset
+        assert listed[0]["name"] == "echo"
         env.reset()
         listed = env.step({"type": "list_tools"})["observation"]["tools"]
         assert listed[0]["name"] == "echo"

@@ -135,7 +135,10 @@ class EnvSessions:
     async def step(self, session: EnvSession, action: Mapping[str, Any]) -> Step:
         async with self._using(session):
             episode = session.episode
-            if episode is None:
+            # Listing an MCP environment's tools changes nothing: allowed before a reset.
+            listing = callable(getattr(session.env, "mcp", None)) and \
+                action.get("type") == "list_tools"
+            if episode is None and not listing:
                 raise BadRequest("step before reset: this session has no episode yet; send "
                                  "reset first (its answer is the first observation)",
                                  status=409, code="reset_first")
