@@ -166,13 +166,20 @@ class EnvironmentSpec:
         many = many() if callable(many) else many
         return [dict(t) for t in many] if many else [self.tool(env)]
 
+    async def offered(self, env: Any) -> list[dict[str, Any]]:
+        """`tools`, on a worker thread only when the environment computes them (an MCP
+        environment lists its own): a class attribute costs no thread hop per turn."""
+        if callable(getattr(env, "tools", None)):
+            return await call(self.tools, env)
+        return self.tools(env)
+
     def action_schema(self, env: Any) -> dict[str, Any]:
         return dict(self.tool(env)["function"].get("parameters") or {"type": "object"})
 
     async def system_prompt(self, env: Any) -> str:
         if callable(getattr(env, "system_prompt", None)):
             return await call(env.system_prompt)
-        names = " or ".join(f"`{t['function']['name']}`" for t in await call(self.tools, env))
+        names = " or ".join(f"`{t['function']['name']}`" for t in await self.offered(env))
         return f"{self.description}\nAct by calling the {names} tool."
 
 
@@ -338,7 +345,7 @@ def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
 async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRequest, ctx: Any,
                 call_policy: Callable[..., Any]) -> dict[str, Any]:
     tracer = ctx.tracer
-    tool_name = " or ".join(t["function"]["name"] for t in await call(spec.tools, env))
+    tool_name = " or ".join(t["function"]["name"] for t in await spec.offered(env))
     system = {"role": "system", "content": await spec.system_prompt(env)}
     noop = getattr(env, "noop", None)
     ended = "the environment was done at reset"
@@ -349,7 +356,7 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     turn = 0
     while not done:
         turn += 1
-        tools = await call(spec.tools, env)  # each turn: the moves legal now may change
+        tools = await spec.offered(env)  # each turn: the moves legal now may change
         tool_name = " or ".join(t["function"]["name"] for t in tools)
         no_call = getattr(env, "no_call_message", None) or (
             f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
