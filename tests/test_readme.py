@@ -65,3 +65,27 @@ def test_the_environment_interface_is_documented_whole():
                    "`close()`", "`noop`", "`no_call_message`", "`Reward(kind, value)`",
                    "`max_sessions`", "details.ended", "second reply is refused too"):
         assert member in section, member
+
+
+def test_openenv_clients_without_headers_and_mcp_are_documented():
+    text = README.read_text()
+    for words in ("`{app URL}/openenv/key/{KEY}`", "never in a log", "`MCPToolClient`",
+                  "`openenv/session/create`", "bench/openenv_third_party.py"):
+        assert words in text, words
+
+
+def test_the_head_and_heartbeat_settings_and_worker_object_costs_are_documented():
+    text = README.read_text()
+    for words in ("--head-after S --heartbeat S", "SYNTH_DEPLOY_HEAD_AFTER_S",
+                  "ModalSettings(head_after_s=, heartbeat_s=)", "affinity=KEY",
+                  "one round trip per call"):
+        assert words in text, words
+    modal_doc = (README.parent / "infra" / "modal.md").read_text()
+    assert "check --url" not in modal_doc
+
+
+def test_the_new_commands_are_in_the_command_table():
+    text = README.read_text()
+    for command in ("`synth-deploy init NAME`", "`synth-deploy logs APP [-f] [--tail N]`",
+                    "`synth-deploy mock-policy [--port 8002]`"):
+        assert command in text, command

@@ -41,6 +41,15 @@ MaxRolloutsOption = Annotated[int | None, typer.Option(
                                   "caps /openenv sessions, unless the environment's own "
                                   "max_sessions is lower.",
     show_default=False, metavar="N")]
+HeadAfterOption = Annotated[float | None, typer.Option(
+    "--head-after", min=0.1, help="Seconds before a running rollout's 200 head is sent, below "
+                                  "the shortest proxy limit on the path (default: "
+                                  "$SYNTH_DEPLOY_HEAD_AFTER_S, else 20).",
+    show_default=False, metavar="S")]
+HeartbeatOption = Annotated[float | None, typer.Option(
+    "--heartbeat", min=0.1, help="Seconds between the spaces a long rollout sends after its "
+                                 "head (default: $SYNTH_DEPLOY_HEARTBEAT_S, else 15).",
+    show_default=False, metavar="S")]
 PricesOption = Annotated[Path | None, typer.Option(
     "--prices", help="A price table (TOML: US dollars per million tokens, per model) for a cost "
                      "estimate (default: $SYNTH_PRICES).", show_default=False, metavar="FILE")]
@@ -347,6 +356,8 @@ __all__ = [
     "fitted_table",
     "folded",
     "handling_errors",
+    "HeadAfterOption",
+    "HeartbeatOption",
     "load_table",
     "parse_seeds",
     "plural",

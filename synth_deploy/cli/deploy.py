@@ -91,7 +91,27 @@ def _progress():
     return show
 
 
+def logs(
+    app_ref: Annotated[str, typer.Argument(metavar="APP", help="App id or task app file (its "
+                                           "Modal app, as deployed), or a Modal app name.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until Ctrl+C.")] = False,
+    tail: Annotated[int | None, typer.Option(min=1, help="The last N lines (Modal's "
+                                             "default: 100).", show_default=False)] = None,
+    env_file: EnvFilesOption = None,
+    modal_env: ModalEnvOption = None,
+    modal_cli: ModalCLIOption = None,
+) -> None:
+    """A deployed app's logs, from Modal (`modal app logs`), the app's keys masked."""
+    with handling_errors():
+        from synth_deploy.modal import app_logs
+
+        env = resolve_env(env_file)
+        app_logs(app_ref, env, follow=follow, tail=tail, modal_environment=modal_env,
+                 cli=_cli(modal_cli), on_line=lambda line: print(line, flush=True))
+
+
 def register(app: typer.Typer) -> None:
+    app.command("logs")(logs)
     @app.command("deploy")
     def deploy_command(
         app_ref: Annotated[str, typer.Argument(metavar="APP", help="App id or task app file.")],

@@ -42,6 +42,37 @@ MaxTimeOption = Annotated[float, typer.Option(help="Per-rollout bound in seconds
 def register(app: typer.Typer) -> None:
     app.command("smoke")(smoke)
     app.command("eval")(evaluate)
+    app.command("mock-policy")(mock_policy)
+
+
+def mock_policy(
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8002,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+) -> None:
+    """Serve the built-in mock policy until Ctrl+C.
+
+    An OpenAI-compatible POST /v1/chat/completions (tool calls drawn from the offered tools'
+    schemas, answers to arithmetic): for curl, a trainer, or an app's --inference-url.
+    """
+    with handling_errors():
+        import signal
+        import threading
+
+        from synth_deploy.runs import MOCK_MODEL, create_mock_policy_app
+        from synth_deploy.serving import BackgroundServer
+
+        stopped = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+        server = BackgroundServer(create_mock_policy_app(), host=host, port=port).start()
+        console(stderr=True).print(f"mock policy at {server.url}/v1  model {MOCK_MODEL}  "
+                                   "(Ctrl+C stops it)", highlight=False)
+        try:
+            while not stopped.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.stop()
 
 
 def smoke(

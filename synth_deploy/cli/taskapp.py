@@ -11,6 +11,8 @@ from synth_deploy.cli._common import (
     EXIT_FAILURE,
     Column,
     EnvFilesOption,
+    HeadAfterOption,
+    HeartbeatOption,
     JsonOption,
     MaxRolloutsOption,
     NoTraceOption,
@@ -37,6 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("apps")(apps)
     app.command("setup")(setup)
+    app.command("init")(init)
 
 
 def serve(
@@ -49,6 +52,8 @@ def serve(
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
     max_rollouts: MaxRolloutsOption = None,
+    head_after: HeadAfterOption = None,
+    heartbeat: HeartbeatOption = None,
     access_log: Annotated[bool, typer.Option(
         "--access-log", help="A log line per request (default: a summary line every "
                              "10 s while rollouts run).")] = False,
@@ -72,7 +77,8 @@ def serve(
         runner = LocalRunner(ServeSettings(
             app=app_ref, env=env, keys=keys, traces=traces, host=host, port=port,
             env_files=tuple(str(p) for p in env_file or ()),
-            rollouts=rollout_limits(env, max_rollouts), access_log=access_log,
+            rollouts=rollout_limits(env, max_rollouts, head_after_s=head_after,
+                                            heartbeat_s=heartbeat), access_log=access_log,
             summary_every_s=None if access_log else DEFAULT_SUMMARY_EVERY_S))
         app_id = runner.entry.app_id
 
@@ -93,6 +99,18 @@ def serve(
             runner.serve_with_reload()
         else:
             runner.serve_forever(on_ready=announce)
+
+
+def init(name: Annotated[str, typer.Argument(metavar="NAME",
+                                             help="The new app's id and folder.")]) -> None:
+    """Start a new task app: NAME/task_app.py (an environment), NAME/rl.toml (a training
+    run, each field explained) and NAME/README.md (the next commands)."""
+    with handling_errors():
+        from synth_deploy.taskapp import scaffold_app
+
+        for file in scaffold_app(name):
+            console().print(f"wrote {escape(str(file))}")
+        console().print(f"next: synth-deploy smoke {escape(name)}/task_app.py")
 
 
 def apps(json_output: JsonOption = False) -> None:

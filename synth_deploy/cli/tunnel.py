@@ -19,6 +19,8 @@ import typer
 
 from synth_deploy.cli._common import (
     EnvFilesOption,
+    HeadAfterOption,
+    HeartbeatOption,
     JsonOption,
     MaxRolloutsOption,
     NoTraceOption,
@@ -78,6 +80,8 @@ def tunnel(
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
     max_rollouts: MaxRolloutsOption = None,
+    head_after: HeadAfterOption = None,
+    heartbeat: HeartbeatOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Expose a task app through a Cloudflare tunnel.
@@ -122,7 +126,8 @@ def tunnel(
                 warn("--no-auth: the tunnel's public URL answers anyone, with no key")
             runner = LocalRunner(ServeSettings(
                 app=app_ref, env=env, keys=keys, traces=traces,
-                rollouts=rollout_limits(env, max_rollouts),
+                rollouts=rollout_limits(env, max_rollouts, head_after_s=head_after,
+                                            heartbeat_s=heartbeat),
                 port=port if port is not None else (8001 if config.mode == "named" else 0)))
         out = console(stderr=True)
         if not json_output:

@@ -144,8 +144,8 @@ def gateway_failure(response: Any) -> Diagnosis | None:
             "proxy_timeout", shown,
             "a proxy (Cloudflare: 100 s) cut a response that sent no byte for longer than it "
             "waits: the app must answer, or send its 200 head, sooner (apps this kit serves "
-            "send the head after 20 s); an app served another way must answer within the "
-            "limit")
+            "send the head after 20 s: lower it with serve --head-after S, "
+            "SYNTH_DEPLOY_HEAD_AFTER_S or ModalSettings(head_after_s=))")
     if status == 504:
         return Diagnosis(
             "gateway_timeout", shown,

@@ -257,5 +257,39 @@ def serve_dev(app: str, env: Env, *, env_files: Sequence[str | os.PathLike[str]]
                                    secrets=plan.secret_values(), on_line=on_line).returncode
 
 
+def app_logs(app: str, env: Env, *, follow: bool = False, tail: int | None = None,
+             modal_environment: str | None = None, cli: ModalCLI | None = None,
+             on_line: Callable[[str], None], connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+             timeout_s: float = 120.0) -> None:
+    """A deployed app's logs, from Modal (`modal app logs`), line by line to ``on_line``
+    (the app's keys redacted). ``app``: a task app id or file (its Modal app name is the
+    deploy's), else a Modal app name as is. ``follow``: stream until interrupted."""
+    from synth_deploy.errors import AppNotFoundError
+    from synth_deploy.taskapp import load_app
+
+    secrets: tuple[str, ...] = tuple(v for v in (env.get("ENVIRONMENT_API_KEY"),) if v)
+    try:
+        plan = build_plan(load_app(app), env, modal_environment=modal_environment)
+        name, modal_environment, secrets = (plan.app_name, plan.modal_environment,
+                                            tuple(plan.secret_values()))
+    except AppNotFoundError:
+        name = app  # not an app here: a Modal app's own name
+    require_modal_token(env)
+    require_modal_reachable(env, connect_timeout_s)  # `modal` would retry in silence
+    args = ["app", "logs", name, *(["-f"] if follow else []),
+            *(["--tail", str(tail)] if tail else []),
+            *(["-e", modal_environment] if modal_environment else [])]
+    run = (cli or ModalCLI()).run(args, env=_child_env(env, ()), secrets=secrets,
+                                  timeout_s=None if follow else timeout_s, on_line=on_line)
+    if run.returncode == 0:
+        return
+    if any("No App with name" in line for line in run.output):
+        raise DeployError(f"Modal has no deployed app named {name!r}",
+                          hint="deploy it first (synth-deploy deploy APP), or give the Modal "
+                               "app's own name (synth-deploy logs synth-APP; `modal app list` "
+                               "lists them), and -e/--modal-env for another environment")
+    raise run.error("modal app logs")
+
+
 __all__ = ["DEFAULT_HEALTH_TIMEOUT_S", "DeployOptions", "DeployResult", "LocalValidationError",
-           "deploy", "serve_dev", "validate_locally"]
+           "app_logs", "deploy", "serve_dev", "validate_locally"]

@@ -23,7 +23,7 @@ from synth_deploy.modal._trace_volume import (
     TRACE_VOLUME_MOUNT,
     TRACE_VOLUME_VAR,
 )
-from synth_deploy.serving import MAX_ROLLOUTS_VAR
+from synth_deploy.serving import HEAD_AFTER_VAR, HEARTBEAT_VAR, MAX_ROLLOUTS_VAR
 from synth_deploy.tracing import resolve_trace_db
 
 MODAL_ENV_VAR = "MODAL_ENVIRONMENT"  # Modal's own variable: the environment to deploy into
@@ -134,8 +134,10 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
         secrets=tuple(resolve_secrets(settings, env, source.parent, traces)),
         env={**settings.env, TASK_APP_VAR: app_remote_file(source), **volume_env,
-             **({MAX_ROLLOUTS_VAR: str(settings.max_rollouts)}
-                if settings.max_rollouts is not None else {})},
+             **{var: str(value) for var, value in (
+                 (MAX_ROLLOUTS_VAR, settings.max_rollouts),
+                 (HEAD_AFTER_VAR, settings.head_after_s),
+                 (HEARTBEAT_VAR, settings.heartbeat_s)) if value is not None}},
         tracing=tracing,
         remote_tracing=remote,
         trace_volume=volume,

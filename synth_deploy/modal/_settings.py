@@ -66,11 +66,13 @@ class ModalSettings:
     variables; ``timeout`` (s), ``memory`` (MiB), ``cpu`` (cores), ``min_containers``,
     ``max_containers``, ``concurrent_inputs`` (requests per container), ``max_rollouts``
     (rollouts a container runs at once, beyond: 503 + Retry-After; default: the kit's, well
-    above ``concurrent_inputs``), ``volumes`` ``{mount path: volume name}``, ``ignore``: extra
-    patterns kept out of the image; ``trace_volume``: the Modal Volume that keeps the traces
-    when no remote libSQL store is set (True: ``<name>-traces``, a string: that Volume,
-    False: none, traces die with their container); ``trace_commit_s``: how often a
-    container copies its traces to it (the most a killed container loses).
+    above ``concurrent_inputs``), ``head_after_s`` / ``heartbeat_s`` (when a long rollout's
+    200 head and then its spaces are sent; default 20 s / 15 s: below a proxy's limit),
+    ``volumes`` ``{mount path: volume name}``, ``ignore``: extra patterns kept out of the
+    image; ``trace_volume``: the Modal Volume that keeps the traces when no remote libSQL
+    store is set (True: ``<name>-traces``, a string: that Volume, False: none, traces die
+    with their container); ``trace_commit_s``: how often a container copies its traces to it
+    (the most a killed container loses).
     """
 
     name: str | None = None
@@ -89,6 +91,8 @@ class ModalSettings:
     max_containers: int | None = None
     concurrent_inputs: int = DEFAULT_CONCURRENT_INPUTS
     max_rollouts: int | None = None
+    head_after_s: float | None = None
+    heartbeat_s: float | None = None
     volumes: Mapping[str, str] = field(default_factory=dict, hash=False)
     ignore: Sequence[str] = ()
     trace_volume: str | bool = True
@@ -137,7 +141,8 @@ class ModalSettings:
         positive = {"timeout": self.timeout, "trace_commit_s": self.trace_commit_s,
                     "concurrent_inputs": self.concurrent_inputs,
                     "memory": self.memory, "cpu": self.cpu, "max_containers": self.max_containers,
-                    "max_rollouts": self.max_rollouts}
+                    "max_rollouts": self.max_rollouts, "head_after_s": self.head_after_s,
+                    "heartbeat_s": self.heartbeat_s}
         for key, value in positive.items():
             if value is not None and (not isinstance(value, int | float) or value <= 0):
                 raise bad(key, f"must be a positive number, got {value!r}")
@@ -156,6 +161,7 @@ class ModalSettings:
         return {"timeout_s": self.timeout, "memory_mib": self.memory, "cpu": self.cpu,
                 "min_containers": self.min_containers, "max_containers": self.max_containers,
                 "concurrent_inputs": self.concurrent_inputs, "max_rollouts": self.max_rollouts,
+                "head_after_s": self.head_after_s, "heartbeat_s": self.heartbeat_s,
                 "volumes": dict(self.volumes)}
 
     def trace_volume_name(self, app_name: str) -> str | None:

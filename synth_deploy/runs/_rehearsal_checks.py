@@ -254,8 +254,8 @@ def idle_check(result: IdleResult) -> RehearsalCheck:
             "idle connection", "fail", f"closed ({result.refused}): {result.error}", data=data,
             fix="a proxy on the path cut a rollout that sent no byte for longer than it "
                 "waits: the app must answer, or send its head, within the proxy's limit "
-                "(apps this kit serves send the head after 20 s; an app served otherwise "
-                "must do the same)"
+                "(apps this kit serves send the head after 20 s: lower it with serve "
+                "--head-after S, SYNTH_DEPLOY_HEAD_AFTER_S or ModalSettings(head_after_s=))"
             if cut else "the app refused the probe's rollout: see the capacity and step checks")
     if not result.survived:
         return RehearsalCheck(

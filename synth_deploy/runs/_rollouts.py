@@ -383,7 +383,7 @@ def _is_count(value: Any) -> bool:
 _PROXY_STATUS = {
     524: "a proxy (Cloudflare: 100 s) cut a response that sent no byte for longer than it "
          "waits; the app must answer or send its head sooner (apps this kit serves send it "
-         "after 20 s)",
+         "after 20 s: serve --head-after S lowers it)",
     522: "the proxy could not connect to the app (Cloudflare: 522): the app or its tunnel "
          "is down",
     502: "the proxy got no valid answer from the app: it crashed or is still starting",

@@ -14,6 +14,8 @@ uvicorn) load on first use, so `synth-deploy --help` and `deploy --dry-run` pay 
 from synth_deploy._lazy import lazy_attributes
 from synth_deploy.serving._admission import (
     DEFAULT_MAX_ROLLOUTS,
+    HEAD_AFTER_VAR,
+    HEARTBEAT_VAR,
     MAX_ROLLOUTS_VAR,
     ConnectionLimits,
     RolloutLimits,
@@ -44,6 +46,8 @@ __all__ = [
     "DEFAULT_SUMMARY_EVERY_S",
     "KeyRule",
     "LocalRunner",
+    "HEAD_AFTER_VAR",
+    "HEARTBEAT_VAR",
     "MAX_ROLLOUTS_VAR",
     "RolloutLimits",
     "ServeSettings",

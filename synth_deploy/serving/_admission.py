@@ -32,6 +32,8 @@ from synth_deploy.env import Env
 from synth_deploy.errors import UsageError
 
 MAX_ROLLOUTS_VAR = "SYNTH_DEPLOY_MAX_ROLLOUTS"
+HEAD_AFTER_VAR = "SYNTH_DEPLOY_HEAD_AFTER_S"
+HEARTBEAT_VAR = "SYNTH_DEPLOY_HEARTBEAT_S"
 DEFAULT_MAX_ROLLOUTS = 10_000
 # Well inside the shortest silence a common proxy allows (nginx's 60 s, Cloudflare's 125 s,
 # Modal's 150 s), late enough that most rollouts are answered with their own status.
@@ -60,21 +62,39 @@ class RolloutLimits:
                 raise UsageError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
-def rollout_limits(env: Env, max_in_flight: int | None = None) -> RolloutLimits:
-    """The limits a served app runs with: ``max_in_flight`` when given (a flag), else
-    ``SYNTH_DEPLOY_MAX_ROLLOUTS`` from ``env``, else the default."""
+def rollout_limits(env: Env, max_in_flight: int | None = None, *,
+                   head_after_s: float | None = None,
+                   heartbeat_s: float | None = None) -> RolloutLimits:
+    """The limits a served app runs with, each a flag when given, else its variable from
+    ``env`` (``SYNTH_DEPLOY_MAX_ROLLOUTS``, ``SYNTH_DEPLOY_HEAD_AFTER_S``,
+    ``SYNTH_DEPLOY_HEARTBEAT_S``), else the default. A proxy with a limit shorter than
+    Cloudflare's 100 s needs an earlier head (and heartbeat) than the defaults."""
     if max_in_flight is None:
-        raw = env.get(MAX_ROLLOUTS_VAR)
-        if raw is None or not raw.strip():
-            return RolloutLimits()
-        try:
-            max_in_flight = int(raw.strip())
-        except ValueError:
-            raise UsageError(f"{MAX_ROLLOUTS_VAR}={raw!r} ({env.source(MAX_ROLLOUTS_VAR)}) is "
-                             "not a whole number",
-                             hint=f"set {MAX_ROLLOUTS_VAR} to the most rollouts the app may "
-                                  f"run at once, e.g. {DEFAULT_MAX_ROLLOUTS}") from None
-    return RolloutLimits(max_in_flight=max_in_flight)
+        max_in_flight = _from_env(env, MAX_ROLLOUTS_VAR, int, "a whole number",
+                                  f"the most rollouts the app may run at once, e.g. "
+                                  f"{DEFAULT_MAX_ROLLOUTS}")
+    if head_after_s is None:
+        head_after_s = _from_env(env, HEAD_AFTER_VAR, float, "a number of seconds",
+                                 "seconds before a running rollout's 200 head is sent, below "
+                                 "the shortest proxy limit on the path, e.g. 20")
+    if heartbeat_s is None:
+        heartbeat_s = _from_env(env, HEARTBEAT_VAR, float, "a number of seconds",
+                                "seconds between the spaces a long rollout sends, e.g. 15")
+    return RolloutLimits(
+        max_in_flight=DEFAULT_MAX_ROLLOUTS if max_in_flight is None else max_in_flight,
+        head_after_s=DEFAULT_HEAD_AFTER_S if head_after_s is None else head_after_s,
+        heartbeat_s=DEFAULT_HEARTBEAT_S if heartbeat_s is None else heartbeat_s)
+
+
+def _from_env(env: Env, name: str, kind: Any, what: str, fix: str) -> Any:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return kind(raw.strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} ({env.source(name)}) is not {what}",
+                         hint=f"set {name} to {fix}") from None
 
 
 class RolloutStats:
@@ -283,6 +303,6 @@ class ConnectionLimits:
     keep_alive_s: float = 5.0
 
 
-__all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "InFlight",
-           "MAX_ROLLOUTS_VAR", "RolloutLimits", "RolloutStats", "answered_status", "at_capacity",
-           "rollout_limits"]
+__all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "HEAD_AFTER_VAR",
+           "HEARTBEAT_VAR", "InFlight", "MAX_ROLLOUTS_VAR", "RolloutLimits", "RolloutStats",
+           "answered_status", "at_capacity", "rollout_limits"]

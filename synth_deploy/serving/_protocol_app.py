@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Router
 
 from synth_deploy.serving._failures import AppFailures
 from synth_deploy.serving._request_guards import guarded
+from synth_deploy.serving.openenv._wire import KEYED_PREFIX, unkey
 from synth_deploy.taskapp._config import TaskAppConfig
 
 
@@ -48,6 +49,8 @@ class LeanProtocolPaths:
             r.endpoint for r in routes if r.path == "/rollout")  # type: ignore[attr-defined]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan" and scope["path"].startswith(KEYED_PREFIX):
+            unkey(scope)  # OpenEnv's base URL with the key in it: gone before any log
         try:
             if (scope["type"] == "http" and scope["path"] in self._core_paths
                     and not self.user_middleware  # type: ignore[attr-defined]

@@ -257,7 +257,7 @@ def create_app(
                  openapi={"parameters": seed_parameters(config.max_seeds_per_request)}),
         Endpoint("/done", "POST", done, "The trainer is done with this app"),
         Endpoint("/openapi.json", "GET", openapi, "This document"),
-        *openenv_endpoints(config, env_sessions, failures),
+        *openenv_endpoints(config, env_sessions, failures, auth),
         *containers_endpoints(config, durable, limits=limits,
                               task_instances=lambda seeds: _task_instances(config, seeds)),
     ]

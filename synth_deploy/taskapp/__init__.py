@@ -48,6 +48,7 @@ from synth_deploy.taskapp._registry import (
     registered_apps,
     scan_apps,
 )
+from synth_deploy.taskapp._scaffold import scaffold_app
 from synth_deploy.taskapp._task_app import TaskApp
 from synth_deploy.taskapp._tools import (
     ToolCall,
@@ -130,6 +131,7 @@ __all__ = [
     "png_data_url",
     "register_task_app",
     "registered_apps",
+    "scaffold_app",
     "scan_apps",
     "text_part",
     "tool_message",

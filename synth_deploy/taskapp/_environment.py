@@ -159,14 +159,28 @@ class EnvironmentSpec:
                                "`tool = function_tool(name, description, action_schema)`")
         return dict(tool)
 
+    def tools(self, env: Any) -> list[dict[str, Any]]:
+        """The tools the policy is offered: the environment's ``tools`` (several, each call
+        made an action by its ``action_for(name, arguments)``), else its one ``tool``."""
+        many = getattr(env, "tools", None)
+        many = many() if callable(many) else many
+        return [dict(t) for t in many] if many else [self.tool(env)]
+
+    async def offered(self, env: Any) -> list[dict[str, Any]]:
+        """`tools`, on a worker thread only when the environment computes them (an MCP
+        environment lists its own): a class attribute costs no thread hop per turn."""
+        if callable(getattr(env, "tools", None)):
+            return await call(self.tools, env)
+        return self.tools(env)
+
     def action_schema(self, env: Any) -> dict[str, Any]:
         return dict(self.tool(env)["function"].get("parameters") or {"type": "object"})
 
     async def system_prompt(self, env: Any) -> str:
         if callable(getattr(env, "system_prompt", None)):
             return await call(env.system_prompt)
-        name = self.tool(env)["function"]["name"]
-        return f"{self.description}\nAct by calling the `{name}` tool."
+        names = " or ".join(f"`{t['function']['name']}`" for t in await self.offered(env))
+        return f"{self.description}\nAct by calling the {names} tool."
 
 
 async def reset(env: Any, seed: int | None, *, episode_id: str,
@@ -281,18 +295,24 @@ class _Attempt:
                              else f"error: {self.problems[c.id]}") for c in self.calls]
 
 
-async def _attempt(env: Any, calls: list[ToolCall], tool_name: str) -> _Attempt:
+async def _attempt(env: Any, calls: list[ToolCall], tools: list[dict[str, Any]]) -> _Attempt:
+    names = [t["function"]["name"] for t in tools]
+    action_for = getattr(env, "action_for", None)
     attempt = _Attempt(list(calls))
     for c in calls:
         if attempt.executed is not None:
-            attempt.problems[c.id] = f"not executed: one {tool_name} call per turn"
-        elif c.name != tool_name:
-            attempt.problems[c.id] = f"unknown tool {c.name!r}; the only tool is {tool_name}"
+            attempt.problems[c.id] = (f"not executed: one {names[0] if len(names) == 1 else 'tool'}"
+                                      " call per turn")
+        elif c.name not in names:
+            attempt.problems[c.id] = f"unknown tool {c.name!r}; " + (
+                f"the only tool is {names[0]}" if len(names) == 1
+                else f"the tools are {', '.join(names)}")
         elif c.arguments is None:
             attempt.problems[c.id] = c.error or "arguments could not be read"
         else:
             try:
-                attempt.step = await step(env, c.arguments)
+                action = action_for(c.name, c.arguments) if action_for else c.arguments
+                attempt.step = await step(env, action)
                 attempt.executed = c
             except InvalidAction as exc:
                 attempt.problems[c.id] = exc.message
@@ -325,8 +345,7 @@ def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
 async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRequest, ctx: Any,
                 call_policy: Callable[..., Any]) -> dict[str, Any]:
     tracer = ctx.tracer
-    tool = spec.tool(env)
-    tool_name = tool["function"]["name"]
+    tool_name = " or ".join(t["function"]["name"] for t in await spec.offered(env))
     system = {"role": "system", "content": await spec.system_prompt(env)}
     noop = getattr(env, "noop", None)
     ended = "the environment was done at reset"
@@ -337,8 +356,8 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     turn = 0
     while not done:
         turn += 1
-        tool = spec.tool(env)  # read each turn: a tool may say which moves are legal now
-        tool_name = tool["function"]["name"]
+        tools = await spec.offered(env)  # each turn: the moves legal now may change
+        tool_name = " or ".join(t["function"]["name"] for t in tools)
         no_call = getattr(env, "no_call_message", None) or (
             f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
         tracer.start_timestep(f"turn-{turn}", turn_number=turn,
@@ -347,15 +366,15 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
         shown = history if keep is None else history[-keep:] if keep else []
         messages = [system, *(m for group in shown for m in group),
                     {"role": "user", "content": content}]
-        reply = await call_policy(ctx, messages, tools=[tool])
+        reply = await call_policy(ctx, messages, tools=tools)
         exchange = [reply.message]
-        attempt, problem = await _attempt(env, reply.calls, tool_name), None
+        attempt, problem = await _attempt(env, reply.calls, tools), None
         if attempt.step is None:  # one correction, one more try
             problem = attempt.problem
             exchange += attempt.corrections(no_call)
-            reply = await call_policy(ctx, [*messages, *exchange], tools=[tool])
+            reply = await call_policy(ctx, [*messages, *exchange], tools=tools)
             exchange.append(reply.message)
-            attempt = await _attempt(env, reply.calls, tool_name)
+            attempt = await _attempt(env, reply.calls, tools)
         missed = attempt.step is None
         if not missed:
             result = attempt.step
@@ -387,7 +406,7 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
             ended = (f"no valid action at turn {turn}, twice ({attempt.problem}): the episode "
                      "was cut (give the environment a `noop` to play on instead)")
         elif result.truncated:
-            ended = f"truncated by the environment at turn {turn}"
+            ended = f"truncated at turn {turn}"
         else:
             ended = f"done at turn {turn}"
     if callable(getattr(env, "outcome", None)):
@@ -448,7 +467,11 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
             f"at a time (as OpenEnv's server runs it), not max_sessions={max_sessions}",
             hint="drop max_sessions, or set SUPPORTS_CONCURRENT_SESSIONS = True on the class "
                  "once its instances share no state")
+    mcp = _mcp_actions(action_cls)  # an MCP environment: tools listed and called by step
     schema = _without(dict(action_cls.model_json_schema()), ("metadata",))
+    if mcp:  # either action, told apart by its "type" (as OpenEnv's server tells them)
+        schema = {"anyOf": [_without(dict(c.model_json_schema()), ("metadata",))
+                            for c in mcp.values()]}
     name = tool_name or _snake(action_cls.__name__)
     description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
     declared = _declared_models(env_cls)
@@ -465,6 +488,7 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
         def __init__(self) -> None:
             self.env = env_cls()
             self.turns, self.limit = 0, max_turns
+            self._listed: list[dict[str, Any]] | None = None
 
         def reset(self, seed: int | None, *, episode_id: str, config: dict[str, Any]) -> Step:
             options = dict(config)
@@ -477,8 +501,9 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
         def step(self, action: dict[str, Any]) -> Step:
             from pydantic import ValidationError
 
+            typed_as = mcp.get(action.get("type"), action_cls) if mcp else action_cls
             try:
-                typed = action_cls.model_validate(action)
+                typed = typed_as.model_validate(action)
             except ValidationError as exc:
                 raise InvalidAction("; ".join(
                     f"{'.'.join(map(str, e['loc'])) or 'action'}: {e['msg']}"
@@ -493,6 +518,41 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
                 result.done = result.truncated = True
             return result
 
+        def tools(self) -> list[dict[str, Any]]:
+            """An MCP environment's own tools, as the policy's functions (listed once)."""
+            if not mcp:
+                return []
+            if self._listed is None:
+                listed = self.mcp("tools/list", {})["tools"]
+                self._listed = [function_tool(
+                    t["name"], t.get("description") or t["name"],
+                    t.get("input_schema") or t.get("inputSchema") or {"type": "object"})
+                    for t in listed if isinstance(t, dict) and t.get("name")]
+            return self._listed
+
+        def action_for(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            if not mcp:
+                return arguments
+            return {"type": "call_tool", "tool_name": name, "arguments": arguments}
+
+        def mcp(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            """A JSON-RPC MCP method's result, run as OpenEnv's server runs it for an
+            environment whose actions are MCP's: as a step."""
+            if method == "tools/list":
+                listed = self.env.step(mcp["list_tools"]())
+                return {"tools": json.loads(json.dumps(list(getattr(listed, "tools", ())),
+                                                       default=_plain))}
+            name = params.get("name")
+            if not isinstance(name, str) or not name:
+                raise InvalidAction("tools/call needs params.name, the tool's name")
+            called = self.env.step(mcp["call_tool"](tool_name=name,
+                                                    arguments=params.get("arguments") or {}))
+            if (failed := getattr(called, "error", None)) is not None:
+                raise InvalidAction(f"tool {name!r} failed: "
+                                    f"{getattr(failed, 'message', failed)}")
+            # The tool's own result, as OpenEnv's server answers through its MCP client.
+            return json.loads(json.dumps(getattr(called, "result", None), default=_plain))
+
         def state(self) -> dict[str, Any]:
             state = self.env.state
             state = state() if callable(state) else state
@@ -504,13 +564,38 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
         @staticmethod
         def _step(observation: Any) -> Step:
             data = observation.model_dump(exclude={"reward", "done", "metadata"})
+            data = json.loads(json.dumps(data, default=_plain))  # e.g. an MCP tool's result
             return Step(data, reward=float(observation.reward or 0.0),
-                        done=bool(observation.done), info=dict(observation.metadata or {}))
+                        done=bool(observation.done),
+                        info=json.loads(json.dumps(dict(observation.metadata or {}),
+                                                   default=_plain)))
 
     OpenEnvEnvironment.max_sessions = max_sessions if concurrent else 1
+    if not mcp:
+        OpenEnvEnvironment.mcp = None  # /mcp answers as for an environment without tools
     OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = getattr(
         env_cls, "__name__", "OpenEnvEnvironment")
     return OpenEnvEnvironment
+
+
+def _mcp_actions(action_cls: Any) -> dict[str, Any]:
+    """OpenEnv's MCP actions by their ``type`` ("list_tools", "call_tool") when
+    ``action_cls`` is one of them (read from its own module: the kit never imports openenv)."""
+    import sys
+
+    module = sys.modules.get(getattr(action_cls, "__module__", ""), None)
+    found = {"list_tools": getattr(module, "ListToolsAction", None),
+             "call_tool": getattr(module, "CallToolAction", None)}
+    return found if action_cls in found.values() and all(found.values()) else {}
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready form of what an observation holds beyond JSON (a tool's result object)."""
+    if callable(getattr(value, "model_dump", None)):
+        return value.model_dump()
+    if hasattr(value, "__dict__"):
+        return {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    return str(value)
 
 
 def _declared_models(env_cls: Any) -> dict[str, Any]:

@@ -231,3 +231,24 @@ def test_real_modal_cli_without_token_maps_to_the_fix(tmp_path):
     assert "Token missing" in "\n".join(result.output)
     assert "Modal has no token" in error.message
     assert "modal token new" in error.hint and "MODAL_TOKEN_ID" in error.hint
+
+
+def test_logs_of_a_deployed_app_come_from_modal_with_its_key_masked(standin):
+    # What Modal keeps of the deployed "container"'s output (the stand-in's state), one line
+    # of which quotes the app's key as a careless app might.
+    container = standin["state"] / "container-synth-math-1"
+    container.mkdir()
+    (container / "container.log").write_text(
+        f"starting\nrollout r1 ok\nauth header was {standin['key']}\n")
+    result = CliRunner().invoke(cli_app, ["logs", "math", "--tail", "2", "--modal-cli",
+                                          STANDIN], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "rollout r1 ok" and lines[1].startswith("auth header was "), lines
+    assert standin["key"] not in result.output
+    assert "starting" not in result.output
+    missing = CliRunner().invoke(cli_app, ["logs", "synth-nothing", "--modal-cli", STANDIN],
+                                 catch_exceptions=False)
+    assert missing.exit_code != 0
+    assert "Modal has no deployed app named 'synth-nothing'" in missing.output
+    assert "synth-deploy deploy APP" in missing.output

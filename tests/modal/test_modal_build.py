@@ -269,3 +269,13 @@ def test_a_volume_of_the_apps_own_on_the_trace_mount_is_refused(api_key):
 ])
 def test_find_web_url(output, url):
     assert find_web_url(output) == url
+
+
+def test_the_head_and_heartbeat_settings_reach_the_container(api_key):
+    from synth_deploy.serving import HEAD_AFTER_VAR, HEARTBEAT_VAR
+
+    entry = dataclasses.replace(load_app("math"),
+                                modal=ModalSettings(head_after_s=5, heartbeat_s=2.5))
+    plan = build_plan(entry, _env(api_key))
+    assert plan.env[HEAD_AFTER_VAR] == "5" and plan.env[HEARTBEAT_VAR] == "2.5"
+    assert HEAD_AFTER_VAR not in build_plan(load_app("math"), _env(api_key)).env

@@ -186,3 +186,35 @@ def test_a_locally_served_app_sees_the_env_file_as_under_serve(tmp_path):
                      "settings.env", "--json", "--no-trace")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["summary"]["mean_reward"] == 0.25
+
+
+def test_the_mock_policy_serves_on_its_own_for_curl_or_a_trainer(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from processes import clean_env, free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "synth_deploy.cli", "mock-policy", "--port",
+                             str(port)], cwd=tmp_path, env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                answer = httpx.post(url, json={"model": "m", "messages": [
+                    {"role": "user", "content": "What is 2 + 3?"}]}, timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+                time.sleep(0.2)
+        assert answer.status_code == 200
+        assert "Answer:" in answer.json()["choices"][0]["message"]["content"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and f"mock policy at http://127.0.0.1:{port}/v1" in err

@@ -186,6 +186,28 @@ def test_the_limit_comes_from_the_flag_else_the_environment(monkeypatch):
         RolloutLimits(max_in_flight=0)
 
 
+def test_the_head_and_heartbeat_are_settings_flag_environment_and_modal():
+    # To rehearse against a proxy shorter than Cloudflare's 100 s, both must come earlier.
+    from synth_deploy.env import load_env
+    from synth_deploy.errors import UsageError
+    from synth_deploy.modal import ModalSettings
+    from synth_deploy.serving import HEAD_AFTER_VAR, HEARTBEAT_VAR, rollout_limits
+
+    default = rollout_limits(load_env(environ={}))
+    assert (default.head_after_s, default.heartbeat_s) == (20.0, 15.0)
+    env = load_env(environ={HEAD_AFTER_VAR: "2", HEARTBEAT_VAR: "1.5"})
+    assert (rollout_limits(env).head_after_s, rollout_limits(env).heartbeat_s) == (2.0, 1.5)
+    flagged = rollout_limits(env, head_after_s=0.5, heartbeat_s=0.25)
+    assert (flagged.head_after_s, flagged.heartbeat_s) == (0.5, 0.25)
+    with pytest.raises(UsageError, match=HEAD_AFTER_VAR) as bad:
+        rollout_limits(load_env(environ={HEAD_AFTER_VAR: "soon"}))
+    assert "seconds" in bad.value.hint
+    settings = ModalSettings(head_after_s=3, heartbeat_s=2)
+    assert settings.resources()["head_after_s"] == 3
+    with pytest.raises(Exception, match="head_after_s"):
+        ModalSettings(head_after_s=0)
+
+
 def _keyless_request(port: int) -> socket.socket:
     # Well under uvicorn's 5 s keep-alive: an answer the server did not close times out.
     sock = socket.create_connection(("127.0.0.1", port), timeout=2)

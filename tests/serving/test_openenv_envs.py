@@ -285,3 +285,117 @@ def test_openenvs_probes_at_the_app_root_are_told_the_base_url(serve, api_key):
         resp = httpx.request(method, server.url + path, json={}, timeout=5)
         assert resp.status_code == 404
         assert f"the base URL {server.url}/openenv" in resp.text, resp.text
+
+
+# OpenEnv's MCP actions and an environment built on them, shaped as openenv's mcp_types and
+# envs/echo_env have them: tools listed and called through step.
+class ListToolsAction(_Strict):
+    metadata: dict = Field(default_factory=dict)
+    type: str = "list_tools"
+
+
+class CallToolAction(_Strict):
+    metadata: dict = Field(default_factory=dict)
+    type: str = "call_tool"
+    tool_name: str
+    arguments: dict = Field(default_factory=dict)
+
+
+class ToolsObservation(_Strict):
+    done: bool = False
+    reward: float | None = None
+    metadata: dict = Field(default_factory=dict)
+    tools: list = Field(default_factory=list)
+
+
+class CalledObservation(_Strict):
+    done: bool = False
+    reward: float | None = None
+    metadata: dict = Field(default_factory=dict)
+    tool_name: str = ""
+    result: dict | None = None
+    error: dict | None = None
+
+
+class EchoTools(Environment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        return ToolsObservation()
+
+    def step(self, action):
+        if isinstance(action, ListToolsAction):
+            return ToolsObservation(tools=[{"name": "echo", "description": "Echo it.",
+                                            "input_schema": {"type": "object"}}])
+        if action.tool_name != "echo":
+            return CalledObservation(tool_name=action.tool_name,
+                                     error={"message": f"no tool {action.tool_name}"})
+        return CalledObservation(tool_name="echo", reward=1.0,
+                                 result={"data": action.arguments.get("message")})
+
+    @property
+    def state(self):
+        return GridState()
+
+
+def test_mcp_is_served_as_openenvs_server_serves_it(serve, api_key):
+    task_app = TaskApp("echo-tools", name="Echo", description="Echo over MCP.")
+    task_app.openenv(EchoTools, CallToolAction)
+    server = serve(create_app(task_app.build_config(), api_keys=[api_key]))
+    mcp, key = server.url + "/openenv/mcp", {"X-API-Key": api_key}
+
+    def rpc(method, headers=key, **params):
+        return httpx.post(mcp, headers=headers, timeout=10, json={
+            "jsonrpc": "2.0", "id": 7, "method": method, "params": params})
+
+    assert httpx.post(mcp, json={}, timeout=5).json()["error"]["code"] == -32600  # validate
+    assert rpc("tools/list", headers={}).status_code == 401  # its methods take the key
+    session_id = rpc("openenv/session/create").json()["result"]["session_id"]
+    tools = rpc("tools/list", session_id=session_id).json()["result"]["tools"]
+    assert [t["name"] for t in tools] == ["echo"]
+    called = rpc("tools/call", session_id=session_id, name="echo",
+                 arguments={"message": "hi"}).json()
+    assert called == {"jsonrpc": "2.0", "id": 7, "result": {"data": "hi"}}
+    missing = rpc("tools/call", session_id=session_id, name="nope").json()["error"]
+    assert "no tool nope" in missing["message"]
+    assert rpc("openenv/session/close", session_id=session_id).json()["result"]["closed"]
+    assert "Unknown session_id" in rpc("tools/list", session_id=session_id).json()[
+        "error"]["message"]
+    with ws(server, api_key) as env:  # over the WebSocket: as step actions, and as JSON-RPC
+        listed = env.step({"type": "list_tools"})["observation"]["tools"]  # before a reset
+        assert listed[0]["name"] == "echo"
+        env.reset()
+        listed = env.step({"type": "list_tools"})["observation"]["tools"]
+        assert listed[0]["name"] == "echo"
+        answer = env.call({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1,
+                                                   "method": "tools/list", "params": {}}})
+        assert answer["data"]["result"]["tools"][0]["name"] == "echo"
+
+
+def test_an_mcp_environments_tools_are_the_policys_in_the_episode_loop(serve, api_key):
+    from standins.scripted_policy import calls, scripted_policy, tool_call
+
+    policy = serve(scripted_policy([calls(tool_call("echo", {"message": "hi"}))]))
+    task_app = TaskApp("echo-tools", name="Echo", description="Echo over MCP.")
+    task_app.openenv(EchoTools, CallToolAction, max_turns=2)
+    server = serve(create_app(task_app.build_config(), api_keys=[api_key]))
+    body = rollout(server, api_key, policy.url + "/v1")
+    offered = policy.app.state.requests[0]["tools"]
+    assert [t["function"]["name"] for t in offered] == ["echo"]
+    steps = body["trajectories"][0]["steps"]
+    assert [s["tool_calls"][0]["function"]["name"] for s in steps] == ["echo", "echo"]
+    assert body["metrics"]["outcome_reward"] == 2.0
+
+
+def test_a_client_that_cannot_send_headers_keeps_a_key_in_its_base_url(serve, api_key):
+    # openenv-core <= 0.3's clients take a base URL and send no headers.
+    server = serve(create_app(env_config(), api_keys=[api_key]))
+    keyed = f"{server.url}/openenv/key/{api_key}"
+    with WSEnvClient(keyed) as env:
+        assert env.reset(seed=1)["done"] is False
+        assert env.step({"n": 1})["observation"]["total"] == 1
+    first = httpx.post(keyed + "/reset", json={"seed": 0}, timeout=5)
+    assert first.status_code == 200, first.text
+    wrong = httpx.post(f"{server.url}/openenv/key/sk_env_wrong/reset", json={}, timeout=5)
+    assert wrong.status_code == 403 and api_key not in wrong.text
+    assert httpx.get(keyed + "/health", timeout=5).json()["status"] == "healthy"

@@ -1,4 +1,5 @@
-"""A stand-in for Modal's `modal` CLI (`modal deploy|serve FILE [--name N] [-e ENV]`), for tests.
+"""A stand-in for Modal's `modal` CLI (`modal deploy|serve FILE [--name N] [-e ENV]`, `modal app
+logs NAME`), for tests.
 
 It does what the real one does up to the network: checks for a token, connects to the API
 server named by MODAL_SERVER_URL (when set) and, like Modal's client, keeps retrying in
@@ -236,6 +237,24 @@ def volume(args: argparse.Namespace) -> int:
     return 0
 
 
+def app_logs(args: argparse.Namespace) -> int:
+    """`modal app logs NAME [-f] [--tail N] [-e ENV]`: the "container"'s output, as Modal
+    keeps a deployed app's; an app never deployed is Modal's NotFoundError."""
+    if not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")):
+        return _token_missing()
+    _connect_to_api()
+    state = Path(os.environ["STANDIN_MODAL_STATE_DIR"])
+    logs = sorted(state.glob(f"container-{args.name}-*/container.log"))
+    if not logs:
+        env = args.env or "main"
+        _out(f"Error: No App with name '{args.name}' found in the '{env}' environment.")
+        return 1
+    lines = logs[-1].read_text().splitlines()
+    for line in lines[-(args.tail or 100):]:
+        _out(line)
+    return _serve_until_signalled() if args.follow else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="modal")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,8 +275,16 @@ def main() -> int:
     get.add_argument("--force", action="store_true")
     for p in (ls, get):
         p.add_argument("-e", "--env")
+    app = sub.add_parser("app").add_subparsers(dest="app_command", required=True)
+    logs = app.add_parser("logs")
+    logs.add_argument("name")
+    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("--tail", type=int)
+    logs.add_argument("-e", "--env")
     args = parser.parse_args()
-    return volume(args) if args.command == "volume" else deploy(args)
+    if args.command == "volume":
+        return volume(args)
+    return app_logs(args) if args.command == "app" else deploy(args)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,21 @@ def test_the_access_log_names_the_client_a_local_proxy_forwarded(tmp_path, api_k
     assert '203.0.113.7:0 - "GET /health HTTP/1.1" 200' in out + err, out + err
 
 
+def test_a_key_in_an_openenv_base_url_is_never_in_the_access_log(tmp_path, api_key):
+    port = free_port()
+    proc = start_serve(tmp_path, "math", port, "--access-log", ENVIRONMENT_API_KEY=api_key)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(url, proc)
+        resp = httpx.post(f"{url}/openenv/key/{api_key}/reset", json={"seed": 1}, timeout=5)
+        assert resp.status_code == 200, resp.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert '"POST /openenv/reset HTTP/1.1" 200' in out + err, out + err
+    assert api_key not in out + err
+
+
 def test_serve_on_a_busy_port_fails_fast_with_the_fix(tmp_path, api_key):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -223,3 +238,27 @@ def test_an_app_without_routers_is_served_without_fastapi():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert "STATUS 200 FASTAPI False" in out.stdout, out.stdout + out.stderr
+
+
+def test_init_writes_an_app_that_smokes_and_an_rl_toml_that_loads(tmp_path):
+    from synth_deploy.train import load_config
+
+    result = run_cli(tmp_path, "init", "guess", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "next: synth-deploy smoke guess/task_app.py" in result.stdout
+    rl = (tmp_path / "guess" / "rl.toml").read_text()
+    # Every field worth a question says what it is, on its own line.
+    for field in ("task_url", "gpus_for_vllm", "max_concurrent_rollouts", "group_size",
+                  "trainer_mode", "weight_sync_interval"):
+        line = next(x for x in rl.splitlines() if x.startswith(field))
+        assert "#" in line, line
+    assert load_config(tmp_path / "guess" / "rl.toml") is not None
+    smoked = run_cli(tmp_path, "smoke", "guess/task_app.py", "--json", "--no-trace",
+                     timeout=120)
+    assert smoked.returncode == 0, smoked.stderr
+    report = json.loads(smoked.stdout)
+    assert report["summary"]["errors"] == 0 and report["summary"]["rollouts"] == 10
+    again = run_cli(tmp_path, "init", "guess", timeout=60)
+    assert again.returncode == 2 and "exists already: nothing was written" in again.stderr
+    bad = run_cli(tmp_path, "init", "Not A Name", timeout=60)
+    assert bad.returncode == 2 and "is not a task app name" in bad.stderr

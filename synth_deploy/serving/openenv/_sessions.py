@@ -64,7 +64,7 @@ class EnvSession:
     """One client's environment: used by one request at a time (``lock``)."""
 
     id: str
-    transport: str  # "ws" or "http"
+    transport: str  # "ws", "http", or "mcp" (made by JSON-RPC, a WebSocket may attach)
     env: Any
     last_used: float
     on_reap: Callable[[], None] | None = None  # how a WebSocket is told its lease ran out
@@ -135,7 +135,10 @@ class EnvSessions:
     async def step(self, session: EnvSession, action: Mapping[str, Any]) -> Step:
         async with self._using(session):
             episode = session.episode
-            if episode is None:
+            # Listing an MCP environment's tools changes nothing: allowed before a reset.
+            listing = callable(getattr(session.env, "mcp", None)) and \
+                action.get("type") == "list_tools"
+            if episode is None and not listing:
                 raise BadRequest("step before reset: this session has no episode yet; send "
                                  "reset first (its answer is the first observation)",
                                  status=409, code="reset_first")
@@ -147,6 +150,12 @@ class EnvSessions:
                     episode.done = True
                     await self._write(episode, session, None)
             return result
+
+    async def mcp(self, session: EnvSession, method: str, params: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+        """An MCP method (``tools/list``, ``tools/call``) run by the session's environment."""
+        async with self._using(session):
+            return await environment.call(session.env.mcp, method, dict(params))
 
     async def state(self, session: EnvSession) -> dict[str, Any]:
         async with self._using(session):

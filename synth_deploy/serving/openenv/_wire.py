@@ -50,6 +50,9 @@ from synth_deploy.taskapp._config import TaskAppConfig
 from synth_deploy.taskapp._environment import Step
 
 PREFIX = "/openenv"
+# A base URL with the key in it, for OpenEnv's clients that cannot send a header
+# (openenv-core <= 0.3): `{app URL}/openenv/key/{KEY}`.
+KEYED_PREFIX = PREFIX + "/key/"
 SESSION_COOKIE = "openenv_session"
 SESSION_HEADER = "openenv-session-id"
 API_VERSION = "1.0.0"  # the OpenEnv HTTP API this wire follows (openenv-http/1.x)
@@ -60,6 +63,17 @@ _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
 _CLOSE_TOO_BIG = 1009
 
+
+
+def unkey(scope: dict[str, Any]) -> None:
+    """``/openenv/key/{KEY}/...`` as ``/openenv/...`` with the key in ``X-API-Key``, rewritten
+    in the scope itself before anything (the access log, an error's log line) reads the path:
+    the key is never logged."""
+    key, _, tail = scope["path"][len(KEYED_PREFIX):].partition("/")
+    path = PREFIX + ("/" + tail if tail else "")
+    scope["path"], scope["raw_path"] = path, path.encode()
+    scope["headers"] = [*((k, v) for k, v in scope["headers"] if k != b"x-api-key"),
+                        (b"x-api-key", key.encode())]
 
 
 def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailures,
@@ -77,13 +91,14 @@ def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailu
 
 
 def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
-                      failures: AppFailures) -> list[Endpoint]:
+                      failures: AppFailures, auth: Any = None) -> list[Endpoint]:
     """OpenEnv's endpoints over ``sessions`` (none without), declared with their access:
-    what `openenv validate` reads is public, the episodes take the key. An environment that
-    fails in a session is logged by ``failures``."""
+    what `openenv validate` reads is public, the episodes take the key (``auth``, which
+    ``/mcp`` checks itself: its empty probe is public, its methods are not). An environment
+    that fails in a session is logged by ``failures``."""
     if sessions is None:
         return []
-    wire = _Wire(config, sessions, failures)
+    wire = _Wire(config, sessions, failures, auth)
     public = {"public": True}
     return [
         Endpoint(PREFIX + "/ws", "GET", wire.websocket, "OpenEnv: an episode session over "
@@ -102,8 +117,8 @@ def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
                  "state schemas", **public),
         Endpoint(PREFIX + "/openapi.json", "GET", wire.openapi, "OpenEnv: its OpenAPI "
                  "document", **public),
-        Endpoint(PREFIX + "/mcp", "POST", wire.mcp, "OpenEnv: MCP (answers JSON-RPC "
-                 "errors)", **public),
+        Endpoint(PREFIX + "/mcp", "POST", wire.mcp, "OpenEnv: MCP JSON-RPC (its methods "
+                 "check the key themselves)", **public),
         # OpenEnv's probes sent to the app's root (a base URL without /openenv): told where.
         *(Endpoint(path, method, _elsewhere, f"OpenEnv's {path} is under {PREFIX}",
                    errors=(404,), **public)
@@ -126,8 +141,8 @@ def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:
 
 class _Wire:
     def __init__(self, config: TaskAppConfig, sessions: EnvSessions,
-                 failures: AppFailures) -> None:
-        self.config, self.sessions, self.failures = config, sessions, failures
+                 failures: AppFailures, auth: Any = None) -> None:
+        self.config, self.sessions, self.failures, self.auth = config, sessions, failures, auth
         self.spec = sessions.spec
         self._described: dict[str, Any] = {}
         self._describing = asyncio.Lock()  # a crowd on this public route makes one, not many
@@ -179,15 +194,68 @@ class _Wire:
                 "/health": op("get", "Health and session capacity", False),
                 "/metadata": op("get", "The environment's name and description", False),
                 "/schema": op("get", "Action, observation and state JSON schemas", False),
-                "/mcp": op("post", "JSON-RPC: this environment offers no MCP tools", False),
+                "/mcp": op("post", "JSON-RPC: MCP tools (with the key) and sessions", False),
             }})
 
     async def mcp(self, request: Request) -> Response:
+        """JSON-RPC as OpenEnv's server answers it: ``openenv/session/create`` and ``close``,
+        ``tools/list`` and ``tools/call`` in the session named by ``params.session_id``
+        (what `MCPToolClient` sends). A malformed probe is answered without a key."""
         try:
             message = parse_json(await read_body(request, 64 * 1024) or b"null")
         except (BodyTooLarge, ValueError):
             message = None
-        return JSONResponse(_mcp_answer(message))
+        if not (isinstance(message, dict) and isinstance(message.get("method"), str)):
+            return JSONResponse(_mcp_answer(message))
+        if self.auth is not None and (failure := self.auth.check(request.headers)):
+            return error_response(failure.status, failure.code, failure.message)
+        return JSONResponse(await self._rpc(message, None))
+
+    async def _rpc(self, message: Mapping[str, Any], attached: EnvSession | None
+                   ) -> dict[str, Any]:
+        """One JSON-RPC request's answer; ``attached``: the WebSocket's own session."""
+        request_id, method = message.get("id"), message.get("method")
+        params = message.get("params") or {}
+
+        def error(code: int, text: str) -> dict[str, Any]:
+            return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": text}}
+
+        if not isinstance(params, dict):
+            return error(-32602, "Params must be an object")
+        if not callable(getattr(self.spec.factory, "mcp", None)):
+            return _mcp_answer(message)
+        if method == "openenv/session/create":
+            if attached is not None:
+                return {"jsonrpc": "2.0", "id": request_id,
+                        "result": {"session_id": attached.id}}
+            try:
+                session = await self.sessions.open("mcp")
+            except AtCapacity as exc:
+                return error(-32000, str(exc))
+            return {"jsonrpc": "2.0", "id": request_id, "result": {"session_id": session.id}}
+        session = attached or self.sessions.sessions.get(str(params.get("session_id")))
+        if method == "openenv/session/close":
+            if session is None or session is attached:
+                return error(-32602, "Unknown session_id (a WebSocket's own session closes "
+                             "with its socket)")
+            await self.sessions.close(session, "the client closed the session")
+            return {"jsonrpc": "2.0", "id": request_id,
+                    "result": {"session_id": session.id, "closed": True}}
+        if method not in ("tools/list", "tools/call"):
+            return error(-32601, f"Method not found: {method}")
+        if session is None:
+            return error(-32602, "Unknown session_id: send openenv/session/create first")
+        try:
+            result = await self.sessions.mcp(session, method, params)
+        except BadRequest as exc:
+            return error(-32602, exc.message)
+        except SessionGone:
+            return error(-32602, "the session was closed: its lease ran out")
+        except Exception as exc:
+            self.failures.error(exc, "environment session %s: MCP %s failed", session.id,
+                                method)
+            return error(-32603, f"the environment failed in {method}; see the server's log")
+        return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
     # -- sessions over HTTP (behind the key) -----------------------------------------------------
 
@@ -304,8 +372,13 @@ class _Wire:
             asyncio.get_running_loop().create_task(_close_quietly(
                 websocket, _CLOSE_GOING_AWAY, "session idle too long: its lease ran out"))
 
+        named = self.sessions.sessions.get(websocket.query_params.get("session_id") or "")
+        attached = named if named is not None and named.transport == "mcp" else None
         try:
-            session = await self.sessions.open("ws", on_reap=on_reap)
+            if attached is not None:  # MCPToolClient's: made by openenv/session/create
+                session, attached.on_reap = attached, on_reap
+            else:
+                session = await self.sessions.open("ws", on_reap=on_reap)
         except AtCapacity as exc:
             await websocket.send_text(json.dumps({"type": "error", "data": {
                 "message": str(exc), "code": "CAPACITY_REACHED", "active_sessions": exc.active,
@@ -335,7 +408,8 @@ class _Wire:
         except WebSocketDisconnect:
             pass
         finally:
-            await self.sessions.close(session, reason)
+            if attached is None:  # an MCP session outlives its socket: its client closes it
+                await self.sessions.close(session, reason)
             if not closed:
                 await _close_quietly(websocket, 1000, "")
 
@@ -364,7 +438,9 @@ class _Wire:
             if kind == "close":
                 return None
             if kind == "mcp":
-                return {"type": "mcp", "data": _mcp_answer(data)}
+                if not (isinstance(data, dict) and isinstance(data.get("method"), str)):
+                    return {"type": "mcp", "data": _mcp_answer(data)}
+                return {"type": "mcp", "data": await self._rpc(data, session)}
             return _ws_error("UNKNOWN_TYPE", f"Unknown message type: {kind}")
         except BadRequest as exc:
             return _ws_error("VALIDATION_ERROR", exc.message, field=exc.field)
@@ -426,5 +502,5 @@ async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
         pass  # closed already
 
 
-__all__ = ["API_VERSION", "openenv_sessions", "PREFIX", "SESSION_COOKIE", "SESSION_HEADER",
-           "observation_payload", "openenv_endpoints"]
+__all__ = ["API_VERSION", "KEYED_PREFIX", "openenv_sessions", "PREFIX", "SESSION_COOKIE",
+           "SESSION_HEADER", "observation_payload", "openenv_endpoints", "unkey"]
