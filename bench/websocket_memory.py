@@ -135,7 +135,11 @@ def measure(name: str, source: str, app: str, count: int, frame_mb: float) -> di
         time.sleep(0.5)
         idle = rss_kib(proc.pid)
         outcomes = asyncio.run(sessions(port, count, frame_mb))
-        time.sleep(2.0)  # sessions closed, their buffers released
+        closed_by = time.monotonic() + 120  # a loaded server may still be reading
+        while httpx.get(f"http://127.0.0.1:{port}/openenv/health", timeout=10).json()[
+                "capacity"]["active_sessions"] and time.monotonic() < closed_by:
+            time.sleep(0.2)
+        time.sleep(1.0)  # every session closed by the server: their buffers released
         after, peak = rss_kib(proc.pid), rss_kib(proc.pid, "VmHWM")
         return {"name": name, "idle": idle, "peak": peak, "after": after, "outcomes": outcomes}
     finally:
