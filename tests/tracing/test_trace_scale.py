@@ -222,7 +222,8 @@ def test_a_session_written_while_others_are_recorded_waits_for_them_and_only_the
         waited, alone = asyncio.run(main())
         assert store.count_sessions() == 20
     assert waited >= 10 * 0.010
-    assert alone < waited / 2, (alone, waited)
+    # At least half the ten waits saved (a loaded machine slows both loops alike).
+    assert waited - alone >= 10 * 0.010 / 2, (alone, waited)
 
 
 def frame(payload) -> bytes:

@@ -210,7 +210,7 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                 202 if document["status"] == "running" else 200)
             await JSONResponse(document, status_code=status)(scope, receive, send)
             return
-        pulse = heads.watch(send)
+        pulse = heads.watch(send, receive)
         while not await rollouts.wait(live, min(heartbeat_s, live.ttl_s / 2)):
             live.renew()  # the client is waiting on this request: it holds the lease
         answer = JSONResponse({**live.document(), **({"replayed": True} if replayed else {})},
