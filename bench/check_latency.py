@@ -27,7 +27,7 @@ import time
 from synth_deploy.env import mint_key
 from synth_deploy.health import check
 from synth_deploy.serving import BackgroundServer, create_app
-from synth_deploy.taskapp import load_app
+from synth_deploy.taskapp.registry import load_app
 
 
 def _timed(cmd: list[str], env: dict[str, str], expect: int = 0) -> float:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from synth_deploy.env import load_env  # noqa: E402
 from synth_deploy.handoff import TASK_APP_VAR  # noqa: E402
 from synth_deploy.modal import build_plan, dependency_closure  # noqa: E402
-from synth_deploy.taskapp import load_app  # noqa: E402
+from synth_deploy.taskapp.registry import load_app  # noqa: E402
 
 # synth-ai 0.9.0 pyproject.toml [project].dependencies (github.com/synth-laboratories/synth-ai).
 SYNTH_AI_DEPENDENCIES = [

@@ -87,7 +87,8 @@ import hmac, uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from synth_deploy.taskapp import RolloutRequest, RolloutResponse
+from synth_deploy.taskapp import RolloutRequest
+from synth_deploy.taskapp.contracts import RolloutResponse
 
 REQUEST = RolloutRequest.__pydantic_validator__
 RESPONSE = RolloutResponse.__pydantic_validator__

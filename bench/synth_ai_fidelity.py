@@ -40,7 +40,9 @@ from typing import Any
 
 from synth_deploy.runs import create_mock_policy_app
 from synth_deploy.serving import BackgroundServer, RolloutLimits, create_app
-from synth_deploy.taskapp import TaskAppConfig, TaskDescriptor, TaskInfo, load_app
+from synth_deploy.taskapp import TaskDescriptor, TaskInfo
+from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp.registry import load_app
 from synth_deploy.tracing import SessionTracer, export_sft, open_trace_store
 from synth_deploy.train import load_config, rl_payload, sft_payload, upload_copy
 

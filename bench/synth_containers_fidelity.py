@@ -39,14 +39,9 @@ from typing import Any
 
 from synth_deploy.runs import create_mock_policy_app
 from synth_deploy.serving import BackgroundServer, RolloutLimits, create_app
-from synth_deploy.taskapp import (
-    RolloutContext,
-    RolloutRequest,
-    TaskAppConfig,
-    TaskDescriptor,
-    TaskInfo,
-    load_app,
-)
+from synth_deploy.taskapp import RolloutContext, RolloutRequest, TaskDescriptor, TaskInfo
+from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp.registry import load_app
 from synth_deploy.tracing import RolloutRecords, open_trace_store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,8 @@ import pytest
 
 from synth_deploy.runs import create_mock_policy_app
 from synth_deploy.serving import BackgroundServer, create_app
-from synth_deploy.taskapp import TaskAppConfig, load_app
+from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp.registry import load_app
 
 # Tests press Ctrl-C on the CLIs they start (SIGINT). A shell without job control runs a
 # background command with SIGINT ignored, every child inherits that, and those tests would

@@ -295,3 +295,19 @@ def test_every_variable_the_kit_reads_is_in_env_example():
     missing = [f"{name} ({where})" for name, where in sorted(read.items())
                if name.isupper() and name != "PATH" and name not in listed]
     assert missing == []
+
+
+def test_the_sdk_exports_what_an_app_author_uses_and_little_more():
+    # The names an app file imports (the bundled apps show which) are the SDK's package
+    # surface; everything else is in a public module named for what it holds.
+    import synth_deploy.taskapp as sdk
+
+    used = set()
+    for p in sorted((PACKAGE.parent / "apps").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "synth_deploy.taskapp":
+                used |= {alias.name for alias in node.names}
+    assert used and used <= set(sdk.__all__)
+    assert len(sdk.__all__) <= 25
+    for name in sdk.__all__:
+        assert getattr(sdk, name) is not None

@@ -7,17 +7,16 @@ import time
 
 from synth_deploy.taskapp import (
     InvalidAction,
-    ProxyConfig,
     Reward,
     RolloutContext,
     RolloutRequest,
     Step,
     TaskApp,
-    TaskAppConfig,
     TaskDescriptor,
     TaskInfo,
     function_tool,
 )
+from synth_deploy.taskapp.config import ProxyConfig, TaskAppConfig
 
 
 def toy_config(rollout=None, *, app_id: str = "toy", **overrides) -> TaskAppConfig:

@@ -106,7 +106,7 @@ def init(name: Annotated[str, typer.Argument(metavar="NAME",
     """Start a new task app: NAME/task_app.py (an environment), NAME/rl.toml (a training
     run, each field explained) and NAME/README.md (the next commands)."""
     with handling_errors():
-        from synth_deploy.taskapp import scaffold_app
+        from synth_deploy.taskapp.scaffold import scaffold_app
 
         for file in scaffold_app(name):
             console().print(f"wrote {escape(str(file))}")
@@ -120,7 +120,7 @@ def apps(json_output: JsonOption = False) -> None:
     cannot be read (a syntax error...) are listed with file:line (on stderr, or under
     "problems" with --json), and exit 1.
     """
-    from synth_deploy.taskapp import scan_apps
+    from synth_deploy.taskapp.registry import scan_apps
 
     found = scan_apps()
     if json_output:

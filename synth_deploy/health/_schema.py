@@ -13,9 +13,9 @@ def validate(model_name: str, data: Any) -> tuple[Any | None, dict[str, str] | N
     """
     from pydantic import ValidationError
 
-    import synth_deploy.taskapp as taskapp
+    from synth_deploy.taskapp import contracts
 
-    model = getattr(taskapp, model_name)
+    model = getattr(contracts, model_name)
     try:
         return model.model_validate(data), None
     except ValidationError as exc:

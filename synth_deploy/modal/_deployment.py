@@ -154,7 +154,7 @@ def deploy(app: str, env: Env, options: DeployOptions = DeployOptions(), *,
     stand-in); ``on_progress(stage, message)`` hears each step and Modal's output lines.
     """
     from synth_deploy.runs import capacity_warnings, measured_capacity
-    from synth_deploy.taskapp import load_app
+    from synth_deploy.taskapp.registry import load_app
 
     say = on_progress or (lambda stage, message: None)
     entry = load_app(app)
@@ -241,7 +241,7 @@ def serve_dev(app: str, env: Env, *, env_files: Sequence[str | os.PathLike[str]]
     ``env`` and ``env_files`` as for `deploy` (see `DeployOptions`). Modal's output goes to
     this terminal, or, when ``on_line`` is given, to it line by line (secrets redacted).
     """
-    from synth_deploy.taskapp import load_app
+    from synth_deploy.taskapp.registry import load_app
 
     plan = build_plan(load_app(app), env, modal_environment=modal_environment)
     build_modal_app(plan)
@@ -265,7 +265,7 @@ def app_logs(app: str, env: Env, *, follow: bool = False, tail: int | None = Non
     (the app's keys redacted). ``app``: a task app id or file (its Modal app name is the
     deploy's), else a Modal app name as is. ``follow``: stream until interrupted."""
     from synth_deploy.errors import AppNotFoundError
-    from synth_deploy.taskapp import load_app
+    from synth_deploy.taskapp.registry import load_app
 
     secrets: tuple[str, ...] = tuple(v for v in (env.get("ENVIRONMENT_API_KEY"),) if v)
     try:

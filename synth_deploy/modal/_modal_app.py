@@ -69,7 +69,7 @@ def build_modal_app(plan: DeployPlan) -> Any:
 def modal_app_for(app_file: str | Path, env: Env) -> Any:
     """The ``modal.App`` for the task app registered in ``app_file`` (built once, cached),
     with secrets and settings from ``env``."""
-    from synth_deploy.taskapp import registered_apps
+    from synth_deploy.taskapp.registry import registered_apps
 
     path = Path(app_file).resolve()
     if path in _APPS:

@@ -345,7 +345,7 @@ def _app_entry(app_or_url: str) -> Any:
     """The registered app when it is served from its id or file, else None."""
     if is_url(app_or_url):
         return None
-    from synth_deploy.taskapp import load_app
+    from synth_deploy.taskapp.registry import load_app
 
     return load_app(app_or_url)
 

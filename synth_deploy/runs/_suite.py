@@ -109,7 +109,7 @@ def _advertised_datasets(app_or_url: str, split: str | None, env: Env) -> list[d
             raise UsageError(f"cannot read the default seeds of {which} from "
                              f"{app_or_url}/info: {type(exc).__name__}: {exc}",
                              hint="pass --seeds") from None
-    from synth_deploy.taskapp import load_app
+    from synth_deploy.taskapp.registry import load_app
 
     with _url_without_scheme_told(app_or_url):
         entry = load_app(app_or_url)

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from synth_deploy.taskapp._config import TaskAppConfig
-from synth_deploy.taskapp._contracts import RolloutRequest, RolloutResponse, TaskInfo
+from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse, TaskInfo
 
 _SECURITY = [{"ApiKey": []}, {"Bearer": []}]
 _ERROR = {"$ref": "#/components/schemas/Error"}

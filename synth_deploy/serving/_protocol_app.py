@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Router
 from synth_deploy.serving._failures import AppFailures
 from synth_deploy.serving._request_guards import guarded
 from synth_deploy.serving.openenv._wire import KEYED_PREFIX, unkey
-from synth_deploy.taskapp._config import TaskAppConfig
+from synth_deploy.taskapp.config import TaskAppConfig
 
 
 class LeanProtocolPaths:

@@ -18,7 +18,7 @@ from synth_deploy.serving._openapi import json_body
 from synth_deploy.serving._request_guards import unsupported_media_type
 from synth_deploy.serving._responses import error_response
 from synth_deploy.serving._routes import OBJECT, Endpoint
-from synth_deploy.taskapp._config import ProxyConfig
+from synth_deploy.taskapp.config import ProxyConfig
 
 OPENAI_API_KEY, GROQ_API_KEY = "OPENAI_API_KEY", "GROQ_API_KEY"
 VENDOR_KEYS = (OPENAI_API_KEY, GROQ_API_KEY)

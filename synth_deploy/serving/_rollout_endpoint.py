@@ -32,8 +32,8 @@ from synth_deploy.serving._request_guards import (
     unsupported_media_type,
 )
 from synth_deploy.serving._responses import error_response, validation_errors
-from synth_deploy.taskapp._config import TaskAppConfig
-from synth_deploy.taskapp._contracts import RolloutRequest
+from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp.contracts import RolloutRequest
 
 logger = logging.getLogger("synth_deploy.taskapp")
 

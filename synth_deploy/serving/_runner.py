@@ -42,8 +42,8 @@ from synth_deploy.env import Env, applied_env, apply_env
 from synth_deploy.errors import SynthDeployError, UsageError
 from synth_deploy.serving._admission import ConnectionLimits, RolloutLimits, rollout_limits
 from synth_deploy.serving._auth import ServerKeys, server_keys
-from synth_deploy.taskapp._config import DEFAULT_MAX_BODY_BYTES
-from synth_deploy.taskapp._registry import TaskAppEntry, load_app
+from synth_deploy.taskapp.config import DEFAULT_MAX_BODY_BYTES
+from synth_deploy.taskapp.registry import TaskAppEntry, load_app
 
 if TYPE_CHECKING:
     from synth_deploy.tracing import TraceDbSetting, TraceStore

@@ -53,14 +53,14 @@ from synth_deploy.serving._routes import Endpoint, guarded_routes
 from synth_deploy.serving.containers._durable import AsyncRollouts
 from synth_deploy.serving.containers._wire import containers_endpoints
 from synth_deploy.serving.openenv._wire import openenv_endpoints, openenv_sessions
-from synth_deploy.taskapp._config import RolloutContext, TaskAppConfig
-from synth_deploy.taskapp._contracts import (
+from synth_deploy.taskapp._outbound import open_outbound
+from synth_deploy.taskapp.config import RolloutContext, TaskAppConfig
+from synth_deploy.taskapp.contracts import (
     RolloutRequest,
     RolloutResponse,
     TaskInfo,
 )
-from synth_deploy.taskapp._outbound import open_outbound
-from synth_deploy.taskapp._policy import PolicyError
+from synth_deploy.taskapp.policy import PolicyError
 from synth_deploy.tracing import (
     RolloutFacts,
     RolloutRecords,

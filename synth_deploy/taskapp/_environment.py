@@ -53,8 +53,8 @@ import anyio
 from anyio.lowlevel import RunVar
 
 from synth_deploy.errors import InvalidAction, TaskAppError
-from synth_deploy.taskapp._contracts import RolloutRequest, RolloutStep, RolloutTrajectory
-from synth_deploy.taskapp._tools import ToolCall, tool_message
+from synth_deploy.taskapp.contracts import RolloutRequest, RolloutStep, RolloutTrajectory
+from synth_deploy.taskapp.tools import ToolCall, tool_message
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ def _result_text(result: Step) -> str:
 
 def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
     """The ``/rollout`` executor derived from ``spec``: one episode per request."""
-    from synth_deploy.taskapp._policy import call_policy
+    from synth_deploy.taskapp.policy import call_policy
 
     async def rollout(request: RolloutRequest, ctx: Any) -> dict[str, Any]:
         env = spec.new()
@@ -477,7 +477,7 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
     declared = _declared_models(env_cls)
     observation_cls = observation_cls or declared.get("observation")
     state_cls = state_cls or declared.get("state")
-    from synth_deploy.taskapp._tools import function_tool
+    from synth_deploy.taskapp.tools import function_tool
 
     class OpenEnvEnvironment:
         tool = function_tool(name, description, schema)

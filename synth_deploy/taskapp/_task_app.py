@@ -24,16 +24,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from synth_deploy.errors import TaskAppError
-from synth_deploy.taskapp._config import (
+from synth_deploy.taskapp._environment import EnvironmentSpec, episode_rollout, from_openenv
+from synth_deploy.taskapp.config import (
     RolloutExecutor,
     RubricBundle,
     TaskAppConfig,
     TaskDataset,
     TaskDatasetRegistry,
 )
-from synth_deploy.taskapp._contracts import LimitsInfo, TaskDescriptor, TaskInfo
-from synth_deploy.taskapp._environment import EnvironmentSpec, episode_rollout, from_openenv
-from synth_deploy.taskapp._registry import TaskAppEntry, add_entry, caller_file
+from synth_deploy.taskapp.contracts import LimitsInfo, TaskDescriptor, TaskInfo
+from synth_deploy.taskapp.registry import TaskAppEntry, add_entry, caller_file
 
 
 class TaskApp:

@@ -19,7 +19,7 @@ from standins.openenv_client import HTTPEnvClient, ServerError, WSEnvClient
 from standins.scripted_policy import calls, interact, scripted_policy, tool_call
 
 from synth_deploy.serving import create_app
-from synth_deploy.taskapp import load_app
+from synth_deploy.taskapp.registry import load_app
 from synth_deploy.tracing import open_trace_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "apps" / "crafter"))

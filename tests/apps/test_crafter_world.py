@@ -30,7 +30,8 @@ from crafter_world import (  # noqa: E402
     tier_of_seed,
 )
 
-from synth_deploy.taskapp import InvalidAction, ToolCall, parse_tool_calls  # noqa: E402
+from synth_deploy.taskapp import InvalidAction, ToolCall  # noqa: E402
+from synth_deploy.taskapp.tools import parse_tool_calls  # noqa: E402
 
 EASY = TIERS["easy"]
 # Seed 0 (easy): a tree 4 left and 1 up, another 2 left and 1 up of the first.

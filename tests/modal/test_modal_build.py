@@ -25,7 +25,7 @@ from synth_deploy.modal import (
     find_web_url,
     web_function,
 )
-from synth_deploy.taskapp import load_app
+from synth_deploy.taskapp.registry import load_app
 
 MATH_DIR = Path(__file__).resolve().parents[2] / "apps" / "math"
 
@@ -63,7 +63,7 @@ def test_deploy_options_say_where_task_app_url_goes():
 
 def test_settings_and_package_import_without_modal():
     code = ("import sys; from synth_deploy.modal import ModalSettings; ModalSettings(cpu=2); "
-            "from synth_deploy.taskapp import load_app; load_app('math'); "
+            "from synth_deploy.taskapp.registry import load_app; load_app('math'); "
             "print(sorted(m for m in ('modal', 'uvicorn', 'libsql') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)

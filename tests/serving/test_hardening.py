@@ -16,14 +16,8 @@ from starlette.routing import Route
 from toy_apps import proxy_config, raising_rollout, toy_config
 
 from synth_deploy.serving import create_app
-from synth_deploy.taskapp import (
-    BadRequest,
-    TaskDataset,
-    TaskDescriptor,
-    TaskInfo,
-    call_policy,
-    is_link_local,
-)
+from synth_deploy.taskapp import BadRequest, TaskDataset, TaskDescriptor, TaskInfo, call_policy
+from synth_deploy.taskapp.policy import is_link_local
 
 METADATA_SECRET = "AKIA-internal-credential-7f3e"
 

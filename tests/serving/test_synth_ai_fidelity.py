@@ -14,7 +14,8 @@ from synth_ai_rules import correlation_verified, eval_runner_tokens, rl_response
 from toy_apps import toy_config
 
 from synth_deploy.serving import create_app
-from synth_deploy.taskapp import RolloutResponse, call_policy
+from synth_deploy.taskapp import call_policy
+from synth_deploy.taskapp.contracts import RolloutResponse
 
 CID = "trace_abc123"
 USAGE = {"prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26,

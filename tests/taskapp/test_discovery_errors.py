@@ -10,7 +10,7 @@ import pytest
 from processes import run_cli
 
 from synth_deploy.errors import AppNotFoundError
-from synth_deploy.taskapp import AppFileProblem, load_app, scan_apps
+from synth_deploy.taskapp.registry import AppFileProblem, load_app, scan_apps
 
 GOOD_APP = '''
 from synth_deploy.taskapp import TaskApp

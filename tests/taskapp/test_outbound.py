@@ -23,7 +23,8 @@ from starlette.routing import Route
 from toy_apps import toy_config
 
 from synth_deploy.serving import RolloutLimits, create_app
-from synth_deploy.taskapp import call_policy, refused_address
+from synth_deploy.taskapp import call_policy
+from synth_deploy.taskapp.policy import refused_address
 from synth_deploy.tls import client_ssl_context
 
 

@@ -9,7 +9,8 @@ import time
 import pytest
 from workload import Counter
 
-from synth_deploy.taskapp import WorkerError, WorkerPool, worker_object
+from synth_deploy.taskapp import worker_object
+from synth_deploy.taskapp.workers import WorkerError, WorkerPool
 
 
 @pytest.fixture

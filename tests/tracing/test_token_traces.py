@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from synth_deploy.cli import app as cli_app
 from synth_deploy.runs import ToyTokenizer
 from synth_deploy.serving import create_app
-from synth_deploy.taskapp import load_app
+from synth_deploy.taskapp.registry import load_app
 from synth_deploy.tracing import (
     SessionTracer,
     TurnTokens,

@@ -3,7 +3,8 @@ examples with their tool calls and tools, and replayed without repeating earlier
 
 from __future__ import annotations
 
-from synth_deploy.taskapp import image_part, png_data_url, text_part, tool_message
+from synth_deploy.taskapp import image_part, png_data_url, text_part
+from synth_deploy.taskapp.tools import tool_message
 from synth_deploy.tracing import SessionTracer, message_text, replay, sft_examples
 from synth_deploy.train import validate_sft_example
 

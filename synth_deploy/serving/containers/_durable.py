@@ -31,7 +31,7 @@ import anyio
 from starlette.responses import Response
 
 from synth_deploy.serving._admission import RolloutStats, at_capacity
-from synth_deploy.taskapp._contracts import RolloutRequest
+from synth_deploy.taskapp.contracts import RolloutRequest
 from synth_deploy.tracing import (
     RolloutClaim,
     RolloutFacts,

@@ -55,8 +55,8 @@ from synth_deploy.serving._responses import error_response, validation_errors
 from synth_deploy.serving._routes import Endpoint
 from synth_deploy.serving.containers._client import PREFIX
 from synth_deploy.serving.containers._durable import AsyncRollouts, Refused, request_digest
-from synth_deploy.taskapp._config import TaskAppConfig
-from synth_deploy.taskapp._contracts import RolloutRequest
+from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp.contracts import RolloutRequest
 
 CONTRACT_VERSION = "2026-05-28"  # synth-containers 0.4.6's ontology.CONTRACT_VERSION
 PROTOCOL = "synth.container.contract.v1"

@@ -27,8 +27,8 @@ from typing import Any
 from synth_deploy.errors import BadRequest
 from synth_deploy.serving._failures import AppFailures
 from synth_deploy.taskapp import _environment as environment
-from synth_deploy.taskapp._contracts import RolloutStep
 from synth_deploy.taskapp._environment import EnvironmentSpec, Outcome, Step
+from synth_deploy.taskapp.contracts import RolloutStep
 from synth_deploy.tracing import SessionTrace, SessionTracer
 
 logger = logging.getLogger("synth_deploy.taskapp")

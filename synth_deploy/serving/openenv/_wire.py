@@ -46,8 +46,8 @@ from synth_deploy.serving.openenv._sessions import (
     EnvSessions,
     SessionGone,
 )
-from synth_deploy.taskapp._config import TaskAppConfig
 from synth_deploy.taskapp._environment import Step
+from synth_deploy.taskapp.config import TaskAppConfig
 
 PREFIX = "/openenv"
 # A base URL with the key in it, for OpenEnv's clients that cannot send a header

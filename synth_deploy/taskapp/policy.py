@@ -27,7 +27,6 @@ import httpx
 
 from synth_deploy.env import known_secrets, redact, redact_userinfo
 from synth_deploy.errors import BadRequest, TaskAppError
-from synth_deploy.taskapp._config import RolloutContext
 from synth_deploy.taskapp._outbound import (
     ALLOW_LINK_LOCAL_HINT,
     CREDENTIALS_CONFLICT,
@@ -38,7 +37,8 @@ from synth_deploy.taskapp._outbound import (
     refused_address,
 )
 from synth_deploy.taskapp._token_capture import capture_fields, reply_tokens, wants_tokens
-from synth_deploy.taskapp._tools import ToolCall, assistant_message, parse_tool_calls
+from synth_deploy.taskapp.config import RolloutContext
+from synth_deploy.taskapp.tools import ToolCall, assistant_message, parse_tool_calls
 
 logger = logging.getLogger("synth_deploy.taskapp")
 INFERENCE_URL_FIELD = "policy.config.inference_url"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import AppNotFoundError, TaskAppError, UsageError
-from synth_deploy.taskapp._config import TaskAppConfig
+from synth_deploy.taskapp.config import TaskAppConfig
 
 
 def _bundled_apps_dir() -> Path:

@@ -42,7 +42,7 @@ from synth_deploy.errors import TaskAppError
 
 MAX_DEFAULT_WORKERS = 4
 _BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-         "from synth_deploy.taskapp._workers import serve_worker; serve_worker(int(sys.argv[2]))")
+         "from synth_deploy.taskapp.workers import serve_worker; serve_worker(int(sys.argv[2]))")
 _ids = itertools.count(1)
 
 

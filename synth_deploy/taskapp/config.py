@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from synth_deploy.taskapp._contracts import (
+from synth_deploy.taskapp.contracts import (
     DatasetInfo,
     RolloutRequest,
     RolloutResponse,
