@@ -34,7 +34,7 @@ KEY = "sk_env_bench_crafter_0000000000"
 SERVE_CRAFTER = """
 import uvicorn
 from synth_deploy.serving import create_app
-from synth_deploy.taskapp import load_app
+from synth_deploy.taskapp.registry import load_app
 app = create_app(load_app("crafter").build_config(), api_keys=["%(key)s"])
 uvicorn.run(app, host="127.0.0.1", port=%(port)d, log_level="warning", access_log=False)
 """

@@ -34,6 +34,7 @@ from synth_deploy.taskapp._outbound import (
     AnswerTooLarge,
     OutboundClient,
     PolicyAnswer,
+    is_link_local,
     refused_address,
 )
 from synth_deploy.taskapp._token_capture import capture_fields, reply_tokens, wants_tokens
@@ -269,4 +270,6 @@ def _log_answer(ctx: RolloutContext, url: str, resp: PolicyAnswer) -> None:
                    ctx.request.run_id, _origin(url), resp.status_code, LOGGED_BODY_CHARS, text)
 
 
-__all__ = ["PolicyError", "PolicyReply", "call_policy", "chat_completions_url"]
+# The address rule the policy call follows, for a check beside it.
+__all__ = ["PolicyError", "PolicyReply", "call_policy", "chat_completions_url", "is_link_local",
+           "refused_address"]

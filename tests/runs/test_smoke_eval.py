@@ -166,7 +166,9 @@ def test_runner_caps_concurrency_for_a_quick_tunnel():
 
 ENV_READING_APP = """
 import os
-from synth_deploy.taskapp import TaskAppConfig, TaskDescriptor, TaskInfo, register_task_app
+from synth_deploy.taskapp import TaskDescriptor, TaskInfo
+from synth_deploy.taskapp.config import TaskAppConfig
+from synth_deploy.taskapp.registry import register_task_app
 
 async def rollout(request, ctx):
     reward = float(os.environ["TOY_REWARD"])  # a setting the app reads from its environment

@@ -17,7 +17,9 @@ from processes import clean_env, free_port, run_cli, wait_until_up
 
 SLOW_APP = textwrap.dedent('''
     import asyncio
-    from synth_deploy.taskapp import TaskAppConfig, TaskDescriptor, TaskInfo, register_task_app
+    from synth_deploy.taskapp import TaskDescriptor, TaskInfo
+    from synth_deploy.taskapp.config import TaskAppConfig
+    from synth_deploy.taskapp.registry import register_task_app
 
     async def rollout(request, ctx):
         await asyncio.sleep(float(request.env.config.get("sleep", 0)))
