@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from synth_deploy.errors import TaskAppError
-from synth_deploy.taskapp._environment import EnvironmentSpec, episode_rollout, from_openenv
+from synth_deploy.taskapp._environment import EnvironmentSpec, from_openenv
+from synth_deploy.taskapp._episode import episode_rollout
 from synth_deploy.taskapp.config import (
     RolloutExecutor,
     RubricBundle,
