@@ -82,6 +82,23 @@ class ExportResult:
                 "note": self.note}
 
 
+def export_target(out: str | Path, *, limit: int | None, overwrite: bool,
+                  where: SessionFilter | None, app: str | None, model: str | None,
+                  min_reward: float | None, since: str | None) -> tuple[Path, SessionFilter]:
+    """An export's checked target file and its filter (``where``, else the keyword filters):
+    a limit below 1 or a file already there (unless ``overwrite``) is a usage error."""
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise UsageError(f"{path} already exists; it was left as is",
+                         hint="choose another --out or pass --force to replace it")
+    if where is None:
+        where = SessionFilter(app=app, model=model, min_reward=min_reward,
+                              since=since_timestamp(since) if since else None)
+    return path, where
+
+
 def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None = None,
                app: str | None = None, model: str | None = None, since: str | None = None,
                limit: int | None = None, overwrite: bool = False,
@@ -96,15 +113,8 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     leaves half a file; an existing file is kept unless ``overwrite``.
     """
     started = time.perf_counter()
-    if limit is not None and limit < 1:
-        raise UsageError(f"--limit must be at least 1, got {limit}")
-    path = Path(out)
-    if path.exists() and not overwrite:
-        raise UsageError(f"{path} already exists; it was left as is",
-                         hint="choose another --out or pass --force to replace it")
-    if where is None:
-        where = SessionFilter(app=app, model=model, min_reward=min_reward,
-                              since=since_timestamp(since) if since else None)
+    path, where = export_target(out, limit=limit, overwrite=overwrite, where=where, app=app,
+                                model=model, min_reward=min_reward, since=since)
     # Failed rollouts are never exported.
     selection = None if where.status == "error" else \
         SessionSql(store.database).where(dataclasses.replace(where, status="ok"))[:2]
@@ -242,4 +252,4 @@ def _offered(tools: dict[tuple[str, Any], Any], session_id: str, step_key: Any
     return flat_tools(json.loads(text))
 
 
-__all__ = ["ExportResult", "export_sft"]
+__all__ = ["ExportResult", "export_sft", "export_target"]

@@ -33,7 +33,8 @@ from typing import Any
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db._rows import read_json, turn_tokens
 from synth_deploy.tracing._db._schema import TOKENS_TABLE, TOKENS_VERSION
-from synth_deploy.tracing._db._select import SessionFilter, SessionSql, since_timestamp
+from synth_deploy.tracing._db._select import SessionFilter, SessionSql
+from synth_deploy.tracing._read._export import export_target
 from synth_deploy.tracing._store import TraceStore
 from synth_deploy.tracing._tokens import TurnTokens, continuity_breaks
 
@@ -105,15 +106,8 @@ def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | Non
     Written beside its target and renamed into place; an existing file is kept unless
     ``overwrite``."""
     started = time.perf_counter()
-    if limit is not None and limit < 1:
-        raise UsageError(f"--limit must be at least 1, got {limit}")
-    path = Path(out)
-    if path.exists() and not overwrite:
-        raise UsageError(f"{path} already exists; it was left as is",
-                         hint="choose another --out or pass --force to replace it")
-    if where is None:
-        where = SessionFilter(app=app, model=model, min_reward=min_reward,
-                              since=since_timestamp(since) if since else None)
+    path, where = export_target(out, limit=limit, overwrite=overwrite, where=where, app=app,
+                                model=model, min_reward=min_reward, since=since)
     db = store.database
     selection = None if where.status == "error" or store.schema_version < TOKENS_VERSION \
         else SessionSql(db).where(dataclasses.replace(where, status="ok"))[:2]
