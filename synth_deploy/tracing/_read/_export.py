@@ -11,6 +11,7 @@ store costs a few round trips a page.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db._columns import cost_usd_sql
@@ -82,6 +83,27 @@ class ExportResult:
                 "note": self.note}
 
 
+@contextlib.contextmanager
+def replaced_whole(path: Path) -> Iterator[TextIO]:
+    """A text file written beside ``path`` and renamed onto it once complete (and on disk):
+    a failed export never leaves half a file. A file that cannot be written is a usage error
+    naming it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
+                         hint="choose a writable --out") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def export_target(out: str | Path, *, limit: int | None, overwrite: bool,
                   where: SessionFilter | None, app: str | None, model: str | None,
                   min_reward: float | None, since: str | None) -> tuple[Path, SessionFilter]:
@@ -122,38 +144,26 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     if progress is not None and selection is not None:
         total = int(store.database.query(
             f"SELECT COUNT(*) AS n FROM session_traces s{selection[0]}", selection[1])[0]["n"])
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     written = sessions = skipped = 0
     skipped_turns: Counter[str] = Counter()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tmp.open("w", encoding="utf-8") as fh:
-            for page in _pages(store, selection):
-                for rollout, turns in page:
-                    if limit is not None and written >= limit:
-                        break
-                    wrote = 0
-                    for example in examples(rollout, turns, skipped_turns):
-                        fh.write(_ENCODE(example) + "\n")
-                        wrote += 1
-                        written += 1
-                        if limit is not None and written >= limit:
-                            break
-                    sessions += bool(wrote)
-                    skipped += not wrote
-                if progress is not None:
-                    progress(sessions + skipped, total)
+    with replaced_whole(path) as fh:
+        for page in _pages(store, selection):
+            for rollout, turns in page:
                 if limit is not None and written >= limit:
                     break
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
-                         hint="choose a writable --out") from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+                wrote = 0
+                for example in examples(rollout, turns, skipped_turns):
+                    fh.write(_ENCODE(example) + "\n")
+                    wrote += 1
+                    written += 1
+                    if limit is not None and written >= limit:
+                        break
+                sessions += bool(wrote)
+                skipped += not wrote
+            if progress is not None:
+                progress(sessions + skipped, total)
+            if limit is not None and written >= limit:
+                break
     return ExportResult(path=str(path), examples=written, sessions=sessions,
                         skipped_sessions=skipped, seconds=time.perf_counter() - started,
                         skipped_turns=dict(skipped_turns))
@@ -252,4 +262,4 @@ def _offered(tools: dict[tuple[str, Any], Any], session_id: str, step_key: Any
     return flat_tools(json.loads(text))
 
 
-__all__ = ["ExportResult", "export_sft", "export_target"]
+__all__ = ["ExportResult", "export_sft", "export_target", "replaced_whole"]

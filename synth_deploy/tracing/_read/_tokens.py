@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db._rows import read_json, turn_tokens
 from synth_deploy.tracing._db._schema import TOKENS_TABLE, TOKENS_VERSION
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql
-from synth_deploy.tracing._read._export import export_target
+from synth_deploy.tracing._read._export import export_target, replaced_whole
 from synth_deploy.tracing._store import TraceStore
 from synth_deploy.tracing._tokens import TurnTokens, continuity_breaks
 
@@ -113,26 +111,14 @@ def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | Non
         else SessionSql(db).where(dataclasses.replace(where, status="ok"))[:2]
     skipped: Counter[str] = Counter()
     episodes = tokens = sampled = 0
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tmp.open("w", encoding="utf-8") as fh:
-            for row in _rows(db, selection, skipped):
-                if limit is not None and episodes >= limit:
-                    break
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                episodes += 1
-                tokens += len(row["input_ids"])
-                sampled += sum(row["loss_mask"])
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
-                         hint="choose a writable --out") from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with replaced_whole(path) as fh:
+        for row in _rows(db, selection, skipped):
+            if limit is not None and episodes >= limit:
+                break
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            episodes += 1
+            tokens += len(row["input_ids"])
+            sampled += sum(row["loss_mask"])
     return TokenExportResult(str(path), episodes, tokens, sampled,
                              time.perf_counter() - started, dict(skipped))
 
