@@ -36,22 +36,30 @@ _ACHIEVEMENT_KEYS = ("achievements", "unlocked_achievements", "new_achievements"
 
 def session_replay(session: SessionTrace) -> dict[str, Any]:
     """The JSON the replay page shows for ``session`` (see the module docstring)."""
+    by_event, by_turn = _rewards_by_place(session)
+    tokens, breaks = _token_capture(session)
+    turns = [_turn(step, by_event, by_turn, breaks) for step in replay(session)]
+    return {
+        **_header(session),
+        "outcome_rewards": [{"total_reward": o.total_reward,
+                             "achievements_count": o.achievements_count,
+                             "total_steps": o.total_steps,
+                             "reward_metadata": o.reward_metadata,
+                             "annotation": o.annotation} for o in session.outcome_rewards],
+        "totals": _totals(session, turns),
+        "turns": turns,
+        "token_summary": tokens.to_dict() if tokens else None,
+        # Whether the app records achievements at all: an outcome's count defaults to 0.
+        "has_achievements": any(o.achievements_count for o in session.outcome_rewards)
+        or any(e["achievements"] is not None for t in turns for e in t["env_events"]),
+    }
+
+
+def _header(session: SessionTrace) -> dict[str, Any]:
+    """Which rollout the session recorded, and how it ended (from its metadata)."""
     meta = session.metadata
     request = meta.get("request") if isinstance(meta.get("request"), dict) else {}
     env_config = ((request.get("env") or {}).get("config") or {}) if request else {}
-    by_event: dict[str, list[EventReward]] = {}
-    by_turn: dict[int | None, list[EventReward]] = {}
-    for reward in session.event_rewards:
-        if reward.event_id:
-            by_event.setdefault(reward.event_id, []).append(reward)
-        else:
-            by_turn.setdefault(reward.turn_number, []).append(reward)
-    captured = [e for e in session.events if e.tokens is not None]
-    tokens = summarize([e.tokens for e in captured]) if captured else None
-    observed = [e for e in captured if e.tokens.observed]
-    breaks = {observed[b.turn - 1].id: b for b in tokens.breaks} if tokens else {}
-    turns = [_turn(step, by_event, by_turn, breaks) for step in replay(session)]
-    lm_calls = [c for t in turns for c in t["lm_calls"]]
     error = meta.get("error") if isinstance(meta.get("error"), dict) else None
     return {
         "session_id": session.session_id,
@@ -66,27 +74,45 @@ def session_replay(session: SessionTrace) -> dict[str, Any]:
         "duration_s": meta.get("duration_s"),
         "error": error.get("message") if error else None,
         "metrics": meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {},
-        "outcome_rewards": [{"total_reward": o.total_reward,
-                             "achievements_count": o.achievements_count,
-                             "total_steps": o.total_steps,
-                             "reward_metadata": o.reward_metadata,
-                             "annotation": o.annotation} for o in session.outcome_rewards],
-        "totals": {
-            "turns": len(turns),
-            "lm_calls": len(lm_calls),
-            "input_tokens": sum(c["input_tokens"] or 0 for c in lm_calls),
-            "output_tokens": sum(c["output_tokens"] or 0 for c in lm_calls),
-            "latency_ms": sum(c["latency_ms"] or 0.0 for c in lm_calls),
-            "event_reward": sum(r.reward_value for r in session.event_rewards),
-            "event_rewards": len(session.event_rewards),
-            "images": sum(1 for t in turns for m in t["messages"] for p in m["parts"]
-                          if p["type"] == "image"),
-        },
-        "turns": turns,
-        "token_summary": tokens.to_dict() if tokens else None,
-        # Whether the app records achievements at all: an outcome's count defaults to 0.
-        "has_achievements": any(o.achievements_count for o in session.outcome_rewards)
-        or any(e["achievements"] is not None for t in turns for e in t["env_events"]),
+    }
+
+
+def _rewards_by_place(session: SessionTrace
+                      ) -> tuple[dict[str, list[EventReward]], dict[int | None, list[EventReward]]]:
+    """Event rewards by the event they score, and (those tied to no event) by turn."""
+    by_event: dict[str, list[EventReward]] = {}
+    by_turn: dict[int | None, list[EventReward]] = {}
+    for reward in session.event_rewards:
+        if reward.event_id:
+            by_event.setdefault(reward.event_id, []).append(reward)
+        else:
+            by_turn.setdefault(reward.turn_number, []).append(reward)
+    return by_event, by_turn
+
+
+def _token_capture(session: SessionTrace) -> tuple[Any, dict[str, ContinuityBreak]]:
+    """The session's token summary (None: nothing captured) and each continuity break by
+    the id of the LM call where it happened."""
+    captured = [e for e in session.events if e.tokens is not None]
+    if not captured:
+        return None, {}
+    tokens = summarize([e.tokens for e in captured])
+    observed = [e for e in captured if e.tokens.observed]
+    return tokens, {observed[b.turn - 1].id: b for b in tokens.breaks}
+
+
+def _totals(session: SessionTrace, turns: list[dict[str, Any]]) -> dict[str, Any]:
+    lm_calls = [c for t in turns for c in t["lm_calls"]]
+    return {
+        "turns": len(turns),
+        "lm_calls": len(lm_calls),
+        "input_tokens": sum(c["input_tokens"] or 0 for c in lm_calls),
+        "output_tokens": sum(c["output_tokens"] or 0 for c in lm_calls),
+        "latency_ms": sum(c["latency_ms"] or 0.0 for c in lm_calls),
+        "event_reward": sum(r.reward_value for r in session.event_rewards),
+        "event_rewards": len(session.event_rewards),
+        "images": sum(1 for t in turns for m in t["messages"] for p in m["parts"]
+                      if p["type"] == "image"),
     }
 
 
