@@ -67,19 +67,17 @@ def serve(
             DEFAULT_SUMMARY_EVERY_S,
             LocalRunner,
             ServeSettings,
-            rollout_limits,
-            server_keys,
         )
 
         env = resolve_env(env_file)
         traces = resolve_traces(trace_db, no_trace, env)
-        keys = server_keys(env, "open" if no_auth else "required")
-        runner = LocalRunner(ServeSettings(
-            app=app_ref, env=env, keys=keys, traces=traces, host=host, port=port,
-            env_files=tuple(str(p) for p in env_file or ()),
-            rollouts=rollout_limits(env, max_rollouts, head_after_s=head_after,
-                                            heartbeat_s=heartbeat), access_log=access_log,
+        runner = LocalRunner(ServeSettings.resolve(
+            app_ref, env, key_rule="open" if no_auth else "required", traces=traces,
+            max_rollouts=max_rollouts, head_after_s=head_after, heartbeat_s=heartbeat,
+            host=host, port=port, env_files=tuple(str(p) for p in env_file or ()),
+            access_log=access_log,
             summary_every_s=None if access_log else DEFAULT_SUMMARY_EVERY_S))
+        keys = runner.settings.keys
         app_id = runner.entry.app_id
 
         def announce() -> None:  # once the port is bound: a banner never precedes a failure

@@ -116,18 +116,14 @@ def tunnel(
             from synth_deploy.serving import (
                 LocalRunner,
                 ServeSettings,
-                rollout_limits,
-                server_keys,
             )
 
             traces = resolve_traces(trace_db, no_trace, env)
-            keys = server_keys(env, "open" if no_auth else "required")
             if no_auth:
                 warn("--no-auth: the tunnel's public URL answers anyone, with no key")
-            runner = LocalRunner(ServeSettings(
-                app=app_ref, env=env, keys=keys, traces=traces,
-                rollouts=rollout_limits(env, max_rollouts, head_after_s=head_after,
-                                            heartbeat_s=heartbeat),
+            runner = LocalRunner(ServeSettings.resolve(
+                app_ref, env, key_rule="open" if no_auth else "required", traces=traces,
+                max_rollouts=max_rollouts, head_after_s=head_after, heartbeat_s=heartbeat,
                 port=port if port is not None else (8001 if config.mode == "named" else 0)))
         out = console(stderr=True)
         if not json_output:

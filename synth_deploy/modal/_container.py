@@ -67,8 +67,6 @@ def web() -> Any:
         LocalRunner,
         ServeSettings,
         prepare_serving_process,
-        rollout_limits,
-        server_keys,
     )
     from synth_deploy.tracing import resolve_trace_db
 
@@ -81,9 +79,9 @@ def web() -> Any:
     # container, copied to the app's trace Volume when the plan gave it one.
     traces = resolve_trace_db(None, env) if tracing_enabled(env) else None
     snapshots = _volume_snapshots(env, traces)
-    settings = ServeSettings(app=str(_app_file(ref)), env=env, keys=server_keys(env, "required"),
-                             traces=traces, rollouts=rollout_limits(env),
-                             trace_destination=_destination(env, traces, snapshots))
+    settings = ServeSettings.resolve(str(_app_file(ref)), env, key_rule="required",
+                                     traces=traces,
+                                     trace_destination=_destination(env, traces, snapshots))
     prepare_serving_process()  # the container only serves
     try:
         app = LocalRunner(settings).build()

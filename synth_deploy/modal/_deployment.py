@@ -124,11 +124,11 @@ def validate_locally(entry: Any, env: Env | None = None, *, seed: int = 0,
     """
     from synth_deploy.health import CheckOptions, RolloutOptions, check
     from synth_deploy.runs import serve_mock_policy
-    from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
+    from synth_deploy.serving import LocalRunner, ServeSettings
 
     env = env or Env()
-    settings = ServeSettings(app=str(entry.source or entry.app_id), env=env,
-                             keys=server_keys(env, "ephemeral"))
+    settings = ServeSettings.resolve(str(entry.source or entry.app_id), env,
+                                     key_rule="ephemeral", traces=None)
     with ExitStack() as stack:
         policy, _ = serve_mock_policy(stack)
         server = stack.enter_context(LocalRunner(settings))

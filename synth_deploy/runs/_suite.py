@@ -170,11 +170,11 @@ def open_target(app_or_url: str, env: Env, *, policy: PolicyTarget | None = None
                             trace_store=store)
             return
 
-        from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
+        from synth_deploy.serving import LocalRunner, ServeSettings
 
         with _url_without_scheme_told(app_or_url):
-            runner = stack.enter_context(LocalRunner(ServeSettings(
-                app=app_or_url, env=env, keys=server_keys(env, "ephemeral"), traces=traces)))
+            runner = stack.enter_context(LocalRunner(ServeSettings.resolve(
+                app_or_url, env, key_rule="ephemeral", traces=traces)))
         # Runs first on the way out: both servers begin stopping at once, then each is
         # waited for (one after the other they would take twice as long).
         stack.callback(runner.request_stop)

@@ -68,7 +68,7 @@ def rollout_limits(env: Env, max_in_flight: int | None = None, *,
     """The limits a served app runs with, each a flag when given, else its variable from
     ``env`` (``SYNTH_DEPLOY_MAX_ROLLOUTS``, ``SYNTH_DEPLOY_HEAD_AFTER_S``,
     ``SYNTH_DEPLOY_HEARTBEAT_S``), else the default. A proxy with a limit shorter than
-    Cloudflare's 100 s needs an earlier head (and heartbeat) than the defaults."""
+    Cloudflare's 125 s needs an earlier head (and heartbeat) than the defaults."""
     if max_in_flight is None:
         max_in_flight = _from_env(env, MAX_ROLLOUTS_VAR, int, "a whole number",
                                   f"the most rollouts the app may run at once, e.g. "

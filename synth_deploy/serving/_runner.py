@@ -1,7 +1,7 @@
 """`LocalRunner`: the one place that turns resolved settings into a running task app.
 
-    settings = ServeSettings(app="math", env=env, keys=server_keys(env, "required"),
-                             traces=resolve_trace_db(None, env))
+    settings = ServeSettings.resolve("math", env, key_rule="required",
+                                     traces=resolve_trace_db(None, env))
     with LocalRunner(settings) as runner:      # on a thread; port 0 lets the OS choose
         httpx.get(runner.url + "/health", headers={"X-API-Key": settings.keys.primary})
     LocalRunner(settings).serve_forever()      # foreground (`serve`): SIGTERM drains rollouts
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from synth_deploy.env import Env, applied_env, apply_env
 from synth_deploy.errors import SynthDeployError, UsageError
 from synth_deploy.serving._admission import ConnectionLimits, RolloutLimits, rollout_limits
-from synth_deploy.serving._auth import ServerKeys, server_keys
+from synth_deploy.serving._auth import KeyRule, ServerKeys, server_keys
 from synth_deploy.taskapp.config import DEFAULT_MAX_BODY_BYTES
 from synth_deploy.taskapp.registry import TaskAppEntry, load_app
 
@@ -149,6 +149,21 @@ class ServeSettings:
     rollouts: RolloutLimits = RolloutLimits()  # see `rollout_limits` for where it comes from
     access_log: bool = False  # a line per request; `serve` prints a periodic summary instead
     summary_every_s: float | None = None  # `serve_forever`: a summary line that often
+
+    @classmethod
+    def resolve(cls, app: str, env: Env, *, key_rule: KeyRule,
+                traces: TraceDbSetting | None, max_rollouts: int | None = None,
+                head_after_s: float | None = None, heartbeat_s: float | None = None,
+                **options: Any) -> ServeSettings:
+        """The settings every entry point serves with (the CLI's commands, deploy's local
+        check, the reload child, the Modal container), resolved in one place: the keys by
+        ``key_rule`` (`server_keys`), the rollout limits from the flags given, else their
+        variables in ``env`` (`rollout_limits`). ``traces``: the entry point's own trace
+        setting (flags, the container's switch, the reload hand-off); ``options``: the other
+        fields, as given."""
+        return cls(app=app, env=env, keys=server_keys(env, key_rule), traces=traces,
+                   rollouts=rollout_limits(env, max_rollouts, head_after_s=head_after_s,
+                                           heartbeat_s=heartbeat_s), **options)
 
 
 def _destination(traces: TraceDbSetting | None) -> Mapping[str, Any] | None:
@@ -353,9 +368,8 @@ def reloaded_app() -> Any:
     env = load_env(handoff.env_files)
     traces = (parse_trace_db(handoff.trace_db, source=handoff.trace_source, env=env)
               if handoff.trace_db else None)
-    settings = ServeSettings(app=handoff.app, env=env, traces=traces,
-                             keys=server_keys(env, handoff.key_rule),  # type: ignore[arg-type]
-                             rollouts=rollout_limits(env))
+    settings = ServeSettings.resolve(handoff.app, env, traces=traces,
+                                     key_rule=handoff.key_rule)  # type: ignore[arg-type]
     prepare_serving_process()
     return LocalRunner(settings).build()
 
