@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import typer
 from processes import run_cli
 from typer.testing import CliRunner
@@ -47,6 +48,7 @@ def test_usage_lines_name_arguments_one_way():
             assert name == "OPTIONS" or re.fullmatch(r"[A-Z][A-Z_]*", name), (path, usage)
 
 
+@pytest.mark.slow
 def test_errors_start_the_same_way_wherever_they_come_from(tmp_path):
     (tmp_path / "bad.db").write_text("not a database\n")
     failures = [

@@ -67,6 +67,7 @@ def _json_error(result) -> tuple[str, str]:
     return error["message"], error["hint"]
 
 
+@pytest.mark.slow
 def test_every_command_refuses_a_url_without_its_scheme_the_same_way(tmp_path):
     expected = rule(SCHEMELESS)
     results = {

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from standins.modal_helpers import COMMAND as STANDIN
 from typer.testing import CliRunner
 
@@ -47,6 +48,7 @@ def _run(*args: str):
                               catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_deploy_end_to_end(standin, mock_policy):
     result = _run("math", "--check-timeout", "30", "--json")
     assert result.exit_code == 0, result.output
@@ -83,6 +85,7 @@ def _subpackage(module: str) -> str:
     return module.partition(".")[2].partition(".")[0]
 
 
+@pytest.mark.slow
 def test_modal_app_is_an_app_only_when_modals_cli_imports_the_file(standin):
     # A plain import, modal loaded or not, gives None: `serve`, smoke runs and the container
     # never build an App.
@@ -101,6 +104,7 @@ def test_modal_app_is_an_app_only_when_modals_cli_imports_the_file(standin):
     assert "Created function web." in found.stdout
 
 
+@pytest.mark.slow
 def test_modal_child_resolves_the_env_files_it_is_handed(standin):
     (standin["dir"] / ".env").unlink()
     prod = standin["dir"] / "prod.env"

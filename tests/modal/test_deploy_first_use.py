@@ -14,6 +14,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from standins.modal_helpers import COMMAND as STANDIN
 from typer.testing import CliRunner
 
@@ -57,6 +58,7 @@ def _lines(proc: subprocess.Popen) -> tuple[queue.Queue, threading.Thread]:
     return lines, reader
 
 
+@pytest.mark.slow
 def test_modal_serve_json_streams_events_and_announces_the_url(standin):  # noqa: F811
     proc = subprocess.Popen(
         [sys.executable, "-m", "synth_deploy.cli", "modal-serve", "math", "--json",

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from rollouts import fire, rollout_body
 from standins.modal_helpers import COMMAND as STANDIN
 from typer.testing import CliRunner
@@ -75,6 +76,7 @@ def _sft(db: Path, out: Path) -> list[dict]:
     return sorted(lines, key=lambda x: json.dumps(x, sort_keys=True))
 
 
+@pytest.mark.slow
 def test_three_containers_one_killed_pull_holds_every_committed_session(
         standin, mock_policy, monkeypatch, tmp_path):
     state = standin["state"]

@@ -91,6 +91,7 @@ def test_a_list_of_api_servers_is_probed_server_by_server():
         require_modal_reachable(Env({"MODAL_SERVER_URL": f"{down.url},{up.url}"}), timeout_s=5)
 
 
+@pytest.mark.slow
 def test_a_reachable_api_lets_the_deploy_through(tmp_path):
     # The same stand-ins with the API up: the bound does not get in the way of a deploy.
     with ModalAPIStandin("up") as api:

@@ -77,6 +77,7 @@ def export(path: Path, receiver, experiment: str, **options):
         return export_otlp(store, setting, OtlpExportOptions(**options))
 
 
+@pytest.mark.slow
 def test_each_rollout_is_a_trace_of_its_steps_and_lm_calls(rollout_db, mlflow_receiver):
     sessions = stored_sessions(rollout_db)
     experiment = mlflow_receiver.new_experiment()

@@ -100,6 +100,7 @@ def test_smoke_runs_send_their_rollouts_too_and_stop_after_the_last(mlflow_recei
     assert {t.info.tags.get("service.name") for t in traces} == {"math-under-test"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("receiver", ["refusing", "silent"])
 def test_a_receiver_that_is_down_never_fails_a_rollout(receiver, silent_receiver, mock_policy):
     endpoint = silent_receiver if receiver == "silent" else f"http://127.0.0.1:{free_port()}"

@@ -42,6 +42,7 @@ def checks(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
+@pytest.mark.slow
 def test_the_math_app_is_ready_to_train_and_its_rollouts_are_traced(tmp_path):
     db = tmp_path / "traces.db"
     code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--app", "math",
@@ -91,6 +92,7 @@ def test_the_math_app_is_ready_to_train_and_its_rollouts_are_traced(tmp_path):
     assert sum(r.startswith("rehearse-") and "-step-" in r for r in run_ids) == 32
 
 
+@pytest.mark.slow
 def test_a_running_app_rehearsed_by_url_has_its_returned_traces_stored(tmp_path, math_server,
                                                                        api_key):
     db = tmp_path / "remote.db"
@@ -156,6 +158,7 @@ def test_an_app_that_ignores_its_seed_fails_determinism(tmp_path):
     assert "random.Random(seed)" in determinism["fix"]
 
 
+@pytest.mark.slow
 def test_an_app_that_gives_way_past_four_rollouts_is_caught_by_the_ramp(tmp_path):
     config = rl_config(tmp_path, episodes_per_batch=8, max_concurrent_rollouts=8)
     code, report = rehearse(tmp_path, "--config", str(config), "--app",
@@ -176,6 +179,7 @@ def test_an_app_that_gives_way_past_four_rollouts_is_caught_by_the_ramp(tmp_path
     assert found["idle connection"]["verdict"] == "skip"
 
 
+@pytest.mark.slow
 def test_a_rollout_that_outlives_the_modal_timeout_fails_the_timeouts(tmp_path):
     config = rl_config(tmp_path, episodes_per_batch=4, max_concurrent_rollouts=2)
     code, report = rehearse(tmp_path, "--config", str(config), "--app",
@@ -206,6 +210,7 @@ def test_a_trainer_timeout_shorter_than_the_budget_is_out_of_order(tmp_path):
                                           "(60s) is shorter than the rollout budget (120s)")
 
 
+@pytest.mark.slow
 def test_unreachable_usage_and_sft_configs_have_their_exit_codes(tmp_path):
     code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--task-url",
                             "http://127.0.0.1:9", ENVIRONMENT_API_KEY="k" * 20)
@@ -259,6 +264,7 @@ def test_an_idle_connection_dropped_on_the_path_is_reported(math_server, mock_po
     assert direct.statuses == [200, 200] and direct.idle_s >= 2.0
 
 
+@pytest.mark.slow
 def test_the_idle_time_held_is_the_one_asked_however_long_the_other_checks_take(
         math_server, mock_policy, api_key):
     # rehearse releases the probe's second rollout only once its measurements are done; they
@@ -323,6 +329,7 @@ def test_rehearse_warns_when_the_runs_traces_would_be_kept_nowhere(tmp_path, fla
     assert [said in n for n in lost] == ([True] if said else [])
 
 
+@pytest.mark.slow
 def test_an_idle_probe_answered_524_and_closed_is_reported_not_a_crash(tmp_path, serve,
                                                                        math_server, api_key):
     # Cloudflare's edge answers a silent origin 524 and closes the connection: the probe

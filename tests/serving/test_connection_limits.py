@@ -248,6 +248,7 @@ def test_a_streamed_response_goes_out_chunk_by_chunk(serve):
         assert b"".join(parts) == b"second"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("SYNTH_DEPLOY_TEST_FALLBACK") == "1",
                     reason="already the fallback run")
 def test_every_bound_holds_on_the_fallback_protocol_without_httptools_and_uvloop():

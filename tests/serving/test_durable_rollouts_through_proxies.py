@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import httpx
+import pytest
 from standins.cutoff_proxies import EdgeProxy, QuickTunnel, StrictModalFrontEnd
 from toy_apps import toy_config
 
@@ -58,6 +59,7 @@ async def submit_and_poll(base_url: str, api_key: str, rollout_id: str) -> tuple
             await asyncio.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_the_strict_front_end_redirects_an_early_head_and_urllib_gives_up(serve, api_key):
     # The stand-in bites: under the strict reading, heartbeats do not stop the 303s.
     app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY))
@@ -79,6 +81,7 @@ def test_the_strict_front_end_redirects_an_early_head_and_urllib_gives_up(serve,
     assert time.monotonic() - started >= URLLIB_MAX_REPEATS * 1.5
 
 
+@pytest.mark.slow
 def test_a_long_rollout_completes_asynchronously_through_strict_modal_and_cloudflare(
         tmp_path, serve, api_key):
     with open_trace_store(str(tmp_path / "t.db")) as store:
@@ -102,6 +105,7 @@ def test_a_long_rollout_completes_asynchronously_through_strict_modal_and_cloudf
         assert {s.run_id for s in store.list_sessions(limit=None)} == {"via-modal", "via-edge"}
 
 
+@pytest.mark.slow
 def test_the_event_stream_passes_modal_and_cloudflare_but_not_a_quick_tunnel(serve, api_key):
     # Long enough that the quick tunnel, holding the stream whole, still hears nothing for
     # its 2 s once the head has come (up to 2 s late on a loaded machine).
@@ -138,6 +142,7 @@ def test_a_quick_tunnel_refuses_requests_past_its_limit(serve, api_key):
     assert statuses == [200, 200, 429, 429]
 
 
+@pytest.mark.slow
 def test_our_runners_and_check_go_async_through_strict_modal_and_cloudflare(
         tmp_path, serve, api_key):
     from synth_deploy.health import CheckOptions, RolloutOptions, check

@@ -91,6 +91,7 @@ def _generated_url(body: object) -> bool:
     return isinstance(config, dict) and isinstance(config.get("inference_url"), str)
 
 
+@pytest.mark.slow
 def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api_key):
     schema = schemathesis.openapi.from_url(served.url + "/openapi.json",
                                            headers={"X-API-Key": api_key})
@@ -136,6 +137,7 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
     print(f"fuzz: {sent} requests in {time.monotonic() - started:.1f}s, 0 findings")
 
 
+@pytest.mark.slow
 def test_every_method_a_path_does_not_take_is_405_with_allow(served, api_key):
     doc = httpx.get(served.url + "/openapi.json", headers={"X-API-Key": api_key},
                     timeout=5).json()
@@ -168,6 +170,7 @@ def viewer(tmp_path, serve):
         yield serve(create_viewer_app(store))
 
 
+@pytest.mark.slow
 def test_fuzzed_viewer_requests_get_no_server_error(viewer):
     # The viewer's own document: every filter, page and compare parameter, valid and not.
     schema = schemathesis.openapi.from_url(viewer.url + "/api/openapi.json")

@@ -58,6 +58,7 @@ async def post_as_synth_ai(base_url: str, api_key: str, body: dict,
             "X-API-Key": api_key, "Authorization": f"Bearer {api_key}"})
 
 
+@pytest.mark.slow
 def test_a_long_rollout_completes_through_both_proxies_with_its_trace(tmp_path, serve, api_key):
     with open_trace_store(str(tmp_path / "traces.db")) as store:
         app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key],
@@ -104,6 +105,7 @@ def test_without_an_early_head_the_proxies_cut_what_they_cut(serve, api_key):
     assert follow.status_code == 200 and [r.status_code for r in follow.history] == [303]
 
 
+@pytest.mark.slow
 def test_our_runners_finish_long_rollouts_through_both_proxies(serve, api_key):
     app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY))
     policy = PolicyTarget("http://127.0.0.1:9/v1", "m")
@@ -284,6 +286,7 @@ def test_an_async_rollout_that_holds_the_loop_is_named_once_with_the_fix(serve, 
     assert "worker_object" in warnings[0] and "def" in warnings[0]
 
 
+@pytest.mark.slow
 def test_rehearse_runs_a_training_step_of_long_rollouts_through_both_proxies(tmp_path, serve,
                                                                            api_key):
     import re

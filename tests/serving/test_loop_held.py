@@ -36,6 +36,7 @@ def body(run_id: str, inference_url: str) -> dict:
             "policy": {"config": {"model": "m", "inference_url": inference_url}}}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("taskset") and os.path.exists("/proc/thread-self/"
                                                                       "schedstat")),
                     reason="needs taskset and Linux's scheduler statistics")

@@ -47,6 +47,7 @@ def stop(proc) -> None:
     proc.wait(5)
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
     app_file = tmp_path / "slow_app.py"
     app_file.write_text(SLOW_APP)

@@ -83,6 +83,7 @@ def test_apps_lists_what_it_found_and_what_it_could_not_read(apps_dir):
     assert "not UTF-8" in problems["latin1"]["error"]
 
 
+@pytest.mark.slow
 def test_serve_and_smoke_of_the_broken_app_say_why_it_is_missing(apps_dir, api_key):
     # By id or by file path: the same file:line, the same exit code (2: a file to fix).
     path = "apps/broken/task_app.py"

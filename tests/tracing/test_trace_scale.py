@@ -783,6 +783,7 @@ def tool_session():
     return tracer.finish()
 
 
+@pytest.mark.slow
 def test_export_streams_in_pages_and_writes_what_each_session_holds(tmp_path):
     path = tmp_path / "t.db"
     with open_trace_store(path) as store:

@@ -73,6 +73,7 @@ def test_a_create_answered_with_a_page_names_the_key_that_finds_the_job(backend,
     assert len(backend.jobs) == 1 and backend.create_attempts[key] == 2
 
 
+@pytest.mark.slow
 def test_a_create_that_never_answers_names_the_key_that_finds_the_job(backend, rl_env):
     from synth_deploy.errors import JobError
     from synth_deploy.train import RetryPolicy

@@ -111,6 +111,7 @@ def project(tmp_path, api_key) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])  # SIGINT: the human-mode test
 def test_cli_stops_cloudflared_and_the_server(project, spawn, api_key, how):
     standin = StandinState(project / "standin")
@@ -134,6 +135,7 @@ def test_cli_stops_cloudflared_and_the_server(project, spawn, api_key, how):
             httpx.get(url + "/", timeout=2)
 
 
+@pytest.mark.slow
 def test_cli_reports_the_new_url_after_a_restart(project, spawn, api_key):
     standin = StandinState(project / "standin")
     cli = spawn([*CLI, "math", "--no-verify", "--json"], cwd=project,
@@ -216,6 +218,7 @@ def test_cli_startup_failure_shows_cloudflareds_lines(project):
     assert "TASK_APP_URL" not in (project / ".env").read_text()
 
 
+@pytest.mark.slow
 def test_cli_records_rollouts_through_the_tunnel(project, spawn, api_key, mock_policy):
     standin = StandinState(project / "standin")
     db = project / "tunnel-traces.db"

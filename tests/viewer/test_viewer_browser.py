@@ -82,6 +82,7 @@ def choose(driver, name: str, value: str) -> None:
     Select(driver.find_element(By.CSS_SELECTOR, f"#filters [name={name}]")).select_by_value(value)
 
 
+@pytest.mark.slow
 def test_filter_then_replay_shows_the_stored_numbers(page, known, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
