@@ -192,3 +192,48 @@ def test_runners_fall_back_to_rollout_for_an_app_without_async(serve, api_key):
     assert outcome.ok and outcome.reward == 0.5 and outcome.path.name == "sync"
     [note] = path_notes([outcome])
     assert "POST /rollout" in note and "404" in note
+
+
+@pytest.mark.slow
+def test_rehearse_runs_its_training_step_async_through_strict_modal_and_cloudflare(
+        tmp_path, serve, api_key):
+    # The trainer's view of a ten-minute rollout (scaled) behind each proxy read strictly:
+    # rehearse's training step submits and polls, so neither the 303 nor the silence cutoff
+    # touches it, and its report says which path the rollouts took.
+    import re
+    import threading
+    from pathlib import Path
+
+    from synth_deploy.env import load_env
+    from synth_deploy.runs import RehearsalOptions, rehearse
+    from synth_deploy.train import load_config
+
+    text = (Path(__file__).parents[2] / "apps" / "math" / "configs" / "rl.toml").read_text()
+    for name, value in {"episodes_per_batch": 2, "group_size": 2,
+                        "max_concurrent_rollouts": 2}.items():
+        text = re.sub(rf"^{name} = \d+", f"{name} = {value}", text, flags=re.M)
+    (tmp_path / "rl.toml").write_text(text)
+    config = load_config(tmp_path / "rl.toml")
+    store = open_trace_store(str(tmp_path / "t.db"))
+    app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY,
+                           trace_store=store, rollout_records=RolloutRecords(store)))
+    env = load_env(environ={"ENVIRONMENT_API_KEY": api_key})
+    options = RehearsalOptions(skip=frozenset({"capacity", "idle", "determinism"}),
+                               budget_s=60)
+    reports = {}
+    with EdgeProxy(app.url, silence_s=SILENCE_S) as edge, \
+            StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal:
+        threads = [threading.Thread(target=lambda n=name, u=url: reports.__setitem__(
+                       n, rehearse(config, u, env, options)))
+                   for name, url in (("cloudflare", edge.url), ("modal", modal.url))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    for name in ("cloudflare", "modal"):
+        step = {c.name: c for c in reports[name].checks}["training step"]
+        assert step.verdict == "pass" and step.data["failures"] == 0, (name, step)
+        assert any("async" in note and "rollouts" in note for note in reports[name].notes), \
+            (name, reports[name].notes)
+    assert store.count_sessions() == 2 * 2  # both rehearsals' rollouts (a batch of 2), traced
+    store.close()
