@@ -52,6 +52,18 @@ async def slow_async_rollout(request: RolloutRequest, ctx: RolloutContext) -> di
     return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
 
 
+def sleeping(seconds: float, *, fail: bool = False):
+    """A rollout that waits ``seconds`` (``env.config.sleep`` overrides it), then rewards 1.0
+    or, with ``fail``, crashes: an episode of many minutes, scaled, behind a proxy."""
+    async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
+        await asyncio.sleep(float(request.env.config.get("sleep", seconds)))
+        if fail:
+            raise RuntimeError("the environment crashed after a long while")
+        ctx.tracer.record_outcome_reward(1.0)
+        return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
+    return rollout
+
+
 def slow_sync_rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
     time.sleep(float(request.env.config.get("sleep", 0.2)))
     return {"run_id": request.run_id, "metrics": {"episode_returns": [0.5]}}

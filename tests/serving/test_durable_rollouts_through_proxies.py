@@ -13,26 +13,18 @@ import urllib.request
 
 import httpx
 import pytest
+from rollouts import runners_through, small_rl_config
 from standins.cutoff_proxies import EdgeProxy, QuickTunnel, StrictModalFrontEnd
-from toy_apps import toy_config
+from toy_apps import sleeping, toy_config
 
 from synth_deploy.proxy_limits import URLLIB_MAX_REPEATS
 from synth_deploy.serving import RolloutLimits, create_app
-from synth_deploy.taskapp import RolloutContext, RolloutRequest
 from synth_deploy.tracing import RolloutRecords, open_trace_store
 
 SILENCE_S = 2.0  # Cloudflare's 125 s, scaled
 REDIRECT_AFTER_S = 3.0  # Modal's 150 s, scaled
 LONG_S = 8.0  # a ten-minute rollout, scaled
 EARLY = RolloutLimits(head_after_s=0.5, heartbeat_s=0.5)
-
-
-def sleeping(seconds: float):
-    async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
-        await asyncio.sleep(float(request.env.config.get("sleep", seconds)))
-        ctx.tracer.record_outcome_reward(1.0)
-        return {"run_id": request.run_id, "metrics": {}}
-    return rollout
 
 
 def trainer_body(run_id: str) -> dict:
@@ -145,27 +137,15 @@ def test_a_quick_tunnel_refuses_requests_past_its_limit(serve, api_key):
 @pytest.mark.slow
 def test_our_runners_and_check_go_async_through_strict_modal_and_cloudflare(
         tmp_path, serve, api_key):
-    from synth_deploy.health import CheckOptions, RolloutOptions, check
-    from synth_deploy.runs import PolicyTarget, RunOptions, run_rollouts
 
-    policy = PolicyTarget("http://127.0.0.1:9/v1", "m")
     with open_trace_store(str(tmp_path / "t.db")) as store:
         app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key],
                                trace_store=store,
                                rollout_records=RolloutRecords(store), limits=EARLY))
         with StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal, \
                 EdgeProxy(app.url, silence_s=SILENCE_S) as edge:
-
-            async def runs():
-                return await asyncio.gather(
-                    run_rollouts(edge.url, api_key, [1, 2], policy, RunOptions(concurrency=2)),
-                    run_rollouts(modal.url, api_key, [3], policy, RunOptions(mode="eval")))
-
-            tunnel_outcomes, modal_outcomes = asyncio.run(runs())
-            report = check(modal.url, api_key, CheckOptions(seeds=(1,), rollout=RolloutOptions(
-                "http://127.0.0.1:9/v1", "m", timeout_s=30)))
+            outcomes, report = runners_through(edge.url, modal.url, api_key)
             assert modal.redirects == 0 and edge.cut == 0
-        outcomes = tunnel_outcomes + modal_outcomes
         assert [o.ok for o in outcomes] == [True, True, True]
         assert {o.path.name for o in outcomes} == {"async"}
         assert all(o.latency_s >= LONG_S for o in outcomes)
@@ -200,20 +180,12 @@ def test_rehearse_runs_its_training_step_async_through_strict_modal_and_cloudfla
     # The trainer's view of a ten-minute rollout (scaled) behind each proxy read strictly:
     # rehearse's training step submits and polls, so neither the 303 nor the silence cutoff
     # touches it, and its report says which path the rollouts took.
-    import re
     import threading
-    from pathlib import Path
 
     from synth_deploy.env import load_env
     from synth_deploy.runs import RehearsalOptions, rehearse
-    from synth_deploy.train import load_config
 
-    text = (Path(__file__).parents[2] / "apps" / "math" / "configs" / "rl.toml").read_text()
-    for name, value in {"episodes_per_batch": 2, "group_size": 2,
-                        "max_concurrent_rollouts": 2}.items():
-        text = re.sub(rf"^{name} = \d+", f"{name} = {value}", text, flags=re.M)
-    (tmp_path / "rl.toml").write_text(text)
-    config = load_config(tmp_path / "rl.toml")
+    config = small_rl_config(tmp_path)
     store = open_trace_store(str(tmp_path / "t.db"))
     app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY,
                            trace_store=store, rollout_records=RolloutRecords(store)))

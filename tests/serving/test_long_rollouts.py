@@ -15,11 +15,11 @@ import time
 
 import httpx
 import pytest
+from rollouts import runners_through, small_rl_config
 from standins.cutoff_proxies import EdgeProxy, ModalFrontEnd
-from toy_apps import toy_config
+from toy_apps import sleeping, toy_config
 
-from synth_deploy.health import CheckOptions, RolloutOptions, check
-from synth_deploy.runs import PolicyTarget, RunOptions, run_rollouts
+from synth_deploy.runs import PolicyTarget, run_rollouts
 from synth_deploy.serving import ConnectionLimits, RolloutLimits, answered_status, create_app
 from synth_deploy.taskapp import RolloutContext, RolloutRequest
 from synth_deploy.tracing import open_trace_store
@@ -29,16 +29,6 @@ REDIRECT_AFTER_S = 3.0  # Modal's 150 s, scaled
 LONG_S = 8.0  # a rollout of many minutes, scaled
 EARLY = RolloutLimits(head_after_s=0.5, heartbeat_s=0.5)
 LATE = RolloutLimits(head_after_s=60.0, heartbeat_s=60.0)  # as if there were no early head
-
-
-def sleeping(seconds: float, *, fail: bool = False):
-    async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
-        await asyncio.sleep(float(request.env.config.get("sleep", seconds)))
-        if fail:
-            raise RuntimeError("the environment crashed after a long while")
-        ctx.tracer.record_outcome_reward(1.0)
-        return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
-    return rollout
 
 
 def trainer_body(run_id: str, seed: int = 1, **env_config) -> dict:
@@ -108,20 +98,11 @@ def test_without_an_early_head_the_proxies_cut_what_they_cut(serve, api_key):
 @pytest.mark.slow
 def test_our_runners_finish_long_rollouts_through_both_proxies(serve, api_key):
     app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY))
-    policy = PolicyTarget("http://127.0.0.1:9/v1", "m")
     with EdgeProxy(app.url, silence_s=SILENCE_S) as edge, \
             ModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal:
-
-        async def runs():
-            return await asyncio.gather(
-                run_rollouts(edge.url, api_key, [1, 2], policy, RunOptions(concurrency=2)),
-                run_rollouts(modal.url, api_key, [3], policy, RunOptions(mode="eval")))
-
-        tunnel_outcomes, modal_outcomes = asyncio.run(runs())
-        report = check(modal.url, api_key, CheckOptions(seeds=(1,), rollout=RolloutOptions(
-            "http://127.0.0.1:9/v1", "m", timeout_s=30)))
-    assert [o.ok for o in tunnel_outcomes + modal_outcomes] == [True, True, True]
-    assert [o.reward for o in tunnel_outcomes + modal_outcomes] == [1.0, 1.0, 1.0]
+        outcomes, report = runners_through(edge.url, modal.url, api_key)
+    assert [o.ok for o in outcomes] == [True, True, True]
+    assert [o.reward for o in outcomes] == [1.0, 1.0, 1.0]
     rollout_check = next(r for r in report.checks if r.name == "rollout")
     assert rollout_check.verdict == "pass", rollout_check
     assert report.healthy, report.failure
@@ -289,20 +270,12 @@ def test_an_async_rollout_that_holds_the_loop_is_named_once_with_the_fix(serve, 
 @pytest.mark.slow
 def test_rehearse_runs_a_training_step_of_long_rollouts_through_both_proxies(tmp_path, serve,
                                                                            api_key):
-    import re
     import threading
-    from pathlib import Path
 
     from synth_deploy.env import load_env
     from synth_deploy.runs import RehearsalOptions, rehearse
-    from synth_deploy.train import load_config
 
-    text = (Path(__file__).parents[2] / "apps" / "math" / "configs" / "rl.toml").read_text()
-    for name, value in {"episodes_per_batch": 2, "group_size": 2,
-                        "max_concurrent_rollouts": 2}.items():
-        text = re.sub(rf"^{name} = \d+", f"{name} = {value}", text, flags=re.M)
-    (tmp_path / "rl.toml").write_text(text)
-    config = load_config(tmp_path / "rl.toml")
+    config = small_rl_config(tmp_path)
     app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY))
     env = load_env(environ={"ENVIRONMENT_API_KEY": api_key})
     options = RehearsalOptions(skip=frozenset({"capacity", "idle"}), budget_s=60)
