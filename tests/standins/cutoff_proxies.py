@@ -167,13 +167,24 @@ class QuickTunnel(EdgeProxy):
                 return response
             # Held to its end: the client hears nothing meanwhile, and the edge's silence
             # rule applies to what the client hears.
-            async def whole() -> bytes:
-                return b"".join([c if isinstance(c, bytes) else c.encode()
-                                 async for c in response.body_iterator])
+            # The limit is checked as each chunk comes (the origin's heartbeats come often),
+            # not by cancelling the read: a cancellation the relay swallows would let the
+            # whole stream through.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.silence_s
+            parts: list[bytes] = []
+            cut = Response("error code: 524", status_code=524, media_type="text/plain")
             try:
-                body = await asyncio.wait_for(whole(), self.silence_s)
-            except TimeoutError:
-                return Response("error code: 524", status_code=524, media_type="text/plain")
+                async for c in response.body_iterator:
+                    if loop.time() > deadline:
+                        await response.body_iterator.aclose()
+                        return cut
+                    parts.append(c if isinstance(c, bytes) else c.encode())
+            except ConnectionAbortedError:  # the origin fell silent: the edge cut it
+                return cut
+            if loop.time() > deadline:
+                return cut
+            body = b"".join(parts)
             return Response(body, status_code=response.status_code,
                             headers=dict(response.headers))
         finally:
