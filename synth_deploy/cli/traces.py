@@ -291,11 +291,12 @@ def _export_progress(json_output: bool, label: str = "exporting sessions"
 
 @traces_app.command("pull")
 def pull(
-    app_name: Annotated[str, typer.Argument(
-        metavar="APP", help="The Modal app name `deploy` printed (synth-<app id>).")],
+    app_ref: Annotated[str, typer.Argument(
+        metavar="APP", help="App id or task app file (its Modal app and trace Volume, as "
+                            "deployed), or a Modal app name.")],
     volume: Annotated[str | None, typer.Option(
-        "--volume", help="The trace Volume, when ModalSettings.trace_volume named one "
-                         "(default: APP-traces).")] = None,
+        "--volume", help="The trace Volume (default: the app's, as deployed; for a Modal "
+                         "app name, APP-traces).")] = None,
     trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
     json_output: JsonOption = False,
     modal_cli: Annotated[str | None, typer.Option("--modal-cli", hidden=True)] = None,
@@ -315,7 +316,7 @@ def pull(
         cli = ModalCLI(shlex.split(modal_cli)) if modal_cli else None
         with open_trace_store(resolve_trace_db(trace_db, env)) as store, \
                 _export_progress(json_output, "pulling container files") as progress:
-            result = pull_traces(app_name, store, env, volume=volume, cli=cli,
+            result = pull_traces(app_ref, store, env, volume=volume, cli=cli,
                                  on_file=progress)
     if json_output:
         print_json(result.to_dict())

@@ -24,7 +24,7 @@ from synth_deploy.modal._trace_volume import (
     TRACE_VOLUME_VAR,
 )
 from synth_deploy.serving import HEAD_AFTER_VAR, HEARTBEAT_VAR, MAX_ROLLOUTS_VAR
-from synth_deploy.tracing import resolve_trace_db
+from synth_deploy.tracing import TraceDbSetting, resolve_trace_db
 
 MODAL_ENV_VAR = "MODAL_ENVIRONMENT"  # Modal's own variable: the environment to deploy into
 _DNS_LABEL_MAX = 63
@@ -88,6 +88,55 @@ class DeployPlan:
         }
 
 
+@dataclass(frozen=True)
+class TraceDestination:
+    """Where a deployed app's traces go: a remote libSQL store, a Volume, or nowhere durable."""
+
+    traces: TraceDbSetting  # the store the deploying environment names
+    app_name: str
+    volume: str | None  # the trace Volume (None: remote, or turned off)
+    commit_s: float  # how often each container commits its file to the Volume
+
+    @property
+    def remote(self) -> bool:
+        return self.traces.is_remote
+
+    @property
+    def describe(self) -> str:
+        if self.remote:
+            return (f"traces go to the remote libSQL database {self.traces.display} "
+                    "(SYNTH_TRACES_DB, passed as a secret)")
+        if self.volume is not None:
+            return (f"traces go to the Modal Volume {self.volume} (a file per container, "
+                    f"committed every {self.commit_s:g}s and at drain); fetch them with "
+                    f"`synth-deploy traces pull {self.app_name}`")
+        return ("traces stay inside each Modal container and are lost when it stops "
+                "(ModalSettings.trace_volume=False); set SYNTH_TRACES_DB to a libsql:// URL, "
+                "or drop trace_volume=False, to keep them (see infra/modal.md)")
+
+
+def trace_destination(settings: ModalSettings, app_name: str, env: Env) -> TraceDestination:
+    """Where the Modal app ``app_name``, deployed from ``env`` with ``settings``, records."""
+    traces = resolve_trace_db(None, env)
+    volume = None if traces.is_remote else settings.trace_volume_name(app_name)
+    return TraceDestination(traces, app_name, volume, settings.trace_commit_s)
+
+
+def deployed_trace_destination(app: str, env: Env) -> TraceDestination | None:
+    """The trace destination of ``app`` when it names a task app here (an id or a file), as
+    `deploy` would give it; None when it does not (``app`` is then a Modal app's own name).
+    Reads no secret: pulling traces needs none of the app's."""
+    from synth_deploy.errors import AppNotFoundError
+    from synth_deploy.taskapp.registry import load_app
+
+    try:
+        entry = load_app(app)
+    except AppNotFoundError:
+        return None
+    settings = entry.modal if isinstance(entry.modal, ModalSettings) else ModalSettings()
+    return trace_destination(settings, settings.app_name(entry.app_id), env)
+
+
 def build_plan(entry: Any, env: Env, *, name: str | None = None,
                modal_environment: str | None = None) -> DeployPlan:
     """Resolve ``entry`` (a registered TaskAppEntry) into a plan; nothing is sent anywhere.
@@ -106,43 +155,33 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
     if not APP_NAME_PATTERN.match(app_name):
         raise UsageError(f"--name: {app_name!r} is not a valid Modal app name",
                          hint="use letters, digits, '-', '_' or '.', at most 64 characters")
-    traces = resolve_trace_db(None, env)
-    remote = traces.is_remote
-    volume = None if remote else settings.trace_volume_name(app_name)
+    destination = trace_destination(settings, app_name, env)
+    volume, remote = destination.volume, destination.remote
     volume_env: dict[str, str] = {}
-    if remote:
-        tracing = (f"traces go to the remote libSQL database {traces.display} "
-                   "(SYNTH_TRACES_DB, passed as a secret)")
-    elif volume is not None:
+    if volume is not None:
         if TRACE_VOLUME_MOUNT in settings.volumes:
             raise UsageError(f"ModalSettings.volumes.{TRACE_VOLUME_MOUNT}: the trace Volume is "
                              "mounted there", hint="mount your Volume at another path")
-        tracing = (f"traces go to the Modal Volume {volume} (a file per container, committed "
-                   f"every {settings.trace_commit_s:g}s and at drain); fetch them with "
-                   f"`synth-deploy traces pull {app_name}`")
         volume_env = {TRACE_VOLUME_VAR: volume, TRACE_COMMIT_VAR: f"{settings.trace_commit_s:g}",
                       TRACE_VOLUME_DIR_VAR: f"{TRACE_VOLUME_MOUNT}/{app_name}"}
-    else:
-        tracing = ("traces stay inside each Modal container and are lost when it stops "
-                   "(ModalSettings.trace_volume=False); set SYNTH_TRACES_DB to a libsql:// URL, "
-                   "or drop trace_volume=False, to keep them (see infra/modal.md)")
     return DeployPlan(
         app_id=entry.app_id,
         source=source,
         app_name=app_name,
         settings=settings,
         image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
-        secrets=tuple(resolve_secrets(settings, env, source.parent, traces)),
+        secrets=tuple(resolve_secrets(settings, env, source.parent, destination.traces)),
         env={**settings.env, TASK_APP_VAR: app_remote_file(source), **volume_env,
              **{var: str(value) for var, value in (
                  (MAX_ROLLOUTS_VAR, settings.max_rollouts),
                  (HEAD_AFTER_VAR, settings.head_after_s),
                  (HEARTBEAT_VAR, settings.heartbeat_s)) if value is not None}},
-        tracing=tracing,
+        tracing=destination.describe,
         remote_tracing=remote,
         trace_volume=volume,
         modal_environment=modal_environment or env.get(MODAL_ENV_VAR),
     )
 
 
-__all__ = ["MODAL_ENV_VAR", "DeployPlan", "build_plan"]
+__all__ = ["MODAL_ENV_VAR", "DeployPlan", "TraceDestination", "build_plan",
+           "deployed_trace_destination", "trace_destination"]

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.env import Env
-from synth_deploy.errors import TraceStoreError
+from synth_deploy.errors import DeployError, TraceStoreError
 from synth_deploy.modal._credentials import require_modal_token
 from synth_deploy.modal._modal_cli import ModalCLI, ModalCLIError
+from synth_deploy.modal._plan import deployed_trace_destination
 from synth_deploy.modal._reachability import DEFAULT_CONNECT_TIMEOUT_S, require_modal_reachable
 from synth_deploy.modal._trace_volume import SNAPSHOT_SUFFIX, default_trace_volume
 
@@ -96,8 +97,8 @@ class TraceVolume:
             if "not found" in text and "Volume" in text:
                 raise ModalCLIError(
                     f"the Modal Volume {self.name!r} does not exist",
-                    hint="give the Modal app name `deploy` printed (synth-<app id>), or the "
-                         "Volume with --volume (`modal volume list` shows them)",
+                    hint="give the task app's id, the Modal app name `deploy` printed, or "
+                         "the Volume with --volume (`modal volume list` shows them)",
                     output=run.output)
             raise run.error(what)
         return run.output
@@ -129,23 +130,26 @@ class TraceVolume:
         os.replace(partial, dest)
 
 
-def pull_traces(app_name: str, store: Any, env: Env, *, volume: str | None = None,
+def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
                 download_dir: Path | None = None, cli: ModalCLI | None = None,
                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
                 on_file: Callable[[int, int], None] | None = None) -> PullResult:
-    """Merge into ``store`` (an open `TraceStore`) every session the Modal app ``app_name``
-    committed to its trace Volume (``volume``, default ``<app_name>-traces``).
+    """Merge into ``store`` (an open `TraceStore`) every session a deployed app committed
+    to its trace Volume.
 
-    ``download_dir`` keeps the files and the ledger between pulls (default: ``pulled/``
-    beside a local store, ``traces/pulled`` for a remote one); ``on_file(done, total)``
-    hears each file finished. Raises `DeployError` with the fix when Modal is not reachable,
-    has no token, or has no such Volume.
+    ``app``: a task app id or file (its Modal app name and Volume are the deploy's, as its
+    `ModalSettings` give them), else a Modal app's own name (Volume ``<app>-traces``);
+    ``volume`` names the Volume outright. ``download_dir`` keeps the files and the ledger
+    between pulls (default: ``pulled/`` beside a local store, ``traces/pulled`` for a
+    remote one); ``on_file(done, total)`` hears each file finished. Raises `DeployError`
+    with the fix when Modal is not reachable, has no token, or has no such Volume, and when
+    the app records nowhere a pull can reach.
     """
     from synth_deploy.tracing import merge_trace_file
 
+    app_name, name = _volume_of(app, env, volume)
     require_modal_token(env)
     require_modal_reachable(env, connect_timeout_s)
-    name = volume or default_trace_volume(app_name)
     trace_volume = TraceVolume(name, env, cli=cli)
     files = trace_volume.files(app_name)
     if download_dir is None:
@@ -192,6 +196,18 @@ def _write_ledger(path: Path, ledger: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True))
     os.replace(tmp, path)
+
+
+def _volume_of(app: str, env: Env, volume: str | None) -> tuple[str, str]:
+    """(the Modal app name, its trace Volume) for ``app`` as `pull_traces` takes it."""
+    destination = deployed_trace_destination(app, env)
+    if destination is None:  # a Modal app's own name
+        return app, volume or default_trace_volume(app)
+    if volume is None and destination.volume is None:
+        raise DeployError(f"{app}: nothing to pull: {destination.describe}",
+                          hint="give the Volume with --volume if the app was deployed with "
+                               "another setting")
+    return destination.app_name, volume or destination.volume
 
 
 __all__ = ["DEFAULT_PULL_TIMEOUT_S", "FilePull", "PullResult", "TraceVolume", "VolumeFile",

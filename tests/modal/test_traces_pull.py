@@ -63,10 +63,49 @@ def test_an_app_that_has_recorded_nothing_yet(standin, tmp_path):
 
 
 def test_a_volume_that_does_not_exist_says_how_to_name_it(standin, tmp_path):
-    result = _pull("math", "--trace-db", str(tmp_path / "h.db"))
+    result = _pull("synth-nothing", "--trace-db", str(tmp_path / "h.db"))
     assert result.exit_code != 0
-    assert "the Modal Volume 'math-traces' does not exist" in result.output
-    assert "synth-<app id>" in result.output and "Traceback" not in result.output
+    assert "the Modal Volume 'synth-nothing-traces' does not exist" in result.output
+    assert "task app's id" in result.output and "Traceback" not in result.output
+
+
+def test_a_task_app_id_finds_its_deployed_app_and_volume(standin, tmp_path):
+    # The bundled math app deploys as synth-math, recording to synth-math-traces.
+    _container_file(standin["state"], "synth-math-traces", "synth-math", "ta-1", 0, 3)
+    result = _pull("math", "--trace-db", str(tmp_path / "h.db"), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["volume"], report["folder"]) == ("synth-math-traces", "synth-math")
+    assert report["sessions_added"] == 3
+
+
+def _app_file(folder, app_id: str, settings: str):
+    path = folder / f"{app_id.replace('-', '_')}.py"
+    path.write_text(
+        "from synth_deploy.modal import ModalSettings\n"
+        "from synth_deploy.taskapp import TaskApp\n\n"
+        f"task_app = TaskApp({app_id!r}, name='Team', description='d',\n"
+        f"                   modal=ModalSettings({settings}))\n\n\n"
+        "@task_app.rollout\nasync def rollout(request, ctx):\n    return None\n")
+    return path
+
+
+def test_a_task_app_file_brings_its_own_volume_setting(standin, tmp_path):
+    app = _app_file(tmp_path, "team-app", "name='team-run', trace_volume='team-traces'")
+    _container_file(standin["state"], "team-traces", "team-run", "ta-4", 0, 2)
+    result = _pull(str(app), "--trace-db", str(tmp_path / "h.db"), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["volume"], report["folder"]) == ("team-traces", "team-run")
+    assert report["sessions_added"] == 2
+
+
+def test_an_app_that_keeps_no_volume_says_there_is_nothing_to_pull(standin, tmp_path):
+    app = _app_file(tmp_path, "volumeless-app", "trace_volume=False")
+    result = _pull(str(app), "--trace-db", str(tmp_path / "h.db"))
+    assert result.exit_code != 0
+    assert "nothing to pull" in result.output and "trace_volume=False" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_no_modal_token_is_said_before_anything_runs(standin, tmp_path, monkeypatch):
