@@ -79,7 +79,7 @@ _RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
 
 class TraceSink(Protocol):
     """Where a served app's finished sessions go: the kit's `TraceStore`, or any object with
-    these two methods. ``start`` is called once as the server starts; ``write_session``
+    these three methods. ``start`` is called once as the server starts; ``write_session``
     returns once the session is durable. ``rollout``, when given, holds the facts the session
     is described from (`describe_session`), which the sink applies before it stores it: the
     store does so in its writer child, off the server's loop."""
@@ -88,6 +88,9 @@ class TraceSink(Protocol):
 
     async def write_session(self, session: SessionTrace,
                             rollout: RolloutFacts | None = None) -> None: ...
+
+    async def record_lost_answer(self, session_id: str, error: dict[str, Any]) -> None:
+        """The session written as ``ok`` was not what its client got: ``error`` was."""
 
 
 class _EncodedJSON(Response):
@@ -239,7 +242,8 @@ def create_app(
     openapi_schema: dict[str, Any] = {}
     rollout = RolloutEndpoint(config, limits=limits, stats=stats,
                               run=lambda req, body, client: rollouts.run(
-                                  req, body, app.state.http, client))
+                                  req, body, app.state.http, client),
+                              lost=rollouts.answer_lost)
     # synth-containers' contract: its rollouts run as /rollout's, their records in the store.
     durable = AsyncRollouts(lambda req, body: rollouts.run(req, body, app.state.http),
                             stats=stats, trace=trace_store, app_id=config.app_id,
@@ -343,10 +347,14 @@ class _Rollouts:
                 self.failures.error(exc, "live export of rollout %s failed", req.run_id,
                                     extra_secrets=_request_secrets(req))
         if trace_store is not None:
+            if client is not None and body is not None:
+                client.stored = session.session_id
             try:
                 await trace_store.write_session(session, rollout=facts)
                 self.stats.traced += 1
             except Exception as exc:
+                if client is not None:
+                    client.write_failed = True
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
                 self.trace_failures.error(exc, "trace write failed for rollout %s", req.run_id)
@@ -364,6 +372,24 @@ class _Rollouts:
             return error
         self.stats.rollouts += 1
         return _EncodedJSON(body)
+
+    async def answer_lost(self, session_id: str, run_id: str, code: str) -> None:
+        """Correct the stored record of a rollout whose ``ok`` its client never got."""
+        assert self.trace_store is not None  # only a stored session is corrected
+        why = {"client_disconnected": "its client disconnected before the answer's last "
+               "byte", "trace_write_failed": "its answer was trace_write_failed"}[code]
+        error = {"code": code, "message": f"rollout {run_id} finished, but {why}",
+                 "run_id": run_id}
+        try:
+            await self.trace_store.record_lost_answer(session_id, error)
+        except Exception as exc:
+            if code == "trace_write_failed":
+                # The store that just failed the write fails this too (a full disk): its
+                # failure is in the log already, once.
+                logger.debug("rollout %s: no stored record to correct (%s)", run_id, exc)
+                return
+            self.trace_failures.error(exc, "could not record that rollout %s was not "
+                                      "answered ok", run_id)
 
     def _failure(self, exc: Exception, req: RolloutRequest, bound: float) -> JSONResponse:
         """A failed rollout's answer: 504 past its bound, 4xx for the client's mistake, 502

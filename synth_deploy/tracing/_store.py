@@ -27,7 +27,7 @@ from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql
 from synth_deploy.tracing._db._stats import TraceStats, store_stats
 from synth_deploy.tracing._errors import SessionNotFoundError
-from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
+from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._thread import ThreadWriter
 
@@ -116,6 +116,17 @@ class TraceStore:
         try:
             with deadline(self.write_timeout_s):
                 await future
+        except TimeoutError:
+            raise self._timeout_error() from None
+
+    async def record_lost_answer(self, session_id: str, error: dict[str, Any]) -> None:
+        """Record that the client of the stored session ``session_id`` never got its ``ok``
+        answer (``error``: what it got instead); a session stored otherwise is left as it
+        is. Runs on a worker thread, as a second writer beside the writer child."""
+        self._check_writable()
+        try:
+            with deadline(self.write_timeout_s):
+                await asyncio.to_thread(self.database.run, [lost_answer(session_id, error)])
         except TimeoutError:
             raise self._timeout_error() from None
 
