@@ -112,10 +112,13 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # A trainer may open thousands of connections at once: the kernel caps the queue of
     # those not yet accepted at its own limit (net.core.somaxconn).
     extra.setdefault("backlog", max(2048, min(65535, limits.max_connections)))
+    # A task app's refusals without a key are answered by the protocol, before the app.
+    keyless = getattr(getattr(app, "state", None), "keyless_refusal", None)
     return dict(app=app, host=host, port=port, log_level=log_level, access_log=access_log,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
-                http=functools.partial(bounded_protocol(), limits=limits), **extra)
+                http=functools.partial(bounded_protocol(), limits=limits, keyless=keyless),
+                **extra)
 
 
 def _message_limit(app: Any) -> int:

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any, Protocol
 
 import anyio
@@ -272,6 +273,7 @@ def create_app(
             r, config.max_body_bytes), too_large=BodyTooLarge)
     # Every endpoint answers only a client with the key unless it is declared public.
     app.serve_core_routes(guarded_routes(endpoints, denied), failures)
+    app.state.keyless_refusal = keyless_refusal(endpoints, auth)
 
     app.add_exception_handler(HTTPException, http_error)
     return app
@@ -426,6 +428,34 @@ def _request_secrets(req: RolloutRequest) -> list[str]:
     # The request's own secrets, at any depth and in its URLs: a provider may echo a key in
     # its error body, an app's exception may quote the inference_url.
     return known_secrets(req.policy.config)
+
+
+KeylessRefusal = Callable[[bytes, bytes, list[tuple[bytes, bytes]]], tuple[bytes, bytes] | None]
+
+
+def keyless_refusal(endpoints: list[Endpoint], auth: ApiKeyAuth) -> KeylessRefusal:
+    """What the server's protocol answers, before any of the app runs, to a request for an
+    endpoint behind the key that fails the key check (by raw method, path and headers): the
+    response `denied` gives, as its head (status line on, Date to add) and its body; None
+    when the app answers. A flood without a key costs a parse and a write each, not a
+    request's task."""
+    keyed = frozenset((method.encode(), e.path.encode()) for e in endpoints
+                      if not e.public and not e.websocket for method in e.method_list)
+    answers: dict[str, tuple[bytes, bytes]] = {}
+
+    def refusal(method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]
+                ) -> tuple[bytes, bytes] | None:
+        if (method, path) not in keyed or (failure := auth.check(headers)) is None:
+            return None
+        answer = answers.get(failure.code)
+        if answer is None:
+            response = error_response(failure.status, failure.code, failure.message)
+            head = "".join(f"{k.decode()}: {v.decode()}\r\n" for k, v in response.raw_headers)
+            answer = answers[failure.code] = (
+                f"HTTP/1.1 {failure.status} {HTTPStatus(failure.status).phrase}\r\n{head}"
+                "connection: close\r\n").encode(), bytes(response.body)
+        return answer
+    return refusal
 
 
 def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
