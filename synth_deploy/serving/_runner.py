@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
@@ -85,6 +86,24 @@ def prepare_serving_process() -> None:
     gc.freeze()
     young, *older = gc.get_threshold()
     gc.set_threshold(max(young, _YOUNG_GC_THRESHOLD), *older)
+    _give_back_large_blocks()
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_MMAP_FROM_BYTES = 128 * 1024  # glibc's default, before it starts moving it
+
+
+def _give_back_large_blocks() -> None:
+    """Keep glibc mapping blocks from 128 KiB on their own, so that they return to the
+    system when freed. By default glibc raises that threshold each time such a block is
+    freed (up to 32 MiB): from then on a client's large message or body comes from the
+    heap, and the holes it leaves between smaller blocks that live on stay with the
+    process, a server's memory kept long after the sessions that used it have closed."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (macOS): its allocator has its own rules
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM_BYTES)
 
 
 def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
