@@ -236,6 +236,12 @@ class LocalRunner:
             from synth_deploy.tracing import RolloutRecords, open_trace_store
 
             self.store = open_trace_store(s.traces)
+            try:  # rollouts are answered 200 once stored: not into a file readers refuse
+                self.store.check_pages()
+            except BaseException:
+                self.store.close()
+                self.store = None
+                raise
             records = RolloutRecords(self.store)  # async rollouts outlive the process
         self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,

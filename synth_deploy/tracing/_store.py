@@ -26,7 +26,7 @@ from synth_deploy.tracing._config import TraceDbSetting, parse_trace_db
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql
 from synth_deploy.tracing._db._stats import TraceStats, store_stats
-from synth_deploy.tracing._errors import SessionNotFoundError
+from synth_deploy.tracing._errors import NotATraceDbError, SessionNotFoundError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._thread import ThreadWriter
@@ -246,6 +246,23 @@ class TraceStore:
 
     def integrity_check(self) -> str:
         return self.database.integrity_check()
+
+    def check_pages(self) -> None:
+        """Raise `TraceStoreError` when a page of the local file is damaged (SQLite's
+        ``quick_check``, which reads every page once): what a server checks before it
+        writes into a file that the read commands would refuse. A remote or in-memory
+        store keeps its own pages: nothing is read."""
+        if self.setting.is_remote or self.database.in_memory:
+            return
+        # The first finding is enough to refuse, and its report may run to many lines.
+        found = str(self.database.query("PRAGMA quick_check(1)")[0].get("quick_check"))
+        if found != "ok":
+            first = [line for line in found.splitlines() if not line.startswith("***")]
+            raise NotATraceDbError(
+                f"{self.display} has damaged pages (SQLite's quick_check: "
+                f"{(first or [found])[0]}); it was left as is",
+                hint="move it aside (`sqlite3 FILE .recover` may save its rows) or point "
+                     "--trace-db at another file")
 
     # -- lifecycle ------------------------------------------------------------------------
 
