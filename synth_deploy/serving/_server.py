@@ -273,7 +273,7 @@ def create_app(
             r, config.max_body_bytes), too_large=BodyTooLarge)
     # Every endpoint answers only a client with the key unless it is declared public.
     app.serve_core_routes(guarded_routes(endpoints, denied), failures)
-    app.state.keyless_refusal = keyless_refusal(endpoints, auth)
+    app.state.keyless_refusal = keyless_refusal(app, endpoints, auth)
 
     app.add_exception_handler(HTTPException, http_error)
     return app
@@ -433,19 +433,22 @@ def _request_secrets(req: RolloutRequest) -> list[str]:
 KeylessRefusal = Callable[[bytes, bytes, list[tuple[bytes, bytes]]], tuple[bytes, bytes] | None]
 
 
-def keyless_refusal(endpoints: list[Endpoint], auth: ApiKeyAuth) -> KeylessRefusal:
+def keyless_refusal(app: Starlette, endpoints: list[Endpoint], auth: ApiKeyAuth
+                    ) -> KeylessRefusal:
     """What the server's protocol answers, before any of the app runs, to a request for an
     endpoint behind the key that fails the key check (by raw method, path and headers): the
     response `denied` gives, as its head (status line on, Date to add) and its body; None
-    when the app answers. A flood without a key costs a parse and a write each, not a
-    request's task."""
+    when the app answers, as it does every request once ``app`` has middleware of the
+    user's, which sees each request. A flood without a key costs a parse and a write each,
+    not a request's task."""
     keyed = frozenset((method.encode(), e.path.encode()) for e in endpoints
                       if not e.public and not e.websocket for method in e.method_list)
     answers: dict[str, tuple[bytes, bytes]] = {}
 
     def refusal(method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]
                 ) -> tuple[bytes, bytes] | None:
-        if (method, path) not in keyed or (failure := auth.check(headers)) is None:
+        if (method, path) not in keyed or app.user_middleware or \
+                (failure := auth.check(headers)) is None:
             return None
         answer = answers.get(failure.code)
         if answer is None:
