@@ -205,9 +205,19 @@ if HttpToolsProtocol is not None:
                 refusal = self._keyless(self.parser.get_method(), self.url.partition(b"?")[0],
                                         self.headers)
                 if refusal is not None:
+                    if self.access_log:
+                        self._log_refused(int(refusal[0][9:12]))
                     self._refuse_keyless(refusal)
                     return
             super().on_headers_complete()
+
+        def _log_refused(self, status: int) -> None:
+            # The line uvicorn writes for a request it answers (`ClientLog` shortens it).
+            host, port = self.client or ("", 0)
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', f"{host}:{port}",
+                                    self.parser.get_method().decode("latin-1"),
+                                    self.url.decode("latin-1"),
+                                    self.parser.get_http_version(), status)
 
         def on_body(self, body: bytes) -> None:
             if not self._refused:
