@@ -5,8 +5,10 @@ in a child process, pinned to core 0; the load generators on core 1). Each round
 the keyed client (wrk, ``--concurrency`` connections POSTing /rollout with the key) alone,
 then again while a keyless wrk of ``--flood`` connections POSTs /rollout without a key.
 Printed per round: the keyed throughput alone and flooded, their ratio, the keyed requests
-that took past 10 s (wrk's timeouts), and the 401s the server answered a second. Target:
-flooded / alone >= 0.8 and 0 keyed requests past 10 s.
+that took past 10 s (wrk's timeouts), the 401s the server answered a second, and, from the
+server's own CPU time (what a shared machine leaves steady), what a rollout and a refusal
+cost it and the share of its core the flood took alone (as fast as it was answered).
+Target: flooded / alone >= 0.8 and 0 keyed requests past 10 s.
 
     python bench/keyless_flood.py [--rounds 3] [--seconds 10] [--concurrency 256]
         [--flood 256]
@@ -75,8 +77,24 @@ def wrk(url: str, *, key: str | None, seconds: int, connections: int,
 def result(proc: subprocess.Popen) -> dict:
     out, _ = proc.communicate(timeout=120)
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    count = int(re.search(r"(\d+) requests in", out).group(1))
     timeouts = re.search(r"timeout (\d+)", out)
-    return {"rate": rate, "timeouts": int(timeouts.group(1)) if timeouts else 0}
+    return {"rate": rate, "count": count,
+            "timeouts": int(timeouts.group(1)) if timeouts else 0}
+
+
+def cpu_s(pid: int) -> float:
+    """The server's CPU time so far (user + system): what a request costs it, whatever
+    else the machine runs."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def costed(pid: int, proc: subprocess.Popen) -> dict:
+    """``proc``'s result, with the server's CPU microseconds per request it answered."""
+    before = cpu_s(pid)
+    out = result(proc)
+    return {**out, "cpu_us": (cpu_s(pid) - before) * 1e6 / max(out["count"], 1)}
 
 
 def main() -> None:
@@ -106,27 +124,35 @@ def main() -> None:
                     time.sleep(0.05)
             rows = []
             for _ in range(args.rounds):
-                alone = result(wrk(url, key=KEY, seconds=args.seconds,
-                                   connections=args.concurrency, client=client_core))
+                alone = costed(server.pid, wrk(url, key=KEY, seconds=args.seconds,
+                                               connections=args.concurrency,
+                                               client=client_core))
+                flood_alone = costed(server.pid, wrk(url, key=None, seconds=args.seconds // 2,
+                                                     connections=args.flood,
+                                                     client=client_core))
                 flood = wrk(url, key=None, seconds=args.seconds + 2, connections=args.flood,
                             client=client_core)
                 time.sleep(1)  # the flood at full strength before the keyed client starts
                 flooded = result(wrk(url, key=KEY, seconds=args.seconds,
                                      connections=args.concurrency, client=client_core))
-                rows.append((alone, flooded, result(flood)))
+                rows.append((alone, flooded, result(flood), flood_alone))
         finally:
             server.terminate()
             server.wait(15)
     print(f"keyed client: {args.concurrency} connections; keyless flood: {args.flood}; "
           f"{args.seconds} s each (server on core 0, clients on core 1)")
-    print(f"{'round':>5} {'alone/s':>9} {'flooded/s':>10} {'ratio':>7} {'past 10 s':>10} "
-          f"{'401/s':>8}")
-    for i, (alone, flooded, flood) in enumerate(rows, 1):
-        print(f"{i:>5} {alone['rate']:>9.0f} {flooded['rate']:>10.0f} "
-              f"{flooded['rate'] / alone['rate']:>6.2f}x {flooded['timeouts']:>10} "
-              f"{flood['rate']:>8.0f}")
-    ratio = statistics.median(f["rate"] / a["rate"] for a, f, _ in rows)
-    late = sum(f["timeouts"] for _, f, _ in rows)
+    print("  401/s: the flood's answers beside the keyed client, then alone; CPU: the\n"
+          "  server's per answer; share: of its core, what the flood alone took")
+    print(f"{'round':>5} {'alone/s':>8} {'flooded/s':>9} {'ratio':>6} {'>10 s':>5} "
+          f"{'401/s':>6} {'alone':>6} {'CPU/200':>7} {'CPU/401':>7} {'share':>6}")
+    for i, (alone, flooded, flood, refusals) in enumerate(rows, 1):
+        share = refusals["rate"] * refusals["cpu_us"] / 1e6
+        print(f"{i:>5} {alone['rate']:>8.0f} {flooded['rate']:>9.0f} "
+              f"{flooded['rate'] / alone['rate']:>5.2f}x {flooded['timeouts']:>5} "
+              f"{flood['rate']:>6.0f} {refusals['rate']:>6.0f} {alone['cpu_us']:>5.0f}us "
+              f"{refusals['cpu_us']:>5.0f}us {share:>6.1%}")
+    ratio = statistics.median(f["rate"] / a["rate"] for a, f, _, _ in rows)
+    late = sum(f["timeouts"] for _, f, _, _ in rows)
     verdict = "meets" if ratio >= 0.8 and late == 0 else "misses"
     print(f"median ratio {ratio:.2f}x, {late} keyed requests past 10 s ({verdict} the target: "
           ">= 0.8x, 0)")

@@ -2,8 +2,10 @@
 
 An app with an environment is served as `synth-deploy serve` serves it
 (`LocalRunner.serve_forever()`, uvicorn's ws_max_size = the app's max_body_bytes, 4 MiB by
-default), and, as the baseline of the same run, the same app under uvicorn's own default
-(16 MiB a message, what the kit had before). Each server is in its own child process.
+default; glibc keeps mapping large blocks apart, so they return to the system when freed),
+and, as the baseline of the same run, the same app as the kit had it: uvicorn's own default
+(16 MiB a message) and glibc's moving mmap threshold. Each server is in its own child
+process.
 Against each: ``--sessions`` WebSockets open at once, each resets an episode, then sends one
 ``--frame-mb`` text message and reads until the server answers or closes. The server's
 resident memory (VmRSS from /proc) is read idle (after one warm-up session), at its peak
@@ -56,11 +58,10 @@ settings = ServeSettings(app=%(app)r, env=Env(), keys=ServerKeys((%(key)r,), "be
                          port=%(port)d, log_level="warning")
 """
 KIT = SETTINGS + "LocalRunner(settings).serve_forever()\n"
-# The same app and protocol, with uvicorn's default message cap (16 MiB).
+# The same app and protocol as the kit had it: uvicorn's default message cap (16 MiB), and
+# glibc's allocator as it comes (`prepare_serving_process` fixes its mmap threshold).
 BEFORE = SETTINGS + """
 import uvicorn
-from synth_deploy.serving import prepare_serving_process
-prepare_serving_process()
 uvicorn.run(LocalRunner(settings).build(), host="127.0.0.1", port=%(port)d, ws="wsproto",
             log_level="warning")
 """

@@ -189,7 +189,7 @@ class InFlight:
     the rollout is ``running`` cancels it (its slot comes back), and ``left`` says so."""
 
     __slots__ = ("started", "send", "receive", "rollout", "task", "listener", "head_sent",
-                 "left", "running")
+                 "left", "running", "stored", "write_failed")
 
     def __init__(self, started: float, send: Any, receive: Any) -> None:
         self.started = started
@@ -200,6 +200,10 @@ class InFlight:
         self.head_sent = False
         self.left = False
         self.running = True  # False once the rollout's result is final (being stored)
+        # The session stored as answered ``ok`` (or whose write failed: it may land late),
+        # for the record to be corrected if that is not what the client got.
+        self.stored: str | None = None
+        self.write_failed = False
 
     async def listen(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":
@@ -240,11 +244,20 @@ class EarlyHeads:
             loop.call_later(self.interval, self._sweep, loop)
         return pulse
 
-    async def answer(self, pulse: InFlight, response: Any, scope: Any, receive: Any) -> None:
-        """Send ``response`` (a Starlette response with its body) for ``pulse``'s rollout."""
+    async def answer(self, pulse: InFlight, response: Any, scope: Any, receive: Any) -> bool:
+        """Send ``response`` (a Starlette response with its body) for ``pulse``'s rollout;
+        False when its client had left before the last byte was handed to the server."""
         del self._running[id(pulse)]
-        if pulse.listener is not None:
-            pulse.listener.cancel()
+        try:
+            await self._send(pulse, response, scope, receive)
+            # Read before the listener runs again: once the response is complete, the
+            # server answers its receive with a disconnect whatever the client did.
+            return not pulse.left
+        finally:
+            if pulse.listener is not None:
+                pulse.listener.cancel()
+
+    async def _send(self, pulse: InFlight, response: Any, scope: Any, receive: Any) -> None:
         if pulse.task is not None:
             pulse.task.cancel()
             try:

@@ -14,7 +14,10 @@ the same bounds from `_Bounded`:
 - beyond ``max_connections`` open connections a new one is answered 503 at once and closed,
   so a crowd gets a prompt "come back later" instead of a hang. The cap guards file
   descriptors, not capacity: how many rollouts run at once is the app's admission limit
-  (`_admission`), and a client whose request fails authentication is closed at once.
+  (`_admission`), and a client whose request fails authentication is closed at once;
+- on the fast path a request that fails the key check is answered by the protocol, before
+  the app, and past a budget of failures a second its address's refusals wait
+  (`FailedAuth`): a keyless flood is paced by the server instead of taking its core.
 
 Deadlines are checked by one sweep per server (`_Sweep`), which reads where each connection
 is from uvicorn's own request cycle (``cycle.response_complete``, ``cycle.more_body``): a
@@ -63,6 +66,8 @@ class _Bounded:
 
     _limits: ConnectionLimits
     _refused = False
+    _answered = False  # a refusal without the key: its answer has been written
+    _request_read = False  # ... and the refused request has been read to its end
     # What the client owes next, as the sweep last saw it: the request cycle it was seen
     # on, "headers" or "body" (None while a request runs), and since when.
     _seen_cycle: Any = None
@@ -71,9 +76,10 @@ class _Bounded:
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *,
-                 limits: ConnectionLimits) -> None:
+                 limits: ConnectionLimits, keyless: Any = None) -> None:
         super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
         self._limits = limits
+        self._keyless = keyless  # the app's `keyless_refusal`, or None
         self.logger = ClientLog(self.logger, handshakes=False)  # type: ignore[has-type]
         self.access_logger = ClientLog(self.access_logger,  # type: ignore[has-type]
                                        handshakes=True)
@@ -127,13 +133,101 @@ class _Bounded:
         loop.call_later(_REFUSED_LINGER_S, transport.close)
 
 
+    def _refuse_keyless(self, refusal: tuple[bytes, bytes]) -> None:
+        """Answer a request that failed the key check from here, before the app; the
+        connection reads nothing more. Past its address's budget (`FailedAuth`) the answer
+        waits: a client without the key gets its 401 at the pace the server sets."""
+        self._refused = True
+        loop = self.loop  # type: ignore[attr-defined]
+        wait = _failed_auth.wait(self.client[0] if self.client else "",  # type: ignore[attr-defined]
+                                 loop.time())
+        if wait:
+            loop.call_later(wait, self._answer_keyless, *refusal)
+        else:
+            self._answer_keyless(*refusal)
+
+    def _answer_keyless(self, head: bytes, body: bytes) -> None:
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport.is_closing():
+            return  # the client gave up waiting
+        date = b"".join(k + b": " + v + b"\r\n"
+                        for k, v in self.server_state.default_headers)  # type: ignore[attr-defined]
+        transport.write(head + date + b"\r\n" + body)
+        self._answered = True
+        if transport.can_write_eof():
+            transport.write_eof()
+        if self._request_read:
+            transport.close()  # nothing unread is left to turn the close into a reset
+        else:
+            self.loop.call_later(_REFUSED_LINGER_S, transport.close)  # type: ignore[attr-defined]
+
+    def _keyless_request_read(self) -> None:
+        self._request_read = True
+        if self._answered:
+            self.transport.close()  # type: ignore[attr-defined]
+
+
+class FailedAuth:
+    """Failed key checks by client address, counted by the second. An address's first
+    ``budget`` a second are answered at once, the rest after ``wait_s``: a client that waits
+    for its answers (every HTTP client) is paced to about one refusal per connection per
+    ``wait_s``, however fast it asks, and a keyless flood cannot take the core from the
+    clients with the key. A wrong key is still told why, a moment later."""
+
+    def __init__(self, budget: int = 20, wait_s: float = 1.0) -> None:
+        self.budget, self.wait_s = budget, wait_s
+        self._second = -1
+        self._counts: dict[str, int] = {}  # this second's only: its size is bounded
+
+    def wait(self, address: str, now: float) -> float:
+        """How long the refusal of ``address``'s request waits (0: none)."""
+        second = int(now)
+        if second != self._second:
+            self._second, self._counts = second, {}
+        count = self._counts[address] = self._counts.get(address, 0) + 1
+        return 0.0 if count <= self.budget else self.wait_s
+
+
+_failed_auth = FailedAuth()
+
+
 class BoundedH11Protocol(_Bounded, H11Protocol):
     """uvicorn's h11 protocol with the kit's bounds: the fallback without httptools."""
 
 
 if HttpToolsProtocol is not None:
     class BoundedHttpToolsProtocol(_Bounded, HttpToolsProtocol):
-        """uvicorn's httptools protocol with the kit's bounds: the fast path."""
+        """uvicorn's httptools protocol with the kit's bounds: the fast path. A request that
+        fails the key check is answered here (`keyless_refusal`), its app never called."""
+
+        def on_headers_complete(self) -> None:
+            if self._keyless is not None and not self.parser.should_upgrade():
+                refusal = self._keyless(self.parser.get_method(), self.url.partition(b"?")[0],
+                                        self.headers)
+                if refusal is not None:
+                    if self.access_log:
+                        self._log_refused(int(refusal[0][9:12]))
+                    self._refuse_keyless(refusal)
+                    return
+            super().on_headers_complete()
+
+        def _log_refused(self, status: int) -> None:
+            # The line uvicorn writes for a request it answers (`ClientLog` shortens it).
+            host, port = self.client or ("", 0)
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', f"{host}:{port}",
+                                    self.parser.get_method().decode("latin-1"),
+                                    self.url.decode("latin-1"),
+                                    self.parser.get_http_version(), status)
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if self._refused:
+                self._keyless_request_read()
+                return
+            super().on_message_complete()
 else:  # pragma: no cover
     BoundedHttpToolsProtocol = None  # type: ignore[assignment,misc]
 

@@ -43,16 +43,21 @@ _REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
 
 
 RunRollout = Callable[[RolloutRequest, bytes, InFlight], Awaitable[Response]]
+# Corrects a stored session's record: (session id, run id, what the client got instead).
+AnswerLost = Callable[[str, str, str], Awaitable[None]]
 
 
 class RolloutEndpoint:
     """The ``/rollout`` route's ASGI app. ``run``: runs a validated request (its body given
-    too) to its response."""
+    too) to its response; ``lost``: records that a rollout stored as ``ok`` was not
+    answered so (its client left before the answer's last byte, or its trace write failed
+    and the answer said that)."""
 
-    def __init__(self, config: TaskAppConfig, *, run: RunRollout, limits: RolloutLimits,
-                 stats: RolloutStats) -> None:
+    def __init__(self, config: TaskAppConfig, *, run: RunRollout, lost: AnswerLost,
+                 limits: RolloutLimits, stats: RolloutStats) -> None:
         self.config = config
         self.run = run
+        self.lost = lost
         self.stats = stats
         self.heads = EarlyHeads(limits)
 
@@ -88,7 +93,10 @@ class RolloutEndpoint:
         except Exception as exc:  # the kit's own failure: the app's are answered by `run`
             logger.exception("POST /rollout failed")
             response = await server_error(request, exc)
-        await self.heads.answer(pulse, response, scope, receive)
+        delivered = await self.heads.answer(pulse, response, scope, receive)
+        if pulse.stored is not None and (pulse.write_failed or not delivered):
+            await self.lost(pulse.stored, req.run_id, "trace_write_failed"
+                            if pulse.write_failed else "client_disconnected")
 
     async def _checked(self, request: Request) -> Response | tuple[RolloutRequest, bytes]:
         """The request validated (with its body), or the response that refuses it."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
@@ -85,6 +86,24 @@ def prepare_serving_process() -> None:
     gc.freeze()
     young, *older = gc.get_threshold()
     gc.set_threshold(max(young, _YOUNG_GC_THRESHOLD), *older)
+    _give_back_large_blocks()
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_MMAP_FROM_BYTES = 128 * 1024  # glibc's default, before it starts moving it
+
+
+def _give_back_large_blocks() -> None:
+    """Keep glibc mapping blocks from 128 KiB on their own, so that they return to the
+    system when freed. By default glibc raises that threshold each time such a block is
+    freed (up to 32 MiB): from then on a client's large message or body comes from the
+    heap, and the holes it leaves between smaller blocks that live on stay with the
+    process, a server's memory kept long after the sessions that used it have closed."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (macOS): its allocator has its own rules
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM_BYTES)
 
 
 def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
@@ -112,10 +131,13 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # A trainer may open thousands of connections at once: the kernel caps the queue of
     # those not yet accepted at its own limit (net.core.somaxconn).
     extra.setdefault("backlog", max(2048, min(65535, limits.max_connections)))
+    # A task app's refusals without a key are answered by the protocol, before the app.
+    keyless = getattr(getattr(app, "state", None), "keyless_refusal", None)
     return dict(app=app, host=host, port=port, log_level=log_level, access_log=access_log,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
-                http=functools.partial(bounded_protocol(), limits=limits), **extra)
+                http=functools.partial(bounded_protocol(), limits=limits, keyless=keyless),
+                **extra)
 
 
 def _message_limit(app: Any) -> int:
@@ -214,6 +236,12 @@ class LocalRunner:
             from synth_deploy.tracing import RolloutRecords, open_trace_store
 
             self.store = open_trace_store(s.traces)
+            try:  # rollouts are answered 200 once stored: not into a file readers refuse
+                self.store.check_pages()
+            except BaseException:
+                self.store.close()
+                self.store = None
+                raise
             records = RolloutRecords(self.store)  # async rollouts outlive the process
         self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any, Protocol
 
 import anyio
@@ -79,7 +80,7 @@ _RESPONSE_VALIDATOR = RolloutResponse.__pydantic_validator__
 
 class TraceSink(Protocol):
     """Where a served app's finished sessions go: the kit's `TraceStore`, or any object with
-    these two methods. ``start`` is called once as the server starts; ``write_session``
+    these three methods. ``start`` is called once as the server starts; ``write_session``
     returns once the session is durable. ``rollout``, when given, holds the facts the session
     is described from (`describe_session`), which the sink applies before it stores it: the
     store does so in its writer child, off the server's loop."""
@@ -88,6 +89,9 @@ class TraceSink(Protocol):
 
     async def write_session(self, session: SessionTrace,
                             rollout: RolloutFacts | None = None) -> None: ...
+
+    async def record_lost_answer(self, session_id: str, error: dict[str, Any]) -> None:
+        """The session written as ``ok`` was not what its client got: ``error`` was."""
 
 
 class _EncodedJSON(Response):
@@ -239,7 +243,8 @@ def create_app(
     openapi_schema: dict[str, Any] = {}
     rollout = RolloutEndpoint(config, limits=limits, stats=stats,
                               run=lambda req, body, client: rollouts.run(
-                                  req, body, app.state.http, client))
+                                  req, body, app.state.http, client),
+                              lost=rollouts.answer_lost)
     # synth-containers' contract: its rollouts run as /rollout's, their records in the store.
     durable = AsyncRollouts(lambda req, body: rollouts.run(req, body, app.state.http),
                             stats=stats, trace=trace_store, app_id=config.app_id,
@@ -268,6 +273,7 @@ def create_app(
             r, config.max_body_bytes), too_large=BodyTooLarge)
     # Every endpoint answers only a client with the key unless it is declared public.
     app.serve_core_routes(guarded_routes(endpoints, denied), failures)
+    app.state.keyless_refusal = keyless_refusal(app, endpoints, auth)
 
     app.add_exception_handler(HTTPException, http_error)
     return app
@@ -343,10 +349,14 @@ class _Rollouts:
                 self.failures.error(exc, "live export of rollout %s failed", req.run_id,
                                     extra_secrets=_request_secrets(req))
         if trace_store is not None:
+            if client is not None and body is not None:
+                client.stored = session.session_id
             try:
                 await trace_store.write_session(session, rollout=facts)
                 self.stats.traced += 1
             except Exception as exc:
+                if client is not None:
+                    client.write_failed = True
                 # A 200 promises a durable trace: if the write fails, the rollout fails. Why
                 # is the operator's to read (where the file is, how full its disk), once.
                 self.trace_failures.error(exc, "trace write failed for rollout %s", req.run_id)
@@ -364,6 +374,24 @@ class _Rollouts:
             return error
         self.stats.rollouts += 1
         return _EncodedJSON(body)
+
+    async def answer_lost(self, session_id: str, run_id: str, code: str) -> None:
+        """Correct the stored record of a rollout whose ``ok`` its client never got."""
+        assert self.trace_store is not None  # only a stored session is corrected
+        why = {"client_disconnected": "its client disconnected before the answer's last "
+               "byte", "trace_write_failed": "its answer was trace_write_failed"}[code]
+        error = {"code": code, "message": f"rollout {run_id} finished, but {why}",
+                 "run_id": run_id}
+        try:
+            await self.trace_store.record_lost_answer(session_id, error)
+        except Exception as exc:
+            if code == "trace_write_failed":
+                # The store that just failed the write fails this too (a full disk): its
+                # failure is in the log already, once.
+                logger.debug("rollout %s: no stored record to correct (%s)", run_id, exc)
+                return
+            self.trace_failures.error(exc, "could not record that rollout %s was not "
+                                      "answered ok", run_id)
 
     def _failure(self, exc: Exception, req: RolloutRequest, bound: float) -> JSONResponse:
         """A failed rollout's answer: 504 past its bound, 4xx for the client's mistake, 502
@@ -400,6 +428,37 @@ def _request_secrets(req: RolloutRequest) -> list[str]:
     # The request's own secrets, at any depth and in its URLs: a provider may echo a key in
     # its error body, an app's exception may quote the inference_url.
     return known_secrets(req.policy.config)
+
+
+KeylessRefusal = Callable[[bytes, bytes, list[tuple[bytes, bytes]]], tuple[bytes, bytes] | None]
+
+
+def keyless_refusal(app: Starlette, endpoints: list[Endpoint], auth: ApiKeyAuth
+                    ) -> KeylessRefusal:
+    """What the server's protocol answers, before any of the app runs, to a request for an
+    endpoint behind the key that fails the key check (by raw method, path and headers): the
+    response `denied` gives, as its head (status line on, Date to add) and its body; None
+    when the app answers, as it does every request once ``app`` has middleware of the
+    user's, which sees each request. A flood without a key costs a parse and a write each,
+    not a request's task."""
+    keyed = frozenset((method.encode(), e.path.encode()) for e in endpoints
+                      if not e.public and not e.websocket for method in e.method_list)
+    answers: dict[str, tuple[bytes, bytes]] = {}
+
+    def refusal(method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]
+                ) -> tuple[bytes, bytes] | None:
+        if (method, path) not in keyed or app.user_middleware or \
+                (failure := auth.check(headers)) is None:
+            return None
+        answer = answers.get(failure.code)
+        if answer is None:
+            response = error_response(failure.status, failure.code, failure.message)
+            head = "".join(f"{k.decode()}: {v.decode()}\r\n" for k, v in response.raw_headers)
+            answer = answers[failure.code] = (
+                f"HTTP/1.1 {failure.status} {HTTPStatus(failure.status).phrase}\r\n{head}"
+                "connection: close\r\n").encode(), bytes(response.body)
+        return answer
+    return refusal
 
 
 def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,

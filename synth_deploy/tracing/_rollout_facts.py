@@ -11,6 +11,7 @@ itself (a trace returned in the response, a live export) it describes the sessio
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 from pydantic_core import from_json
@@ -50,6 +51,17 @@ def describe_session(session: SessionTrace, facts: RolloutFacts) -> None:
     session.metadata = metadata
 
 
+def lost_answer(session_id: str, error: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The statement that records, after the fact, that the client of a rollout stored as
+    ``ok`` never got that answer (``error``: what it got instead, as an answer's error
+    says it). The session's status becomes ``error``, so stats and exports leave it out;
+    the triggers move its columns and the running totals with its metadata."""
+    return ("UPDATE session_traces SET metadata = json_set(metadata, '$.status', 'error', "
+            "'$.error', json(?)) WHERE session_id = ? AND json_valid(metadata) "
+            "AND json_extract(metadata, '$.status') = 'ok'",
+            (json.dumps(error), session_id))
+
+
 def _stored_metrics(answered: dict[str, Any]) -> dict[str, Any]:
     # The metrics as answered, less what was not set and the kit's cost ledger, which
     # `ledger_of` derives from the stored session (its LM calls and duration): a third of a
@@ -63,4 +75,4 @@ def _stored_metrics(answered: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-__all__ = ["RolloutFacts", "describe_session"]
+__all__ = ["RolloutFacts", "describe_session", "lost_answer"]

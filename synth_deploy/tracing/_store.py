@@ -26,8 +26,8 @@ from synth_deploy.tracing._config import TraceDbSetting, parse_trace_db
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql
 from synth_deploy.tracing._db._stats import TraceStats, store_stats
-from synth_deploy.tracing._errors import SessionNotFoundError
-from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
+from synth_deploy.tracing._errors import NotATraceDbError, SessionNotFoundError
+from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._thread import ThreadWriter
 
@@ -116,6 +116,17 @@ class TraceStore:
         try:
             with deadline(self.write_timeout_s):
                 await future
+        except TimeoutError:
+            raise self._timeout_error() from None
+
+    async def record_lost_answer(self, session_id: str, error: dict[str, Any]) -> None:
+        """Record that the client of the stored session ``session_id`` never got its ``ok``
+        answer (``error``: what it got instead); a session stored otherwise is left as it
+        is. Runs on a worker thread, as a second writer beside the writer child."""
+        self._check_writable()
+        try:
+            with deadline(self.write_timeout_s):
+                await asyncio.to_thread(self.database.run, [lost_answer(session_id, error)])
         except TimeoutError:
             raise self._timeout_error() from None
 
@@ -235,6 +246,23 @@ class TraceStore:
 
     def integrity_check(self) -> str:
         return self.database.integrity_check()
+
+    def check_pages(self) -> None:
+        """Raise `TraceStoreError` when a page of the local file is damaged (SQLite's
+        ``quick_check``, which reads every page once): what a server checks before it
+        writes into a file that the read commands would refuse. A remote or in-memory
+        store keeps its own pages: nothing is read."""
+        if self.setting.is_remote or self.database.in_memory:
+            return
+        # The first finding is enough to refuse, and its report may run to many lines.
+        found = str(self.database.query("PRAGMA quick_check(1)")[0].get("quick_check"))
+        if found != "ok":
+            first = [line for line in found.splitlines() if not line.startswith("***")]
+            raise NotATraceDbError(
+                f"{self.display} has damaged pages (SQLite's quick_check: "
+                f"{(first or [found])[0]}); it was left as is",
+                hint="move it aside (`sqlite3 FILE .recover` may save its rows) or point "
+                     "--trace-db at another file")
 
     # -- lifecycle ------------------------------------------------------------------------
 

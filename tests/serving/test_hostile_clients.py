@@ -202,10 +202,13 @@ def test_the_access_log_shows_paths_without_their_query(tmp_path, api_key):
             env.reset(seed=1)
         long_path = "/" + "p" * 5_000
         assert httpx.get(url + long_path, headers={"X-API-Key": api_key}).status_code == 404
+        # Refused by the protocol without the key, and logged as uvicorn logs a request.
+        assert httpx.post(url + f"/rollout?api_key={api_key}x").status_code == 401
 
     log = served_log(tmp_path, api_key, "--access-log", clients=clients)
     assert '"GET /health?… HTTP/1.1" 200' in log, log
     assert '"WebSocket /openenv/ws?…" 401' in log and '"WebSocket /openenv/ws?…" [accepted]' \
         in log, log
     assert "/" + "p" * 199 + "…" in log and "p" * 200 not in log
+    assert '"POST /rollout?… HTTP/1.1" 401' in log, log
     assert api_key not in log and "AAAA" not in log

@@ -290,3 +290,41 @@ def _count(path: Path) -> int:
             conn.close()
     except sqlite3.Error:
         return 0
+
+
+def test_a_server_does_not_start_on_a_file_with_damaged_pages(tmp_path):
+    """A file whose schema reads but whose session pages are damaged: `traces ls` refuses
+    it, and so does the server, before it answers a rollout 200 into it."""
+    from typer.testing import CliRunner
+
+    from synth_deploy.cli import app as cli
+    from synth_deploy.env import Env
+    from synth_deploy.errors import TraceStoreError
+    from synth_deploy.serving import LocalRunner, ServeSettings, server_keys
+    from synth_deploy.tracing import SessionTracer, parse_trace_db
+
+    db = tmp_path / "traces.db"
+    with open_trace_store(str(db)) as store:
+        for i in range(40):
+            tracer = SessionTracer(metadata={"app_id": "math", "run_id": f"r{i}"})
+            tracer.start_timestep("s", turn_number=1)
+            tracer.record_message("user", "x" * 3000)
+            store.write_session_sync(tracer.finish())
+    pages = db.stat().st_size // 4096
+    with open(db, "r+b") as f:  # the last pages (messages, sessions); the schema's intact
+        for page in range(pages - 30, pages - 1, 2):
+            f.seek(page * 4096 + 100)
+            f.write(b"\xff" * 2000)
+    damaged = db.read_bytes()
+    listed = CliRunner().invoke(cli, ["traces", "ls", "--trace-db", str(db)], env={})
+    assert listed.exit_code != 0 and "malformed" in listed.output, listed.output
+
+    env = Env({})
+    runner = LocalRunner(ServeSettings(app="math", env=env, keys=server_keys(env, "ephemeral"),
+                                       traces=parse_trace_db(str(db))))
+    with pytest.raises(TraceStoreError) as refused:
+        runner.build()
+    assert f"{db} has damaged pages" in refused.value.message
+    assert "move it aside" in refused.value.hint
+    assert runner.store is None  # closed, not left open
+    assert db.read_bytes() == damaged  # left as is
