@@ -264,9 +264,9 @@ class SessionTracer:
         recorded = []
         for m in messages[known:]:
             role = m.get("role", "user")
-            extra = {k: m[k] for k in _CHAT_FIELDS if m.get(k)}
-            recorded.append(self.record_message(_MESSAGE_TYPES.get(role, role),
-                                                m.get("content"), extra))
+            recorded.append(Message(_MESSAGE_TYPES.get(role, role), m.get("content"),
+                                    metadata={k: m[k] for k in _CHAT_FIELDS if m.get(k)}))
+        self.current_timestep.messages += recorded
         self._chat = list(messages)
         return recorded
 
