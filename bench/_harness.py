@@ -287,3 +287,15 @@ def print_rounds(results: dict[str, list[LoadResult]]) -> None:
         print(f"  {i + 1:>5}" + "".join(
             f"{r.rate:>{w}.0f}{r.p99_ms:>9.2f}"
             f"{'-' if r.cpu_us is None else format(r.cpu_us, '.0f'):>8}" for r, w in row))
+
+
+def print_cpu_split(results: dict[str, list[LoadResult]], name: str) -> None:
+    """Where ``name``'s CPU per request went: its server process and its children (the
+    trace writer), medians over rounds."""
+    rounds = [r for r in results[name] if r.cpu_us is not None and r.own_cpu_us is not None]
+    if rounds:
+        own = statistics.median(r.own_cpu_us for r in rounds)  # type: ignore[misc]
+        children = statistics.median(r.cpu_us - r.own_cpu_us for r in rounds)  # type: ignore[operator]
+        print(f"{name}: CPU per request {own:.0f} µs in the server, {children:.0f} µs in its "
+              "children (the trace writer); medians over rounds")
+

@@ -41,6 +41,7 @@ from _harness import (
     fixed_body,
     paired_cpu_ratio,
     paired_ratio,
+    print_cpu_split,
     print_rounds,
     rounds_on_fresh_servers,
     wrk_load,
@@ -250,6 +251,7 @@ def main() -> None:
             if per_call:
                 print(f"{name}: CPU per policy call {statistics.median(per_call):.0f} µs "
                       f"(median over rounds, the server with its children)")
+        print_cpu_split(results, "serve")
         for numerator, denominator, target in (("serve", "bare", ">= 0.60x"),
                                                ("untraced", "bare", None)):
             rate, p99 = paired_ratio(results, numerator, denominator)

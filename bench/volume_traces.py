@@ -31,6 +31,7 @@ from _harness import (
     child_server,
     paired_cpu_ratio,
     paired_ratio,
+    print_cpu_split,
     print_rounds,
     rounds_on_fresh_servers,
 )
@@ -139,6 +140,8 @@ def main() -> None:
             cpu = paired_cpu_ratio(results, num, den)
             if cpu is not None:
                 print(f"  container CPU per rollout {num}/{den} {cpu:5.2f}x (writer included)")
+        for name in results:
+            print_cpu_split(results, name)
         committed = tmp / "volume" / "store" / "bench" / "ta-bench.db"
         conn = sqlite3.connect(committed)
         stored = conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]

@@ -12,7 +12,6 @@ truncated and with the request's secrets masked.
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import json
 import logging
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import httpx
+from pydantic_core import from_json
 
 from synth_deploy.env import known_secrets, redact, redact_userinfo
 from synth_deploy.errors import BadRequest, TaskAppError
@@ -124,7 +124,7 @@ async def call_policy(
     # Sent as these bytes and recorded as read back from them: the caller's list grows with
     # later turns, and the record must show what this call sent.
     content = _json_bytes(body)
-    body = json.loads(content)
+    body = from_json(content)
     headers = {}
     if api_key := config.get("api_key"):
         if not (isinstance(api_key, str) and api_key.isascii() and api_key.isprintable()):
@@ -137,7 +137,7 @@ async def call_policy(
     refused = capture and body != plain and resp.status_code == 400
     if refused:  # OpenAI and Groq refuse fields they do not know: ask again without ours
         content = _json_bytes(plain)
-        body = json.loads(content)
+        body = from_json(content)
         resp = await _post_with_retry(ctx.http, url, content, headers)
     latency_ms = (time.perf_counter() - started) * 1000
     if resp.status_code >= 300:
@@ -158,19 +158,31 @@ async def call_policy(
     # Tool calls and tool call ids stay with their messages; a second call of the same turn
     # (after a corrective message) records only what is new.
     ctx.tracer.record_chat(body["messages"])
-    # The answer is copied too: the caller gets `raw` and may change it.
-    record: dict[str, Any] = {"request": body, "response": copy.deepcopy(message)}
+    # The answer is copied too, once, for the call record and the chat alike: the caller
+    # gets `raw` and may change it.
+    answered = _json_copy(message)
+    record: dict[str, Any] = {"request": body, "response": answered}
     if usage is not None:
-        record["usage"] = copy.deepcopy(usage)
+        usage = record["usage"] = _json_copy(usage)
     ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
                               provider=urlsplit(url).hostname, usage=usage,
                               latency_ms=round(latency_ms, 3), call_records=[record],
                               tokens=reply_tokens(data, refused) if capture else None)
     content = message.get("content") or ""
     tool_calls = list(message.get("tool_calls") or [])
-    ctx.tracer.record_chat([*body["messages"], assistant_message(copy.deepcopy(message))])
+    ctx.tracer.record_chat([*body["messages"], assistant_message(answered)])
     return PolicyReply(content=content, tool_calls=tool_calls, raw=data,
                        latency_ms=latency_ms)
+
+
+def _json_copy(value: Any) -> Any:
+    """A deep copy of JSON data (what `json.loads` gives): no cycles, no shared parts, so
+    none of `copy.deepcopy`'s memo and dispatch."""
+    if type(value) is dict:
+        return {key: _json_copy(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_json_copy(item) for item in value]
+    return value
 
 
 class _WrongShape(TypeError):

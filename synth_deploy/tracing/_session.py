@@ -261,12 +261,13 @@ class SessionTracer:
         known = len(self._chat)
         if messages[:known] != self._chat:
             known = 0  # a different conversation: record it whole
+        step = self.current_timestep  # started before its messages are made
         recorded = []
         for m in messages[known:]:
             role = m.get("role", "user")
-            extra = {k: m[k] for k in _CHAT_FIELDS if m.get(k)}
-            recorded.append(self.record_message(_MESSAGE_TYPES.get(role, role),
-                                                m.get("content"), extra))
+            recorded.append(Message(_MESSAGE_TYPES.get(role, role), m.get("content"),
+                                    metadata={k: m[k] for k in _CHAT_FIELDS if m.get(k)}))
+        step.messages += recorded
         self._chat = list(messages)
         return recorded
 

@@ -3,10 +3,14 @@ DATETIME columns use (``2025-01-31 12:00:00.000000``), read back as epoch second
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 _EPOCH = datetime(1970, 1, 1)
+# The last whole second formatted: a session's timestamps, and a batch's, share seconds.
+# One tuple, replaced whole, so that threads never read a second with another's text.
+_last_second: tuple[float, str] = (math.nan, "")
 
 
 def iso(ts: float | None) -> str | None:
@@ -14,8 +18,17 @@ def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     # What datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f") writes, with
-    # the same rounding, without strftime's formatting (a session has a dozen timestamps).
-    return (_EPOCH + timedelta(seconds=ts)).isoformat(" ", "microseconds")
+    # timedelta's rounding (the fraction's microseconds, half to even), the date and time
+    # of the whole second formatted once for every timestamp in it.
+    global _last_second
+    fraction, whole = math.modf(ts)
+    micros = round(fraction * 1e6)
+    if fraction < 0 or micros == 1_000_000:  # before 1970, or rounded up to the next second
+        return (_EPOCH + timedelta(seconds=ts)).isoformat(" ", "microseconds")
+    second = _last_second
+    if second[0] != whole:
+        second = _last_second = (whole, (_EPOCH + timedelta(seconds=whole)).isoformat(" "))
+    return f"{second[1]}.{micros:06d}"
 
 
 def epoch(text: Any) -> float | None:

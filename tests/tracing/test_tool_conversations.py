@@ -59,6 +59,15 @@ def test_a_retried_call_in_one_turn_records_its_conversation_once():
     assert second.messages[5].metadata == {"tool_call_id": "c1"}
 
 
+def test_a_chat_recorded_before_any_timestep_starts_one_that_precedes_its_messages():
+    tracer = SessionTracer()
+    recorded = tracer.record_chat([{"role": "system", "content": "Play."},
+                                   {"role": "user", "content": "Go."}])
+    (step,) = tracer.finish().timesteps
+    assert step.messages == recorded and len(recorded) == 2
+    assert all(step.timestamp <= m.timestamp for m in recorded)
+
+
 def test_export_gives_tool_calling_conversations_the_validator_accepts():
     first, second = sft_examples(two_turns().finish())
     # Tools in the flat form synth-ai's SFT reader takes.

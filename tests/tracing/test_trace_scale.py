@@ -512,6 +512,32 @@ def test_a_batch_is_one_cached_statement_a_table_with_parent_ids_in_the_rows(tmp
     store.close()
 
 
+def test_a_batch_of_new_sessions_is_inserted_without_asking_which_are_stored(tmp_path):
+    # A rollout's session is new; the stored ids are looked up only for a batch whose insert
+    # failed (a rewrite among them), which then lands whole: new sessions stored, the same
+    # content again a success, other content a conflict alone.
+    store = TraceStore(parse_trace_db(str(tmp_path / "t.db")), writer_process=False)
+    seen = statements_run(store)
+    stored = make_session(1)
+    store.write_sessions_sync([stored, make_session(2)])
+    assert seen and not [sql for sql in seen if "session_id IN" in sql]
+    changed = copy.deepcopy(stored)
+    changed.metadata["seed"] = 99
+    fresh = [make_session(3), make_session(4)]
+
+    async def batch() -> list:
+        return await asyncio.gather(*(store.write_session(s) for s in (
+            fresh[0], copy.deepcopy(stored), changed, fresh[1])), return_exceptions=True)
+
+    outcomes = asyncio.run(batch())
+    assert [type(o).__name__ for o in outcomes] == [
+        "NoneType", "NoneType", "SessionConflictError", "NoneType"]
+    assert [sql for sql in seen if "session_id IN" in sql]
+    assert store.count_sessions() == 4
+    assert store.get_session(stored.session_id).metadata == stored.metadata
+    store.close()
+
+
 def test_a_batch_writes_its_wal_frames_and_little_else(tmp_path):
     # A row's statement journal holds the pages earlier rows of its transaction changed; as
     # a temporary file it was most of what a batch wrote (and no part of durability).

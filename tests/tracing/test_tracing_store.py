@@ -449,3 +449,25 @@ def test_processes_that_open_a_new_trace_file_at_once_all_open_it(tmp_path):
     for i in range(20):
         with open_trace_store(tmp_path / f"{i}.db", read_only=True) as store:
             assert store.schema_version == SCHEMA_VERSION
+
+
+def test_timestamps_are_stored_as_synth_ai_writes_them_whatever_their_fraction(tmp_path):
+    # Sortable UTC text to the microsecond, rounded as timedelta rounds (half to even): at
+    # the edges of a second, before 1970, and many in one second (formatted once).
+    from datetime import datetime, timedelta
+
+    edges = [0.0, 1e-9, 0.9999994, 0.9999996, 86399.9999995, -1.25, -0.0000004,
+             1764000000.0000005, 1764000000.0000015, 1764000000.9999995]
+    times = edges + [1764000000 + k / 7 for k in range(40)]
+    path = tmp_path / "t.db"
+    ids = {}
+    with open_trace_store(path) as store:
+        for i, ts in enumerate(times):
+            session = make_session(i)
+            session.created_at = ids[session.session_id] = ts
+            store.write_session_sync(session)
+    rows = sqlite3.connect(path).execute("SELECT session_id, created_at FROM session_traces")
+    written = {sid: text for sid, text in rows}
+    assert written and {sid: written[sid] for sid in ids} == {
+        sid: (datetime(1970, 1, 1) + timedelta(seconds=ts)).isoformat(" ", "microseconds")
+        for sid, ts in ids.items()}

@@ -70,6 +70,8 @@ def _json(value: Any) -> str | None:
     # URL-safe base64 (not always UTF-8).
     if value is None:
         return None
+    if type(value) is dict and not value:  # most messages' and events' metadata
+        return "{}"
     return to_json(value, fallback=str, bytes_mode="base64", inf_nan_mode="constants").decode()
 
 

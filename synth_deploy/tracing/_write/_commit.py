@@ -9,6 +9,10 @@ writer thread, the writer child):
   `SessionConflictError`;
 - one bad session fails alone: when a batch cannot be stored, its sessions are committed
   one by one, and only those that fail say so.
+
+A batch is first inserted as it is: sessions are new but for a rewrite, and a session
+stored before fails the insert (its id is unique), so the stored ids are looked up only
+for a batch that failed, before it is tried again.
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ Outcome = BaseException | None  # None: stored (or stored before, alike)
 def commit(db: TraceDatabase, sessions: list[SessionTrace]) -> list[Outcome]:
     """Store ``sessions``; the outcome of each, in order, once everything is committed."""
     outcomes: list[Outcome] = [None] * len(sessions)
-    _commit(db, list(enumerate(sessions)), outcomes)
+    batch = list(enumerate(sessions))
+    try:
+        if batch:
+            db.insert_sessions(sessions)
+    except Exception:
+        _commit(db, batch, outcomes)  # a rewrite, a repeated id or a bad session: look
     return outcomes
 
 
