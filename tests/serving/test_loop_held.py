@@ -1,10 +1,13 @@
-"""The warning that a rollout held the event loop is about the loop, not the machine: a
-served app kept off its core by another process, its LLM-bound rollouts never computing for
-long, gets no warning; and the kit sets up nothing on the loop at a first policy call."""
+"""The warning that app code held the event loop is about the loop, not the machine: an
+environment's async reset or step that computes is named with its file and line, on /rollout
+and on OpenEnv's wire; a served app kept off its core by another process, its LLM-bound
+rollouts never computing for long, gets no warning; and the kit sets up nothing on the loop at
+a first policy call."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +17,67 @@ import time
 import httpx
 import pytest
 from processes import clean_env, free_port, wait_until_up
+from standins.openenv_client import WSEnvClient
+from standins.scripted_policy import calls, scripted_policy, tool_call
+from toy_apps import CountEnv, env_config
+
+from synth_deploy.serving import create_app
+
+HOLD_S = 0.3  # of the loop thread's own CPU, however long the machine makes it
+
+
+def compute(seconds: float) -> None:
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+
+
+class BusyCount(CountEnv):
+    """CountEnv whose reset and step are async and compute without awaiting."""
+
+    async def reset(self, seed, *, episode_id, config):
+        compute(HOLD_S)
+        return CountEnv.reset(self, seed, episode_id=episode_id, config=config)
+
+    async def step(self, action):
+        compute(HOLD_S)
+        return CountEnv.step(self, action)
+
+
+def held_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
+
+
+def named(method) -> str:
+    return f"BusyCount.{method.__name__} ({__file__}:{method.__code__.co_firstlineno})"
+
+
+def test_an_environments_async_reset_and_step_that_hold_the_loop_are_named(
+        serve, api_key, caplog):
+    caplog.set_level(logging.WARNING, logger="synth_deploy.taskapp")
+    policy = serve(scripted_policy([calls(tool_call("add", {"n": 3}))]))
+    server = serve(create_app(env_config(BusyCount), api_keys=[api_key]))
+    answer = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=60,
+                        json=body("busy", policy.url + "/v1"))
+    assert answer.status_code == 200, answer.text
+    warnings = held_warnings(caplog)
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith(named(BusyCount.reset)), warnings
+    assert warnings[1].startswith(named(BusyCount.step)), warnings
+    assert "worker_object" in warnings[1] and "plain `def`" in warnings[1]
+
+
+def test_an_environments_step_that_holds_the_loop_on_openenvs_wire_is_named(
+        serve, api_key, caplog):
+    caplog.set_level(logging.WARNING, logger="synth_deploy.taskapp")
+    server = serve(create_app(env_config(BusyCount), api_keys=[api_key]))
+    with WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+        env.reset(seed=0)
+        env.step({"n": 1})
+        env.step({"n": 1})  # said once per function
+    warnings = held_warnings(caplog)
+    assert [w.split(" held")[0] for w in warnings] == [named(BusyCount.reset),
+                                                       named(BusyCount.step)], warnings
 
 LLM_BOUND_APP = '''
 from synth_deploy.taskapp import TaskApp, call_policy
