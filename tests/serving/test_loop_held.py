@@ -19,9 +19,10 @@ import pytest
 from processes import clean_env, free_port, wait_until_up
 from standins.openenv_client import WSEnvClient
 from standins.scripted_policy import calls, scripted_policy, tool_call
-from toy_apps import CountEnv, env_config
+from toy_apps import CountEnv, env_config, toy_config
 
 from synth_deploy.serving import create_app
+from synth_deploy.taskapp import call_policy
 
 HOLD_S = 0.3  # of the loop thread's own CPU, however long the machine makes it
 LOAD_S = 5.0
@@ -66,6 +67,22 @@ def test_an_environments_async_reset_and_step_that_hold_the_loop_are_named(
     assert warnings[0].startswith(named(BusyCount.reset)), warnings
     assert warnings[1].startswith(named(BusyCount.step)), warnings
     assert "worker_object" in warnings[1] and "plain `def`" in warnings[1]
+
+
+async def long_prompt_rollout(request, ctx):
+    # The kit's own work holds the loop here: encoding (and reading back) this prompt.
+    await call_policy(ctx, [{"role": "user", "content": "x"}] * 300_000)
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
+
+
+def test_the_kits_own_work_inside_a_rollout_is_never_put_on_the_rollout(
+        serve, mock_policy, api_key, caplog):
+    caplog.set_level(logging.WARNING, logger="synth_deploy.taskapp")
+    server = serve(create_app(toy_config(long_prompt_rollout), api_keys=[api_key]))
+    answer = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=60,
+                        json=body("long", mock_policy.url + "/v1"))
+    assert answer.status_code == 200, answer.text
+    assert held_warnings(caplog) == []
 
 
 def test_an_environments_step_that_holds_the_loop_on_openenvs_wire_is_named(
