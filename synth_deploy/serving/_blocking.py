@@ -16,7 +16,7 @@ stack. Going out from the innermost frame past the standard library and installe
 the first frame is either the kit's (then the kit held the loop, and the app is never told) or
 the app's; of the app's frames above the kit, the outermost is named (the rollout function, an
 environment's ``step``), with where it was. A hold more than `HELD_S` long, most of whose
-looks saw the same call, is warned about once per function.
+looks saw the same function, is warned about once per function.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def culprit(frame: FrameType | None) -> Culprit | None:
 
 @dataclass
 class _Hold:
-    """What the thread saw while one heartbeat was late: each app call's looks, and all."""
+    """What the thread saw while one heartbeat was late: each app function's looks, and
+    all."""
 
     beat: tuple[float, float, float]
     looks: int = 0
@@ -117,12 +118,12 @@ class _Hold:
 
     def saw(self, found: Culprit | None) -> None:
         self.looks += 1
-        if found is not None:
-            key = id(found.entry)
+        if found is not None:  # by function: rollouts that start together run back to back
+            key = id(found.entry.f_code)
             self.seen[key] = (found, self.seen.get(key, (found, 0))[1] + 1)
 
     def blamed(self) -> Culprit | None:
-        """The app call seen in most looks, if that is more than half of them."""
+        """The app function seen in most looks, if that is more than half of them."""
         best = max(self.seen.values(), key=lambda seen: seen[1], default=None)
         return best[0] if best is not None and 2 * best[1] > self.looks else None
 

@@ -69,6 +69,42 @@ def test_an_environments_async_reset_and_step_that_hold_the_loop_are_named(
     assert "worker_object" in warnings[1] and "plain `def`" in warnings[1]
 
 
+class Together:
+    """Rollouts that, once ``n`` have started, all compute at once: their steps run back to
+    back in one turn of the loop."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.arrived = n, 0
+        self.all_in: asyncio.Event | None = None
+
+    async def __call__(self, request, ctx):
+        self.all_in = self.all_in or asyncio.Event()
+        self.arrived += 1
+        if self.arrived == self.n:
+            self.all_in.set()
+        await self.all_in.wait()
+        compute(HOLD_S / 2)
+        return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
+
+
+def test_rollouts_that_hold_the_loop_back_to_back_are_named_once(serve, api_key, caplog):
+    caplog.set_level(logging.WARNING, logger="synth_deploy.taskapp")
+    server = serve(create_app(toy_config(Together(4)), api_keys=[api_key]))
+
+    async def four() -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            answers = await asyncio.gather(*(
+                client.post(server.url + "/rollout", headers={"X-API-Key": api_key},
+                            json=body(f"together-{i}", "http://127.0.0.1:9/v1"))
+                for i in range(4)))
+        return [a.status_code for a in answers]
+
+    assert asyncio.run(four()) == [200] * 4
+    warnings = held_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"Together.__call__ ({__file__}:"), warnings
+
+
 async def long_prompt_rollout(request, ctx):
     # The kit's own work holds the loop here: encoding (and reading back) this prompt.
     await call_policy(ctx, [{"role": "user", "content": "x"}] * 300_000)
