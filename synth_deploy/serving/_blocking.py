@@ -5,11 +5,11 @@ event loop: while it computes (no ``await`` reached), nothing else runs — not 
 not the other rollouts' policy calls.
 
 `LoopWatch` measures the loop itself. Its heartbeat (a task on the loop) asks to wake every
-`TICK_S`; how late it wakes is how long the loop could not run it. From that it takes the
-time the loop's thread was kept off a core (Linux's run delay) and bounds it by the CPU the
-thread used (a thread waiting for the interpreter lock, held by a worker thread, holds
-nothing): what is left is the time the loop's own code held it. Wall time alone would blame an
-app on a busy machine for the machine.
+`TICK_S`; how late it wakes is how long the loop could not run it, bounded by the CPU time
+the loop's thread used meanwhile: a thread kept off its core by other processes, or waiting
+for the interpreter lock that a worker thread holds, computes nothing and holds nothing.
+Wall time alone would blame an app on a busy machine for the machine; Linux's run delay alone
+(time spent waiting for a core) misses the lock, and costs a /proc read a beat.
 
 Whose code held it: while the heartbeat is late, a thread looks at the loop thread's Python
 stack. Going out from the innermost frame past the standard library and installed packages,
@@ -44,22 +44,10 @@ _LIBRARY = tuple({str(Path(p).resolve()) for name in ("stdlib", "platstdlib", "p
 _APP, _KIT_CODE, _LIBRARY_CODE = "app", "kit", "library"
 
 
-def _sched_s(path: str) -> tuple[float, float]:
-    """A thread's seconds on a core and seconds runnable but waiting for one; where Linux does
-    not say, (inf, 0.0): the wall clock is then all there is."""
-    try:
-        with open(path, "rb") as stat:
-            on_cpu, waiting = stat.read().split()[:2]
-        return int(on_cpu) / 1e9, int(waiting) / 1e9
-    except (OSError, ValueError):
-        return float("inf"), 0.0
-
-
-def held_s(late_s: float, before: tuple[float, float], after: tuple[float, float]) -> float:
-    """How long the loop's own code held it while its heartbeat was ``late_s`` late, from the
-    thread's scheduler times (`_sched_s`) at the last beat and now."""
-    held = late_s - (after[1] - before[1])
-    return held if after[0] == float("inf") else min(held, after[0] - before[0])
+def held_s(late_s: float, cpu_s: float) -> float:
+    """How long the loop's own code held it: its heartbeat ``late_s`` late, its thread having
+    used ``cpu_s`` of CPU since the beat before."""
+    return min(late_s, cpu_s)
 
 
 _owners: dict[str, str] = {}
@@ -112,7 +100,7 @@ class _Hold:
     """What the thread saw while one heartbeat was late: each app function's looks, and
     all."""
 
-    beat: tuple[float, float, float]
+    beat: tuple[float, float]
     looks: int = 0
     seen: dict[int, tuple[Culprit, int]] = field(default_factory=dict)
 
@@ -133,22 +121,20 @@ class LoopWatch:
 
     def __init__(self) -> None:
         self._warned: set[str] = set()
-        self._beat: tuple[float, float, float] = (time.perf_counter(), float("inf"), 0.0)
+        self._beat: tuple[float, float] = (time.perf_counter(), time.thread_time())
         self._hold: _Hold | None = None
 
     async def run(self) -> None:
-        ident = threading.get_ident()
-        own = f"/proc/self/task/{threading.get_native_id()}/schedstat"
         stop = threading.Event()
-        looker = threading.Thread(target=self._look, args=(ident, own, stop), daemon=True,
-                                  name="synth-deploy loop watch")
-        self._beat = (time.perf_counter(), *_sched_s(own))
+        looker = threading.Thread(target=self._look, args=(threading.get_ident(), stop),
+                                  daemon=True, name="synth-deploy loop watch")
+        self._beat = (time.perf_counter(), time.thread_time())
         looker.start()
         try:
             while True:
                 await asyncio.sleep(TICK_S)
-                beat, now = self._beat, (time.perf_counter(), *_sched_s(own))
-                held = held_s(now[0] - beat[0] - TICK_S, beat[1:], now[1:])
+                beat, now = self._beat, (time.perf_counter(), time.thread_time())
+                held = held_s(now[0] - beat[0] - TICK_S, now[1] - beat[1])
                 hold, self._hold = self._hold, None
                 self._beat = now
                 if held > HELD_S and hold is not None and hold.beat is beat:
@@ -159,12 +145,11 @@ class LoopWatch:
             stop.set()
             self._hold = None
 
-    def _look(self, ident: int, sched: str, stop: threading.Event) -> None:
+    def _look(self, ident: int, stop: threading.Event) -> None:
         """The thread: while the heartbeat is late, whose code the loop runs."""
         while not stop.wait(LOOK_S):
             beat = self._beat
-            late = time.perf_counter() - beat[0] - TICK_S
-            if late <= LOOK_S or held_s(late, beat[1:], _sched_s(sched)) <= LOOK_S:
+            if time.perf_counter() - beat[0] - TICK_S <= LOOK_S:
                 continue
             found = culprit(sys._current_frames().get(ident))
             hold = self._hold

@@ -1,8 +1,9 @@
 """The warning that app code held the event loop is about the loop, not the machine: an
 environment's async reset or step that computes is named with its file and line, on /rollout
-and on OpenEnv's wire; a served app kept off its core by another process, its LLM-bound
-rollouts never computing for long, gets no warning; and the kit sets up nothing on the loop at
-a first policy call."""
+and on OpenEnv's wire, rollouts that hold it back to back once; the kit's own work inside a
+rollout is never put on the rollout; a served app kept off its core by another process (its
+LLM-bound rollouts under load, a step computing briefly but spanning long) gets no warning;
+and the kit sets up nothing on the loop at a first policy call."""
 
 from __future__ import annotations
 
@@ -154,13 +155,26 @@ def body(run_id: str, inference_url: str) -> dict:
             "policy": {"config": {"model": "m", "inference_url": inference_url}}}
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not (shutil.which("taskset") and os.path.exists("/proc/thread-self/"
-                                                                      "schedstat")),
-                    reason="needs taskset and Linux's scheduler statistics")
-def test_an_llm_bound_app_under_load_kept_off_its_core_is_not_told_it_held_the_loop(
-        tmp_path, mock_policy, api_key):
-    (tmp_path / "task_app.py").write_text(LLM_BOUND_APP)
+BRIEF_APP = '''
+import time
+from synth_deploy.taskapp import TaskApp
+
+task_app = TaskApp("brief", name="brief", description="computes briefly")
+
+
+@task_app.rollout
+async def rollout(request, ctx):
+    started = time.thread_time()  # a twentieth of the threshold's CPU, in one step
+    while time.thread_time() - started < 0.05:
+        pass
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
+'''
+
+
+def beside_a_hog(tmp_path, source: str, api_key: str, nice: int, client):
+    """``client(url)``'s result, slow seconds and the server's output: `synth-deploy serve`
+    of ``source`` sharing its core with a process that computes at ``nice``."""
+    (tmp_path / "task_app.py").write_text(source)
     port = free_port()
     core = str(sorted(os.sched_getaffinity(0))[0])
     server = subprocess.Popen(
@@ -172,29 +186,10 @@ def test_an_llm_bound_app_under_load_kept_off_its_core_is_not_told_it_held_the_l
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, server)
-        # A process of the highest priority on the server's core: the server runs a sliver
-        # of each scheduling period, so a step of a millisecond spans many.
-        hog = subprocess.Popen(["taskset", "-c", core, "nice", "-n", "-20", sys.executable,
+        hog = subprocess.Popen(["taskset", "-c", core, "nice", "-n", str(nice), sys.executable,
                                 "-c", "while True: pass"])
-
-        async def load() -> list[int]:
-            # 32 connections, each sending episodes one after another for LOAD_S.
-            until = time.monotonic() + LOAD_S
-            limits = httpx.Limits(max_connections=32)
-            async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-                async def connection(i: int) -> list[int]:
-                    statuses = []
-                    while not statuses or time.monotonic() < until:
-                        answer = await client.post(url + "/rollout", headers={
-                            "X-API-Key": api_key}, json=body(f"held-{i}-{len(statuses)}",
-                                                             mock_policy.url + "/v1"))
-                        statuses.append(answer.status_code)
-                    return statuses
-                return [s for c in await asyncio.gather(*(connection(i) for i in range(32)))
-                        for s in c]
-
         started = time.monotonic()
-        statuses = asyncio.run(load())
+        result = client(url)
         slow_s = time.monotonic() - started
     finally:
         if hog is not None:
@@ -202,8 +197,53 @@ def test_an_llm_bound_app_under_load_kept_off_its_core_is_not_told_it_held_the_l
             hog.wait(5)
         server.terminate()
         output = server.communicate(timeout=15)[0]
+    return result, slow_s, output
+
+
+needs_taskset = pytest.mark.skipif(not shutil.which("taskset"), reason="needs taskset")
+
+
+@pytest.mark.slow
+@needs_taskset
+def test_an_llm_bound_app_under_load_kept_off_its_core_is_not_told_it_held_the_loop(
+        tmp_path, mock_policy, api_key):
+    async def load(url: str) -> list[int]:
+        # 32 connections, each sending episodes one after another for LOAD_S.
+        until = time.monotonic() + LOAD_S
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            async def connection(i: int) -> list[int]:
+                statuses = []
+                while not statuses or time.monotonic() < until:
+                    answer = await client.post(url + "/rollout", headers={
+                        "X-API-Key": api_key}, json=body(f"held-{i}-{len(statuses)}",
+                                                         mock_policy.url + "/v1"))
+                    statuses.append(answer.status_code)
+                return statuses
+            return [s for c in await asyncio.gather(*(connection(i) for i in range(32)))
+                    for s in c]
+
+    # The hog has the highest priority: the server runs a sliver of each scheduling period,
+    # so a step of a millisecond spans many.
+    statuses, slow_s, output = beside_a_hog(tmp_path, LLM_BOUND_APP, api_key, -20,
+                                            lambda url: asyncio.run(load(url)))
     assert len(statuses) >= 32 and set(statuses) == {200}, output[-2000:]
     assert slow_s > LOAD_S  # the server really was kept waiting
+    assert "held the event loop" not in output, output[-2000:]
+
+
+@pytest.mark.slow
+@needs_taskset
+def test_a_step_that_computes_briefly_kept_off_its_core_is_not_told_it_held_the_loop(
+        tmp_path, api_key):
+    def one(url: str) -> int:
+        return httpx.post(url + "/rollout", headers={"X-API-Key": api_key}, timeout=60,
+                          json=body("brief", "http://127.0.0.1:9/v1")).status_code
+
+    # The hog gets about nine tenths of the core: the step's 0.05 s of CPU spans ~0.5 s.
+    status, slow_s, output = beside_a_hog(tmp_path, BRIEF_APP, api_key, -10, one)
+    assert status == 200, output[-2000:]
+    assert slow_s > 0.3  # the step really spanned more than the threshold
     assert "held the event loop" not in output, output[-2000:]
 
 
