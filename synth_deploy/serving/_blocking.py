@@ -95,20 +95,21 @@ def culprit(frame: FrameType | None) -> Culprit | None:
                    where)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Hold:
     """What the thread saw while one heartbeat was late: each app function's looks, and
-    all."""
+    all. Never changed once made: the loop reads it while the thread makes the next."""
 
     beat: tuple[float, float]
     looks: int = 0
     seen: dict[int, tuple[Culprit, int]] = field(default_factory=dict)
 
-    def saw(self, found: Culprit | None) -> None:
-        self.looks += 1
+    def saw(self, found: Culprit | None) -> _Hold:
+        seen = dict(self.seen)
         if found is not None:  # by function: rollouts that start together run back to back
             key = id(found.entry.f_code)
-            self.seen[key] = (found, self.seen.get(key, (found, 0))[1] + 1)
+            seen[key] = (found, seen.get(key, (found, 0))[1] + 1)
+        return _Hold(self.beat, self.looks + 1, seen)
 
     def blamed(self) -> Culprit | None:
         """The app function seen in most looks, if that is more than half of them."""
@@ -153,9 +154,7 @@ class LoopWatch:
                 continue
             found = culprit(sys._current_frames().get(ident))
             hold = self._hold
-            if hold is None or hold.beat is not beat:
-                hold = _Hold(beat)
-            hold.saw(found)
+            hold = (hold if hold is not None and hold.beat is beat else _Hold(beat)).saw(found)
             if self._beat is beat:  # else the loop moved on while we looked
                 self._hold = hold
             del found, hold  # no frame kept alive between looks
