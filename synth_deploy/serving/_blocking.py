@@ -44,7 +44,7 @@ _LIBRARY = tuple({str(Path(p).resolve()) for name in ("stdlib", "platstdlib", "p
 _APP, _KIT_CODE, _LIBRARY_CODE = "app", "kit", "library"
 
 
-def held_s(late_s: float, cpu_s: float) -> float:
+def _held_s(late_s: float, cpu_s: float) -> float:
     """How long the loop's own code held it: its heartbeat ``late_s`` late, its thread having
     used ``cpu_s`` of CPU since the beat before."""
     return min(late_s, cpu_s)
@@ -75,7 +75,7 @@ class Culprit:
     where: str
 
 
-def culprit(frame: FrameType | None) -> Culprit | None:
+def _culprit(frame: FrameType | None) -> Culprit | None:
     """The app's call the stack ending at ``frame`` is in, or None when the innermost code
     that is not a library's is the kit's."""
     while frame is not None and _owner(frame.f_code.co_filename) == _LIBRARY_CODE:
@@ -135,7 +135,7 @@ class LoopWatch:
             while True:
                 await asyncio.sleep(TICK_S)
                 beat, now = self._beat, (time.perf_counter(), time.thread_time())
-                held = held_s(now[0] - beat[0] - TICK_S, now[1] - beat[1])
+                held = _held_s(now[0] - beat[0] - TICK_S, now[1] - beat[1])
                 hold, self._hold = self._hold, None
                 self._beat = now
                 if held > HELD_S and hold is not None and hold.beat is beat:
@@ -152,7 +152,7 @@ class LoopWatch:
             beat = self._beat
             if time.perf_counter() - beat[0] - TICK_S <= LOOK_S:
                 continue
-            found = culprit(sys._current_frames().get(ident))
+            found = _culprit(sys._current_frames().get(ident))
             hold = self._hold
             hold = (hold if hold is not None and hold.beat is beat else _Hold(beat)).saw(found)
             if self._beat is beat:  # else the loop moved on while we looked
@@ -172,4 +172,4 @@ class LoopWatch:
             "once per function.", found.function, held, found.where)
 
 
-__all__ = ["HELD_S", "Culprit", "LoopWatch", "culprit", "held_s"]
+__all__ = ["HELD_S", "LoopWatch"]
