@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -36,13 +37,13 @@ def free_port() -> int:
 
 @contextmanager
 def child_server(source: str, *, ready_path: str = "/", wrapper: Sequence[str] = (),
-                 start_timeout_s: float = 30, quiet: bool = False,
+                 start_timeout_s: float = 30, quiet: bool = False, log_to: IO[str] | None = None,
                  **values: object) -> Iterator[str]:
     """Run ``source % values`` (a script that serves on ``%(port)d``) and yield its URL;
     ``wrapper``: a command the interpreter runs under (valgrind); ``quiet``: its output
-    dropped (a server that logs as users see it)."""
+    dropped (a server that logs as users see it); ``log_to``: a file its output goes to."""
     port = free_port()
-    output = subprocess.DEVNULL if quiet else None
+    output = log_to if log_to is not None else subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen([*wrapper, sys.executable, "-c", source % {**values, "port": port}],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=output,
                             stderr=output)

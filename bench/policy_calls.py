@@ -15,12 +15,17 @@ alternate within one run and the ratios are taken within a round, then the media
 servers are started afresh ``--pairs`` times. Printed: episodes/s, p99, and the CPU each
 server spent per policy call. Target (issue 47): serve/bare >= 0.60x.
 
+Then the held loop: ``--held-s`` (60) seconds of the same load on `serve` (defaults), and the
+"held the event loop" warnings its log has: none for this LLM-bound episode; one, naming the
+rollout, for a control app whose hundredth episode computes 0.3 s on the loop first.
+
 Then the crowd: ``--in-flight`` episodes (1,000) at once, each on its own connection (the
 openings spread over a second), against a policy that answers each call after
 ``--policy-s`` (1 s): errors and p50/p99 per server. Target: 0 errors, serve's p99 within 10%
 of bare's.
 
-    python bench/policy_calls.py [--pairs 2] [--rounds 2] [--seconds 3] [--in-flight 1000]
+    python bench/policy_calls.py [--pairs 2] [--rounds 2] [--seconds 3] [--held-s 60]
+                                 [--in-flight 1000] [--skip-crowd]
 """
 
 from __future__ import annotations
@@ -107,10 +112,11 @@ APP = '''
 from synth_deploy.taskapp import TaskApp, call_policy
 
 task_app = TaskApp("bench-policy", name="policy calls", description="five policy calls")
+EPISODES = []
 
 
 @task_app.rollout
-async def rollout(request, ctx):
+async def rollout(request, ctx):%(before)s
     messages = [{"role": "system", "content": "You play a game."},
                 {"role": "user", "content": "You see a tree. What do you do?"}]
     for turn in range(%(calls)d):
@@ -119,6 +125,16 @@ async def rollout(request, ctx):
     return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0],
                                                    "num_steps": %(calls)d}}
 '''
+
+# The held-loop control: one episode (the hundredth) computes on the loop before its calls.
+HOLD = '''
+    import time
+    EPISODES.append(None)
+    if len(EPISODES) == 100:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.3:
+            pass'''
+HELD = "held the event loop"
 
 # The floor: the same five calls from a Starlette route with one shared aiohttp session.
 BARE = """
@@ -207,6 +223,57 @@ async def _crowd(url: str, n: int, inference_url: str) -> list[tuple[int | str, 
                                   for i in range(n)))
 
 
+def _rounds(servers: dict, policy: str, args: argparse.Namespace) -> None:
+    """The paired rounds against the policy answering at once, and their ratios."""
+    body = json.dumps(episode(policy + "/v1")).encode()
+
+    def client(url, bodies, key, *, seconds, concurrency):
+        return wrk_load(url, body, key, seconds=seconds, concurrency=concurrency)
+
+    results = rounds_on_fresh_servers(
+        servers, fixed_body(episode(policy + "/v1")), KEY, pairs=args.pairs,
+        rounds=args.rounds, seconds=args.seconds, concurrency=args.concurrency, client=client)
+    print(f"{CALLS}-call episodes, policy answering at once; {args.pairs} fresh sets x "
+          f"{args.rounds} rounds of {args.seconds:g}s, wrk with {args.concurrency} "
+          f"connections; servers on core {SERVER_CORE}, wrk and the policy on core "
+          f"{CLIENT_CORE}")
+    print_rounds(results)
+    for name, rounds in results.items():
+        per_call = [r.cpu_us / CALLS for r in rounds if r.cpu_us is not None]
+        if per_call:
+            print(f"{name}: CPU per policy call {statistics.median(per_call):.0f} µs "
+                  f"(median over rounds, the server with its children)")
+    print_cpu_split(results, "serve")
+    for numerator, denominator, target in (("serve", "bare", ">= 0.60x"),
+                                           ("untraced", "bare", None)):
+        rate, p99 = paired_ratio(results, numerator, denominator)
+        cpu = paired_cpu_ratio(results, numerator, denominator)
+        print(f"{numerator}/{denominator}: episodes/s {rate:.2f}x"
+              + (f" (target {target})" if target else "") + f", p99 {p99:.2f}x"
+              + (f", CPU per policy call {cpu:.2f}x" if cpu is not None else ""))
+
+
+def _held_loop(tmp: Path, policy: str, *, seconds: float, concurrency: int) -> None:
+    """The kit's held-loop warnings in `serve`'s log under wrk: none for the LLM-bound
+    episode; one for the control, whose hundredth episode computes on the loop."""
+    print(f"\nheld loop: {seconds:g}s of wrk ({concurrency} connections) on serve (defaults), "
+          f"the policy answering at once; \"{HELD}\" warnings in serve's log")
+    body = json.dumps(episode(policy + "/v1")).encode()
+    for name, before in (("llm-bound", ""), ("control", HOLD)):
+        app = tmp / f"held_{name.replace('-', '_')}.py"
+        app.write_text(APP % {"calls": CALLS, "before": before})
+        log = tmp / f"{app.stem}.log"
+        with open(log, "w") as output, child_server(
+                SERVE_CLI, app=str(app), key=KEY, wrapper=PIN, log_to=output,
+                flags=["--trace-db", str(tmp / f"{app.stem}.db")]) as url:
+            load = wrk_load(url, body, KEY, seconds=seconds, concurrency=concurrency)
+        said = [line for line in log.read_text().splitlines() if HELD in line]
+        target = "target 0" if not before else "target 1, naming rollout"
+        print(f"  {name:>9}: {load.answered} episodes, {len(said)} warning(s) ({target})")
+        for line in said[:3]:
+            print(f"             {line[:200]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -216,6 +283,8 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--policy-s", type=float, default=1.0)
     parser.add_argument("--skip-crowd", action="store_true")
+    parser.add_argument("--held-s", type=float, default=60.0,
+                        help="seconds of load a held-loop count takes (0: skipped)")
     args = parser.parse_args()
     os.sched_setaffinity(0, {CLIENT_CORE})  # wrk and the policy; the servers get the other
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -223,7 +292,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp) / "policy_app.py"
-        app.write_text(APP % {"calls": CALLS})
+        app.write_text(APP % {"calls": CALLS, "before": ""})
         db = str(Path(tmp) / "traces.db")
         servers = {
             "serve": partial(child_server, SERVE_CLI, app=str(app), key=KEY, quiet=True,
@@ -232,33 +301,11 @@ def main() -> None:
                                 wrapper=PIN, flags=["--no-trace"]),
             "bare": partial(child_server, BARE, key=KEY, calls=CALLS, wrapper=PIN)}
         with child_server(POLICY, ready_path="/", delay=0, quiet=True) as policy:
-            body = json.dumps(episode(policy + "/v1")).encode()
-
-            def client(url, bodies, key, *, seconds, concurrency):
-                return wrk_load(url, body, key, seconds=seconds, concurrency=concurrency)
-
-            results = rounds_on_fresh_servers(
-                servers, fixed_body(episode(policy + "/v1")), KEY, pairs=args.pairs,
-                rounds=args.rounds, seconds=args.seconds, concurrency=args.concurrency,
-                client=client)
-        print(f"{CALLS}-call episodes, policy answering at once; {args.pairs} fresh sets x "
-              f"{args.rounds} rounds of {args.seconds:g}s, wrk with {args.concurrency} "
-              f"connections; servers on core {SERVER_CORE}, wrk and the policy on core "
-              f"{CLIENT_CORE}")
-        print_rounds(results)
-        for name, rounds in results.items():
-            per_call = [r.cpu_us / CALLS for r in rounds if r.cpu_us is not None]
-            if per_call:
-                print(f"{name}: CPU per policy call {statistics.median(per_call):.0f} µs "
-                      f"(median over rounds, the server with its children)")
-        print_cpu_split(results, "serve")
-        for numerator, denominator, target in (("serve", "bare", ">= 0.60x"),
-                                               ("untraced", "bare", None)):
-            rate, p99 = paired_ratio(results, numerator, denominator)
-            cpu = paired_cpu_ratio(results, numerator, denominator)
-            print(f"{numerator}/{denominator}: episodes/s {rate:.2f}x"
-                  + (f" (target {target})" if target else "") + f", p99 {p99:.2f}x"
-                  + (f", CPU per policy call {cpu:.2f}x" if cpu is not None else ""))
+            if args.pairs:
+                _rounds(servers, policy, args)
+            if args.held_s:
+                _held_loop(Path(tmp), policy, seconds=args.held_s,
+                           concurrency=args.concurrency)
         if args.skip_crowd:
             return
         print(f"\n{args.in_flight} episodes in flight, each call answered after "

@@ -1,135 +1,175 @@
-"""Noticing an async rollout that holds the event loop.
+"""Noticing app code that holds the event loop, and naming it.
 
-An ``async def`` rollout runs on the server's event loop: while one of its steps computes
-(no ``await`` reached), nothing else runs — not ``/health``, not the other rollouts' policy
-calls. `timed_steps` runs a coroutine step by step, noting a step that took longer than
-`SLOW_STEP_S`; `LoopWatch` (a task on the same loop) decides whether the loop itself was
-held then, and the first time it was for a function, logs one warning that names the function
-and the fix.
+An ``async def`` rollout, or an environment's async ``reset``/``step``, runs on the server's
+event loop: while it computes (no ``await`` reached), nothing else runs — not ``/health``,
+not the other rollouts' policy calls.
 
-A step's wall time is not enough: on a busy machine the process waits for a core, and a step
-that computed for a millisecond can span a second. The watch wakes every `TICK_S` and takes
-from how late it woke the time the thread spent waiting for a core (Linux's run delay, in
-/proc/thread-self/schedstat; without it, wall time is all there is).
+`LoopWatch` measures the loop itself. Its heartbeat (a task on the loop) asks to wake every
+`TICK_S`; how late it wakes is how long the loop could not run it, bounded by the CPU time
+the loop's thread used meanwhile: a thread kept off its core by other processes, or waiting
+for the interpreter lock that a worker thread holds, computes nothing and holds nothing.
+Wall time alone would blame an app on a busy machine for the machine; Linux's run delay alone
+(time spent waiting for a core) misses the lock, and costs a /proc read a beat.
+
+Whose code held it: while the heartbeat is late, a thread looks at the loop thread's Python
+stack. Going out from the innermost frame past the standard library and installed packages,
+the first frame is either the kit's (then the kit held the loop, and the app is never told) or
+the app's; of the app's frames above the kit, the outermost is named (the rollout function, an
+environment's ``step``), with where it was. A hold more than `HELD_S` long, most of whose
+looks saw the same function, is warned about once per function.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import sysconfig
+import threading
 import time
-from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
-SLOW_STEP_S = 0.1
-TICK_S = 0.05
-_SCHEDSTAT = "/proc/thread-self/schedstat"
-_warned: set[str] = set()
+HELD_S = 0.1
+TICK_S = 0.025
+LOOK_S = 0.02  # how often the thread checks the heartbeat
+
+_KIT = str(Path(__file__).resolve().parents[1])
+_LIBRARY = tuple({str(Path(p).resolve()) for name in ("stdlib", "platstdlib", "purelib",
+                                                       "platlib")
+                  if (p := sysconfig.get_paths().get(name))})
+_APP, _KIT_CODE, _LIBRARY_CODE = "app", "kit", "library"
 
 
-def _run_delay_s() -> float:
-    """Seconds this thread has spent runnable but not running (0.0 where Linux does not
-    say)."""
-    try:
-        with open(_SCHEDSTAT, "rb") as stat:
-            return int(stat.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
+def _held_s(late_s: float, cpu_s: float) -> float:
+    """How long the loop's own code held it: its heartbeat ``late_s`` late, its thread having
+    used ``cpu_s`` of CPU since the beat before."""
+    return min(late_s, cpu_s)
+
+
+_owners: dict[str, str] = {}
+
+
+def _owner(filename: str) -> str:
+    kind = _owners.get(filename)
+    if kind is None:
+        path = filename if filename.startswith("<") else str(Path(filename).resolve())
+        kind = _owners[filename] = (
+            _KIT_CODE if path.startswith(_KIT + "/")
+            else _LIBRARY_CODE if path.startswith("<") or path.startswith(_LIBRARY)
+            else _APP)
+    return kind
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The app's call that was running: ``entry``, its outermost frame above the kit;
+    ``function``, that frame's function and where it is written; ``where``, the line the
+    innermost of the app's frames was at ("at line 12", "in burn at work.py:7")."""
+
+    entry: FrameType
+    function: str
+    where: str
+
+
+def _culprit(frame: FrameType | None) -> Culprit | None:
+    """The app's call the stack ending at ``frame`` is in, or None when the innermost code
+    that is not a library's is the kit's."""
+    while frame is not None and _owner(frame.f_code.co_filename) == _LIBRARY_CODE:
+        frame = frame.f_back
+    if frame is None or _owner(frame.f_code.co_filename) == _KIT_CODE:
+        return None
+    innermost = entry = frame
+    while frame is not None and (owner := _owner(frame.f_code.co_filename)) != _KIT_CODE:
+        if owner == _APP:
+            entry = frame
+        frame = frame.f_back
+    code = entry.f_code
+    where = (f"at line {innermost.f_lineno}" if innermost is entry else
+             f"in {innermost.f_code.co_qualname} at "
+             f"{innermost.f_code.co_filename}:{innermost.f_lineno}")
+    return Culprit(entry, f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})",
+                   where)
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """What the thread saw while one heartbeat was late: each app function's looks, and
+    all. Never changed once made: the loop reads it while the thread makes the next."""
+
+    beat: tuple[float, float]
+    looks: int = 0
+    seen: dict[int, tuple[Culprit, int]] = field(default_factory=dict)
+
+    def saw(self, found: Culprit | None) -> _Hold:
+        seen = dict(self.seen)
+        if found is not None:  # by function: rollouts that start together run back to back
+            key = id(found.entry.f_code)
+            seen[key] = (found, seen.get(key, (found, 0))[1] + 1)
+        return _Hold(self.beat, self.looks + 1, seen)
+
+    def blamed(self) -> Culprit | None:
+        """The app function seen in most looks, if that is more than half of them."""
+        best = max(self.seen.values(), key=lambda seen: seen[1], default=None)
+        return best[0] if best is not None and 2 * best[1] > self.looks else None
 
 
 class LoopWatch:
-    """The judge of slow steps on one loop: `note` records them, `run` (a task on that loop)
-    warns for one only if the loop was held, not the thread kept off a core."""
+    """The judge of one loop: `run` it as a task on that loop."""
 
     def __init__(self) -> None:
-        self._slowest: tuple[str, float] | None = None  # since the last tick
-
-    def note(self, name: str, wall_s: float) -> None:
-        if self._slowest is None or wall_s > self._slowest[1]:
-            self._slowest = (name, wall_s)
+        self._warned: set[str] = set()
+        self._beat: tuple[float, float] = (time.perf_counter(), time.thread_time())
+        self._hold: _Hold | None = None
 
     async def run(self) -> None:
-        waited = _run_delay_s()
-        while True:
-            await asyncio.sleep(TICK_S)
-            now_waited = _run_delay_s()
-            slowest, self._slowest = self._slowest, None
-            if slowest is not None:
-                # The step ran between two ticks: the thread's wait for a core in that
-                # interval is at least what the step's wall time owes to it.
-                held_s = slowest[1] - (now_waited - waited)
-                if held_s > SLOW_STEP_S:
-                    _warn_once(slowest[0], held_s)
-            waited = now_waited
+        stop = threading.Event()
+        looker = threading.Thread(target=self._look, args=(threading.get_ident(), stop),
+                                  daemon=True, name="synth-deploy loop watch")
+        self._beat = (time.perf_counter(), time.thread_time())
+        looker.start()
+        try:
+            while True:
+                await asyncio.sleep(TICK_S)
+                beat, now = self._beat, (time.perf_counter(), time.thread_time())
+                held = _held_s(now[0] - beat[0] - TICK_S, now[1] - beat[1])
+                hold, self._hold = self._hold, None
+                self._beat = now
+                if held > HELD_S and hold is not None and hold.beat is beat:
+                    found = hold.blamed()
+                    if found is not None:
+                        self._warn_once(found, held)
+        finally:
+            stop.set()
+            self._hold = None
+
+    def _look(self, ident: int, stop: threading.Event) -> None:
+        """The thread: while the heartbeat is late, whose code the loop runs."""
+        while not stop.wait(LOOK_S):
+            beat = self._beat
+            if time.perf_counter() - beat[0] - TICK_S <= LOOK_S:
+                continue
+            found = _culprit(sys._current_frames().get(ident))
+            hold = self._hold
+            hold = (hold if hold is not None and hold.beat is beat else _Hold(beat)).saw(found)
+            if self._beat is beat:  # else the loop moved on while we looked
+                self._hold = hold
+            del found, hold  # no frame kept alive between looks
+
+    def _warn_once(self, found: Culprit, held: float) -> None:
+        if found.function in self._warned:
+            return
+        self._warned.add(found.function)
+        logger.warning(
+            "%s held the event loop for %.2f s without awaiting (%s): /health and every other "
+            "rollout waited. CPU work in async code blocks the server: move it to a worker "
+            "process (`async with worker_object(Env, ...)`, see the README's \"CPU work in a "
+            "rollout\"), or make the function a plain `def` (the kit runs a plain rollout or "
+            "environment method on a thread, which still shares the interpreter lock). Said "
+            "once per function.", found.function, held, found.where)
 
 
-def function_name(fn: Any) -> str:
-    """A function's name and where it is written (``rollout (apps/x/task_app.py:12)``); a
-    callable object is named by its class's ``__call__``."""
-    target = fn if hasattr(fn, "__code__") else type(fn).__call__
-    name = getattr(target, "__qualname__", repr(fn))
-    code = getattr(target, "__code__", None)
-    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
-
-
-def _warn_once(name: str, held_s: float) -> None:
-    if name in _warned:
-        return
-    _warned.add(name)
-    logger.warning(
-        "rollout function %s held the event loop for %.2f s without awaiting: /health and "
-        "every other rollout waited. CPU work in an async rollout blocks the server: move it "
-        "to a worker process (`async with worker_object(Env, ...)`, see the README's \"CPU "
-        "work in a rollout\"), or make the rollout a plain `def` (it then runs on a thread, "
-        "which still shares the interpreter lock). Said once per function.", name, held_s)
-
-
-class _TimedSteps:
-    """Awaits ``coro`` as a task would, timing each step it runs on the loop."""
-
-    __slots__ = ("coro", "name", "watch")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], name: str, watch: LoopWatch) -> None:
-        self.coro, self.name, self.watch = coro, name, watch
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        send, throw = self.coro.send, self.coro.throw
-        clock = time.perf_counter
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            started = clock()
-            try:
-                yielded = send(value) if error is None else throw(error)
-            except StopIteration as done:
-                self._check(clock() - started)
-                return done.value
-            except BaseException:
-                self._check(clock() - started)
-                raise
-            self._check(clock() - started)
-            try:
-                value, error = (yield yielded), None
-            except BaseException as exc:  # cancellation and the deadline, passed on
-                value, error = None, exc
-
-    def _check(self, wall_s: float) -> None:
-        if wall_s > SLOW_STEP_S:
-            self.watch.note(self.name, wall_s)
-
-
-def timed_steps(fn: Callable[..., Coroutine[Any, Any, Any]], watch: LoopWatch
-                ) -> Callable[..., Coroutine[Any, Any, Any]]:
-    """``fn`` (an async function), each call's slow steps noted for ``watch`` (see the module
-    docstring)."""
-    name = function_name(fn)
-
-    async def call(*args: Any) -> Any:
-        return await _TimedSteps(fn(*args), name, watch)
-
-    return call
-
-
-__all__ = ["SLOW_STEP_S", "LoopWatch", "function_name", "timed_steps"]
+__all__ = ["HELD_S", "LoopWatch"]

@@ -30,7 +30,7 @@ from synth_deploy.errors import BadRequest
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import InFlight, RolloutLimits, RolloutStats
 from synth_deploy.serving._auth import ApiKeyAuth
-from synth_deploy.serving._blocking import LoopWatch, timed_steps
+from synth_deploy.serving._blocking import LoopWatch
 from synth_deploy.serving._correlation import (
     correlate,
     correlate_trace,
@@ -149,7 +149,7 @@ def create_app(
                                              max_connections=limits.max_in_flight)
         if trace_store is not None:
             trace_store.start()
-        watching = asyncio.create_task(rollouts.loop_watch.run())
+        watching = asyncio.create_task(LoopWatch().run())  # names app code that holds it
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))
@@ -287,8 +287,7 @@ class _Rollouts:
                  on_session: Callable[[SessionTrace], None] | None, failures: AppFailures,
                  stats: RolloutStats) -> None:
         self.config = config
-        self.loop_watch = LoopWatch()
-        self.call_executor = _executor_caller(config.rollout, self.loop_watch)
+        self.call_executor = _executor_caller(config.rollout)
         self.trace_store = trace_store
         self.on_session = on_session
         self.stats = stats
@@ -537,11 +536,11 @@ def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str,
     return metrics
 
 
-def _executor_caller(executor: Any, watch: LoopWatch) -> Any:
+def _executor_caller(executor: Any) -> Any:
     """An async callable running ``executor`` (decided once, not per request)."""
     if inspect.iscoroutinefunction(executor) or inspect.iscoroutinefunction(
             type(executor).__call__):
-        return timed_steps(executor, watch)  # on the loop: a step that holds it is reported
+        return executor  # on the loop, where the loop watch sees a step that holds it
 
     async def in_thread(req: RolloutRequest, ctx: RolloutContext) -> Any:
         # A sync executor runs in a worker thread; on timeout the thread is abandoned, not
