@@ -76,10 +76,12 @@ class _Bounded:
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *,
-                 limits: ConnectionLimits, keyless: Any = None) -> None:
+                 limits: ConnectionLimits, keyless: Any = None,
+                 failed_auth: FailedAuth | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
         self._limits = limits
         self._keyless = keyless  # the app's `keyless_refusal`, or None
+        self._failed_auth = failed_auth  # the server's, shared by its connections
         self.logger = ClientLog(self.logger, handshakes=False)  # type: ignore[has-type]
         self.access_logger = ClientLog(self.access_logger,  # type: ignore[has-type]
                                        handshakes=True)
@@ -139,8 +141,9 @@ class _Bounded:
         waits: a client without the key gets its 401 at the pace the server sets."""
         self._refused = True
         loop = self.loop  # type: ignore[attr-defined]
-        wait = _failed_auth.wait(self.client[0] if self.client else "",  # type: ignore[attr-defined]
-                                 loop.time())
+        client = self.client  # type: ignore[attr-defined]
+        wait = 0.0 if self._failed_auth is None else \
+            self._failed_auth.wait(client[0] if client else "", loop.time())
         if wait:
             loop.call_later(wait, self._answer_keyless, *refusal)
         else:
@@ -186,9 +189,6 @@ class FailedAuth:
             self._second, self._counts = second, {}
         count = self._counts[address] = self._counts.get(address, 0) + 1
         return 0.0 if count <= self.budget else self.wait_s
-
-
-_failed_auth = FailedAuth()
 
 
 class BoundedH11Protocol(_Bounded, H11Protocol):
@@ -333,5 +333,5 @@ class _Sweep:
         self.loop.call_later(self.interval, self.run, key)
 
 
-__all__ = ["BoundedH11Protocol", "BoundedHttpToolsProtocol", "QuietWSProtocol",
+__all__ = ["BoundedH11Protocol", "BoundedHttpToolsProtocol", "FailedAuth", "QuietWSProtocol",
            "bounded_protocol"]

@@ -112,7 +112,7 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     """The keyword arguments of ``uvicorn.Config`` (and ``uvicorn.run``) for every server."""
     import functools
 
-    from synth_deploy.serving._connections import QuietWSProtocol, bounded_protocol
+    from synth_deploy.serving._connections import FailedAuth, QuietWSProtocol, bounded_protocol
 
     if limits.max_connections is None:
         limits = replace(limits, max_connections=max(64, _open_file_limit() - _FILES_KEPT))
@@ -136,7 +136,8 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     return dict(app=app, host=host, port=port, log_level=log_level, access_log=access_log,
                 timeout_graceful_shutdown=graceful_timeout_s,
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
-                http=functools.partial(bounded_protocol(), limits=limits, keyless=keyless),
+                http=functools.partial(bounded_protocol(), limits=limits, keyless=keyless,
+                                       failed_auth=FailedAuth()),
                 **extra)
 
 
