@@ -23,6 +23,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Every test process (each xdist worker starts after this) and every child a test starts
+    # (a CLI, a served app, a writer child) imports the kit. Where the environment says
+    # PYTHONDONTWRITEBYTECODE, each of them compiled it (and pytest rewrote each test
+    # module) from source again: the suite's largest single cost. Bytecode goes under
+    # .pytest_cache instead (the source tree stays clean), compiled once and reused.
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        os.environ.setdefault("PYTHONPYCACHEPREFIX",
+                              str(config.rootpath / ".pytest_cache" / "pycache"))
+
+
 @pytest.fixture
 def api_key() -> str:
     return "sk_env_test_" + secrets.token_hex(16)

@@ -36,6 +36,22 @@ def run_cli(cwd: Path, *args: str, timeout: float = 120, **env: str):
                           timeout=timeout)
 
 
+def refused_in_process(cwd: Path, *args: str, **env: str):
+    """`synth-deploy ARGS` in this process (typer's CliRunner) in ``cwd``, with the
+    environment `run_cli` gives a child: for arguments refused before anything is served
+    or reached, where a child process would cost an interpreter's start-up to say the same.
+    Returns the click Result (``exit_code``, ``stdout``, ``stderr``, ``exception``)."""
+    import contextlib
+
+    from typer.testing import CliRunner
+
+    from synth_deploy.cli import app
+
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith(_KIT_PREFIXES)}
+    with contextlib.chdir(cwd):
+        return CliRunner().invoke(app, list(args), env={**unset, **env})
+
+
 def wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
     """Poll ``url``/ until it answers; fail with the child's stderr if it exits first."""
     deadline = time.monotonic() + timeout_s

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from processes import run_cli
+from processes import refused_in_process
 
 from synth_deploy.urls import URLError, http_url, is_loopback, is_loopback_host, looks_like_url
 
@@ -67,29 +67,29 @@ def _json_error(result) -> tuple[str, str]:
     return error["message"], error["hint"]
 
 
-@pytest.mark.slow
 def test_every_command_refuses_a_url_without_its_scheme_the_same_way(tmp_path):
     expected = rule(SCHEMELESS)
     results = {
-        "smoke": run_cli(tmp_path, "smoke", SCHEMELESS, "--json", "--no-trace"),
-        "eval": run_cli(tmp_path, "eval", SCHEMELESS, "--json", "--no-trace"),
-        "train": run_cli(tmp_path, "train", "--config", str(RL_CONFIG), "--task-url",
-                         SCHEMELESS, "--dry-run", "--stream-format", "json"),
-        "tunnel": run_cli(tmp_path, "tunnel", "--url", SCHEMELESS, "--json"),
+        "smoke": refused_in_process(tmp_path, "smoke", SCHEMELESS, "--json", "--no-trace"),
+        "eval": refused_in_process(tmp_path, "eval", SCHEMELESS, "--json", "--no-trace"),
+        "train": refused_in_process(tmp_path, "train", "--config", str(RL_CONFIG),
+                                    "--task-url", SCHEMELESS, "--dry-run",
+                                    "--stream-format", "json"),
+        "tunnel": refused_in_process(tmp_path, "tunnel", "--url", SCHEMELESS, "--json"),
     }
     for command, result in results.items():
-        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert result.exit_code == 2, (command, result.stdout, result.stderr)
         message, hint = _json_error(result)
         assert message.endswith(expected.message), (command, message)
         assert hint == expected.hint, command
-    check = run_cli(tmp_path, "check", SCHEMELESS, "--json")
-    assert check.returncode == 2
+    check = refused_in_process(tmp_path, "check", SCHEMELESS, "--json")
+    assert check.exit_code == 2
     failure = json.loads(check.stdout)["failure"]
     assert (failure["actual"], failure["hint"]) == (expected.message, expected.hint)
 
 
 def test_an_unknown_app_id_is_still_an_unknown_app(tmp_path):
-    result = run_cli(tmp_path, "smoke", "mathh", "--json", "--no-trace")
-    assert result.returncode == 2
+    result = refused_in_process(tmp_path, "smoke", "mathh", "--json", "--no-trace")
+    assert result.exit_code == 2
     message, hint = _json_error(result)
     assert message == "no task app with id 'mathh'" and hint == "did you mean 'math'?"

@@ -174,7 +174,7 @@ class TraceStore:
                 for old in [lp for lp in self._children if lp.is_closed()]:
                     self._children.pop(old).finish(0)  # it exits once it has committed
                 child = self._children[loop] = LoopWriter(
-                    self.setting.path, self.display, loop, timeout_s=self.write_timeout_s,
+                    self.setting, loop, timeout_s=self.write_timeout_s,
                     timeout_error=self._timeout_error)
             return child
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from processes import run_cli
+from processes import refused_in_process, run_cli
 from standins.idle_proxy import IdleDroppingProxy
 
 from synth_deploy.runs import idle_probe
@@ -210,22 +210,25 @@ def test_a_trainer_timeout_shorter_than_the_budget_is_out_of_order(tmp_path):
                                           "(60s) is shorter than the rollout budget (120s)")
 
 
-@pytest.mark.slow
 def test_unreachable_usage_and_sft_configs_have_their_exit_codes(tmp_path):
-    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--task-url",
-                            "http://127.0.0.1:9", ENVIRONMENT_API_KEY="k" * 20)
+    def refused(*args: str, **env: str) -> tuple[int, dict]:
+        # each refused before anything is served or run: in this process
+        result = refused_in_process(tmp_path, "rehearse", *args, "--json", **env)
+        assert isinstance(result.exception, SystemExit), result.output
+        return result.exit_code, json.loads(result.stdout)
+
+    code, report = refused("--config", str(MATH_RL), "--task-url", "http://127.0.0.1:9",
+                           ENVIRONMENT_API_KEY="k" * 20)
     assert code == 3 and report["error"]["type"] == "UnreachableError"
-    code, report = rehearse(tmp_path, "--config", str(MATH_RL.with_name("sft.toml")),
-                            "--app", "math")
+    code, report = refused("--config", str(MATH_RL.with_name("sft.toml")), "--app", "math")
     assert code == 2 and "is an SFT config" in report["error"]["message"]
     no_groups = tmp_path / "no_groups.toml"
     no_groups.write_text(re.sub(r"^group_size = \d+\n", "", MATH_RL.read_text(), flags=re.M))
-    code, report = rehearse(tmp_path, "--config", str(no_groups), "--app", "math")
+    code, report = refused("--config", str(no_groups), "--app", "math")
     assert code == 2 and "[training] group_size is not set" in report["error"]["message"]
-    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--task-url", "127.0.0.1:9")
+    code, report = refused("--config", str(MATH_RL), "--task-url", "127.0.0.1:9")
     assert code == 2 and "no scheme" in report["error"]["message"]
-    code, report = rehearse(tmp_path, "--config", str(MATH_RL), "--app", "math",
-                            "--skip", "everything")
+    code, report = refused("--config", str(MATH_RL), "--app", "math", "--skip", "everything")
     assert code == 2 and "cannot skip everything" in report["error"]["message"]
 
 

@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 import pytest
-from processes import run_cli
+from processes import refused_in_process, run_cli
 
 from synth_deploy.cli._common import parse_seeds
 from synth_deploy.errors import UsageError
@@ -134,9 +134,10 @@ def test_the_load_table_shows_slow_rollouts_per_second_not_zero():
     (["eval", "math", "--split", "validation"], "no default seeds for split"),
 ])
 def test_bad_input_is_a_usage_error_with_the_fix(tmp_path, args, message):
-    result = run_cli(tmp_path, *args, "--no-trace", timeout=60)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
+    result = refused_in_process(tmp_path, *args, "--no-trace")
+    assert result.exit_code == 2, result.output
+    # a usage error, not an exception escaping the command
+    assert message in result.stderr and isinstance(result.exception, SystemExit)
 
 
 @pytest.mark.parametrize(("text", "seeds"), [

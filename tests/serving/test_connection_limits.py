@@ -35,8 +35,9 @@ LIMITS = ConnectionLimits(max_connections=8, header_timeout_s=0.5, body_timeout_
                           keep_alive_s=5.0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def runner():
+    # One served app for the tests that each open, and close, their own connections.
     settings = ServeSettings(app="math", env=Env(), keys=server_keys(Env(), "ephemeral"),
                              limits=LIMITS)
     with LocalRunner(settings) as running:
@@ -253,10 +254,11 @@ def test_a_streamed_response_goes_out_chunk_by_chunk(serve):
                     reason="already the fallback run")
 def test_every_bound_holds_on_the_fallback_protocol_without_httptools_and_uvloop():
     # Where their wheels do not install, the kit serves on h11 + asyncio: the tests of this
-    # module run again in a process where neither can be imported.
+    # module run again in a process where neither can be imported (that one process: the
+    # suite's xdist workers would each import everything again for a handful of tests).
     script = ("import sys; sys.modules['httptools'] = None; sys.modules['uvloop'] = None\n"
               "import pytest; raise SystemExit(pytest.main(["
-              f"{__file__!r}, '-q', '-p', 'no:cacheprovider', '-W', 'ignore']))\n")
+              f"{__file__!r}, '-q', '-n0', '-p', 'no:cacheprovider', '-W', 'ignore']))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, cwd=Path(__file__).parents[1],
                           env={**os.environ, "SYNTH_DEPLOY_TEST_FALLBACK": "1"})

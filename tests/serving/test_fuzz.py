@@ -7,7 +7,9 @@ fuzzed seeds, configs and run ids (recorded in a real SQLite trace store). No an
 5xx or carry a byte of the key. Every method a path does not take must be a 405 whose
 ``Allow`` names the ones it does.
 
-The example counts are small on purpose (the suite stays fast); raise FUZZ_EXAMPLES to dig.
+The example counts are small on purpose (the suite stays fast) and every operation gets them
+in both modes; the examples are derandomized (the same ones each run: a finding reproduces).
+Raise FUZZ_EXAMPLES to dig, and set FUZZ_RANDOM=1 to draw new ones.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 import httpx
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.configuration import set_hypothesis_home_dir
@@ -28,7 +31,8 @@ from synth_deploy.env import Env
 from synth_deploy.serving import LocalRunner, ServerKeys, ServeSettings
 from synth_deploy.tracing import parse_trace_db
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "10"))
+DERANDOMIZE = os.environ.get("FUZZ_RANDOM") != "1"
 # These take more examples than the rest.
 HEAVY = {"POST /rollout": 2, "GET /task_info": 2, "GET /api/sessions": 2,
          "GET /api/compare": 2}
@@ -67,22 +71,27 @@ def _findings(api_key: str, resp: httpx.Response | object, what: str) -> list[st
 
 
 def fuzz_every_operation(schema, each_case) -> None:
-    """``each_case(case)`` for valid and invalid cases of every operation of ``schema``."""
+    """``each_case(case)`` for valid and invalid cases of every operation of ``schema``;
+    fails unless every operation got a case."""
+    operations, covered = [], set()
     for result in schema.get_all_operations():
         operation = result.ok()
+        operations.append(operation.label)
         examples = EXAMPLES * HEAVY.get(operation.label, 1)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(max_examples=examples, deadline=None, database=None,
-                      phases=[Phase.explicit, Phase.generate],
+                      derandomize=DERANDOMIZE, phases=[Phase.explicit, Phase.generate],
                       suppress_health_check=list(HealthCheck))
             def fuzz(case):
+                covered.add(case.operation.label)
                 each_case(case)
 
             try:
                 fuzz()
             except Unsatisfiable:  # nothing to make invalid (GET / has no inputs)
                 continue
+    assert operations and covered == set(operations), set(operations) - covered
 
 
 def _generated_url(body: object) -> bool:
@@ -98,6 +107,7 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
     findings: list[str] = []
     sent = 0
     started = time.monotonic()
+    session = requests.Session()  # one keep-alive connection, not one per request
 
     def send(case, key: str | None, body_override=None) -> None:
         nonlocal sent
@@ -113,7 +123,8 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
             body_override["policy"]["config"]["inference_url"] = mock_policy.url + "/v1"
             body_override["safety"] = {"max_time_s": 60}
         kwargs = {"json": body_override} if body_override is not None else {}
-        resp = case.call(base_url=served.url, headers=headers, timeout=30, **kwargs)
+        resp = case.call(base_url=served.url, session=session, headers=headers, timeout=30,
+                         **kwargs)
         sent += 1
         what = f"{case.method} {case.formatted_path} key={'valid' if key == api_key else key}"
         findings.extend(_findings(api_key, resp, what))
@@ -131,7 +142,8 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
                 "safety": {"max_time_s": 60}}
             send(case, api_key, body_override=episode)
 
-    fuzz_every_operation(schema, each_case)
+    with session:
+        fuzz_every_operation(schema, each_case)
     assert sent > 100, sent
     assert findings == [], "\n".join(findings[:20])
     print(f"fuzz: {sent} requests in {time.monotonic() - started:.1f}s, 0 findings")
@@ -142,6 +154,7 @@ def test_every_method_a_path_does_not_take_is_405_with_allow(served, api_key):
     doc = httpx.get(served.url + "/openapi.json", headers={"X-API-Key": api_key},
                     timeout=5).json()
     checked = 0
+    client = httpx.Client(base_url=served.url, timeout=5)  # one client, kept-alive
     for path, operations in doc["paths"].items():
         documented = {m.upper() for m in operations}
         if "GET" in documented:
@@ -150,10 +163,11 @@ def test_every_method_a_path_does_not_take_is_405_with_allow(served, api_key):
             if method in documented:
                 continue
             for headers in ({"X-API-Key": api_key}, {"X-API-Key": WRONG_KEY}, {}):
-                resp = httpx.request(method, served.url + path, headers=headers, timeout=5)
+                resp = client.request(method, path, headers=headers)
                 assert resp.status_code == 405, (method, path, resp.status_code, resp.text)
                 assert set(resp.headers["allow"].split(", ")) == documented, (method, path)
                 checked += 1
+    client.close()
     assert checked > 50
 
 
@@ -176,15 +190,17 @@ def test_fuzzed_viewer_requests_get_no_server_error(viewer):
     schema = schemathesis.openapi.from_url(viewer.url + "/api/openapi.json")
     findings: list[str] = []
     sent = 0
+    session = requests.Session()
 
     def each_case(case) -> None:
         nonlocal sent
-        resp = case.call(base_url=viewer.url, timeout=30)
+        resp = case.call(base_url=viewer.url, session=session, timeout=30)
         sent += 1
         if resp.status_code >= 500:
             findings.append(f"{case.method} {case.formatted_path}?{case.query} -> "
                             f"{resp.status_code} {resp.text[:200]}")
 
-    fuzz_every_operation(schema, each_case)
+    with session:
+        fuzz_every_operation(schema, each_case)
     assert sent > 100, sent
     assert findings == [], "\n".join(findings[:20])

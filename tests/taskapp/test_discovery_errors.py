@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from processes import run_cli
+from processes import refused_in_process, run_cli
 
 from synth_deploy.errors import AppNotFoundError
 from synth_deploy.taskapp.registry import AppFileProblem, load_app, scan_apps
@@ -83,14 +83,15 @@ def test_apps_lists_what_it_found_and_what_it_could_not_read(apps_dir):
     assert "not UTF-8" in problems["latin1"]["error"]
 
 
-@pytest.mark.slow
 def test_serve_and_smoke_of_the_broken_app_say_why_it_is_missing(apps_dir, api_key):
-    # By id or by file path: the same file:line, the same exit code (2: a file to fix).
+    # By id or by file path: the same file:line, the same exit code (2: a file to fix);
+    # refused before anything is served, so asked in this process.
     path = "apps/broken/task_app.py"
     for args in (("serve", "broken"), ("smoke", "broken", "--no-trace"), ("serve", path),
                  ("smoke", path, "--no-trace"), ("eval", path, "--seeds", "0", "--no-trace")):
-        result = run_cli(apps_dir, *args, timeout=60, ENVIRONMENT_API_KEY=api_key)
-        assert result.returncode == 2, result.stderr
+        result = refused_in_process(apps_dir, *args, ENVIRONMENT_API_KEY=api_key)
+        assert result.exit_code == 2 and isinstance(result.exception, SystemExit), \
+            result.output
         assert "no task app with id 'broken'" in result.stderr or args[1] == path
         assert f"{apps_dir / 'apps' / 'broken' / 'task_app.py'}:6:12: SyntaxError" \
             in result.stderr

@@ -21,6 +21,7 @@ from synth_deploy.runs import ToyTokenizer
 from synth_deploy.serving import create_app
 from synth_deploy.taskapp.registry import load_app
 from synth_deploy.tracing import (
+    SCHEMA_VERSION,
     SessionTracer,
     TurnTokens,
     continuity_breaks,
@@ -129,9 +130,9 @@ def test_a_version_8_store_gains_the_token_table_when_opened(tmp_path):
         store.write_sessions_sync([_session([])])
     with sqlite3.connect(path) as db:  # as version 8 left it
         db.execute("DROP TABLE lm_call_tokens")
-        db.execute("DELETE FROM synth_deploy_schema WHERE version = 9")
+        db.execute("DELETE FROM synth_deploy_schema WHERE version >= 9")
     with open_trace_store(parse_trace_db(str(path))) as store:
-        assert store.schema_version == 9
+        assert store.schema_version == SCHEMA_VERSION
         session = _session(turns_of(([1], [2])))
         store.write_sessions_sync([session])
         assert store.get_session(session.session_id).turn_tokens[0].completion_ids == [2]

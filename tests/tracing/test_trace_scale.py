@@ -45,17 +45,30 @@ from synth_deploy.tracing import (
     sft_examples,
 )
 
+WRITER_MODULE = b"synth_deploy.tracing._write._child"
 
-def writer_children(db: Path) -> list[int]:
-    """Pids of writer processes committing to ``db`` (read from /proc)."""
-    found = []
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def writer_children(parent: int) -> set[int]:
+    """Pids of the running trace writer processes ``parent`` started (read from /proc)."""
+    found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"synth_deploy.tracing._write._child" in cmdline and str(db).encode() in cmdline:
-            found.append(int(pid))
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == parent and state != "Z" and WRITER_MODULE in cmdline:
+            found.add(int(pid))
     return found
 
 
@@ -65,6 +78,7 @@ def writer_children(db: Path) -> list[int]:
 def test_a_served_app_commits_in_a_child_process_not_a_thread(tmp_path, serve, math_config,
                                                               api_key, mock_policy):
     path = tmp_path / "t.db"
+    before = writer_children(os.getpid())  # other tests' children, exiting
     with open_trace_store(path) as store:
         server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
         here = statements_run(store)  # what the server's own connection runs
@@ -82,8 +96,10 @@ def test_a_served_app_commits_in_a_child_process_not_a_thread(tmp_path, serve, m
                 break
             assert time.monotonic() < deadline, "the writer child never took over"
             time.sleep(0.05)
-        children = writer_children(path)
-        assert len(children) == 1 and children[0] != os.getpid()
+        (child,) = writer_children(os.getpid()) - before
+        # told its database by the store's setting, not by a path on its command line
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        assert str(path).encode() not in cmdline and b"t.db" not in cmdline
         here.clear()
         bodies = [rollout_body(f"run-{i}", i, url) for i in range(40)]
         results = asyncio.run(fire(server.url, api_key, bodies))
@@ -252,9 +268,11 @@ def writer_acks(path: Path, send) -> list[list[tuple]]:
     """Run a writer child for ``path``, call ``send(stdin)``, close its input; the frames it
     answered, each a list of (seq, error or None)."""
     open_trace_store(path).close()
-    child = subprocess.Popen([sys.executable, "-m", "synth_deploy.tracing._write._child",
-                              str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-m", WRITER_MODULE.decode()],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        child.stdin.write(frame(parse_trace_db(str(path))))  # as `TraceStore` tells it
+        child.stdin.flush()
         assert read_frame(child.stdout) == []  # ready
         send(child.stdin)
         child.stdin.close()
@@ -274,6 +292,30 @@ def writer_answers(path: Path, send) -> list[list[int]]:
     answers = writer_acks(path, send)
     assert [error for acks in answers for _, error in acks] == [None] * sum(map(len, answers))
     return [[seq for seq, _ in acks] for acks in answers]
+
+
+def test_the_writer_child_opens_the_setting_it_is_sent_and_never_parses_a_path(tmp_path):
+    # The server's resolved setting is the child's only source: a path sent as text (what
+    # the command line used to carry) opens nothing, and every write is answered so.
+    path = tmp_path / "t.db"
+    open_trace_store(path).close()
+    child = subprocess.Popen([sys.executable, "-m", WRITER_MODULE.decode()],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    try:
+        child.stdin.write(frame(str(path)) + frame((False, [(1, make_session(1), None)])))
+        child.stdin.close()
+        assert read_frame(child.stdout) == []
+        [(seq, (kind, message, hint))] = read_frame(child.stdout)
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert seq == 1 and kind == "TraceStoreError" and "not told its database" in message
+    assert "TraceDbSetting" in hint
+    with open_trace_store(path) as store:
+        assert store.count_sessions() == 0
 
 
 def test_a_session_the_child_cannot_store_fails_alone_with_its_error(tmp_path):
@@ -444,13 +486,13 @@ def test_the_writer_exits_when_the_server_is_killed(tmp_path, mock_policy, api_k
         wait_until_up(url, proc)
         bodies = [rollout_body(f"run-{i}", i, mock_policy.url + "/v1") for i in range(20)]
         assert all(s == 200 for _, s in asyncio.run(fire(url, api_key, bodies)))
-        assert writer_children(path)  # started with the server
+        (writer,) = writer_children(proc.pid)  # started with the server
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 15
-        while writer_children(path) and time.monotonic() < deadline:
+        while alive(writer) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not writer_children(path), "the writer outlived its server"
+        assert not alive(writer), "the writer outlived its server"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -460,10 +502,11 @@ def test_the_writer_exits_when_the_server_is_killed(tmp_path, mock_policy, api_k
 
 
 def test_scripts_blocking_writes_and_in_memory_stores_use_the_thread(tmp_path):
+    before = writer_children(os.getpid())  # other tests' children, exiting
     with open_trace_store(tmp_path / "t.db") as store:
         store.write_session_sync(make_session(0))
         asyncio.run(store.write_session(make_session(1)))  # a loop that did not opt in
-        assert not writer_children(tmp_path / "t.db")
+        assert not writer_children(os.getpid()) - before
         assert store.count_sessions() == 2
     with TraceStore(parse_trace_db(":memory:")) as memory:
         asyncio.run(memory.write_session(make_session(1)))

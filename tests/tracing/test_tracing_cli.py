@@ -36,7 +36,8 @@ def test_where_init_and_sources(tmp_path):
     assert result.exit_code == 0 and report["exists"] is False
     assert report["source"] == "SYNTH_TRACES_DB from environment"
     result = run("init", "--trace-db", db)
-    assert result.exit_code == 0 and f"schema v{SCHEMA_VERSION}" in result.stdout
+    said = " ".join(result.stdout.split())  # as wrapped to the terminal's width
+    assert result.exit_code == 0 and f"schema v{SCHEMA_VERSION}" in said
     report = json.loads(run("where", "--json", "--trace-db", db).stdout)
     assert report["exists"] and report["schema_version"] == SCHEMA_VERSION
     assert report["source"] == "--trace-db"

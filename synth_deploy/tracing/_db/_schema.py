@@ -18,6 +18,8 @@ could not be filtered on. Version 8 replaces
 the seven per-filter indexes of versions 4 and 7 with one that holds every filter's column
 (see `GLANCE_INDEX`), and indexes the run alone again. Version 9 adds `TOKENS_TABLE`, the
 ids and log-probabilities of LM calls (`synth_deploy.tracing._tokens`), one row an event.
+Version 10 drops the version 3 trigger that copied each new outcome reward into its session
+row (see `REWARD_OWNER_VERSION`).
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -34,7 +36,7 @@ from typing import Any
 from synth_deploy.tracing._db._columns import METADATA_PATHS
 from synth_deploy.tracing._db._totals import migration as totals_migration
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -235,13 +237,18 @@ _V3_STATEMENTS = (
     f"UPDATE {_T} SET {_fill(_T, _V2_FIELDS, metadata_first=False)} WHERE "
     + " OR ".join(f"{name} IS NULL" for name in _V2_FIELDS),
     *_fill_triggers(_V2_FIELDS),
-    # The session's reward is its last outcome reward, whoever writes it and when.
-    f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_outcome_added AFTER INSERT ON outcome_rewards
-        BEGIN
-        UPDATE {_T} SET total_reward = NEW.total_reward
-         WHERE session_id = NEW.session_id AND total_reward IS NOT NEW.total_reward;
-        END""",
 )
+
+# Version 10: the session's reward has one owner. Our writer stores `session_reward` (the
+# Python rule) in the session row in the same transaction as the outcome rows, and nothing
+# in SQL rewrites it: versions 3 to 9 had a trigger copy every new outcome reward into the
+# session row, which silently repaired a reward our writer stored wrong and cost every
+# session with two outcome rewards two more row updates (and their totals). Other writers'
+# rows (synth-ai records its outcome rewards before `end_session` rewrites the metadata) are
+# still filled by the version 3 fill triggers, from `_derived`, when their metadata is
+# written; `session_fields` reads files older than version 3 the same way.
+REWARD_OWNER_VERSION = 10
+_OUTCOME_TRIGGER = "synth_deploy_outcome_added"
 
 
 # Filters the viewer offers on the metadata: indexed from version 4 (on expressions over the
@@ -366,6 +373,10 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     if current < 9:
         steps.append((9, "token ids and log-probabilities of LM calls, packed",
                       [(sql, ()) for sql in _V9_STATEMENTS]))
+    if current < REWARD_OWNER_VERSION:
+        steps.append((REWARD_OWNER_VERSION, "the session's reward is written by the store "
+                      "alone: the outcome trigger goes",
+                      [(f"DROP TRIGGER IF EXISTS {_OUTCOME_TRIGGER}", ())]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "

@@ -178,6 +178,7 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
         return
     clause, params = selection
     rows_of = store.database.rows
+    reward = store.database.fields["total_reward"]  # the session's, as the store keeps it
     after: list[Any] = []
     while True:
         keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
@@ -186,9 +187,8 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
         rows = rows_of(
             "SELECT s.rowid AS rid, s.session_id, s.created_at, CASE WHEN "
             "json_valid(s.metadata) THEN json_extract(s.metadata, '$.app_id', '$.run_id', "
-            "'$.seed', '$.model', '$.metrics.outcome_reward', '$.duration_s') END AS fields, "
-            "(SELECT o.total_reward FROM outcome_rewards o WHERE o.session_id = s.session_id "
-            f"ORDER BY o.id DESC LIMIT 1) AS outcome FROM session_traces s{where} "
+            "'$.seed', '$.model', '$.duration_s') END AS fields, "
+            f"{reward} AS reward FROM session_traces s{where} "
             f"ORDER BY s.created_at, s.rowid LIMIT {PAGE_SESSIONS}", params + after)
         if not rows:
             return
@@ -197,7 +197,7 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
 
 
 def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
-    """``rows``: the page's sessions as (rowid, session id, created at, fields, outcome)."""
+    """``rows``: the page's sessions as (rowid, session id, created at, fields, reward)."""
     query, rows_of = db.query, db.rows
     ids = [r[1] for r in rows]
     marks = ", ".join("?" * len(ids))
@@ -236,13 +236,10 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
             "event_type = 'cais' GROUP BY session_id, model_name", ids):
         lm_calls[sid].append(by_model)
     page: Page = []
-    for _, sid, _, fields, outcome in rows:
+    for _, sid, _, fields, reward in rows:
         values = read_json(fields, None) if fields else None
-        app_id, run_id, seed, model, metric, wall_s = values if isinstance(values, list) \
-            else (None,) * 6
-        reward = outcome
-        if reward is None and isinstance(metric, int | float):
-            reward = float(metric)
+        app_id, run_id, seed, model, wall_s = values if isinstance(values, list) \
+            else (None,) * 5
         found = steps[sid]
         ordered = sorted(found.items(), key=lambda item: item[1][0]) if len(found) > 1 \
             else found.items()

@@ -25,6 +25,10 @@ acknowledged write and leaves no process behind. Its stderr is the parent's. Its
 frame, sent once the database is open, is empty: until it comes (a new interpreter takes a
 moment to start), the server commits through its writer thread, so the first rollouts of a
 freshly started server do not wait for the child.
+
+The child is told which database by the first frame the server sends, the store's own
+`TraceDbSetting` (a local file: it holds no secret), not by a string on its command line:
+what the server resolved is what the child opens, with nothing re-parsed or re-resolved.
 """
 
 from __future__ import annotations
@@ -43,13 +47,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from synth_deploy import errors as _base_errors
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _errors
-from synth_deploy.tracing._config import parse_trace_db
+from synth_deploy.tracing._config import TraceDbSetting
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
 from synth_deploy.tracing._session import (
@@ -166,24 +169,24 @@ def frame(payload: Any) -> bytes:
 
 
 class LoopWriter:
-    """One writer child for the SQLite file at ``path``, driven by one event loop.
+    """One writer child for the local trace file ``setting`` names, driven by one event loop.
 
     `submit` and everything it schedules run on ``loop``; `finish` may be called from any
     thread once the loop no longer submits.
     """
 
-    def __init__(self, path: Path, display: str, loop: asyncio.AbstractEventLoop, *,
+    def __init__(self, setting: TraceDbSetting, loop: asyncio.AbstractEventLoop, *,
                  timeout_s: float | None = None,
                  timeout_error: Callable[[], Exception] = TimeoutError) -> None:
-        self.path, self.display, self.loop = path, display, loop
+        self.setting, self.display, self.loop = setting, setting.display, loop
         self.timeout_s, self._timeout_error = timeout_s, timeout_error
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "synth_deploy.tracing._write._child", str(path)],
+                [sys.executable, "-m", "synth_deploy.tracing._write._child"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
-            raise TraceStoreError(f"cannot start the trace writer process for {display}: "
-                                  f"{exc}", hint="writes go through the writer thread") from exc
+            raise TraceStoreError(f"cannot start the trace writer process for {self.display}"
+                                  f": {exc}", hint="writes go through the writer thread") from exc
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._in_fd, self._out_fd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
         os.set_blocking(self._in_fd, False)
@@ -194,12 +197,13 @@ class LoopWriter:
         self._sent_at: collections.deque[tuple[int, float]] = collections.deque()
         self._watching = False
         self._queued: list[tuple[int, Any, Any]] = []  # (seq, session, facts) of this step
-        self._unsent = bytearray()  # framed, not yet taken by the pipe
+        self._unsent = bytearray(frame(setting))  # framed, not yet taken by the pipe
         self._received = bytearray()
         self._waiting_to_write = False
         self.alive = True
         self.ready = False  # the child has opened the store (its first, empty, frame)
         loop.add_reader(self._out_fd, self._read_acks)
+        self._write_some()  # the setting first: the child opens nothing until it has it
 
     @property
     def pid(self) -> int:
@@ -389,8 +393,9 @@ def _rebuild(error: tuple[str, str, str | None]) -> TraceStoreError:
 # -- the child --------------------------------------------------------------------------------
 
 
-def main(path: str) -> None:
-    """Commit the sessions read from stdin to ``path``; acknowledge each on stdout.
+def main() -> None:
+    """Commit the sessions read from stdin to the database its first frame names (a
+    `TraceDbSetting`); acknowledge each on stdout.
 
     One thread: read a frame, take every frame already waiting too (group commit) or soon to
     come (`GATHER_S`), commit them in `commit_slices`, each one transaction (a bad session
@@ -401,7 +406,8 @@ def main(path: str) -> None:
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
     frames = _FrameReader(sys.stdin.buffer.fileno())
     try:
-        db = TraceDatabase(parse_trace_db(path), create=False)
+        setting = frames.setting()
+        db = TraceDatabase(setting, create=False)
     except Exception as exc:  # then every write the parent sends gets this error
         error = _describe(exc)
         _send(stdout, [])
@@ -449,6 +455,14 @@ class _FrameReader:
         self.fd = fd
         self.buffer = bytearray()
         self.closed = False
+
+    def setting(self) -> TraceDbSetting:
+        """The first frame: the database to commit to."""
+        setting = self._next()
+        if not isinstance(setting, TraceDbSetting):
+            raise TraceStoreError("the trace writer process was not told its database",
+                                  hint="its first frame must be the store's TraceDbSetting")
+        return setting
 
     def next_batch(self, limit: int = 256) -> list[Any] | None:
         """The sessions of the next frame and of every frame already waiting; while the
@@ -507,4 +521,4 @@ def _send(stdout: BinaryIO, acks: list[Any]) -> bool:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
