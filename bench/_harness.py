@@ -277,6 +277,19 @@ def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,
     return statistics.median(n / d for n, d in pairs)  # type: ignore[operator]
 
 
+def print_ratios(results: dict[str, list[LoadResult]],
+                 comparisons: Sequence[tuple[str, str, str | None]], *, rate: str,
+                 cpu: str) -> None:
+    """A line per (numerator, denominator, target): the paired ratios of ``rate`` (what
+    the throughput counts), p99 and ``cpu`` (what the CPU is per)."""
+    for numerator, denominator, target in comparisons:
+        rate_ratio, p99 = paired_ratio(results, numerator, denominator)
+        cpu_ratio = paired_cpu_ratio(results, numerator, denominator)
+        print(f"{numerator}/{denominator}: {rate} {rate_ratio:.2f}x"
+              + (f" (target {target})" if target else "") + f", p99 {p99:.2f}x"
+              + (f", {cpu} {cpu_ratio:.2f}x" if cpu_ratio is not None else ""))
+
+
 def print_rounds(results: dict[str, list[LoadResult]]) -> None:
     """One line per round: each server's throughput, p99 and CPU per request (µs)."""
     names = list(results)

@@ -44,9 +44,8 @@ from pathlib import Path
 from _harness import (
     child_server,
     fixed_body,
-    paired_cpu_ratio,
-    paired_ratio,
     print_cpu_split,
+    print_ratios,
     print_rounds,
     rounds_on_fresh_servers,
     wrk_load,
@@ -244,13 +243,8 @@ def _rounds(servers: dict, policy: str, args: argparse.Namespace) -> None:
             print(f"{name}: CPU per policy call {statistics.median(per_call):.0f} µs "
                   f"(median over rounds, the server with its children)")
     print_cpu_split(results, "serve")
-    for numerator, denominator, target in (("serve", "bare", ">= 0.60x"),
-                                           ("untraced", "bare", None)):
-        rate, p99 = paired_ratio(results, numerator, denominator)
-        cpu = paired_cpu_ratio(results, numerator, denominator)
-        print(f"{numerator}/{denominator}: episodes/s {rate:.2f}x"
-              + (f" (target {target})" if target else "") + f", p99 {p99:.2f}x"
-              + (f", CPU per policy call {cpu:.2f}x" if cpu is not None else ""))
+    print_ratios(results, (("serve", "bare", ">= 0.60x"), ("untraced", "bare", None)),
+                 rate="episodes/s", cpu="CPU per policy call")
 
 
 def _held_loop(tmp: Path, policy: str, *, seconds: float, concurrency: int) -> None:

@@ -34,7 +34,7 @@ from _harness import (
     child_server,
     fixed_body,
     paired_cpu_ratio,
-    paired_ratio,
+    print_ratios,
     print_rounds,
     rounds_on_fresh_servers,
     wrk_load,
@@ -142,15 +142,9 @@ def main() -> None:
           f"{args.seconds:g}s, wrk with {args.concurrency} connections; body "
           f"{len(body)} bytes")
     print_rounds(results)
-    for numerator, denominator, target in (("serve", "bare", ">= 0.90x"),
-                                           ("traced", "serve", ">= 0.80x"),
-                                           ("checked", "bare", None),
-                                           ("serve", "checked", None)):
-        rate, p99 = paired_ratio(results, numerator, denominator)
-        cpu = paired_cpu_ratio(results, numerator, denominator)
-        print(f"{numerator}/{denominator}: throughput {rate:.2f}x"
-              + (f" (target {target})" if target else "") + f", p99 {p99:.2f}x"
-              + (f", server CPU per request {cpu:.2f}x" if cpu is not None else ""))
+    print_ratios(results, (("serve", "bare", ">= 0.90x"), ("traced", "serve", ">= 0.80x"),
+                           ("checked", "bare", None), ("serve", "checked", None)),
+                 rate="throughput", cpu="server CPU per request")
     # Where tracing's CPU goes: the server's own process, and its writer child, which on a
     # machine of two cores shares them with the load generator.
     own = paired_cpu_ratio(results, "traced", "serve", own=True)
