@@ -104,17 +104,18 @@ def test_a_body_that_never_finishes_is_cut_off(runner):
 
 def test_a_full_server_answers_503_at_once_and_recovers():
     # Idle connections that live long enough for the server to have accepted them all,
-    # however loaded the machine: it counts each as its loop gets to it.
-    limits = dataclasses.replace(LIMITS, header_timeout_s=3.0)
+    # however loaded the machine (the whole suite on two cores): it counts each as its loop
+    # gets to it.
+    limits = dataclasses.replace(LIMITS, header_timeout_s=5.0)
     settings = ServeSettings(app="math", env=Env(), keys=server_keys(Env(), "ephemeral"),
                              limits=limits)
     with LocalRunner(settings) as runner:
         idle = [connect(runner) for _ in range(limits.max_connections)]
-        busy = answered_within(lambda: health(runner), 503, within_s=2.5)
+        busy = answered_within(lambda: health(runner), 503, within_s=4.5)
         assert busy.json()["detail"]["error"]["code"] == "server_busy"
         assert busy.headers["retry-after"] == "1"
         # The idle ones are reaped at their header deadline; then the app serves again.
-        assert all(closed_by_server(sock, within_s=5) for sock in idle)
+        assert all(closed_by_server(sock, within_s=8) for sock in idle)
         for sock in idle:
             sock.close()
         answered_within(lambda: health(runner), 200, within_s=2.0)
