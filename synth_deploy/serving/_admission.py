@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from synth_deploy.env import Env
 from synth_deploy.errors import UsageError
 
@@ -213,6 +215,15 @@ class InFlight:
             self.rollout.cancel()
 
 
+async def _client_gone(receive: Any) -> bool:
+    """Whether a request's client has left, asked without waiting: a disconnect the server
+    has seen is there at once, anything else would wait (as `Request.is_disconnected`)."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        return (await receive())["type"] == "http.disconnect"
+    return False
+
+
 _HEAD = {"type": "http.response.start", "status": 200,
          "headers": [(b"content-type", b"application/json")]}
 _SPACE = {"type": "http.response.body", "body": b" ", "more_body": True}
@@ -248,6 +259,8 @@ class EarlyHeads:
         """Send ``response`` (a Starlette response with its body) for ``pulse``'s rollout;
         False when its client had left before the last byte was handed to the server."""
         del self._running[id(pulse)]
+        if pulse.listener is None and await _client_gone(receive):
+            pulse.left = True  # a short rollout, no listener: its client left meanwhile
         try:
             await self._send(pulse, response, scope, receive)
             # Read before the listener runs again: once the response is complete, the

@@ -6,6 +6,7 @@ whose commit the test holds back with a write lock of its own."""
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 import threading
 import time
@@ -137,3 +138,39 @@ def test_a_rollout_answered_trace_write_failed_is_not_stored_ok(tmp_path, serve,
         assert store.get_session(summary.session_id).metadata["error"]["code"] == \
             "trace_write_failed"
         assert store.stats().ok == 0
+
+
+def test_a_short_rollout_whose_client_left_is_not_stored_ok(tmp_path, serve, api_key):
+    """A rollout shorter than the interval at which a listener starts: its client leaves
+    while it runs, and nothing but the answer's moment tells the server so."""
+    started = threading.Event()
+
+    def rollout(request, ctx):
+        started.set()
+        time.sleep(0.5)
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        app = create_app(toy_config(rollout), api_keys=[api_key], trace_store=store,
+                         limits=RolloutLimits(head_after_s=30, heartbeat_s=60))
+        server = serve(app)
+        body = json.dumps({"run_id": "gone", "env": {"seed": 1},
+                           "policy": {"config": {"model": "m"}}}).encode()
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as client:
+            client.sendall(b"POST /rollout HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                           b"application/json\r\nx-api-key: " + api_key.encode() +
+                           b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" +
+                           body)
+            assert started.wait(5)
+        deadline = time.monotonic() + 10
+        while in_flight(server, api_key) or not store.count_sessions():
+            assert time.monotonic() < deadline, "the rollout never finished"
+            time.sleep(0.02)
+        deadline = time.monotonic() + 5
+        while store.count_sessions(status="ok") and time.monotonic() < deadline:
+            time.sleep(0.02)  # the correction follows the answer's moment
+        [summary] = store.list_sessions()
+        assert summary.status == "error", "stored ok, though its client had left"
+        assert store.get_session(summary.session_id).metadata["error"]["code"] == \
+            "client_disconnected"
