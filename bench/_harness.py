@@ -277,6 +277,37 @@ def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,
     return statistics.median(n / d for n, d in pairs)  # type: ignore[operator]
 
 
+async def post_rollout(url: str, body: bytes, key: str | None, *, delay: float = 0.0
+                       ) -> tuple[int | str, float]:
+    """POST ``body`` to ``url``/rollout on a connection of its own, opened after ``delay``
+    seconds: (its status, or what went wrong; seconds from connecting to its last byte)."""
+    await asyncio.sleep(delay)
+    host, port = url.removeprefix("http://").split(":")
+    head = (f"POST /rollout HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Content-Type: application/json\r\n" + (f"X-API-Key: {key}\r\n" if key else "")
+            + f"Content-Length: {len(body)}\r\n\r\n")
+    started = time.perf_counter()
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+    except OSError as exc:
+        return f"connect: {type(exc).__name__}", time.perf_counter() - started
+    try:
+        writer.write(head.encode() + body)
+        response = await reader.readuntil(b"\r\n\r\n")
+        status = int(response.split(b" ", 2)[1])
+        lines = response.lower().split(b"\r\n")
+        if any(line.startswith(b"transfer-encoding: chunked") for line in lines):
+            await reader.readuntil(b"0\r\n\r\n")
+        else:
+            await reader.readexactly(next(int(line.split(b":")[1]) for line in lines
+                                          if line.startswith(b"content-length")))
+        return status, time.perf_counter() - started
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        return f"dropped: {type(exc).__name__}", time.perf_counter() - started
+    finally:
+        writer.close()
+
+
 def print_ratios(results: dict[str, list[LoadResult]],
                  comparisons: Sequence[tuple[str, str, str | None]], *, rate: str,
                  cpu: str) -> None:

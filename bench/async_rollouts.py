@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import child_server, server_pid, tree_cpu_s
-from capacity import SLEEPY_APP, _one
+from _harness import child_server, post_rollout, server_pid, tree_cpu_s
+from capacity import SLEEPY_APP, rollout_body
 from server_overhead import KEY, SERVE_CLI
 
 PIN = ["taskset", "-c", "0"]
@@ -108,8 +108,8 @@ def _run(url: str, n: int, mode: str, poll_s: float) -> dict[str, object]:
 
     async def everyone():
         if mode == "sync":
-            return await asyncio.gather(*(_one(host, int(port), f"s-{i}", KEY, i / n)
-                                          for i in range(n)))
+            return await asyncio.gather(*(post_rollout(url, rollout_body(f"s-{i}"), KEY,
+                                                       delay=i / n) for i in range(n)))
         return await asyncio.gather(*(_async_one(host, int(port), f"a-{i}", i / n, poll_s,
                                                  polls, reconnects) for i in range(n)))
 

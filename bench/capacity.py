@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import child_server
+from _harness import child_server, post_rollout
 from server_overhead import BARE_SERVER, KEY, SERVE_CLI
 
 PIN = ["taskset", "-c", "0"]
@@ -54,48 +54,17 @@ async def rollout(request, ctx):
     return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0], "num_steps": 1}}
 '''
 
-def _request(host: str, port: int, run_id: str, key: str | None) -> bytes:
-    body = json.dumps({"run_id": run_id, "env": {"seed": 1, "config": {}},
+def rollout_body(run_id: str) -> bytes:
+    """A rollout request whose policy is never called (the apps here do not call it)."""
+    return json.dumps({"run_id": run_id, "env": {"seed": 1, "config": {}},
                        "policy": {"policy_name": "p", "config": {
                            "model": "m", "inference_url": "http://127.0.0.1:1/v1"}},
                        "mode": "rl"}).encode()
-    head = (f"POST /rollout HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            + (f"X-API-Key: {key}\r\n" if key else "")
-            + f"Content-Length: {len(body)}\r\n\r\n")
-    return head.encode() + body
-
-
-async def _one(host: str, port: int, run_id: str, key: str | None, delay: float
-               ) -> tuple[int | str, float]:
-    """One rollout on its own connection: (status or error, seconds)."""
-    await asyncio.sleep(delay)
-    started = time.perf_counter()
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-    except OSError as exc:
-        return f"connect: {type(exc).__name__}", time.perf_counter() - started
-    try:
-        writer.write(_request(host, port, run_id, key))
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        lines = head.lower().split(b"\r\n")
-        if any(line.startswith(b"transfer-encoding: chunked") for line in lines):
-            await reader.readuntil(b"0\r\n\r\n")
-        else:
-            length = next(int(line.split(b":")[1]) for line in lines
-                          if line.startswith(b"content-length"))
-            await reader.readexactly(length)
-        return status, time.perf_counter() - started
-    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        return f"dropped: {type(exc).__name__}", time.perf_counter() - started
-    finally:
-        writer.close()
 
 
 async def _level(url: str, n: int) -> list[tuple[int | str, float]]:
-    host, port = url.removeprefix("http://").split(":")
-    return await asyncio.gather(*(_one(host, int(port), f"cap-{n}-{i}", KEY, i / n)
-                                  for i in range(n)))
+    return await asyncio.gather(*(post_rollout(url, rollout_body(f"cap-{n}-{i}"), KEY,
+                                               delay=i / n) for i in range(n)))
 
 
 def _sessions_in(db: Path) -> int:
@@ -117,15 +86,13 @@ async def _crowd(url: str, keyless: int, keyed: int, seconds: float
                  ) -> tuple[dict[str, object], int]:
     """``keyless`` clients hammering without a key while ``keyed`` rollouts stay in flight
     for ``seconds``: the keyed results, and how many keyless requests were answered."""
-    host, port = url.removeprefix("http://").split(":")
-    port_n = int(port)
     stop_at = time.monotonic() + seconds
     keyless_answers = [0]
 
     async def hammer(i: int) -> None:
         await asyncio.sleep(i / keyless)
         while time.monotonic() < stop_at:
-            status, _ = await _one(host, port_n, "keyless", None, 0)
+            status, _ = await post_rollout(url, rollout_body("keyless"), None)
             keyless_answers[0] += 1
             if status != 401:
                 await asyncio.sleep(0.1)
@@ -134,7 +101,7 @@ async def _crowd(url: str, keyless: int, keyed: int, seconds: float
         await asyncio.sleep(i / keyed)
         done = []
         while time.monotonic() < stop_at:
-            done.append(await _one(host, port_n, f"keyed-{i}", KEY, 0))
+            done.append(await post_rollout(url, rollout_body(f"keyed-{i}"), KEY))
         return done
 
     hammers = [asyncio.ensure_future(hammer(i)) for i in range(keyless)]

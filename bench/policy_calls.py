@@ -37,13 +37,13 @@ import os
 import resource
 import statistics
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 
 from _harness import (
     child_server,
     fixed_body,
+    post_rollout,
     print_cpu_split,
     print_ratios,
     print_rounds,
@@ -187,39 +187,10 @@ def episode(inference_url: str, run_id: str = "bench") -> dict:
             "record": {"return_trace": False}, "mode": "rl", "safety": {"max_time_s": 600}}
 
 
-async def _one(url: str, run_id: str, inference_url: str, delay: float
-               ) -> tuple[int | str, float]:
-    """One episode on its own connection: (status or error, seconds)."""
-    await asyncio.sleep(delay)
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps(episode(inference_url, run_id)).encode()
-    head = (f"POST /rollout HTTP/1.1\r\nHost: {host}:{port}\r\nX-API-Key: {KEY}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
-    started = time.perf_counter()
-    try:
-        reader, writer = await asyncio.open_connection(host, int(port))
-    except OSError as exc:
-        return f"connect: {type(exc).__name__}", time.perf_counter() - started
-    try:
-        writer.write(head.encode() + body)
-        response = await reader.readuntil(b"\r\n\r\n")
-        status = int(response.split(b" ", 2)[1])
-        lines = response.lower().split(b"\r\n")
-        if any(line.startswith(b"transfer-encoding: chunked") for line in lines):
-            await reader.readuntil(b"0\r\n\r\n")
-        else:
-            await reader.readexactly(next(int(line.split(b":")[1]) for line in lines
-                                          if line.startswith(b"content-length")))
-        return status, time.perf_counter() - started
-    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        return f"dropped: {type(exc).__name__}", time.perf_counter() - started
-    finally:
-        writer.close()
-
-
 async def _crowd(url: str, n: int, inference_url: str) -> list[tuple[int | str, float]]:
-    return await asyncio.gather(*(_one(url, f"crowd-{i}", inference_url, i / n)
-                                  for i in range(n)))
+    return await asyncio.gather(*(post_rollout(
+        url, json.dumps(episode(inference_url, f"crowd-{i}")).encode(), KEY, delay=i / n)
+        for i in range(n)))
 
 
 def _rounds(servers: dict, policy: str, args: argparse.Namespace) -> None:
