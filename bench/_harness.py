@@ -109,6 +109,8 @@ class LoadResult:
     answered: int  # responses with status 200
     cpu_us: float | None = None  # the server's CPU per answered request (None: unknown)
     own_cpu_us: float | None = None  # of which its own process's (not its trace writer's)
+    after_cpu_us: float | None = None  # what it spent per answered request once the load
+    # stopped, until quiet (a trace writer building the rows of what it journaled)
 
 
 async def _load(url: str, bodies: Callable[[int], bytes], key: str, seconds: float,
@@ -155,15 +157,39 @@ def load(url: str, bodies: Callable[[int], bytes], key: str, *, seconds: float,
     result = asyncio.run(_load(url, bodies, key, seconds, concurrency))
     cpu_after = tree_cpu_s(pid) if pid else None
     return LoadResult(result.rate, result.p99_ms, result.answered,
-                      *_per_request(cpu_before, cpu_after, result.answered))
+                      *_per_request(cpu_before, cpu_after, result.answered, pid))
 
 
 def _per_request(before: tuple[float, float] | None, after: tuple[float, float] | None,
-                 answered: int) -> tuple[float | None, float | None]:
-    """(tree, own) CPU microseconds per answered request, from two `tree_cpu_s` readings."""
+                 answered: int, pid: int | None = None
+                 ) -> tuple[float | None, float | None, float | None]:
+    """(tree, own, after the load) CPU microseconds per answered request, from two
+    `tree_cpu_s` readings and, with ``pid``, `settle`."""
     if before is None or after is None or not answered:
-        return None, None
-    return ((after[1] - before[1]) / answered * 1e6, (after[0] - before[0]) / answered * 1e6)
+        return None, None, None
+    later = settle(pid) if pid else None
+    return ((after[1] - before[1]) / answered * 1e6, (after[0] - before[0]) / answered * 1e6,
+            None if later is None else later / answered * 1e6)
+
+
+def settle(pid: int, *, quiet_share: float = 0.05, every_s: float = 0.1,
+           timeout_s: float = 60.0) -> float | None:
+    """Wait until ``pid`` and its children use under ``quiet_share`` of a core; the CPU
+    seconds they spent meanwhile. A server that defers work past its load (a trace writer
+    building rows) would otherwise do it while the next server is measured."""
+    first = last = tree_cpu_s(pid)
+    if first is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(every_s)
+        now = tree_cpu_s(pid)
+        if now is None:
+            break
+        busy, last = now[1] - last[1], now
+        if busy < quiet_share * every_s:
+            break
+    return last[1] - first[1]
 
 
 _WRK_SCRIPT = """
@@ -204,7 +230,8 @@ def wrk_load(url: str, body: bytes, key: str, *, seconds: float, concurrency: in
         if p99.endswith("us") else float(p99[:-1]) * 1000
     answered = int(next(line.split()[0] for line in out.splitlines()
                         if "requests in" in line))
-    return LoadResult(rate, p99_ms, answered, *_per_request(cpu_before, cpu_after, answered))
+    return LoadResult(rate, p99_ms, answered,
+                      *_per_request(cpu_before, cpu_after, answered, pid))
 
 
 def fixed_body(body: dict) -> Callable[[int], bytes]:
@@ -341,6 +368,9 @@ def print_cpu_split(results: dict[str, list[LoadResult]], name: str) -> None:
     if rounds:
         own = statistics.median(r.own_cpu_us for r in rounds)  # type: ignore[misc]
         children = statistics.median(r.cpu_us - r.own_cpu_us for r in rounds)  # type: ignore[operator]
+        later = [r.after_cpu_us for r in rounds if r.after_cpu_us is not None]
         print(f"{name}: CPU per request {own:.0f} µs in the server, {children:.0f} µs in its "
-              "children (the trace writer); medians over rounds")
+              "children (the trace writer); medians over rounds"
+              + (f"; after the load, {statistics.median(later):.0f} µs more (rows built "
+                 "from the journal)" if later else ""))
 

@@ -31,24 +31,29 @@ class RolloutFacts(NamedTuple):
 
 
 def describe_session(session: SessionTrace, facts: RolloutFacts) -> None:
-    """Set ``session.metadata``: which rollout it was, the request as the client sent it
-    (keys masked; what it left out takes the protocol's defaults when replayed), the time it
-    took, and its metrics (those set) or its error. What the rollout put in the metadata
-    itself stays, ahead of the kit's outcome keys.
+    """Set ``session.metadata`` to `described_metadata`."""
+    session.metadata = described_metadata(session.metadata, facts)
+
+
+def described_metadata(metadata: dict[str, Any], facts: RolloutFacts) -> dict[str, Any]:
+    """A session's metadata, given what the rollout itself put in it (``metadata``, kept
+    ahead of the kit's outcome keys): which rollout it was, the request as the client sent
+    it (keys masked; what it left out takes the protocol's defaults when replayed), the time
+    it took, and its metrics (those set) or its error.
 
     Only what was sent or set: half the bytes of every field spelled out, and every traced
     rollout pays for them in pickling, encoding and the row the writer inserts."""
-    metadata = {**facts.head, **session.metadata}
-    metadata["duration_s"] = round(facts.duration_s, 6)
-    metadata["request"] = mask_secrets(from_json(facts.request_json))  # traces hold no keys
+    described = {**facts.head, **metadata}
+    described["duration_s"] = round(facts.duration_s, 6)
+    described["request"] = mask_secrets(from_json(facts.request_json))  # traces hold no keys
     if facts.response_json is not None:
-        metadata["status"] = "ok"
-        metadata["metrics"] = _stored_metrics(from_json(facts.response_json)["metrics"])
+        described["status"] = "ok"
+        described["metrics"] = _stored_metrics(from_json(facts.response_json)["metrics"])
     else:
-        metadata["status"] = "error"
+        described["status"] = "error"
         if facts.error is not None:
-            metadata["error"] = facts.error
-    session.metadata = metadata
+            described["error"] = facts.error
+    return described
 
 
 def lost_answer(session_id: str, error: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
@@ -75,4 +80,4 @@ def _stored_metrics(answered: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-__all__ = ["RolloutFacts", "describe_session", "lost_answer"]
+__all__ = ["RolloutFacts", "describe_session", "described_metadata", "lost_answer"]

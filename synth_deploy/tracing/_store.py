@@ -7,7 +7,9 @@ commit, one writer per process), and for a served app's event loop a writer chil
 `write_session` returns only after the COMMIT of its batch: a 200 means the trace is in
 the file (see `_db._sqlite` for what survives what).
 
-Readers (`synth_deploy.tracing._read`) read through ``store.database``.
+Readers (`synth_deploy.tracing._read`) read through ``store.database``. Opening a store
+builds the rows of the sessions a busy writer child left in its journal (`_write._journal`),
+so every read sees every acknowledged session.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from synth_deploy.tracing._db._stats import TraceStats, store_stats
 from synth_deploy.tracing._errors import NotATraceDbError, SessionNotFoundError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
+from synth_deploy.tracing._write import _journal
 from synth_deploy.tracing._write._thread import ThreadWriter
 
 logger = logging.getLogger("synth_deploy.tracing")
@@ -74,15 +77,23 @@ class TraceStore:
         self.setting = setting
         self.read_only = read_only
         self.write_timeout_s = write_timeout_s
-        self.database = TraceDatabase(setting, create=create, read_only=read_only,
-                                      connect_timeout_s=connect_timeout_s)
-        self._thread = ThreadWriter(self.database)
+        self._database = TraceDatabase(setting, create=create, read_only=read_only,
+                                       connect_timeout_s=connect_timeout_s)
+        self._catch_up()
+        self._thread = ThreadWriter(self._database)
         # A served app's event loop commits to a local file through a child process of its
         # own, so it spends no GIL time on SQL: one per loop, replaced when it dies.
         self._children: dict[asyncio.AbstractEventLoop, Any] = {}
         self._children_lock = threading.Lock()
         self._children_allowed = writer_process and not setting.is_remote and not read_only \
-            and not self.database.in_memory
+            and not self._database.in_memory
+
+    @property
+    def database(self) -> TraceDatabase:
+        """The database, for readers: the sessions a busy writer child journaled (this
+        store's or another process's) get their rows first (`_catch_up`)."""
+        self._catch_up()
+        return self._database
 
     @property
     def display(self) -> str:
@@ -90,7 +101,7 @@ class TraceStore:
 
     @property
     def schema_version(self) -> int:
-        return self.database.schema_version
+        return self._database.schema_version
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -122,11 +133,17 @@ class TraceStore:
     async def record_lost_answer(self, session_id: str, error: dict[str, Any]) -> None:
         """Record that the client of the stored session ``session_id`` never got its ``ok``
         answer (``error``: what it got instead); a session stored otherwise is left as it
-        is. Runs on a worker thread, as a second writer beside the writer child."""
+        is. Runs on a worker thread, as a second writer beside the writer child (a session
+        it journaled gets its rows first)."""
         self._check_writable()
+
+        def amend() -> None:
+            _journal.expand(self._database, session_id=session_id)
+            self._database.run([lost_answer(session_id, error)])
+
         try:
             with deadline(self.write_timeout_s):
-                await asyncio.to_thread(self.database.run, [lost_answer(session_id, error)])
+                await asyncio.to_thread(amend)
         except TimeoutError:
             raise self._timeout_error() from None
 
@@ -178,6 +195,35 @@ class TraceStore:
                     timeout_error=self._timeout_error)
             return child
 
+    def _catch_up(self) -> None:
+        """Build the rows of the sessions in the journal, if any: at open and before each
+        read, so a store held open (the viewer's) sees what a busy writer child journaled
+        since."""
+        if self.setting.is_remote:
+            return
+        try:
+            if not _journal.any_waiting(self._database):
+                return
+        except TraceStoreError:
+            return  # a closed store: the read that follows says so
+        # A read-only store builds them through a connection of its own, which leaves the
+        # file as it was but for where those sessions are kept.
+        try:
+            if not self.read_only:
+                _journal.expand(self._database)
+                return
+            writable = TraceDatabase(self.setting, create=False)
+            try:
+                _journal.expand(writable)
+            finally:
+                writable.close()
+            # Reopened: a read-only connection may not look for changes (`_read_only_uri`).
+            self._database.close()
+            self._database = TraceDatabase(self.setting, read_only=True)
+        except TraceStoreError as exc:
+            logger.warning("%s: %d sessions are still in its journal and are not shown (%s)",
+                           self.display, _journal.waiting(self._database), exc.message)
+
     def _check_writable(self) -> None:
         if self.read_only:
             raise TraceStoreError(f"the trace store for {self.display} was opened read-only",
@@ -196,7 +242,7 @@ class TraceStore:
         """How many sessions are stored (those that pass the filters given)."""
         where, params, _ = SessionSql(self.database).where(
             SessionFilter(app=app, status=status, model=model))
-        return int(self.database.query(f"SELECT COUNT(*) AS n FROM session_traces s{where}",
+        return int(self._database.query(f"SELECT COUNT(*) AS n FROM session_traces s{where}",
                                        params)[0]["n"])
 
     def list_sessions(self, *, limit: int | None = 20, app: str | None = None,
@@ -221,14 +267,14 @@ class TraceStore:
             run_id=r["run_id"], seed=r["seed"], model=r["model_name"], status=r["status"],
             total_reward=r["total_reward"], num_timesteps=r["num_timesteps"],
             num_events=r["num_events"], num_messages=r["num_messages"])
-            for r in self.database.query(query, params)]
+            for r in self._database.query(query, params)]
 
     def get_session(self, session_id: str) -> SessionTrace:
         """The stored session with this id, or the one id that starts with it."""
         session = self.database.session(session_id)
         if session is not None:
             return session
-        found = self.database.sessions_starting_with(session_id, limit=2)
+        found = self._database.sessions_starting_with(session_id, limit=2)
         if len(found) > 1:
             raise SessionNotFoundError(f"{session_id!r} matches several sessions",
                                        hint="give more characters of the id")
@@ -252,10 +298,10 @@ class TraceStore:
         ``quick_check``, which reads every page once): what a server checks before it
         writes into a file that the read commands would refuse. A remote or in-memory
         store keeps its own pages: nothing is read."""
-        if self.setting.is_remote or self.database.in_memory:
+        if self.setting.is_remote or self._database.in_memory:
             return
         # The first finding is enough to refuse, and its report may run to many lines.
-        found = str(self.database.query("PRAGMA quick_check(1)")[0].get("quick_check"))
+        found = str(self._database.query("PRAGMA quick_check(1)")[0].get("quick_check"))
         if found != "ok":
             first = [line for line in found.splitlines() if not line.startswith("***")]
             raise NotATraceDbError(
@@ -279,7 +325,7 @@ class TraceStore:
         for child in children:
             child.finish(self.write_timeout_s)
         if not running:
-            self.database.close()
+            self._database.close()
 
     def __enter__(self) -> TraceStore:
         return self

@@ -81,7 +81,8 @@ def test_a_version_9_file_loses_the_outcome_trigger_and_reads_the_same(tmp_path)
         store.write_sessions_sync(sessions)
     with sqlite3.connect(path) as conn:  # as version 9 left it
         conn.execute(_V9_OUTCOME_TRIGGER)
-        conn.execute("DELETE FROM synth_deploy_schema WHERE version = 10")
+        conn.execute("DELETE FROM synth_deploy_schema WHERE version >= 10")
+        conn.execute("DROP TABLE session_journal")
     with open_trace_store(str(path), read_only=True) as store:  # read as it is
         assert store.schema_version == 9
         before = [(s.session_id, s.total_reward) for s in store.list_sessions(limit=None)]

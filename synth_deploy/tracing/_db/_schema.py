@@ -19,7 +19,8 @@ the seven per-filter indexes of versions 4 and 7 with one that holds every filte
 (see `GLANCE_INDEX`), and indexes the run alone again. Version 9 adds `TOKENS_TABLE`, the
 ids and log-probabilities of LM calls (`synth_deploy.tracing._tokens`), one row an event.
 Version 10 drops the version 3 trigger that copied each new outcome reward into its session
-row (see `REWARD_OWNER_VERSION`).
+row (see `REWARD_OWNER_VERSION`). Version 11 adds `JOURNAL_TABLE`, where a busy writer child
+puts whole sessions before their rows are built (`synth_deploy.tracing._write._journal`).
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -36,7 +37,7 @@ from typing import Any
 from synth_deploy.tracing._db._columns import METADATA_PATHS
 from synth_deploy.tracing._db._totals import migration as totals_migration
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -287,6 +288,13 @@ def _v8_statements() -> list[str]:
 # through the events' session index, so it needs none of its own). Packed columns (see
 # `synth_deploy.tracing._tokens`): a prompt is the count of ids it shares with the previous
 # row's prompt and completion (in event order) and the ids after them.
+JOURNAL_VERSION = 11
+JOURNAL_TABLE = "session_journal"
+_V11_STATEMENTS = (
+    f"""CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
+        seq INTEGER PRIMARY KEY, session_id VARCHAR NOT NULL, body BLOB NOT NULL)""",
+)
+
 TOKENS_VERSION = 9
 TOKENS_TABLE = "lm_call_tokens"
 TOKENS_COLUMNS = ("event_id", "provenance", "absent_reason", "model", "revision",
@@ -377,6 +385,9 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
         steps.append((REWARD_OWNER_VERSION, "the session's reward is written by the store "
                       "alone: the outcome trigger goes",
                       [(f"DROP TRIGGER IF EXISTS {_OUTCOME_TRIGGER}", ())]))
+    if current < JOURNAL_VERSION:
+        steps.append((JOURNAL_VERSION, "a journal of whole sessions, their rows built later",
+                      [(sql, ()) for sql in _V11_STATEMENTS]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -385,7 +396,8 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
 
 
 __all__ = ["FILTERED_METADATA", "GLANCE_INDEX", "GLANCE_INDEX_VERSION",
-           "INDEXED_METADATA_VERSION", "SCHEMA_VERSION", "SESSION_FIELDS", "TOKENS_COLUMNS",
+           "INDEXED_METADATA_VERSION", "JOURNAL_TABLE", "JOURNAL_VERSION", "SCHEMA_VERSION",
+           "SESSION_FIELDS", "TOKENS_COLUMNS",
            "TOKENS_TABLE", "TOKENS_VERSION",
            "V2_COLUMNS", "V7_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field",
            "migration_plan", "session_fields"]

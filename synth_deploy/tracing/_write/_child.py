@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import operator
 import os
 import pickle
 import select
@@ -46,7 +45,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any, BinaryIO
 
 from synth_deploy import errors as _base_errors
@@ -54,18 +52,15 @@ from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import _errors
 from synth_deploy.tracing._config import TraceDbSetting
 from synth_deploy.tracing._db._database import TraceDatabase
-from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
-from synth_deploy.tracing._session import (
-    Event,
-    EventReward,
-    Message,
-    OutcomeReward,
-    SessionTrace,
-    Timestep,
-    sessions_recording,
+from synth_deploy.tracing._rollout_facts import (
+    RolloutFacts,
+    describe_session,
+    described_metadata,
 )
-from synth_deploy.tracing._tokens import PackedTurn, pack_turns
+from synth_deploy.tracing._session import sessions_recording
+from synth_deploy.tracing._write import _journal
 from synth_deploy.tracing._write._commit import commit
+from synth_deploy.tracing._write._flat import METADATA_AT, SESSION_ID_AT, flatten, restore
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
@@ -90,78 +85,6 @@ def commit_slices(items: list[Any]) -> list[list[Any]]:
     """``items`` in the slices they are committed in, in order."""
     size = max(MIN_SLICE, -(-len(items) // 2))
     return [items[start:start + size] for start in range(0, len(items), size)]
-
-# Sessions cross the pipe as tuples of their fields (nested the same way), not as pickled
-# dataclasses: cheaper to pickle on the server, whose GIL pays for it.
-_NESTED = {SessionTrace: {"timesteps": Timestep, "event_rewards": EventReward,
-                          "outcome_rewards": OutcomeReward},
-           Timestep: {"events": Event, "messages": Message}}
-_FIELDS = {cls: tuple(f.name for f in fields(cls))
-           for cls in (SessionTrace, Timestep, Event, Message, EventReward, OutcomeReward)}
-_GET = {cls: operator.itemgetter(*names) for cls, names in _FIELDS.items()}
-_PLAN = {cls: [(i, nested[name]) for i, name in enumerate(_FIELDS[cls]) if name in nested]
-         for cls, nested in _NESTED.items()}
-
-
-def _flat(obj: Any, cls: type) -> Any:
-    if type(obj) is not cls:  # a subclass may hold more than the fields: keep it whole
-        return obj
-    values = _GET[cls](obj.__dict__)
-    plan = _PLAN.get(cls)
-    if plan is None:
-        return values
-    values = list(values)
-    for i, sub in plan:
-        if sub in _PLAN:
-            values[i] = [_flat(x, sub) for x in values[i]]
-        else:
-            get = _GET[sub]
-            values[i] = [get(x.__dict__) if type(x) is sub else x for x in values[i]]
-    if cls is SessionTrace:
-        _pack_tokens(obj, values[_STEPS_AT])
-    return tuple(values)
-
-
-def _restore(flat: Any, cls: type) -> Any:
-    if not isinstance(flat, tuple):
-        return flat
-    plan = _PLAN.get(cls)
-    if plan is None:
-        return cls(*flat)
-    values = list(flat)
-    for i, sub in plan:
-        values[i] = [_restore(x, sub) for x in values[i]]
-    restored = cls(*values)
-    if cls is SessionTrace:
-        _unpack_tokens(restored)
-    return restored
-
-
-# Token ids cross packed, each prompt as what it adds to the turn before (`pack_turns`):
-# as Python ints, a session's prompts (each holding the conversation so far) would cost the
-# server's GIL a pickled int each.
-_STEPS_AT, _EVENTS_AT = _FIELDS[SessionTrace].index("timesteps"), _FIELDS[Timestep].index(
-    "events")
-_TOKENS_AT = _FIELDS[Event].index("tokens")
-
-
-def _pack_tokens(session: SessionTrace, steps: list[Any]) -> None:
-    events = [(step[_EVENTS_AT], i) for step in steps if isinstance(step, tuple)
-              for i, e in enumerate(step[_EVENTS_AT])
-              if isinstance(e, tuple) and e[_TOKENS_AT] is not None]
-    turns = session.turn_tokens
-    if not turns or len(events) != len(turns):  # events kept whole hold theirs
-        return
-    for (where, i), packed in zip(events, pack_turns(turns), strict=True):
-        event = where[i]
-        where[i] = (*event[:_TOKENS_AT], packed, *event[_TOKENS_AT + 1:])
-
-
-def _unpack_tokens(session: SessionTrace) -> None:
-    for event in session.events:
-        if isinstance(event.tokens, tuple):  # as `_pack_tokens` sent it: stored as it is
-            event.tokens = PackedTurn(event.tokens)
-
 
 def frame(payload: Any) -> bytes:
     data = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
@@ -239,7 +162,7 @@ class LoopWriter:
         self._write_some()
 
     def _framed(self, more_coming: bool) -> bytes:
-        sessions = [(seq, _flat(s, SessionTrace), None if facts is None else tuple(facts))
+        sessions = [(seq, flatten(s), None if facts is None else tuple(facts))
                     for seq, s, facts in self._queued]
         self._queued = []
         return frame((more_coming, sessions))
@@ -400,7 +323,9 @@ def main() -> None:
     One thread: read a frame, take every frame already waiting too (group commit) or soon to
     come (`GATHER_S`), commit them in `commit_slices`, each one transaction (a bad session
     fails alone) answered with one frame. While a commit runs, what the server sends waits
-    in the pipe.
+    in the pipe. Sessions that come with others (a batch of several, or other rollouts
+    still running) go to the journal, whose rows are built once the stream has paused for
+    `_journal.IDLE_S` and before the child exits; a lone session is stored in rows.
     """
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
@@ -416,26 +341,78 @@ def main() -> None:
         return
     db.checkpoint_in_background()  # commits here never stop to checkpoint
     parent_gone = not _send(stdout, [])  # ready
+    journaled = _journal.waiting(db)  # a killed predecessor's, if any
     try:
-        while (items := frames.next_batch()) is not None:
+        while True:
+            if journaled and not frames.waiting(_journal.IDLE_S):
+                taken = _journal.expand(db, limit=_journal.CHUNK)  # the stream paused
+                journaled = journaled - taken if taken == _journal.CHUNK else 0
+                continue
+            items = frames.next_batch()
+            if items is None:
+                break
+            # Sessions that came together, or with other rollouts still running: the
+            # server is busy, and building rows now would take its CPU.
+            busy = len(items) > 1 or frames.more_coming
             for part in commit_slices(items):
-                outcomes = _commit_described(db, part)
+                outcomes, added = _store(db, part, busy)
+                journaled += added
                 acks = [(seq, None if error is None else _describe(error))
                         for (seq, _, _), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway
+        if journaled:
+            _journal.expand(db)
     finally:
         db.close()
 
 
-def _commit_described(db: TraceDatabase, part: list[tuple[int, Any, Any]]
+def _store(db: TraceDatabase, part: list[tuple[int, Any, Any]], busy: bool
+           ) -> tuple[list[BaseException | None], int]:
+    """Store the sessions of ``part`` ((seq, flat session, facts or None) each), described
+    by their rollout's facts first: in the journal when ``busy`` and they hold only
+    builtins, else in rows (`commit`). Each one's outcome, and how many were journaled."""
+    outcomes: list[BaseException | None] = [None] * len(part)
+    rows: list[tuple[int, Any, Any]] = []  # (place, flat, facts) of those stored in rows
+    journaled: list[tuple[int, Any]] = []
+    entries: list[tuple[str, bytes]] = []
+    for place, (_, flat, facts) in enumerate(part):
+        body = None
+        if busy and type(flat) is tuple:
+            try:
+                if facts is not None:
+                    flat = (*flat[:METADATA_AT], described_metadata(
+                        flat[METADATA_AT], RolloutFacts(*facts)), *flat[METADATA_AT + 1:])
+                    facts = None
+                body = _journal.encode(flat)
+            except Exception as exc:
+                outcomes[place] = exc
+                continue
+        if body is None:
+            rows.append((place, flat, facts))
+        else:
+            journaled.append((place, flat))
+            entries.append((flat[SESSION_ID_AT], body))
+    if entries:
+        try:
+            _journal.append(db, entries)
+        except Exception:  # stored in rows instead, where each one's error is told
+            rows += [(place, flat, None) for place, flat in journaled]
+            entries = []
+    stored = _commit_described(db, [(flat, facts) for _, flat, facts in rows])
+    for (place, _, _), outcome in zip(rows, stored, strict=True):
+        outcomes[place] = outcome
+    return outcomes, len(entries)
+
+
+def _commit_described(db: TraceDatabase, part: list[tuple[Any, Any]]
                       ) -> list[BaseException | None]:
-    """`commit` the sessions of ``part`` ((seq, flat session, facts or None) each),
-    described by their rollout's facts first; one that cannot be fails alone."""
+    """`commit` the sessions of ``part`` ((flat session, facts or None) each), described
+    by their rollout's facts first; one that cannot be fails alone."""
     outcomes: list[BaseException | None] = [None] * len(part)
     sessions, places = [], []
-    for place, (_, flat, facts) in enumerate(part):
+    for place, (flat, facts) in enumerate(part):
         try:
-            session = _restore(flat, SessionTrace)
+            session = restore(flat)
             if facts is not None:
                 describe_session(session, RolloutFacts(*facts))
         except Exception as exc:
@@ -455,6 +432,7 @@ class _FrameReader:
         self.fd = fd
         self.buffer = bytearray()
         self.closed = False
+        self.more_coming = False  # what the newest frame said
 
     def setting(self) -> TraceDbSetting:
         """The first frame: the database to commit to."""
@@ -475,7 +453,7 @@ class _FrameReader:
         gather_until = time.monotonic() + GATHER_S
         while len(items) < limit:
             gathering = more_coming and len(items) < MIN_SLICE
-            if not self._waiting(max(0.0, gather_until - time.monotonic()) if gathering
+            if not self.waiting(max(0.0, gather_until - time.monotonic()) if gathering
                                  else 0.0):
                 break
             following = self._next()
@@ -483,9 +461,10 @@ class _FrameReader:
                 break
             more_coming, frame_items = following
             items.extend(frame_items)
+        self.more_coming = more_coming
         return items
 
-    def _waiting(self, timeout_s: float) -> bool:
+    def waiting(self, timeout_s: float) -> bool:
         """Whether a frame is here or arrives within ``timeout_s``."""
         if self._complete() or self.closed:
             return self._complete()

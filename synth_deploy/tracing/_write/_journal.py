@@ -1,0 +1,136 @@
+"""The journal: a busy writer child stores whole sessions first and builds their rows later.
+
+A five-call session is some seventeen rows of the indexed v3 tables (events and messages,
+their indexes, the totals triggers): most of what tracing costs a served app. When
+sessions come together (a batch of several, or other rollouts still running: the server
+is busy), the writer child stores each one as a single row of `JOURNAL_TABLE` instead: its
+flat form (`_flat`), metadata described, pickled. That commit is what the child
+acknowledges, so a journaled session is as durable as one stored in rows.
+
+Its rows are built (`expand`) once the sessions stop coming for `IDLE_S`, when the child's
+input closes, and by any `TraceStore` before it reads: every reader of the kit sees every
+acknowledged session. A program that reads the tables itself (synth-ai)
+sees a session once its rows are built. Building is `commit`, so a session already stored
+is not stored twice, and a crash between building and dropping the journal row leaves
+nothing to lose.
+
+Only builtins go in: the pickler refuses any other object (that session is stored in rows at
+once) and the reader looks no class up, so a journal row cannot run code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import pickle
+from typing import Any
+
+from synth_deploy.tracing._db._database import TraceDatabase
+from synth_deploy.tracing._db._schema import JOURNAL_TABLE, JOURNAL_VERSION
+from synth_deploy.tracing._session import SessionTrace
+from synth_deploy.tracing._write._commit import commit
+from synth_deploy.tracing._write._flat import restore
+
+logger = logging.getLogger("synth_deploy.tracing")
+
+# How long the stream of sessions must pause before the child builds rows.
+IDLE_S = 0.020
+# Sessions built in one transaction: a batch that arrives meanwhile waits for one chunk.
+CHUNK = 16
+
+
+class _NotBuiltin(Exception):
+    pass
+
+
+class _BuiltinsPickler(pickle.Pickler):
+    # Called only for objects that are not None, a bool or an exact int, float, str,
+    # bytes, dict, list, tuple, set or frozenset.
+    def reducer_override(self, obj: Any) -> Any:
+        raise _NotBuiltin
+
+
+class _NoClassUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a journal row names {module}.{name}; only builtins "
+                                     "are read back")
+
+
+def encode(flat: Any) -> bytes | None:
+    """A session's flat form as a journal row's body; None when it holds anything but
+    builtins (then it is stored in rows at once)."""
+    out = io.BytesIO()
+    try:
+        _BuiltinsPickler(out, pickle.HIGHEST_PROTOCOL).dump(flat)
+    except _NotBuiltin:
+        return None
+    return out.getvalue()
+
+
+def decode(body: bytes) -> SessionTrace:
+    """The session a journal row's body holds."""
+    return restore(_NoClassUnpickler(io.BytesIO(body)).load())
+
+
+def append(db: TraceDatabase, entries: list[tuple[str, bytes]]) -> None:
+    """Journal ``entries`` ((session id, `encode`d body) each) in one transaction."""
+    db.run([(f"INSERT INTO {JOURNAL_TABLE} (session_id, body) VALUES (?, ?)", entry)
+            for entry in entries])
+
+
+def waiting(db: TraceDatabase) -> int:
+    """How many sessions the journal holds (0 for a store older than the journal)."""
+    if db.schema_version < JOURNAL_VERSION:
+        return 0
+    return int(db.rows(f"SELECT COUNT(*) FROM {JOURNAL_TABLE}")[0][0])
+
+
+def any_waiting(db: TraceDatabase) -> bool:
+    """Whether the journal holds a session (one index probe, however many it holds)."""
+    if db.schema_version < JOURNAL_VERSION:
+        return False
+    return bool(db.rows(f"SELECT EXISTS (SELECT 1 FROM {JOURNAL_TABLE})")[0][0])
+
+
+def expand(db: TraceDatabase, *, session_id: str | None = None,
+           limit: int | None = None) -> int:
+    """Build the rows of journaled sessions, oldest first (``session_id``: that one only),
+    `CHUNK` a transaction, until none is left or ``limit`` were taken; how many were.
+
+    A row that cannot be read back stays in the journal (and is logged); a session that
+    cannot be stored (another with its id and other content is) is logged and dropped, as
+    a direct write of it would have failed."""
+    if db.schema_version < JOURNAL_VERSION:
+        return 0
+    taken, after = 0, 0
+    where = "seq > ?" + (" AND session_id = ?" if session_id is not None else "")
+    while limit is None or taken < limit:
+        size = CHUNK if limit is None else min(CHUNK, limit - taken)
+        rows = db.rows(f"SELECT seq, body FROM {JOURNAL_TABLE} WHERE {where} ORDER BY seq "
+                       f"LIMIT {size}", (after,) if session_id is None else (after, session_id))
+        if not rows:
+            break
+        after = rows[-1][0]
+        taken += len(rows)
+        built, sessions = [], []
+        for seq, body in rows:
+            try:
+                sessions.append(decode(body))
+            except Exception as exc:  # kept: nothing of ours writes such a row
+                logger.error("%s: journal row %d cannot be read back (%s); it was left in "
+                             "%s", db.display, seq, exc, JOURNAL_TABLE)
+                continue
+            built.append(seq)
+        for session, outcome in zip(sessions, commit(db, sessions), strict=True):
+            if outcome is not None:
+                logger.warning("%s: journaled session %s was not stored: %s", db.display,
+                               session.session_id, outcome)
+        if built:
+            db.run([(f"DELETE FROM {JOURNAL_TABLE} WHERE seq IN (SELECT value FROM "
+                     "json_each(?))", (json.dumps(built),))])
+    return taken
+
+
+__all__ = ["CHUNK", "IDLE_S", "any_waiting", "append", "decode", "encode", "expand",
+           "waiting"]
