@@ -324,8 +324,9 @@ def main() -> None:
     come (`GATHER_S`), commit them in `commit_slices`, each one transaction (a bad session
     fails alone) answered with one frame. While a commit runs, what the server sends waits
     in the pipe. Sessions that come with others (a batch of several, or other rollouts
-    still running) go to the journal, whose rows are built once the stream has paused for
-    `_journal.IDLE_S` and before the child exits; a lone session is stored in rows.
+    still running) go to the journal, whose rows are built between batches while the
+    server is not busy (`_ServerLoad`) and before the child exits; a lone session is stored
+    in rows.
     """
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
@@ -342,12 +343,17 @@ def main() -> None:
     db.checkpoint_in_background()  # commits here never stop to checkpoint
     parent_gone = not _send(stdout, [])  # ready
     journaled = _journal.waiting(db)  # a killed predecessor's, if any
+    server = _ServerLoad(os.getppid())
     try:
         while True:
-            if journaled and not frames.waiting(_journal.IDLE_S):
-                taken = _journal.expand(db, limit=_journal.CHUNK)  # the stream paused
-                journaled = journaled - taken if taken == _journal.CHUNK else 0
-                continue
+            # Rows are built between batches while the server is not busy: its CPU first.
+            if journaled and not frames.waiting(0.0):
+                if not server.busy():
+                    taken = _journal.expand(db, limit=_journal.CHUNK)
+                    journaled = journaled - taken if taken == _journal.CHUNK else 0
+                    continue
+                if not frames.waiting(_journal.IDLE_S):
+                    continue  # look again in a while
             items = frames.next_batch()
             if items is None:
                 break
@@ -423,6 +429,44 @@ def _commit_described(db: TraceDatabase, part: list[tuple[Any, Any]]
     for place, outcome in zip(places, commit(db, sessions), strict=True):
         outcomes[place] = outcome
     return outcomes
+
+
+class _ServerLoad:
+    """Whether the server (this child's parent) is busy: running or waiting to run when
+    looked at, or having used over half a core in the last `WINDOW_S` or more; from /proc
+    (never busy where there is none). The pipe alone cannot tell: a loaded server's
+    batches come in waves, with silences between them while it works."""
+
+    WINDOW_S = 0.1
+    BUSY_SHARE = 0.5
+
+    def __init__(self, pid: int) -> None:
+        self._stat = f"/proc/{pid}/stat"
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        sample = self._read()
+        self._at, self._cpu_s = time.monotonic(), None if sample is None else sample[1]
+        self._was_busy = False
+
+    def _read(self) -> tuple[bytes, float] | None:
+        """(state, utime + stime in seconds), or None."""
+        try:
+            with open(self._stat, "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            return fields[0], (int(fields[11]) + int(fields[12])) / self._tick
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def busy(self) -> bool:
+        sample = self._read()
+        if sample is None:
+            return False
+        state, cpu_s = sample
+        now = time.monotonic()
+        if now - self._at >= self.WINDOW_S:
+            if self._cpu_s is not None:
+                self._was_busy = (cpu_s - self._cpu_s) / (now - self._at) > self.BUSY_SHARE
+            self._at, self._cpu_s = now, cpu_s
+        return state == b"R" or self._was_busy
 
 
 class _FrameReader:

@@ -7,12 +7,12 @@ is busy), the writer child stores each one as a single row of `JOURNAL_TABLE` in
 flat form (`_flat`), metadata described, pickled. That commit is what the child
 acknowledges, so a journaled session is as durable as one stored in rows.
 
-Its rows are built (`expand`) once the sessions stop coming for `IDLE_S`, when the child's
-input closes, and by any `TraceStore` before it reads: every reader of the kit sees every
-acknowledged session. A program that reads the tables itself (synth-ai)
-sees a session once its rows are built. Building is `commit`, so a session already stored
-is not stored twice, and a crash between building and dropping the journal row leaves
-nothing to lose.
+Its rows are built (`expand`) between batches while the server is not busy (the writer
+child watches the share of a core it uses), when the child's input closes, and by any
+`TraceStore` before it reads: every reader of the kit sees every acknowledged session. A
+program that reads the tables itself (synth-ai) sees a session once its rows are built.
+Building is `commit`, so a session already stored is not stored twice, and a crash
+between building and dropping the journal row leaves nothing to lose.
 
 Only builtins go in: the pickler refuses any other object (that session is stored in rows at
 once) and the reader looks no class up, so a journal row cannot run code.
@@ -34,8 +34,8 @@ from synth_deploy.tracing._write._flat import restore
 
 logger = logging.getLogger("synth_deploy.tracing")
 
-# How long the stream of sessions must pause before the child builds rows.
-IDLE_S = 0.020
+# How often a writer child with a journal looks again whether its server is still busy.
+IDLE_S = 0.050
 # Sessions built in one transaction: a batch that arrives meanwhile waits for one chunk.
 CHUNK = 16
 
