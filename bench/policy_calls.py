@@ -13,7 +13,9 @@ the policy and wrk (32 connections) share core 1. "serve" is the CLI with its de
 (traced, to a SQLite file); "untraced" adds `--no-trace`; "bare" is the floor. Rounds
 alternate within one run and the ratios are taken within a round, then the median; the
 servers are started afresh ``--pairs`` times. Printed: episodes/s, p99, and the CPU each
-server spent per policy call. Target (issue 47): serve/bare >= 0.60x.
+server spent per policy call; for `serve`, also what its writer child spent after each load
+building the rows of the sessions it journaled meanwhile (each server is measured once the
+one before has gone quiet). Target (issue 47): serve/bare >= 0.60x.
 
 Then the held loop: ``--held-s`` (60) seconds of the same load on `serve` (defaults), and the
 "held the event loop" warnings its log has: none for this LLM-bound episode; one, naming the

@@ -12,7 +12,10 @@ Volume adds to, i.e. tracing's own cost), and traced to the Volume, committed ev
 container's process, where Modal's does that work outside it, so the cost shown is an
 upper bound. Each rollout makes five policy calls to the kit's mock policy (its own process).
 
-Target: throughput volume/untraced >= 0.95x; volume/disk is the Volume's own share.
+Target: throughput volume/untraced >= 0.95x; volume/disk is the Volume's own share. A
+loaded container's writer child journals its sessions and builds their rows once the
+server is not busy: the CPU it spends after each load is printed apart (each container is
+measured once the one before has gone quiet).
 Afterwards the Volume's copy must pass `integrity_check` and hold a session for every
 rollout answered (each container drains).
 """
