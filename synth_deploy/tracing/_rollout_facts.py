@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from pydantic_core import from_json
 
 from synth_deploy.env import mask_secrets
+from synth_deploy.tracing._db._schema import AMENDMENTS_TABLE
 from synth_deploy.tracing._session import SessionTrace
 
 
@@ -56,15 +57,19 @@ def described_metadata(metadata: dict[str, Any], facts: RolloutFacts) -> dict[st
     return described
 
 
-def lost_answer(session_id: str, error: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
-    """The statement that records, after the fact, that the client of a rollout stored as
+def lost_answer(session_id: str, error: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements that record, after the fact, that the client of a rollout stored as
     ``ok`` never got that answer (``error``: what it got instead, as an answer's error
     says it). The session's status becomes ``error``, so stats and exports leave it out;
-    the triggers move its columns and the running totals with its metadata."""
-    return ("UPDATE session_traces SET metadata = json_set(metadata, '$.status', 'error', "
-            "'$.error', json(?)) WHERE session_id = ? AND json_valid(metadata) "
-            "AND json_extract(metadata, '$.status') = 'ok'",
-            (json.dumps(error), session_id))
+    the triggers move its columns and the running totals with its metadata. A session not
+    stored yet (its write timed out, and lands later) gets it when its row comes."""
+    said = json.dumps(error)
+    return [("UPDATE session_traces SET metadata = json_set(metadata, '$.status', 'error', "
+             "'$.error', json(?)) WHERE session_id = ? AND json_valid(metadata) "
+             "AND json_extract(metadata, '$.status') = 'ok'", (said, session_id)),
+            (f"INSERT OR REPLACE INTO {AMENDMENTS_TABLE} (session_id, error) SELECT ?, ? "
+             "WHERE NOT EXISTS (SELECT 1 FROM session_traces WHERE session_id = ?)",
+             (session_id, said, session_id))]
 
 
 def _stored_metrics(answered: dict[str, Any]) -> dict[str, Any]:

@@ -139,7 +139,7 @@ class TraceStore:
 
         def amend() -> None:
             _journal.expand(self._database, session_id=session_id)
-            self._database.run([lost_answer(session_id, error)])
+            self._database.run(lost_answer(session_id, error))
 
         try:
             with deadline(self.write_timeout_s):

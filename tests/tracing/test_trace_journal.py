@@ -186,3 +186,25 @@ def test_a_journal_row_that_names_a_class_is_never_run_and_is_kept(tmp_path, cap
     assert not marker.exists()
     assert "cannot be read back" in caplog.text and "builtins.exec" in caplog.text
     assert journal_count(path) == 1  # kept, for whoever looks into it
+
+
+def test_a_lost_answer_said_before_its_session_lands_is_applied_when_it_does(tmp_path):
+    """A write that timed out (the client was answered trace_write_failed) may still land
+    after the server has recorded that the answer was lost."""
+    from test_rollout_facts import facts, recorded_session
+
+    async def run():
+        with open_trace_store(tmp_path / "t.db") as store:
+            late, other = recorded_session(), recorded_session()
+            await store.record_lost_answer(late.session_id, {
+                "code": "trace_write_failed", "message": "its write timed out"})
+            await store.write_session(late, facts(run_id="late"))
+            await store.write_session(other, facts(run_id="other"))
+            return store.get_session(late.session_id), store.get_session(other.session_id), \
+                store.stats()
+
+    late, other, stats = asyncio.run(run())
+    assert late.metadata["status"] == "error"
+    assert late.metadata["error"]["code"] == "trace_write_failed"
+    assert other.metadata["status"] == "ok"  # the correction is that session's alone
+    assert stats.ok == 1 and stats.sessions == 2  # the totals followed it

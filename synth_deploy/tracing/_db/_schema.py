@@ -20,7 +20,8 @@ the seven per-filter indexes of versions 4 and 7 with one that holds every filte
 ids and log-probabilities of LM calls (`synth_deploy.tracing._tokens`), one row an event.
 Version 10 drops the version 3 trigger that copied each new outcome reward into its session
 row (see `REWARD_OWNER_VERSION`). Version 11 adds `JOURNAL_TABLE`, where a busy writer child
-puts whole sessions before their rows are built (`synth_deploy.tracing._write._journal`).
+puts whole sessions before their rows are built (`synth_deploy.tracing._write._journal`),
+and `AMENDMENTS_TABLE`, what a lost answer says of a session whose row is not there yet.
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -290,10 +291,7 @@ def _v8_statements() -> list[str]:
 # row's prompt and completion (in event order) and the ids after them.
 JOURNAL_VERSION = 11
 JOURNAL_TABLE = "session_journal"
-_V11_STATEMENTS = (
-    f"""CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
-        seq INTEGER PRIMARY KEY, session_id VARCHAR NOT NULL, body BLOB NOT NULL)""",
-)
+AMENDMENTS_TABLE = "session_amendments"
 
 TOKENS_VERSION = 9
 TOKENS_TABLE = "lm_call_tokens"
@@ -345,6 +343,26 @@ def _v7_statements() -> list[str]:
     ]
 
 
+def _v11_statements() -> list[str]:
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
+            seq INTEGER PRIMARY KEY, session_id VARCHAR NOT NULL, body BLOB NOT NULL)""",
+        # What a lost answer says of a session not stored yet (its write timed out and
+        # lands later): applied when its row comes.
+        f"""CREATE TABLE IF NOT EXISTS {AMENDMENTS_TABLE} (
+            session_id VARCHAR PRIMARY KEY, error TEXT NOT NULL)""",
+        f"""CREATE TRIGGER IF NOT EXISTS synth_deploy_amendment_applied AFTER INSERT ON {_T}
+        WHEN EXISTS (SELECT 1 FROM {AMENDMENTS_TABLE} WHERE session_id = NEW.session_id)
+        BEGIN
+        UPDATE {_T} SET metadata = json_set(metadata, '$.status', 'error', '$.error', json(
+            (SELECT error FROM {AMENDMENTS_TABLE} WHERE session_id = NEW.session_id)))
+         WHERE session_id = NEW.session_id AND json_valid(metadata)
+           AND json_extract(metadata, '$.status') = 'ok';
+        DELETE FROM {AMENDMENTS_TABLE} WHERE session_id = NEW.session_id;
+        END""",
+    ]
+
+
 def migration_plan(current: int, columns: Callable[[str], set[str]],
                    now: str) -> list[tuple[int, str, list[Statement]]]:
     """The steps from ``current`` to `SCHEMA_VERSION`: (version, description, statements).
@@ -386,8 +404,9 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
                       "alone: the outcome trigger goes",
                       [(f"DROP TRIGGER IF EXISTS {_OUTCOME_TRIGGER}", ())]))
     if current < JOURNAL_VERSION:
-        steps.append((JOURNAL_VERSION, "a journal of whole sessions, their rows built later",
-                      [(sql, ()) for sql in _V11_STATEMENTS]))
+        steps.append((JOURNAL_VERSION, "a journal of whole sessions, their rows built later; "
+                      "lost answers kept for sessions stored later",
+                      [(sql, ()) for sql in _v11_statements()]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -395,7 +414,7 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
     return steps
 
 
-__all__ = ["FILTERED_METADATA", "GLANCE_INDEX", "GLANCE_INDEX_VERSION",
+__all__ = ["AMENDMENTS_TABLE", "FILTERED_METADATA", "GLANCE_INDEX", "GLANCE_INDEX_VERSION",
            "INDEXED_METADATA_VERSION", "JOURNAL_TABLE", "JOURNAL_VERSION", "SCHEMA_VERSION",
            "SESSION_FIELDS", "TOKENS_COLUMNS",
            "TOKENS_TABLE", "TOKENS_VERSION",
