@@ -257,8 +257,9 @@ class LoopWriter:
     # -- from any thread ------------------------------------------------------------------
 
     def finish(self, timeout_s: float | None) -> bool:
-        """Send what is left, close the child's input and wait for it to commit and exit
-        (not at all when every write was acknowledged: the child has nothing left to do)."""
+        """Send what is left, close the child's input and wait until it has committed it
+        (not at all when every write was acknowledged). The child may go on building the
+        rows of what it journaled: it is reaped in the background."""
         settled = not self._pending and not self._queued and not self._unsent
         if self.loop.is_running() and not self.loop.is_closed():
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -269,15 +270,27 @@ class LoopWriter:
                 pass
         else:
             self._hand_over(None)
-        if settled:  # reaped in the background, as it exits in a moment
-            threading.Thread(target=self._proc.wait, daemon=True,
-                             name="synth-deploy-trace-writer-reaper").start()
-            return True
-        try:
-            self._proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        if not settled and not self._acknowledged_all(timeout_s):
             return False
+        threading.Thread(target=self._proc.wait, daemon=True,
+                         name="synth-deploy-trace-writer-reaper").start()
         return True
+
+    def _acknowledged_all(self, timeout_s: float | None) -> bool:
+        """Wait until the child closes its stdout, which it does once every write it read
+        is committed and acknowledged; False past ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                if not select.select([self._out_fd], [], [], left)[0]:
+                    return False
+                if not os.read(self._out_fd, _READ_CHUNK):
+                    return True
+            except BlockingIOError:
+                continue  # the loop's reader took what was there
+            except OSError:
+                return True  # closed: the child is gone
 
     def _hand_over(self, done: concurrent.futures.Future[None] | None) -> None:
         # Whatever the loop did not send goes now, blocking: the child is reading.
@@ -367,6 +380,7 @@ def main() -> None:
                         for (seq, _, _), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway
         if journaled:
+            stdout.close()  # all acknowledged: the server need not wait for these rows
             _journal.expand(db)
     finally:
         db.close()
