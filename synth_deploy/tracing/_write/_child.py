@@ -336,10 +336,9 @@ def main() -> None:
     One thread: read a frame, take every frame already waiting too (group commit) or soon to
     come (`GATHER_S`), commit them in `commit_slices`, each one transaction (a bad session
     fails alone) answered with one frame. While a commit runs, what the server sends waits
-    in the pipe. Sessions that come with others (a batch of several, or other rollouts
-    still running) go to the journal, whose rows are built between batches while the
-    server is not busy (`_ServerLoad`) and before the child exits; a lone session is stored
-    in rows.
+    in the pipe. While the server is busy (`_ServerLoad`), sessions that come with others
+    (a batch of several, or other rollouts still running) go to the journal, whose rows
+    are built between batches once the server is not busy, and before the child exits.
     """
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
@@ -370,9 +369,9 @@ def main() -> None:
             items = frames.next_batch()
             if items is None:
                 break
-            # Sessions that came together, or with other rollouts still running: the
-            # server is busy, and building rows now would take its CPU.
-            busy = len(items) > 1 or frames.more_coming
+            # Building rows now would take a busy server's CPU: journal them, when others
+            # come with them (a lone session is stored in rows whatever the load).
+            busy = (len(items) > 1 or frames.more_coming) and server.busy()
             for part in commit_slices(items):
                 outcomes, added = _store(db, part, busy)
                 journaled += added

@@ -1,11 +1,14 @@
 """The journal: a busy writer child stores whole sessions first and builds their rows later.
 
 A five-call session is some seventeen rows of the indexed v3 tables (events and messages,
-their indexes, the totals triggers): most of what tracing costs a served app. When
-sessions come together (a batch of several, or other rollouts still running: the server
-is busy), the writer child stores each one as a single row of `JOURNAL_TABLE` instead: its
-flat form (`_flat`), metadata described, pickled. That commit is what the child
-acknowledges, so a journaled session is as durable as one stored in rows.
+their indexes, the totals triggers): most of what tracing costs a served app. While its
+server is busy (its CPU is what rollouts are answered with) and sessions come together
+(a batch of several, or other rollouts still running), the writer child stores each one
+as a single row of `JOURNAL_TABLE` instead: its flat form (`_flat`), metadata described,
+pickled. That commit is what the child acknowledges, so a journaled session is as
+durable as one stored in rows. Building its rows later costs more than building them at
+once (the row is read back, a second transaction), so a server with CPU to spare gets
+rows at once.
 
 Its rows are built (`expand`) between batches while the server is not busy (the writer
 child watches the share of a core it uses), when the child's input closes, and by any
