@@ -44,17 +44,30 @@ def described_metadata(metadata: dict[str, Any], facts: RolloutFacts) -> dict[st
 
     Only what was sent or set: half the bytes of every field spelled out, and every traced
     rollout pays for them in pickling, encoding and the row the writer inserts."""
-    described = {**facts.head, **metadata}
-    described["duration_s"] = round(facts.duration_s, 6)
-    described["request"] = mask_secrets(from_json(facts.request_json))  # traces hold no keys
+    return with_description(metadata, rollout_description(facts))
+
+
+def rollout_description(facts: RolloutFacts) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the session's metadata says of its rollout, before and after what the rollout
+    put in it (`with_description`): keys masked, so it can be kept apart (the journal)."""
+    outcome: dict[str, Any] = {"duration_s": round(facts.duration_s, 6),
+                               "request": mask_secrets(from_json(facts.request_json))}
     if facts.response_json is not None:
-        described["status"] = "ok"
-        described["metrics"] = _stored_metrics(from_json(facts.response_json)["metrics"])
+        outcome["status"] = "ok"
+        outcome["metrics"] = _stored_metrics(from_json(facts.response_json)["metrics"])
     else:
-        described["status"] = "error"
+        outcome["status"] = "error"
         if facts.error is not None:
-            described["error"] = facts.error
-    return described
+            outcome["error"] = facts.error
+    return facts.head, outcome
+
+
+def with_description(metadata: dict[str, Any],
+                     description: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
+    """``metadata`` described by a `rollout_description`: which rollout first, then the
+    rollout's own keys (in their place, the kit's outcome keys winning), then the rest."""
+    head, outcome = description
+    return {**head, **metadata, **outcome}
 
 
 def lost_answer(session_id: str, error: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
@@ -85,4 +98,5 @@ def _stored_metrics(answered: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-__all__ = ["RolloutFacts", "describe_session", "described_metadata", "lost_answer"]
+__all__ = ["RolloutFacts", "describe_session", "described_metadata", "lost_answer",
+           "rollout_description", "with_description"]

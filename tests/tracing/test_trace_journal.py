@@ -24,6 +24,15 @@ from synth_deploy.serving import create_app
 from synth_deploy.tracing import export_sft, open_trace_store
 
 
+KEY = "sk-live-journal-0123456789abcdef"  # the policy's key each rollout is sent
+
+
+def keyed_body(run_id: str, seed: int, url: str) -> dict:
+    body = rollout_body(run_id, seed, url)
+    body["policy"]["config"]["api_key"] = KEY
+    return body
+
+
 def journal_count(path) -> int:
     with sqlite3.connect(path) as conn:
         return conn.execute("SELECT COUNT(*) FROM session_journal").fetchone()[0]
@@ -77,7 +86,7 @@ def _busy_run(tmp_path_factory, request):
         watcher.start()
         try:
             for attempt in range(5):  # a loaded machine may space the batches out
-                bodies = [rollout_body(f"run-{attempt}-{i}", i, url) for i in range(150)]
+                bodies = [keyed_body(f"run-{attempt}-{i}", i, url) for i in range(150)]
                 results = asyncio.run(fire(server.url, api_key, bodies, concurrency=32))
                 answered += [run for run, status in results if status == 200]
                 if seen.is_set():
@@ -131,6 +140,8 @@ def test_a_copy_taken_mid_run_shows_its_journaled_sessions_to_every_reader(busy_
     copy.write_bytes(snapshot.read_bytes())
     in_journal, in_rows = journal_count(copy), raw_sessions(copy)
     assert in_journal > 0
+    # The journal holds the request as the traces do: the policy's key masked.
+    assert KEY.encode() not in copy.read_bytes()
     # A read-only reader (the `traces` commands) sees them all: their rows are built
     # through a connection of its own, and the journal is left empty.
     with open_trace_store(copy, read_only=True) as store:
@@ -146,10 +157,11 @@ def _journal_rows(source, target) -> list[str]:
     """Put ``source``'s journal rows into ``target`` (a store of the same version) as
     they are: the session ids moved."""
     with sqlite3.connect(source) as src:
-        rows = src.execute("SELECT session_id, body FROM session_journal").fetchall()
+        rows = src.execute("SELECT session_id, body, rollout FROM session_journal").fetchall()
     with sqlite3.connect(target) as dst:
-        dst.executemany("INSERT INTO session_journal (session_id, body) VALUES (?, ?)", rows)
-    return [sid for sid, _ in rows]
+        dst.executemany("INSERT INTO session_journal (session_id, body, rollout) "
+                        "VALUES (?, ?, ?)", rows)
+    return [sid for sid, _, _ in rows]
 
 
 def test_a_lost_answer_is_recorded_on_a_session_still_in_the_journal(busy_run, tmp_path):

@@ -244,10 +244,15 @@ def test_a_session_written_while_others_are_recorded_waits_for_them_and_only_the
 
 def frame(payload) -> bytes:
     """The writer child's pipe protocol as its module documents it: a 4-byte little-endian
-    length and a pickle; the server sends (more_coming, [(seq, session, facts), ...]) (the
-    facts of the session's rollout, or None), the child answers [(seq, error), ...]."""
+    length and a pickle; the server sends (more_coming, [(seq, id, session, facts), ...])
+    (`item`), the child answers [(seq, error), ...]."""
     data = pickle.dumps(payload)
     return struct.pack("<I", len(data)) + data
+
+
+def item(seq: int, session, facts=None) -> tuple:
+    """One session of a frame: the facts of its rollout, or None."""
+    return (seq, session.session_id, session, facts)
 
 
 def read_frame(pipe):
@@ -303,7 +308,7 @@ def test_the_writer_child_opens_the_setting_it_is_sent_and_never_parses_a_path(t
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL)
     try:
-        child.stdin.write(frame(str(path)) + frame((False, [(1, make_session(1), None)])))
+        child.stdin.write(frame(str(path)) + frame((False, [item(1, make_session(1))])))
         child.stdin.close()
         assert read_frame(child.stdout) == []
         [(seq, (kind, message, hint))] = read_frame(child.stdout)
@@ -327,8 +332,8 @@ def test_a_session_the_child_cannot_store_fails_alone_with_its_error(tmp_path):
     changed.metadata["extra"] = "other content under the same id"
 
     def send(stdin):
-        stdin.write(frame((False, [(1, changed, None), (2, make_session(2), None),
-                                    (3, stored, None)])))
+        stdin.write(frame((False, [item(1, changed), item(2, make_session(2)),
+                                    item(3, stored)])))
 
     (acks,) = writer_acks(path, send)
     assert [seq for seq, _ in acks] == [1, 2, 3]
@@ -349,8 +354,9 @@ def test_a_session_whose_rollout_cannot_be_described_fails_alone(tmp_path):
     unreadable = (head, 0.5, b"{not json", None, None)
 
     def send(stdin):
-        stdin.write(frame((False, [(1, make_session(1), good), (2, make_session(2), unreadable),
-                                    (3, make_session(3), None)])))
+        stdin.write(frame((False, [item(1, make_session(1), good),
+                                    item(2, make_session(2), unreadable),
+                                    item(3, make_session(3))])))
 
     (acks,) = writer_acks(path, send)
     assert [seq for seq, _ in acks] == [1, 2, 3]
@@ -369,7 +375,7 @@ def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_
     path = tmp_path / "t.db"
 
     def send(stdin):  # one frame, as when that many clients wait at once
-        stdin.write(frame((False, [(seq, make_session(seq), None) for seq in range(waiting)])))
+        stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(waiting)])))
 
     answers = writer_answers(path, send)
     assert [len(acks) for acks in answers] == slices
@@ -386,12 +392,12 @@ def test_the_writer_waits_a_moment_for_the_sessions_of_rollouts_still_running(
     # coming, it waits for them (up to 10 ms) and commits all in one transaction; otherwise
     # it commits what it has at once.
     def send(stdin):
-        stdin.write(frame((more_coming, [(seq, make_session(seq), None) for seq in range(3)])))
+        stdin.write(frame((more_coming, [item(seq, make_session(seq)) for seq in range(3)])))
         stdin.flush()
         while unread_bytes(stdin.fileno()):  # until the child has taken the first frame
             time.sleep(0.0001)
         time.sleep(0.003)
-        stdin.write(frame((False, [(seq, make_session(seq), None) for seq in range(3, 6)])))
+        stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(3, 6)])))
 
     assert writer_answers(tmp_path / "t.db", send) == commits
 

@@ -346,7 +346,8 @@ def _v7_statements() -> list[str]:
 def _v11_statements() -> list[str]:
     return [
         f"""CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
-            seq INTEGER PRIMARY KEY, session_id VARCHAR NOT NULL, body BLOB NOT NULL)""",
+            seq INTEGER PRIMARY KEY, session_id VARCHAR NOT NULL, body BLOB NOT NULL,
+            rollout BLOB)""",
         # What a lost answer says of a session not stored yet (its write timed out and
         # lands later): applied when its row comes.
         f"""CREATE TABLE IF NOT EXISTS {AMENDMENTS_TABLE} (

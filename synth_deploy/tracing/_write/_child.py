@@ -13,18 +13,19 @@ rollout's session comes with the facts of its rollout (`RolloutFacts`), which th
 turns into its metadata, so the server's loop never does. A write not acknowledged within
 the store's ``write_timeout_s`` fails (one timer watches them all, `LoopWriter._watch`).
 
-    event loop ──frames of (more_coming, [(seq, session, facts), ...])──► child stdin
+    event loop ──frames of (more_coming, [(seq, id, session, facts), ...])──► child stdin
     event loop ◄──frames of [(seq, error or None), ...]── child stdout
 
-A frame is a 4-byte little-endian length and a pickle. ``more_coming`` says other sessions
-were still being recorded (rollouts still running) when the frame went: theirs will follow,
-and the child waits a moment for them (`GATHER_S`) to commit them together. The child has
-its own session (the terminal's Ctrl-C does not cut a commit short) and exits once its
-stdin closes, after committing what it read: a parent killed with SIGKILL loses no
-acknowledged write and leaves no process behind. Its stderr is the parent's. Its first
-frame, sent once the database is open, is empty: until it comes (a new interpreter takes a
-moment to start), the server commits through its writer thread, so the first rollouts of a
-freshly started server do not wait for the child.
+A frame is a 4-byte little-endian length and a pickle; in it each session is its flat form
+(`_flat`), pickled alone when it holds builtins only (`_journal.encode`). ``more_coming``
+says other sessions were still being recorded (rollouts still running) when the frame went:
+theirs will follow, and the child waits a moment for them (`GATHER_S`) to commit them
+together. The child has its own session (the terminal's Ctrl-C does not cut a commit short)
+and exits once its stdin closes, after committing what it read: a parent killed with SIGKILL
+loses no acknowledged write and leaves no process behind. Its stderr is the parent's. Its
+first frame, sent once the database is open, is empty: until it comes (a new interpreter
+takes a moment to start), the server commits through its writer thread, so the first
+rollouts of a freshly started server do not wait for the child.
 
 The child is told which database by the first frame the server sends, the store's own
 `TraceDbSetting` (a local file: it holds no secret), not by a string on its command line:
@@ -55,12 +56,12 @@ from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._rollout_facts import (
     RolloutFacts,
     describe_session,
-    described_metadata,
+    rollout_description,
 )
 from synth_deploy.tracing._session import sessions_recording
 from synth_deploy.tracing._write import _journal
 from synth_deploy.tracing._write._commit import commit
-from synth_deploy.tracing._write._flat import METADATA_AT, SESSION_ID_AT, flatten, restore
+from synth_deploy.tracing._write._flat import flatten, restore
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
@@ -162,8 +163,13 @@ class LoopWriter:
         self._write_some()
 
     def _framed(self, more_coming: bool) -> bytes:
-        sessions = [(seq, flatten(s), None if facts is None else tuple(facts))
-                    for seq, s, facts in self._queued]
+        sessions = []
+        for seq, session, facts in self._queued:
+            # Pickled alone, so that a journaling child can store it as it comes.
+            flat = flatten(session)
+            body = _journal.encode(flat) if type(flat) is tuple else None
+            sessions.append((seq, session.session_id, flat if body is None else body,
+                             None if facts is None else tuple(facts)))
         self._queued = []
         return frame((more_coming, sessions))
 
@@ -350,7 +356,7 @@ def main() -> None:
         error = _describe(exc)
         _send(stdout, [])
         while (items := frames.next_batch()) is not None:
-            _send(stdout, [(seq, error) for seq, _, _ in items])
+            _send(stdout, [(seq, error) for seq, *_ in items])
         return
     db.checkpoint_in_background()  # commits here never stop to checkpoint
     parent_gone = not _send(stdout, [])  # ready
@@ -376,7 +382,7 @@ def main() -> None:
                 outcomes, added = _store(db, part, busy)
                 journaled += added
                 acks = [(seq, None if error is None else _describe(error))
-                        for (seq, _, _), error in zip(part, outcomes, strict=True)]
+                        for (seq, *_), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway
         if journaled:
             stdout.close()  # all acknowledged: the server need not wait for these rows
@@ -385,39 +391,36 @@ def main() -> None:
         db.close()
 
 
-def _store(db: TraceDatabase, part: list[tuple[int, Any, Any]], busy: bool
+def _store(db: TraceDatabase, part: list[tuple[int, str, Any, Any]], busy: bool
            ) -> tuple[list[BaseException | None], int]:
-    """Store the sessions of ``part`` ((seq, flat session, facts or None) each), described
-    by their rollout's facts first: in the journal when ``busy`` and they hold only
-    builtins, else in rows (`commit`). Each one's outcome, and how many were journaled."""
+    """Store the sessions of ``part`` ((seq, session id, session as it came, facts or None)
+    each), described by their rollout's facts: in the journal when ``busy`` and the server
+    could pickle them alone, else in rows (`commit`). Each one's outcome, and how many were
+    journaled."""
     outcomes: list[BaseException | None] = [None] * len(part)
-    rows: list[tuple[int, Any, Any]] = []  # (place, flat, facts) of those stored in rows
-    journaled: list[tuple[int, Any]] = []
-    entries: list[tuple[str, bytes]] = []
-    for place, (_, flat, facts) in enumerate(part):
-        body = None
-        if busy and type(flat) is tuple:
+    rows: list[tuple[int, Any, Any]] = []  # (place, session, facts) of those stored in rows
+    entries: list[tuple[str, bytes, bytes | None]] = []
+    journaled: list[tuple[int, Any, Any]] = []
+    for place, (_, session_id, session, facts) in enumerate(part):
+        if busy and type(session) is bytes:
             try:
-                if facts is not None:
-                    flat = (*flat[:METADATA_AT], described_metadata(
-                        flat[METADATA_AT], RolloutFacts(*facts)), *flat[METADATA_AT + 1:])
-                    facts = None
-                body = _journal.encode(flat)
+                rollout = None if facts is None else _journal.encode(
+                    rollout_description(RolloutFacts(*facts)))
             except Exception as exc:
                 outcomes[place] = exc
                 continue
-        if body is None:
-            rows.append((place, flat, facts))
-        else:
-            journaled.append((place, flat))
-            entries.append((flat[SESSION_ID_AT], body))
+            if facts is None or rollout is not None:
+                entries.append((session_id, session, rollout))
+                journaled.append((place, session, facts))
+                continue
+        rows.append((place, session, facts))
     if entries:
         try:
             _journal.append(db, entries)
         except Exception:  # stored in rows instead, where each one's error is told
-            rows += [(place, flat, None) for place, flat in journaled]
+            rows += journaled
             entries = []
-    stored = _commit_described(db, [(flat, facts) for _, flat, facts in rows])
+    stored = _commit_described(db, [(session, facts) for _, session, facts in rows])
     for (place, _, _), outcome in zip(rows, stored, strict=True):
         outcomes[place] = outcome
     return outcomes, len(entries)
@@ -425,19 +428,19 @@ def _store(db: TraceDatabase, part: list[tuple[int, Any, Any]], busy: bool
 
 def _commit_described(db: TraceDatabase, part: list[tuple[Any, Any]]
                       ) -> list[BaseException | None]:
-    """`commit` the sessions of ``part`` ((flat session, facts or None) each), described
-    by their rollout's facts first; one that cannot be fails alone."""
+    """`commit` the sessions of ``part`` ((session as it came, facts or None) each),
+    described by their rollout's facts first; one that cannot be fails alone."""
     outcomes: list[BaseException | None] = [None] * len(part)
     sessions, places = [], []
-    for place, (flat, facts) in enumerate(part):
+    for place, (session, facts) in enumerate(part):
         try:
-            session = restore(flat)
+            restored = restore(pickle.loads(session) if type(session) is bytes else session)
             if facts is not None:
-                describe_session(session, RolloutFacts(*facts))
+                describe_session(restored, RolloutFacts(*facts))
         except Exception as exc:
             outcomes[place] = exc
             continue
-        sessions.append(session)
+        sessions.append(restored)
         places.append(place)
     for place, outcome in zip(places, commit(db, sessions), strict=True):
         outcomes[place] = outcome

@@ -104,7 +104,4 @@ def _unpack_tokens(session: SessionTrace) -> None:
             event.tokens = PackedTurn(event.tokens)
 
 
-SESSION_ID_AT = _FIELDS[SessionTrace].index("session_id")
-METADATA_AT = _FIELDS[SessionTrace].index("metadata")
-
-__all__ = ["METADATA_AT", "SESSION_ID_AT", "flatten", "restore"]
+__all__ = ["flatten", "restore"]

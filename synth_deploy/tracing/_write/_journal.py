@@ -2,13 +2,14 @@
 
 A five-call session is some seventeen rows of the indexed v3 tables (events and messages,
 their indexes, the totals triggers): most of what tracing costs a served app. While its
-server is busy (its CPU is what rollouts are answered with) and sessions come together
-(a batch of several, or other rollouts still running), the writer child stores each one
-as a single row of `JOURNAL_TABLE` instead: its flat form (`_flat`), metadata described,
-pickled. That commit is what the child acknowledges, so a journaled session is as
-durable as one stored in rows. Building its rows later costs more than building them at
-once (the row is read back, a second transaction), so a server with CPU to spare gets
-rows at once.
+server is busy (its CPU is what rollouts are answered with) and sessions come together (a
+batch of several, or other rollouts still running), the writer child stores each one as a
+single row of `JOURNAL_TABLE` instead: its flat form (`_flat`) as the server pickled it,
+untouched, and what the rollout's facts say of it (`rollout_description`: keys masked here,
+so no secret reaches the file). That commit is what the child acknowledges, so a journaled
+session is as durable as one stored in rows. Building its rows later costs more than
+building them at once (the row is read back, a second transaction), so a server with CPU to
+spare gets rows at once.
 
 Its rows are built (`expand`) between batches while the server is not busy (the writer
 child watches the share of a core it uses), when the child's input closes, and by any
@@ -31,6 +32,7 @@ from typing import Any
 
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._db._schema import JOURNAL_TABLE, JOURNAL_VERSION
+from synth_deploy.tracing._rollout_facts import with_description
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._commit import commit
 from synth_deploy.tracing._write._flat import restore
@@ -60,26 +62,36 @@ class _NoClassUnpickler(pickle.Unpickler):
                                      "are read back")
 
 
-def encode(flat: Any) -> bytes | None:
-    """A session's flat form as a journal row's body; None when it holds anything but
-    builtins (then it is stored in rows at once)."""
+def encode(value: Any) -> bytes | None:
+    """``value`` pickled, or None when it holds anything but builtins: how a session's flat
+    form crosses the pipe to the writer child (and may be journaled as it came), and how
+    the child journals what it worked out of the rollout's facts."""
     out = io.BytesIO()
     try:
-        _BuiltinsPickler(out, pickle.HIGHEST_PROTOCOL).dump(flat)
+        _BuiltinsPickler(out, pickle.HIGHEST_PROTOCOL).dump(value)
     except _NotBuiltin:
         return None
     return out.getvalue()
 
 
-def decode(body: bytes) -> SessionTrace:
-    """The session a journal row's body holds."""
-    return restore(_NoClassUnpickler(io.BytesIO(body)).load())
+def _load(data: bytes) -> Any:
+    return _NoClassUnpickler(io.BytesIO(data)).load()
 
 
-def append(db: TraceDatabase, entries: list[tuple[str, bytes]]) -> None:
-    """Journal ``entries`` ((session id, `encode`d body) each) in one transaction."""
-    db.run([(f"INSERT INTO {JOURNAL_TABLE} (session_id, body) VALUES (?, ?)", entry)
-            for entry in entries])
+def decode(body: bytes, rollout: bytes | None = None) -> SessionTrace:
+    """The session a journal row holds: its flat form (``body``), described by what its
+    rollout said (``rollout``, a `rollout_description`) when there is one."""
+    session = restore(_load(body))
+    if rollout is not None:
+        session.metadata = with_description(session.metadata, _load(rollout))
+    return session
+
+
+def append(db: TraceDatabase, entries: list[tuple[str, bytes, bytes | None]]) -> None:
+    """Journal ``entries`` ((session id, `encode`d flat session, `encode`d
+    `rollout_description` or None) each) in one transaction."""
+    db.run([(f"INSERT INTO {JOURNAL_TABLE} (session_id, body, rollout) VALUES (?, ?, ?)",
+             entry) for entry in entries])
 
 
 def waiting(db: TraceDatabase) -> int:
@@ -110,16 +122,16 @@ def expand(db: TraceDatabase, *, session_id: str | None = None,
     where = "seq > ?" + (" AND session_id = ?" if session_id is not None else "")
     while limit is None or taken < limit:
         size = CHUNK if limit is None else min(CHUNK, limit - taken)
-        rows = db.rows(f"SELECT seq, body FROM {JOURNAL_TABLE} WHERE {where} ORDER BY seq "
+        rows = db.rows(f"SELECT seq, body, rollout FROM {JOURNAL_TABLE} WHERE {where} ORDER BY seq "
                        f"LIMIT {size}", (after,) if session_id is None else (after, session_id))
         if not rows:
             break
         after = rows[-1][0]
         taken += len(rows)
         built, sessions = [], []
-        for seq, body in rows:
+        for seq, body, rollout in rows:
             try:
-                sessions.append(decode(body))
+                sessions.append(decode(body, rollout))
             except Exception as exc:  # kept: nothing of ours writes such a row
                 logger.error("%s: journal row %d cannot be read back (%s); it was left in "
                              "%s", db.display, seq, exc, JOURNAL_TABLE)
