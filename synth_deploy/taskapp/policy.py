@@ -165,7 +165,7 @@ async def call_policy(
     if usage is not None:
         usage = record["usage"] = _json_copy(usage)
     ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
-                              provider=urlsplit(url).hostname, usage=usage,
+                              provider=_host(url), usage=usage,
                               latency_ms=round(latency_ms, 3), call_records=[record],
                               tokens=reply_tokens(data, refused) if capture else None)
     content = message.get("content") or ""
@@ -178,10 +178,12 @@ async def call_policy(
 def _json_copy(value: Any) -> Any:
     """A deep copy of JSON data (what `json.loads` gives): no cycles, no shared parts, so
     none of `copy.deepcopy`'s memo and dispatch."""
-    if type(value) is dict:
-        return {key: _json_copy(item) for key, item in value.items()}
+    if type(value) is dict:  # leaves are most values: taken as they are, without a call
+        return {key: _json_copy(item) if type(item) is dict or type(item) is list else item
+                for key, item in value.items()}
     if type(value) is list:
-        return [_json_copy(item) for item in value]
+        return [_json_copy(item) if type(item) is dict or type(item) is list else item
+                for item in value]
     return value
 
 
@@ -269,6 +271,11 @@ async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
 def _failure(exc: Exception) -> str:
     # httpx's transport messages are the OS's ("Connection refused"), never an answer's body.
     return f"{type(exc).__name__}: {str(exc)[:200]}" if str(exc) else type(exc).__name__
+
+
+@functools.lru_cache(maxsize=1024)  # as `chat_completions_url`: a run calls one URL
+def _host(url: str) -> str | None:
+    return urlsplit(url).hostname
 
 
 def _origin(url: str) -> str:
