@@ -301,7 +301,9 @@ class _Rollouts:
         config, trace_store, on_session = self.config, self.trace_store, self.on_session
         inference_url = req.policy.config.get("inference_url")
         cid = correlation_id(req.policy.config)
-        tracer = SessionTracer()
+        # Whether anyone reads the session past this answer: else its chat is not recorded.
+        kept = trace_store is not None or req.record.return_trace or on_session is not None
+        tracer = SessionTracer(kept=kept)
         ctx = RolloutContext(request=req, config=config, tracer=tracer, http=http,
                              app_state=config.app_state)
         bound = min(req.safety.max_time_s, config.max_rollout_seconds)
@@ -331,8 +333,7 @@ class _Rollouts:
         # Bytes straight from pydantic-core: no str round trip on the hot path.
         body = None if result is None else result.__pydantic_serializer__.to_json(result)
         facts = None
-        if trace_store is not None or req.record.return_trace or on_session is not None:
-            # Building the session's metadata is wasted work when nobody reads it.
+        if kept:  # building the session's metadata is wasted work when nobody reads it
             facts = _rollout_facts(req, request_json, body, error, elapsed, config.app_id, cid)
             if req.record.return_trace or on_session is not None:
                 describe_session(session, facts)  # needed here, not only where it is stored

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import httpx
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json
 
 from synth_deploy.env import known_secrets, redact, redact_userinfo
 from synth_deploy.errors import BadRequest, TaskAppError
@@ -123,8 +123,10 @@ async def call_policy(
         body = capture_fields(body)
     # Sent as these bytes and recorded as read back from them: the caller's list grows with
     # later turns, and the record must show what this call sent.
+    kept = ctx.tracer.kept
     content = _json_bytes(body)
-    body = from_json(content)
+    if kept:
+        body = from_json(content)
     headers = {}
     if api_key := config.get("api_key"):
         if not (isinstance(api_key, str) and api_key.isascii() and api_key.isprintable()):
@@ -137,7 +139,7 @@ async def call_policy(
     refused = capture and body != plain and resp.status_code == 400
     if refused:  # OpenAI and Groq refuse fields they do not know: ask again without ours
         content = _json_bytes(plain)
-        body = from_json(content)
+        body = from_json(content) if kept else plain
         resp = await _post_with_retry(ctx.http, url, content, headers)
     latency_ms = (time.perf_counter() - started) * 1000
     if resp.status_code >= 300:
@@ -155,22 +157,25 @@ async def call_policy(
                           f"({resp.headers.get('content-type', 'no content type')}, "
                           f"{len(resp.content)} bytes{_why(exc)})") from exc
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
-    # Tool calls and tool call ids stay with their messages; a second call of the same turn
-    # (after a corrective message) records only what is new.
-    ctx.tracer.record_chat(body["messages"])
-    # The answer is copied too, once, for the call record and the chat alike: the caller
-    # gets `raw` and may change it.
-    answered = _json_copy(message)
-    record: dict[str, Any] = {"request": body, "response": answered}
-    if usage is not None:
-        usage = record["usage"] = _json_copy(usage)
+    records = None  # a session nobody keeps holds its calls' counts, not their content
+    if kept:
+        # Tool calls and tool call ids stay with their messages; a second call of the same
+        # turn (after a corrective message) records only what is new.
+        ctx.tracer.record_chat(body["messages"])
+        # The answer is copied too, once, for the call record and the chat alike: the
+        # caller gets `raw` and may change it.
+        answered = _json_copy(message)
+        records = [{"request": body, "response": answered}]
+        if usage is not None:
+            usage = records[0]["usage"] = _json_copy(usage)
     ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
-                              provider=urlsplit(url).hostname, usage=usage,
-                              latency_ms=round(latency_ms, 3), call_records=[record],
+                              provider=_host(url), usage=usage,
+                              latency_ms=round(latency_ms, 3), call_records=records,
                               tokens=reply_tokens(data, refused) if capture else None)
     content = message.get("content") or ""
     tool_calls = list(message.get("tool_calls") or [])
-    ctx.tracer.record_chat([*body["messages"], assistant_message(answered)])
+    if kept:
+        ctx.tracer.record_chat([*body["messages"], assistant_message(answered)])
     return PolicyReply(content=content, tool_calls=tool_calls, raw=data,
                        latency_ms=latency_ms)
 
@@ -178,10 +183,12 @@ async def call_policy(
 def _json_copy(value: Any) -> Any:
     """A deep copy of JSON data (what `json.loads` gives): no cycles, no shared parts, so
     none of `copy.deepcopy`'s memo and dispatch."""
-    if type(value) is dict:
-        return {key: _json_copy(item) for key, item in value.items()}
+    if type(value) is dict:  # leaves are most values: taken as they are, without a call
+        return {key: _json_copy(item) if type(item) is dict or type(item) is list else item
+                for key, item in value.items()}
     if type(value) is list:
-        return [_json_copy(item) for item in value]
+        return [_json_copy(item) if type(item) is dict or type(item) is list else item
+                for item in value]
     return value
 
 
@@ -221,8 +228,13 @@ POLICY_ATTEMPTS = 3
 
 
 def _json_bytes(body: dict[str, Any]) -> bytes:
-    """``body`` as JSON, as httpx's ``json=`` sends it (NaN and infinity refused)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """``body`` as compact UTF-8 JSON, as httpx's ``json=`` sends it (NaN and infinity
+    refused). pydantic-core writes it: the stdlib's encoder without ``ensure_ascii`` is
+    several times slower, and every turn of every episode sends one."""
+    content = to_json(body)
+    if b"NaN" in content or b"Infinity" in content:  # a float or only a string's text
+        json.dumps(body, allow_nan=False)  # ValueError for the float, as httpx said it
+    return content
 
 
 async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
@@ -264,6 +276,11 @@ async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
 def _failure(exc: Exception) -> str:
     # httpx's transport messages are the OS's ("Connection refused"), never an answer's body.
     return f"{type(exc).__name__}: {str(exc)[:200]}" if str(exc) else type(exc).__name__
+
+
+@functools.lru_cache(maxsize=1024)  # as `chat_completions_url`: a run calls one URL
+def _host(url: str) -> str | None:
+    return urlsplit(url).hostname
 
 
 def _origin(url: str) -> str:

@@ -211,9 +211,16 @@ class SessionTracer:
         tracer.record_outcome_reward(1.0, total_steps=1)
     """
 
-    def __init__(self, session_id: str | None = None, *, metadata: dict[str, Any] | None = None):
+    def __init__(self, session_id: str | None = None, *, metadata: dict[str, Any] | None = None,
+                 kept: bool = True):
+        """``kept=False``: nobody reads the session past the rollout's own answer (a server
+        that neither stores, returns nor exports it), so the conversation is not recorded:
+        `record_chat` records nothing and `call_policy` leaves its call records out. What
+        the answer's metrics come from (timesteps, rewards, LM calls' tokens and times) is
+        recorded as ever."""
         self.session = SessionTrace(session_id=session_id or _new_id(),
                                     metadata=dict(metadata or {}))
+        self.kept = kept
         self._current: Timestep | None = None
         self._chat: list[Any] = []  # the chat messages the current timestep holds, in order
         _recording.add(self)
@@ -258,6 +265,8 @@ class SessionTracer:
         messages are added. Tool calls, tool call ids and names go into each message's
         metadata; content is kept as given (text, or parts with images).
         """
+        if not self.kept:
+            return []
         known = len(self._chat)
         if messages[:known] != self._chat:
             known = 0  # a different conversation: record it whole

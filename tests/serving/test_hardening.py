@@ -4,6 +4,7 @@ told apart from app failures, /task_info's seeds, content types."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -533,3 +534,65 @@ def test_the_schema_and_the_server_agree_on_a_rollout_without_an_inference_url(
         assert resp.status_code == status, resp.text
     assert error_of(httpx.post(math_server.url + "/rollout", json=without, timeout=20, headers={
         "X-API-Key": api_key}))["code"] == "missing_inference_url"
+
+
+def test_a_policy_call_sends_utf8_json_the_trace_records_and_refuses_nan(tmp_path, serve,
+                                                                         api_key):
+    from synth_deploy.tracing import open_trace_store
+
+    received: list[bytes] = []
+
+    async def chat(request):
+        from starlette.responses import JSONResponse
+
+        received.append(await request.body())
+        return JSONResponse({"id": "x", "model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}}]})
+
+    upstream = serve(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    text = "héllo ☃, NaN and Infinity are words here"
+
+    async def rollout_fn(request, ctx):
+        params = {"top_p": float(request.env.config.get("top_p", 0.5))}
+        await call_policy(ctx, [{"role": "user", "content": text}], **params)
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    with open_trace_store(str(tmp_path / "traces.db")) as store:
+        app = serve(create_app(toy_config(rollout_fn), api_keys=[api_key], trace_store=store))
+        sent = rollout(app, api_key, upstream.url + "/v1")
+        assert sent.status_code == 200, sent.text
+        [raw] = received
+        assert text.encode() in raw, "not sent as UTF-8"
+        assert b", " not in raw.replace(text.encode(), b""), "not compact"
+        [summary] = store.list_sessions()
+        [event] = store.get_session(summary.session_id).events
+        assert event.call_records[0]["request"] == json.loads(raw)
+        refused = httpx.post(app.url + "/rollout", headers={"X-API-Key": api_key}, timeout=20,
+                             json={"run_id": "nan-1", "env": {"seed": 1, "config": {
+                                 "top_p": "nan"}}, "policy": {"config": {
+                                     "model": "m", "inference_url": upstream.url + "/v1"}}})
+        assert refused.status_code == 500, refused.text
+        assert "Out of range float" in error_of(refused)["message"]
+        assert len(received) == 1, "a NaN was sent"
+
+
+def test_an_answer_with_a_lone_surrogate_escape_is_read(serve, api_key):
+    """Half an emoji, escaped: valid JSON the stdlib reads and pydantic-core refuses."""
+    from starlette.responses import Response
+
+    async def chat(request):
+        return Response(b'{"id":"x","model":"m","choices":[{"index":0,"message":{"role":'
+                        b'"assistant","content":"half \\ud83d"}}]}',
+                        media_type="application/json")
+
+    upstream = serve(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    got: list[str] = []
+
+    async def rollout_fn(request, ctx):
+        got.append((await call_policy(ctx, [{"role": "user", "content": "hi"}])).content)
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    app = serve(create_app(toy_config(rollout_fn), api_keys=[api_key]))
+    resp = rollout(app, api_key, upstream.url + "/v1")
+    assert resp.status_code == 200, resp.text
+    assert got == ["half \ud83d"]

@@ -155,6 +155,40 @@ def test_the_stored_metrics_leave_out_the_ledger_the_stored_session_gives_back(
     assert ledger_of(stored).to_dict() == stated["ledger"]
 
 
+def test_a_session_nobody_keeps_records_counts_not_the_conversation(serve, math_config,
+                                                                   mock_policy, api_key):
+    """Served untraced, a rollout's session is read only for its answer's metrics: its
+    calls are counted (tokens, time) without their chat or call records. Returned, the same
+    rollout's session holds both."""
+    seen: list[SessionTrace] = []
+
+    async def chatty(request, ctx):
+        from synth_deploy.taskapp import call_policy
+
+        await call_policy(ctx, [{"role": "user", "content": "2 + 2?"}])
+        seen.append(ctx.tracer.session)
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    server = serve(create_app(dataclasses.replace(math_config, rollout=chatty),
+                              api_keys=[api_key]))
+    answers = []
+    for returned in (False, True):
+        body = {**rollout_body(f"kept-{returned}", 1, mock_policy.url + "/v1"),
+                "record": {"return_trace": returned}}
+        resp = httpx.post(server.url + "/rollout", json=body, timeout=30,
+                          headers={"X-API-Key": api_key})
+        assert resp.status_code == 200, resp.text
+        answers.append(resp.json())
+    untraced, returned = seen
+    assert untraced.messages == [] and untraced.events[0].call_records is None
+    assert [m.message_type for m in returned.messages] == ["user", "assistant"]
+    assert returned.events[0].call_records[0]["request"]["messages"][0]["content"] == "2 + 2?"
+    ledgers = [a["metrics"]["details"]["ledger"] for a in answers]
+    assert ledgers[0]["input_tokens"] > 0 and ledgers[0]["lm_calls"] == 1
+    assert {k: v for k, v in ledgers[0].items() if not k.endswith("_s")} == \
+        {k: v for k, v in ledgers[1].items() if not k.endswith("_s")}
+
+
 def test_a_failed_rollout_is_stored_with_its_error(tmp_path, serve, math_config, api_key,
                                                   mock_policy):
     async def failing(request, ctx):
