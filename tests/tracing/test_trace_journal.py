@@ -23,7 +23,6 @@ from rollouts import fire, rollout_body
 from synth_deploy.serving import create_app
 from synth_deploy.tracing import export_sft, open_trace_store
 
-
 KEY = "sk-live-journal-0123456789abcdef"  # the policy's key each rollout is sent
 
 
