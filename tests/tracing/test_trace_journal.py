@@ -19,6 +19,7 @@ import time
 
 import pytest
 from rollouts import fire, rollout_body
+from sessions import make_session
 
 from synth_deploy.serving import create_app
 from synth_deploy.tracing import export_sft, open_trace_store
@@ -202,15 +203,13 @@ def test_a_journal_row_that_names_a_class_is_never_run_and_is_kept(tmp_path, cap
 def test_a_lost_answer_said_before_its_session_lands_is_applied_when_it_does(tmp_path):
     """A write that timed out (the client was answered trace_write_failed) may still land
     after the server has recorded that the answer was lost."""
-    from test_rollout_facts import facts, recorded_session
-
     async def run():
         with open_trace_store(tmp_path / "t.db") as store:
-            late, other = recorded_session(), recorded_session()
+            late, other = make_session(1), make_session(2)  # both stored "ok"
             await store.record_lost_answer(late.session_id, {
                 "code": "trace_write_failed", "message": "its write timed out"})
-            await store.write_session(late, facts(run_id="late"))
-            await store.write_session(other, facts(run_id="other"))
+            await store.write_session(late)
+            await store.write_session(other)
             return store.get_session(late.session_id), store.get_session(other.session_id), \
                 store.stats()
 
