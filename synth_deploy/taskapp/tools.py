@@ -68,6 +68,10 @@ def parse_tool_calls(message: Mapping[str, Any]) -> list[ToolCall]:
                                   f"arguments are not valid JSON ({exc.msg} at column "
                                   f"{exc.colno})"))
             continue
+        except RecursionError:  # a model's text, so no bound on how deep it nests
+            calls.append(ToolCall(call_id, name, None, text,
+                                  "arguments nest too deeply to decode"))
+            continue
         if not isinstance(decoded, dict):
             calls.append(ToolCall(call_id, name, None, text,
                                   f"arguments must be a JSON object, got {type(decoded).__name__}"))

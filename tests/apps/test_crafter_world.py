@@ -174,3 +174,11 @@ def test_tool_calls_are_parsed_as_far_as_they_go():
     assert as_object.arguments == {"actions": []} and as_object.error is None
     assert broken.arguments is None and "not valid JSON" in broken.error
     assert junk.id == "call_3" and "not an object" in junk.error
+
+
+def test_tool_call_arguments_nested_past_the_stack_are_an_error_on_that_call():
+    deep = "[" * 100_000 + "]" * 100_000  # a model's text: nothing bounds it
+    [nested, ok] = parse_tool_calls({"tool_calls": [call(deep), call({"actions": ["do"]})]})
+    assert nested.arguments is None and nested.error == "arguments nest too deeply to decode"
+    assert nested.raw_arguments == deep
+    assert ok.arguments == {"actions": ["do"]}
