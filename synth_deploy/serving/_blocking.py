@@ -12,21 +12,24 @@ Wall time alone would blame an app on a busy machine for the machine; Linux's ru
 (time spent waiting for a core) misses the lock, and costs a /proc read a beat.
 
 Whose code held it: while the heartbeat is late, a thread looks at the loop thread's Python
-stack. Going out from the innermost frame past the standard library and installed packages,
-the first frame is either the kit's (then the kit held the loop, and the app is never told) or
-the app's; of the app's frames above the kit, the outermost is named (the rollout function, an
-environment's ``step``), with where it was. A hold more than `HELD_S` long, most of whose
-looks saw the same function, is warned about once per function.
+stack. Going out from the innermost frame past the standard library and installed packages, the
+first frame is either the kit's (then the kit held the loop, and the app is never told) or the
+app's (an app installed as a package is told apart by where its rollout and environment are
+written, `app_code`); of the app's frames above the kit, the outermost is named (the rollout
+function, an environment's ``step``), with where it was. A hold more than `HELD_S` long, most of
+whose looks saw the same function, is warned about once per function.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -50,18 +53,48 @@ def _held_s(late_s: float, cpu_s: float) -> float:
     return min(late_s, cpu_s)
 
 
-_owners: dict[str, str] = {}
+_SITE = tuple({str(Path(p).resolve()) for name in ("purelib", "platlib")
+               if (p := sysconfig.get_paths().get(name))})
 
 
-def _owner(filename: str) -> str:
-    kind = _owners.get(filename)
-    if kind is None:
-        path = filename if filename.startswith("<") else str(Path(filename).resolve())
-        kind = _owners[filename] = (
-            _KIT_CODE if path.startswith(_KIT + "/")
-            else _LIBRARY_CODE if path.startswith("<") or path.startswith(_LIBRARY)
-            else _APP)
-    return kind
+def app_code(*objects: object) -> list[str]:
+    """Where the app's own code lives when it is installed as a package: the folder of each
+    of ``objects``' top-level package (its module's file for a lone module), for those in
+    site-packages. Elsewhere the app's code is told apart by where it is not."""
+    roots = []
+    for obj in objects:
+        obj = inspect.unwrap(getattr(obj, "func", obj))  # a partial's, a decorator's
+        module = getattr(obj, "__module__", None) or getattr(type(obj), "__module__", None)
+        top = sys.modules.get((module or "").partition(".")[0])
+        file = getattr(top, "__file__", None)
+        if not file or not isinstance(module, str) or module.startswith("synth_deploy"):
+            continue
+        path = Path(file).resolve()
+        root = str(path.parent if path.name == "__init__.py" else path)
+        if root.startswith(_SITE) and root not in roots:
+            roots.append(root)
+    return roots
+
+
+class _Owners:
+    """Whose code a file holds: the app's, the kit's or a library's (cached a file).
+    ``app_roots``: the app's own code (`app_code`), the app's even inside site-packages."""
+
+    def __init__(self, app_roots: Iterable[str] = ()) -> None:
+        self._app = tuple(root.rstrip("/") for root in app_roots)
+        self._kinds: dict[str, str] = {}
+
+    def __call__(self, filename: str) -> str:
+        kind = self._kinds.get(filename)
+        if kind is None:
+            path = filename if filename.startswith("<") else str(Path(filename).resolve())
+            kind = self._kinds[filename] = (
+                _APP if any(path == root or path.startswith(root + "/")
+                            for root in self._app)
+                else _KIT_CODE if path.startswith(_KIT + "/")
+                else _LIBRARY_CODE if path.startswith("<") or path.startswith(_LIBRARY)
+                else _APP)
+        return kind
 
 
 @dataclass(frozen=True)
@@ -75,15 +108,15 @@ class Culprit:
     where: str
 
 
-def _culprit(frame: FrameType | None) -> Culprit | None:
+def _culprit(frame: FrameType | None, owner_of: _Owners) -> Culprit | None:
     """The app's call the stack ending at ``frame`` is in, or None when the innermost code
     that is not a library's is the kit's."""
-    while frame is not None and _owner(frame.f_code.co_filename) == _LIBRARY_CODE:
+    while frame is not None and owner_of(frame.f_code.co_filename) == _LIBRARY_CODE:
         frame = frame.f_back
-    if frame is None or _owner(frame.f_code.co_filename) == _KIT_CODE:
+    if frame is None or owner_of(frame.f_code.co_filename) == _KIT_CODE:
         return None
     innermost = entry = frame
-    while frame is not None and (owner := _owner(frame.f_code.co_filename)) != _KIT_CODE:
+    while frame is not None and (owner := owner_of(frame.f_code.co_filename)) != _KIT_CODE:
         if owner == _APP:
             entry = frame
         frame = frame.f_back
@@ -118,9 +151,11 @@ class _Hold:
 
 
 class LoopWatch:
-    """The judge of one loop: `run` it as a task on that loop."""
+    """The judge of one loop: `run` it as a task on that loop. ``app_roots``: where the
+    app's code lives if it is installed as a package (`app_code`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, app_roots: Iterable[str] = ()) -> None:
+        self._owner_of = _Owners(app_roots)
         self._warned: set[str] = set()
         self._beat: tuple[float, float] = (time.perf_counter(), time.thread_time())
         self._hold: _Hold | None = None
@@ -152,7 +187,7 @@ class LoopWatch:
             beat = self._beat
             if time.perf_counter() - beat[0] - TICK_S <= LOOK_S:
                 continue
-            found = _culprit(sys._current_frames().get(ident))
+            found = _culprit(sys._current_frames().get(ident), self._owner_of)
             hold = self._hold
             hold = (hold if hold is not None and hold.beat is beat else _Hold(beat)).saw(found)
             if self._beat is beat:  # else the loop moved on while we looked
@@ -172,4 +207,4 @@ class LoopWatch:
             "once per function.", found.function, held, found.where)
 
 
-__all__ = ["HELD_S", "LoopWatch"]
+__all__ = ["HELD_S", "LoopWatch", "app_code"]

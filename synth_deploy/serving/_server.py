@@ -30,7 +30,7 @@ from synth_deploy.errors import BadRequest
 from synth_deploy.logs import CoalescedLog
 from synth_deploy.serving._admission import InFlight, RolloutLimits, RolloutStats
 from synth_deploy.serving._auth import ApiKeyAuth
-from synth_deploy.serving._blocking import LoopWatch
+from synth_deploy.serving._blocking import LoopWatch, app_code
 from synth_deploy.serving._correlation import (
     correlate,
     correlate_trace,
@@ -149,7 +149,10 @@ def create_app(
                                              max_connections=limits.max_in_flight)
         if trace_store is not None:
             trace_store.start()
-        watching = asyncio.create_task(LoopWatch().run())  # names app code that holds it
+        # Names the app's code that holds it, installed as a package or not.
+        roots = app_code(config.rollout, config.provide_task_instances,
+                         *([config.environment.factory] if config.environment else []))
+        watching = asyncio.create_task(LoopWatch(roots).run())
         try:
             for hook in config.startup_hooks:
                 await _maybe_await(hook(config.app_state))

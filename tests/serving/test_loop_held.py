@@ -8,12 +8,16 @@ and the kit sets up nothing on the loop at a first policy call."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
+import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -309,3 +313,40 @@ def test_the_first_policy_call_holds_the_loop_no_longer_than_the_hundredth(
         server.wait(15)
     first, late = held[0], max(held[90:])
     assert first < late + 0.01, (first, late)
+
+
+INSTALLED_ROLLOUT = '''
+import time
+
+
+async def rollout(request, ctx):
+    started = time.thread_time()
+    while time.thread_time() - started < {hold}:
+        pass
+    return {{"run_id": request.run_id, "metrics": {{"episode_rewards": [1.0]}}}}
+'''
+
+
+def test_an_app_installed_as_a_package_that_holds_the_loop_is_named(serve, api_key, caplog):
+    # An app pip-installed into site-packages is where libraries live; its rollout is still
+    # the app's code.
+    name = f"sd_installed_app_{uuid.uuid4().hex[:8]}"
+    package = Path(sysconfig.get_paths()["purelib"]) / name
+    package.mkdir()
+    try:
+        (package / "__init__.py").write_text("")
+        (package / "rollouts.py").write_text(INSTALLED_ROLLOUT.format(hold=HOLD_S))
+        rollout = importlib.import_module(f"{name}.rollouts").rollout
+        caplog.set_level(logging.WARNING, logger="synth_deploy.taskapp")
+        server = serve(create_app(toy_config(rollout), api_keys=[api_key]))
+        answer = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key},
+                            json=body("installed", "http://127.0.0.1:9/v1"), timeout=60)
+        assert answer.status_code == 200
+        warnings = held_warnings(caplog)
+        assert len(warnings) == 1, warnings
+        assert warnings[0].startswith(
+            f"rollout ({package.resolve() / 'rollouts.py'}:5) held the event loop"), warnings
+    finally:
+        shutil.rmtree(package)
+        for module in [m for m in sys.modules if m.startswith(name)]:
+            del sys.modules[module]
