@@ -29,8 +29,10 @@ Methods may be sync (run on a worker thread) or async (run on the loop). Beside 
   without it such a turn ends the episode); ``no_call_message``; ``history_turns`` (earlier
   turns shown to the policy, as text; default all); ``timestep_metadata`` (a dict each
   traced step carries, read after reset; default: the requested seed);
-- ``max_sessions`` (class attribute): instances OpenEnv's wire holds at once, below the
-  server's capacity (1 for an environment that is not safe to run twice in one process);
+- ``max_sessions`` (class attribute): instances alive at once in the process, below the
+  server's capacity (1 for an environment that is not safe to run twice in one process):
+  /rollout's episodes and OpenEnv's sessions together; an episode waits its turn, a session
+  is refused;
 - ``observation_schema``, ``state_schema``: JSON schemas ``/openenv/schema`` publishes.
 
 ``reset`` gets only the keywords its signature accepts (``episode_id``, ``config``), as
@@ -41,11 +43,15 @@ before ``step`` sees it: a missing required field, or a field the schema forbids
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import functools
 import inspect
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,10 +141,76 @@ class EnvironmentSpec:
         self.description = description
         self.name = getattr(factory, "__name__", app_id)
         self.max_sessions: int | None = getattr(factory, "max_sessions", None)
+        self._slots_init()
         if self.max_sessions is not None and (isinstance(self.max_sessions, bool) or not (
                 isinstance(self.max_sessions, int) and self.max_sessions >= 1)):
             raise TaskAppError(f"environment {self.name} of task app {app_id!r}: max_sessions "
                                f"must be a whole number >= 1, got {self.max_sessions!r}")
+
+    # -- instances alive at once: /rollout's episodes and OpenEnv's sessions together ----
+
+    def _slots_init(self) -> None:
+        self._live = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._lock = threading.Lock()  # servers of one process may share the spec
+
+    @contextlib.asynccontextmanager
+    async def episode_slot(self) -> AsyncIterator[None]:
+        """An instance's slot for the block: with ``max_sessions`` taken, a /rollout
+        episode waits its turn (first come, first served) rather than failing."""
+        waiter = None
+        with self._lock:
+            if self.max_sessions is None or (self._live < self.max_sessions
+                                             and not self._waiters):
+                self._live += 1
+            else:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+        if waiter is not None:
+            try:
+                await waiter  # the slot is handed over with the wake-up
+            except asyncio.CancelledError:
+                with self._lock:
+                    handed = waiter.done() and not waiter.cancelled()
+                    if not handed and waiter in self._waiters:
+                        self._waiters.remove(waiter)
+                if handed:
+                    self.release_slot()
+                raise
+        try:
+            yield
+        finally:
+            self.release_slot()
+
+    def take_slot(self) -> bool:
+        """An instance's slot if one is free now (OpenEnv's sessions are refused, not
+        queued); give it back with `release_slot`."""
+        with self._lock:
+            if self.max_sessions is not None and (self._live >= self.max_sessions
+                                                  or self._waiters):
+                return False
+            self._live += 1
+            return True
+
+    def release_slot(self) -> None:
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():  # the slot goes to it, the count unchanged
+                    waiter.get_loop().call_soon_threadsafe(self._hand_over, waiter)
+                    return
+            self._live -= 1
+
+    def _hand_over(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done():  # cancelled meanwhile: the next in line has it
+            self.release_slot()
+        else:
+            waiter.set_result(None)
+
+    @property
+    def live(self) -> int:
+        """Instances holding a slot."""
+        return self._live
 
     def new(self) -> Any:
         env = self.factory()

@@ -90,13 +90,14 @@ def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
     from synth_deploy.taskapp.policy import call_policy
 
     async def rollout(request: RolloutRequest, ctx: Any) -> dict[str, Any]:
-        env = spec.new()
-        try:
-            first = await reset(env, request.env.seed, episode_id=request.run_id,
-                                config=request.env.config)
-            return await _play(spec, env, first, request, ctx, call_policy)
-        finally:
-            await close(env)
+        async with spec.episode_slot():  # the environment's max_sessions, if it has one
+            env = spec.new()
+            try:
+                first = await reset(env, request.env.seed, episode_id=request.run_id,
+                                    config=request.env.config)
+                return await _play(spec, env, first, request, ctx, call_policy)
+            finally:
+                await close(env)
 
     rollout.__name__ = rollout.__qualname__ = f"{spec.name}.episode"
     return rollout

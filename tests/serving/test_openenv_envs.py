@@ -7,7 +7,10 @@ OpenEnv's own clients: bench/openenv_third_party.py."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import time
 from typing import Generic, TypeVar
 
 import httpx
@@ -399,3 +402,50 @@ def test_a_client_that_cannot_send_headers_keeps_a_key_in_its_base_url(serve, ap
     wrong = httpx.post(f"{server.url}/openenv/key/sk_env_wrong/reset", json={}, timeout=5)
     assert wrong.status_code == 403 and api_key not in wrong.text
     assert httpx.get(keyed + "/health", timeout=5).json()["status"] == "healthy"
+
+
+class OneAtATime(CountEnv):
+    """Not safe to run twice in one process: each episode ends at a slow reset."""
+
+    max_sessions = 1
+    live = peak = 0
+
+    async def reset(self, seed, *, episode_id, config):
+        OneAtATime.live += 1
+        OneAtATime.peak = max(OneAtATime.peak, OneAtATime.live)
+        await asyncio.sleep(0.3)
+        return Step({"text": "nothing to do"}, done=True)
+
+    def close(self):
+        OneAtATime.live -= 1
+
+
+def test_max_sessions_holds_for_rollout_episodes_and_openenv_sessions_together(serve,
+                                                                               api_key):
+    server = serve(create_app(env_config(OneAtATime, app_id="one"), api_keys=[api_key]))
+
+    async def episodes(count: int) -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            answers = await asyncio.gather(*(client.post(
+                server.url + "/rollout", headers={"X-API-Key": api_key},
+                json={"run_id": f"one-{i}", "env": {"seed": i},
+                      "policy": {"config": {"model": "m",
+                                            "inference_url": "http://127.0.0.1:9/v1"}}})
+                for i in range(count)))
+        return [a.status_code for a in answers]
+
+    def while_an_episode_runs() -> dict:
+        time.sleep(0.15)  # the first episode holds the one slot
+        with ws(server, api_key) as session:
+            refusal = session.receive()["data"]
+        return refusal
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        refused = pool.submit(while_an_episode_runs)
+        started = time.monotonic()
+        assert asyncio.run(episodes(3)) == [200] * 3  # each waited its turn
+        took = time.monotonic() - started
+    assert OneAtATime.peak == 1 and took >= 3 * 0.3
+    assert refused.result()["code"] == "CAPACITY_REACHED"
+    with ws(server, api_key) as session:  # the slot came back
+        assert session.reset(seed=1)["done"] is True

@@ -99,9 +99,14 @@ class EnvSessions:
         active = len(self.sessions) + self.reserved
         if active >= self.capacity:
             raise AtCapacity(active, self.capacity)
+        if not self.spec.take_slot():  # /rollout's episodes hold the environment's own cap
+            raise AtCapacity(self.spec.live, self.spec.max_sessions or self.capacity)
         self.reserved += 1
         try:
             env = await environment.call(self.spec.new)
+        except BaseException:
+            self.spec.release_slot()
+            raise
         finally:
             self.reserved -= 1
         loop = asyncio.get_running_loop()
@@ -180,6 +185,8 @@ class EnvSessions:
                 await environment.close(session.env)
             except Exception as exc:  # a failing close must not keep the slot
                 self.failures.error(exc, "closing environment session %s failed", session.id)
+            finally:
+                self.spec.release_slot()
 
     async def close_all(self) -> None:
         for session in list(self.sessions.values()):
