@@ -263,9 +263,9 @@ class LoopWriter:
     # -- from any thread ------------------------------------------------------------------
 
     def finish(self, timeout_s: float | None) -> bool:
-        """Send what is left, close the child's input and wait until it has committed it
-        (not at all when every write was acknowledged). The child may go on building the
-        rows of what it journaled: it is reaped in the background."""
+        """Send what is left, close the child's input and wait for it to commit and exit:
+        whether every write was committed. The child builds the rows of what it journaled
+        before it exits, for a moment at most (`_journal.EXIT_BUILD_S`)."""
         settled = not self._pending and not self._queued and not self._unsent
         if self.loop.is_running() and not self.loop.is_closed():
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -276,27 +276,16 @@ class LoopWriter:
                 pass
         else:
             self._hand_over(None)
-        if not settled and not self._acknowledged_all(timeout_s):
-            return False
-        threading.Thread(target=self._proc.wait, daemon=True,
-                         name="synth-deploy-trace-writer-reaper").start()
+        # Settled, it still builds what it journaled, for `_journal.EXIT_BUILD_S` at most.
+        wait_s = timeout_s if not settled else _journal.EXIT_BUILD_S + 1.0 \
+            if timeout_s is None else min(timeout_s, _journal.EXIT_BUILD_S + 1.0)
+        try:
+            self._proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            threading.Thread(target=self._proc.wait, daemon=True,
+                             name="synth-deploy-trace-writer-reaper").start()
+            return settled
         return True
-
-    def _acknowledged_all(self, timeout_s: float | None) -> bool:
-        """Wait until the child closes its stdout, which it does once every write it read
-        is committed and acknowledged; False past ``timeout_s``."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                if not select.select([self._out_fd], [], [], left)[0]:
-                    return False
-                if not os.read(self._out_fd, _READ_CHUNK):
-                    return True
-            except BlockingIOError:
-                continue  # the loop's reader took what was there
-            except OSError:
-                return True  # closed: the child is gone
 
     def _hand_over(self, done: concurrent.futures.Future[None] | None) -> None:
         # Whatever the loop did not send goes now, blocking: the child is reading.
@@ -344,7 +333,11 @@ def main() -> None:
     fails alone) answered with one frame. While a commit runs, what the server sends waits
     in the pipe. While the server is busy (`_ServerLoad`), sessions that come with others
     (a batch of several, or other rollouts still running) go to the journal, whose rows
-    are built between batches once the server is not busy, and before the child exits.
+    are built between batches once the server is not busy. Once its input closes and what
+    it read is committed, the child builds what is still journaled for
+    `_journal.EXIT_BUILD_S` at most (a short run's traces are then whole in the file), and
+    leaves the rest to the next store that opens the file (a reader, the next server,
+    `traces pull`): a stopping server (a Modal container draining) waits a moment at most.
     """
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
@@ -384,9 +377,8 @@ def main() -> None:
                 acks = [(seq, None if error is None else _describe(error))
                         for (seq, *_), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway
-        if journaled:
-            stdout.close()  # all acknowledged: the server need not wait for these rows
-            _journal.expand(db)
+        if journaled:  # the rest is built by the next store that opens the file
+            _journal.expand(db, until=time.monotonic() + _journal.EXIT_BUILD_S)
     finally:
         db.close()
 

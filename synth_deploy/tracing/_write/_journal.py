@@ -12,8 +12,10 @@ building them at once (the row is read back, a second transaction), so a server 
 spare gets rows at once.
 
 Its rows are built (`expand`) between batches while the server is not busy (the writer
-child watches the share of a core it uses), when the child's input closes, and by any
-`TraceStore` before it reads: every reader of the kit sees every acknowledged session. A
+child watches the share of a core it uses), for `EXIT_BUILD_S` at most once the child's
+input closes, and by any `TraceStore` when it opens and before it reads: every reader of
+the kit sees every acknowledged session. A stopping server waits a moment at most: the
+next store to open the file builds the rest. A
 program that reads the tables itself (synth-ai) sees a session once its rows are built.
 Building is `commit`, so a session already stored is not stored twice, and a crash
 between building and dropping the journal row leaves nothing to lose.
@@ -28,6 +30,7 @@ import io
 import json
 import logging
 import pickle
+import time
 from typing import Any
 
 from synth_deploy.tracing._db._database import TraceDatabase
@@ -43,6 +46,8 @@ logger = logging.getLogger("synth_deploy.tracing")
 IDLE_S = 0.050
 # Sessions built in one transaction: a batch that arrives meanwhile waits for one chunk.
 CHUNK = 16
+# How long a writer child whose input closed goes on building rows before it exits.
+EXIT_BUILD_S = 2.0
 
 
 class _NotBuiltin(Exception):
@@ -109,9 +114,10 @@ def any_waiting(db: TraceDatabase) -> bool:
 
 
 def expand(db: TraceDatabase, *, session_id: str | None = None,
-           limit: int | None = None) -> int:
+           limit: int | None = None, until: float | None = None) -> int:
     """Build the rows of journaled sessions, oldest first (``session_id``: that one only),
-    `CHUNK` a transaction, until none is left or ``limit`` were taken; how many were.
+    `CHUNK` a transaction, until none is left, ``limit`` were taken or the monotonic clock
+    passes ``until``; how many were taken.
 
     A row that cannot be read back stays in the journal (and is logged); a session that
     cannot be stored (another with its id and other content is) is logged and dropped, as
@@ -120,7 +126,7 @@ def expand(db: TraceDatabase, *, session_id: str | None = None,
         return 0
     taken, after = 0, 0
     where = "seq > ?" + (" AND session_id = ?" if session_id is not None else "")
-    while limit is None or taken < limit:
+    while (limit is None or taken < limit) and (until is None or time.monotonic() < until):
         size = CHUNK if limit is None else min(CHUNK, limit - taken)
         rows = db.rows(f"SELECT seq, body, rollout FROM {JOURNAL_TABLE} WHERE {where} ORDER BY seq "
                        f"LIMIT {size}", (after,) if session_id is None else (after, session_id))
@@ -147,5 +153,5 @@ def expand(db: TraceDatabase, *, session_id: str | None = None,
     return taken
 
 
-__all__ = ["CHUNK", "IDLE_S", "any_waiting", "append", "decode", "encode", "expand",
-           "waiting"]
+__all__ = ["CHUNK", "EXIT_BUILD_S", "IDLE_S", "any_waiting", "append", "decode", "encode",
+           "expand", "waiting"]
