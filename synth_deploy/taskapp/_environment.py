@@ -141,18 +141,16 @@ class EnvironmentSpec:
         self.description = description
         self.name = getattr(factory, "__name__", app_id)
         self.max_sessions: int | None = getattr(factory, "max_sessions", None)
-        self._slots_init()
+        # Instances holding a slot, and the episodes waiting for one (`episode_slot`).
+        self._live = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._lock = threading.Lock()  # servers of one process may share the spec
         if self.max_sessions is not None and (isinstance(self.max_sessions, bool) or not (
                 isinstance(self.max_sessions, int) and self.max_sessions >= 1)):
             raise TaskAppError(f"environment {self.name} of task app {app_id!r}: max_sessions "
                                f"must be a whole number >= 1, got {self.max_sessions!r}")
 
     # -- instances alive at once: /rollout's episodes and OpenEnv's sessions together ----
-
-    def _slots_init(self) -> None:
-        self._live = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._lock = threading.Lock()  # servers of one process may share the spec
 
     @contextlib.asynccontextmanager
     async def episode_slot(self) -> AsyncIterator[None]:

@@ -11,14 +11,14 @@ session is as durable as one stored in rows. Building its rows later costs more 
 building them at once (the row is read back, a second transaction), so a server with CPU to
 spare gets rows at once.
 
-Its rows are built (`expand`) between batches while the server is not busy (the writer
-child watches the share of a core it uses), for `EXIT_BUILD_S` at most once the child's
-input closes, and by any `TraceStore` when it opens and before it reads: every reader of
-the kit sees every acknowledged session. A stopping server waits a moment at most: the
-next store to open the file builds the rest. A
-program that reads the tables itself (synth-ai) sees a session once its rows are built.
-Building is `commit`, so a session already stored is not stored twice, and a crash
-between building and dropping the journal row leaves nothing to lose.
+Its rows are built (`expand`) between batches while the server is not busy (the writer child
+watches the share of a core it uses), for `EXIT_BUILD_S` at most once the child's input
+closes, and by any `TraceStore` when it opens and before it reads: every reader of the kit
+sees every acknowledged session. A stopping server waits a moment at most: the next store to
+open the file builds the rest. A program that reads the tables itself (synth-ai) sees a
+session once its rows are built. Building is `commit`, so a session already stored is not
+stored twice, and a crash between building and dropping the journal row leaves nothing to
+lose.
 
 Only builtins go in: the pickler refuses any other object (that session is stored in rows at
 once) and the reader looks no class up, so a journal row cannot run code.
