@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 import time
 from typing import Generic, TypeVar
 
@@ -408,11 +409,15 @@ class OneAtATime(CountEnv):
     """Not safe to run twice in one process: each episode ends at a slow reset."""
 
     max_sessions = 1
-    live = peak = 0
+    live = peak = 0  # instances made and not yet closed
+    resetting = threading.Event()  # an episode holds the one slot
 
-    async def reset(self, seed, *, episode_id, config):
+    def __init__(self):
         OneAtATime.live += 1
         OneAtATime.peak = max(OneAtATime.peak, OneAtATime.live)
+
+    async def reset(self, seed, *, episode_id, config):
+        OneAtATime.resetting.set()
         await asyncio.sleep(0.3)
         return Step({"text": "nothing to do"}, done=True)
 
@@ -435,7 +440,7 @@ def test_max_sessions_holds_for_rollout_episodes_and_openenv_sessions_together(s
         return [a.status_code for a in answers]
 
     def while_an_episode_runs() -> dict:
-        time.sleep(0.15)  # the first episode holds the one slot
+        assert OneAtATime.resetting.wait(10)
         with ws(server, api_key) as session:
             refusal = session.receive()["data"]
         return refusal
@@ -445,7 +450,7 @@ def test_max_sessions_holds_for_rollout_episodes_and_openenv_sessions_together(s
         started = time.monotonic()
         assert asyncio.run(episodes(3)) == [200] * 3  # each waited its turn
         took = time.monotonic() - started
-    assert OneAtATime.peak == 1 and took >= 3 * 0.3
+    assert (OneAtATime.peak, OneAtATime.live) == (1, 0) and took >= 3 * 0.3
     assert refused.result()["code"] == "CAPACITY_REACHED"
     with ws(server, api_key) as session:  # the slot came back
         assert session.reset(seed=1)["done"] is True
