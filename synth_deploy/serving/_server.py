@@ -317,7 +317,7 @@ class _Rollouts:
             with deadline(bound):
                 raw = await self.call_executor(req, ctx)
             elapsed = time.perf_counter() - started
-            result = _completed(raw, req.run_id, tracer.finish(), wall_s=elapsed,
+            result = _completed(raw, req.run_id, tracer.finish(expand=False), wall_s=elapsed,
                                 inference_url=inference_url, cid=cid)
         except asyncio.CancelledError:
             if client is None or not client.left:
@@ -332,14 +332,16 @@ class _Rollouts:
             elapsed = time.perf_counter() - started
         if client is not None:
             client.running = False  # from here on the rollout is finished and stored
-        session = tracer.finish()
+        session = tracer.finish(expand=False)
         # Bytes straight from pydantic-core: no str round trip on the hot path.
         body = None if result is None else result.__pydantic_serializer__.to_json(result)
         facts = None
         if kept:  # building the session's metadata is wasted work when nobody reads it
             facts = _rollout_facts(req, request_json, body, error, elapsed, config.app_id, cid)
             if req.record.return_trace or on_session is not None:
-                describe_session(session, facts)  # needed here, not only where it is stored
+                # Read here, not only where it is stored (whose writer does this off the loop)
+                session.expand_exchanges()
+                describe_session(session, facts)
                 facts = None
             if result is not None and req.record.return_trace and result.trace is None:
                 result.trace = session.to_dict()

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import httpx
-from pydantic_core import from_json, to_json
+from pydantic_core import to_json
 
 from synth_deploy.env import known_secrets, redact, redact_userinfo
 from synth_deploy.errors import BadRequest, TaskAppError
@@ -121,12 +121,9 @@ async def call_policy(
     capture = wants_tokens(config, ctx.config.capture_tokens)
     if capture:
         body = capture_fields(body)
-    # Sent as these bytes and recorded as read back from them: the caller's list grows with
-    # later turns, and the record must show what this call sent.
-    kept = ctx.tracer.kept
+    # Recorded as the bytes sent and answered (`record_exchange`): the caller's list grows
+    # with later turns, and the record must show what this call sent.
     content = _json_bytes(body)
-    if kept:
-        body = from_json(content)
     headers = {}
     if api_key := config.get("api_key"):
         if not (isinstance(api_key, str) and api_key.isascii() and api_key.isprintable()):
@@ -138,8 +135,8 @@ async def call_policy(
     resp = await _post_with_retry(ctx.http, url, content, headers)
     refused = capture and body != plain and resp.status_code == 400
     if refused:  # OpenAI and Groq refuse fields they do not know: ask again without ours
-        content = _json_bytes(plain)
-        body = from_json(content) if kept else plain
+        body = plain
+        content = _json_bytes(body)
         resp = await _post_with_retry(ctx.http, url, content, headers)
     latency_ms = (time.perf_counter() - started) * 1000
     if resp.status_code >= 300:
@@ -157,39 +154,15 @@ async def call_policy(
                           f"({resp.headers.get('content-type', 'no content type')}, "
                           f"{len(resp.content)} bytes{_why(exc)})") from exc
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
-    records = None  # a session nobody keeps holds its calls' counts, not their content
-    if kept:
-        # Tool calls and tool call ids stay with their messages; a second call of the same
-        # turn (after a corrective message) records only what is new.
-        ctx.tracer.record_chat(body["messages"])
-        # The answer is copied too, once, for the call record and the chat alike: the
-        # caller gets `raw` and may change it.
-        answered = _json_copy(message)
-        records = [{"request": body, "response": answered}]
-        if usage is not None:
-            usage = records[0]["usage"] = _json_copy(usage)
-    ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
-                              provider=_host(url), usage=usage,
-                              latency_ms=round(latency_ms, 3), call_records=records,
-                              tokens=reply_tokens(data, refused) if capture else None)
+    event = ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
+                                      provider=_host(url), usage=usage,
+                                      latency_ms=round(latency_ms, 3),
+                                      tokens=reply_tokens(data, refused) if capture else None)
+    ctx.tracer.record_exchange(event, content, resp.content)
     content = message.get("content") or ""
     tool_calls = list(message.get("tool_calls") or [])
-    if kept:
-        ctx.tracer.record_chat([*body["messages"], assistant_message(answered)])
     return PolicyReply(content=content, tool_calls=tool_calls, raw=data,
                        latency_ms=latency_ms)
-
-
-def _json_copy(value: Any) -> Any:
-    """A deep copy of JSON data (what `json.loads` gives): no cycles, no shared parts, so
-    none of `copy.deepcopy`'s memo and dispatch."""
-    if type(value) is dict:  # leaves are most values: taken as they are, without a call
-        return {key: _json_copy(item) if type(item) is dict or type(item) is list else item
-                for key, item in value.items()}
-    if type(value) is list:
-        return [_json_copy(item) if type(item) is dict or type(item) is list else item
-                for item in value]
-    return value
 
 
 class _WrongShape(TypeError):

@@ -10,6 +10,7 @@ The shape of `SessionTrace.to_dict()` is the v3 in-memory session trace
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -115,6 +116,10 @@ class Timestep:
     events: list[Event] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     step_metadata: dict[str, Any] = field(default_factory=dict)
+    # Policy calls recorded as they crossed the wire, not yet turned into messages and call
+    # records: (index of the call's event, request JSON, answer JSON) each. See
+    # `SessionTracer.record_exchange`; `SessionTrace.expand_exchanges` empties it.
+    exchanges: list[tuple[int, bytes, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -133,6 +138,7 @@ class SessionTrace:
 
     @property
     def messages(self) -> list[Message]:
+        self.expand_exchanges()
         return [m for step in self.timesteps for m in step.messages]
 
     @property
@@ -141,8 +147,18 @@ class SessionTrace:
         return [e.tokens for step in self.timesteps for e in step.events
                 if e.tokens is not None]
 
+    def expand_exchanges(self) -> None:
+        """Turn the policy calls recorded as wire bytes (`SessionTracer.record_exchange`)
+        into their timesteps' messages and their events' call records. Every reader of a
+        finished session's conversation calls this first: the stores (as they build rows),
+        `to_dict`, `messages` and `SessionTracer.session`."""
+        for step in self.timesteps:
+            if step.exchanges:
+                _expand(step, [])
+
     def to_dict(self) -> dict[str, Any]:
         """The v3 in-memory trace shape (what `/rollout` returns as ``trace``)."""
+        self.expand_exchanges()
         steps = []
         for step in self.timesteps:
             steps.append({
@@ -215,34 +231,53 @@ class SessionTracer:
                  kept: bool = True):
         """``kept=False``: nobody reads the session past the rollout's own answer (a server
         that neither stores, returns nor exports it), so the conversation is not recorded:
-        `record_chat` records nothing and `call_policy` leaves its call records out. What
-        the answer's metrics come from (timesteps, rewards, LM calls' tokens and times) is
-        recorded as ever."""
-        self.session = SessionTrace(session_id=session_id or _new_id(),
-                                    metadata=dict(metadata or {}))
+        `record_chat` and `record_exchange` record nothing. What the answer's metrics come
+        from (timesteps, rewards, LM calls' tokens and times) is recorded as ever."""
+        self._session = SessionTrace(session_id=session_id or _new_id(),
+                                     metadata=dict(metadata or {}))
         self.kept = kept
         self._current: Timestep | None = None
-        self._chat: list[Any] = []  # the chat messages the current timestep holds, in order
+        # The chat messages the current timestep holds, in order (`record_exchange`'s
+        # pending calls aside: none are pending while the app records chat of its own).
+        self._chat: list[Any] = []
         _recording.add(self)
 
     @property
+    def session(self) -> SessionTrace:
+        """The session so far, its policy calls' conversations included."""
+        self._expand_current()
+        self._session.expand_exchanges()
+        return self._session
+
+    @property
     def session_id(self) -> str:
-        return self.session.session_id
+        return self._session.session_id
 
     @property
     def current_timestep(self) -> Timestep:
+        self._expand_current()
+        return self._step()
+
+    def _step(self) -> Timestep:
         if self._current is None:
             return self.start_timestep("step-0")
         return self._current
+
+    def _expand_current(self) -> None:
+        """The current timestep's pending policy calls made messages, before anything else
+        joins its conversation (which then continues from them)."""
+        step = self._current
+        if step is not None and step.exchanges:
+            self._chat = _expand(step, [])
 
     def start_timestep(self, step_id: str | None = None, *, turn_number: int | None = None,
                        metadata: dict[str, Any] | None = None) -> Timestep:
         if self._current is not None and self._current.completed_at is None:
             self._current.completed_at = time.time()
-        index = len(self.session.timesteps)
+        index = len(self._session.timesteps)
         step = Timestep(step_id=step_id or f"step-{index}", step_index=index,
                         turn_number=turn_number, step_metadata=dict(metadata or {}))
-        self.session.timesteps.append(step)
+        self._session.timesteps.append(step)
         self._current = step
         self._chat = []
         return step
@@ -267,18 +302,26 @@ class SessionTracer:
         """
         if not self.kept:
             return []
-        known = len(self._chat)
-        if messages[:known] != self._chat:
-            known = 0  # a different conversation: record it whole
         step = self.current_timestep  # started before its messages are made
-        recorded = []
-        for m in messages[known:]:
-            role = m.get("role", "user")
-            recorded.append(Message(_MESSAGE_TYPES.get(role, role), m.get("content"),
-                                    metadata={k: m[k] for k in _CHAT_FIELDS if m.get(k)}))
+        recorded, self._chat = _continued(self._chat, messages, time.time())
         step.messages += recorded
-        self._chat = list(messages)
         return recorded
+
+    def record_exchange(self, event: Event, request: bytes, answer: bytes) -> None:
+        """Record the conversation of the policy call ``event`` (of the current timestep) as
+        it crossed the wire: the request's JSON and the answer's. Its messages and call
+        record are made when the session is read (`SessionTrace.expand_exchanges`), so a
+        served app's loop never copies or re-reads a conversation; a store builds them in
+        its writer, off the loop. What `record_chat` would record of the request's messages
+        and then of the answer, with the call's time."""
+        if not self.kept:
+            return
+        step = self._step()
+        index = next(i for i in range(len(step.events) - 1, -1, -1) if step.events[i] is event)
+        if self._chat and not step.exchanges:  # the app's own chat leads this timestep
+            self._chat = _expand_one(step, self._chat, index, request, answer)
+        else:
+            step.exchanges.append((index, request, answer))
 
     def record_lm_call(self, *, model_name: str | None, provider: str | None = None,
                        input_tokens: int | None = None, output_tokens: int | None = None,
@@ -308,7 +351,7 @@ class SessionTracer:
                       output_tokens=output_tokens, total_tokens=total, latency_ms=latency_ms,
                       cost_usd=cost_usd, call_records=call_records, usage=usage,
                       metadata=dict(metadata or {}), tokens=tokens)
-        self.current_timestep.events.append(event)
+        self._step().events.append(event)
         return event
 
     def record_environment_event(self, *, reward: float | None = None,
@@ -321,7 +364,7 @@ class SessionTracer:
                       reward=reward, terminated=terminated, truncated=truncated,
                       system_state_before=state_before, system_state_after=state_after,
                       metadata=dict(metadata or {}))
-        self.current_timestep.events.append(event)
+        self._step().events.append(event)
         return event
 
     def record_event_reward(self, reward_value: float, *, reward_type: str,
@@ -332,24 +375,73 @@ class SessionTracer:
         reward = EventReward(reward_value=float(reward_value), reward_type=reward_type,
                              source=source, turn_number=turn_number, event_id=event_id,
                              message_id=message_id, key=key, annotation=annotation)
-        self.session.event_rewards.append(reward)
+        self._session.event_rewards.append(reward)
         return reward
 
     def record_outcome_reward(self, total_reward: float, *, achievements_count: int = 0,
                               total_steps: int | None = None,
                               metadata: dict[str, Any] | None = None,
                               annotation: dict[str, Any] | None = None) -> OutcomeReward:
-        steps = len(self.session.timesteps) if total_steps is None else total_steps
+        steps = len(self._session.timesteps) if total_steps is None else total_steps
         reward = OutcomeReward(total_reward=float(total_reward),
                                achievements_count=achievements_count, total_steps=steps,
                                reward_metadata=dict(metadata or {}), annotation=annotation)
-        self.session.outcome_rewards.append(reward)
+        self._session.outcome_rewards.append(reward)
         return reward
 
-    def finish(self) -> SessionTrace:
+    def finish(self, *, expand: bool = True) -> SessionTrace:
+        """The finished session. ``expand=False`` leaves its policy calls as the bytes they
+        were (`record_exchange`) for its reader to expand: a served app's store does that
+        in its writer, off the event loop."""
         self.end_timestep()
         _recording.discard(self)
-        return self.session
+        if expand:
+            self._session.expand_exchanges()
+        return self._session
+
+
+def _continued(held: list[Any], messages: list[dict[str, Any]], at: float
+               ) -> tuple[list[Message], list[Any]]:
+    """The messages recording ``messages`` adds to a timestep holding the conversation
+    ``held`` (only the new ones when it continues it), and the conversation it then holds."""
+    known = len(held)
+    if messages[:known] != held:
+        known = 0  # a different conversation: record it whole
+    recorded = []
+    for m in messages[known:]:
+        role = m.get("role", "user")
+        recorded.append(Message(_MESSAGE_TYPES.get(role, role), m.get("content"), at,
+                                metadata={k: m[k] for k in _CHAT_FIELDS if m.get(k)}))
+    return recorded, list(messages)
+
+
+def _expand(step: Timestep, held: list[Any]) -> list[Any]:
+    """``step``'s pending policy calls made messages and call records, in order; the
+    conversation the step then holds."""
+    for index, request, answer in step.exchanges:
+        held = _expand_one(step, held, index, request, answer)
+    step.exchanges = []
+    return held
+
+
+def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, answer: bytes
+                ) -> list[Any]:
+    event = step.events[index]
+    body, data = json.loads(request), json.loads(answer)
+    message = data["choices"][0]["message"]  # the policy's answer was checked when it came
+    record: dict[str, Any] = {"request": body, "response": message}
+    if isinstance(data.get("usage"), dict):
+        record["usage"] = data["usage"]
+    event.call_records = [record]
+    # What the app puts back into the conversation: content and tool calls only
+    # (`synth_deploy.taskapp.tools.assistant_message`).
+    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        reply["tool_calls"] = list(message["tool_calls"])
+    sent, held = _continued(held, body["messages"], event.event_time)
+    answered, held = _continued(held, [*body["messages"], reply], event.event_time)
+    step.messages += sent + answered
+    return held
 
 
 # Tracers not finished yet: rollouts still running in this process. A tracer dropped

@@ -3,6 +3,10 @@ examples with their tool calls and tools, and replayed without repeating earlier
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from synth_deploy.taskapp import image_part, png_data_url, text_part
 from synth_deploy.taskapp.tools import tool_message
 from synth_deploy.tracing import SessionTracer, message_text, replay, sft_examples
@@ -21,14 +25,27 @@ def call(call_id: str, actions: list[str]) -> dict:
 
 
 def policy_call(tracer: SessionTracer, prompt: list[dict], reply: dict) -> None:
-    """What call_policy records for one call: the prompt, the LM call, the reply."""
+    """What call_policy records for one call: the LM call, then the bytes it sent and
+    the bytes the policy answered."""
+    event = tracer.record_lm_call(model_name="m")
+    tracer.record_exchange(
+        event, json.dumps({"model": "m", "messages": prompt, "tools": TOOLS}).encode(),
+        json.dumps({"choices": [{"message": {**reply, "refusal": None}}],
+                    "usage": {"prompt_tokens": 9, "completion_tokens": 2}}).encode())
+
+
+def chat_call(tracer: SessionTracer, prompt: list[dict], reply: dict) -> None:
+    """The same call recorded as an app recording its own chat would: the prompt, the LM
+    call with its record, the reply."""
     tracer.record_chat(prompt)
     tracer.record_lm_call(model_name="m", call_records=[{
-        "request": {"model": "m", "messages": prompt, "tools": TOOLS}, "response": reply}])
+        "request": {"model": "m", "messages": prompt, "tools": TOOLS},
+        "response": {**reply, "refusal": None},
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2}}])
     tracer.record_chat([*prompt, reply])
 
 
-def two_turns() -> SessionTracer:
+def two_turns(policy_call=policy_call) -> SessionTracer:
     tracer = SessionTracer(metadata={"app_id": "game", "seed": 4})
     system = {"role": "system", "content": "Play."}
     obs1 = {"role": "user", "content": [text_part("turn 1"), image_part(png_data_url(PNG))]}
@@ -57,6 +74,45 @@ def test_a_retried_call_in_one_turn_records_its_conversation_once():
     assert [m.message_type for m in second.messages] == [
         "system", "user", "assistant", "user", "assistant", "tool_result", "user", "assistant"]
     assert second.messages[5].metadata == {"tool_call_id": "c1"}
+
+
+def read(session) -> list:
+    session.expand_exchanges()  # what a store does as it builds rows
+    return [([(m.message_type, m.content, m.metadata) for m in step.messages],
+             [e.call_records for e in step.events]) for step in session.timesteps]
+
+
+def test_policy_calls_kept_as_wire_bytes_read_as_the_chat_they_carried():
+    session = two_turns().finish(expand=False)
+    # The calls are still the bytes they were: a served app's loop never turns them into
+    # messages (its store's writer does, or whoever reads them).
+    assert [len(step.exchanges) for step in session.timesteps] == [2, 1]
+    assert [step.messages for step in session.timesteps] == [[], []]
+    assert read(session) == read(two_turns(chat_call).finish())
+    assert [step.exchanges for step in session.timesteps] == [[], []]
+    assert session.timesteps[0].events[0].call_records[0]["usage"]["prompt_tokens"] == 9
+
+
+@pytest.mark.parametrize("calls", [policy_call, chat_call])
+def test_what_an_app_records_between_policy_calls_keeps_its_place(calls):
+    tracer = SessionTracer()
+    prompt = [{"role": "user", "content": "Go."}]
+    calls(tracer, prompt, {"role": "assistant", "content": "a"})
+    tracer.record_message("user", "a note of the app's own")
+    calls(tracer, [*prompt, {"role": "assistant", "content": "a"},
+                   {"role": "user", "content": "Again."}], {"role": "assistant", "content": "b"})
+    (messages, _), = read(tracer.finish())
+    assert [m[1] for m in messages] == ["Go.", "a", "a note of the app's own", "Again.", "b"]
+
+
+@pytest.mark.parametrize("calls", [policy_call, chat_call])
+def test_a_policy_call_continuing_the_apps_own_chat_adds_only_what_is_new(calls):
+    tracer = SessionTracer()
+    prompt = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Go."}]
+    tracer.record_chat(prompt)
+    calls(tracer, prompt, {"role": "assistant", "content": "a"})
+    assert [m.content for m in tracer.current_timestep.messages] == ["Play.", "Go.", "a"]
+    assert [m.content for m in tracer.session.messages] == ["Play.", "Go.", "a"]
 
 
 def test_a_chat_recorded_before_any_timestep_starts_one_that_precedes_its_messages():

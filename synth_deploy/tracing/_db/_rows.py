@@ -127,6 +127,7 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
     explicit = next_ids is not None
     step_pk, event_pk, message_pk = next_ids or (0, 0, 0)
     for s in sessions:
+        s.expand_exchanges()  # a served app's policy calls arrive as the bytes they were
         sid, meta = s.session_id, s.metadata
         seed = meta.get("seed")
         num_events = num_messages = 0
