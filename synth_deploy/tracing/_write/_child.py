@@ -447,6 +447,7 @@ class _ServerLoad:
 
     WINDOW_S = 0.1
     BUSY_SHARE = 0.5
+    LOOK_EVERY_S = 0.01  # a busy server's batches come every few ms: one look serves several
 
     def __init__(self, pid: int) -> None:
         self._stat = f"/proc/{pid}/stat"
@@ -454,6 +455,7 @@ class _ServerLoad:
         sample = self._read()
         self._at, self._cpu_s = time.monotonic(), None if sample is None else sample[1]
         self._was_busy = False
+        self._looked_at, self._busy = float("-inf"), False
 
     def _read(self) -> tuple[bytes, float] | None:
         """(state, utime + stime in seconds), or None."""
@@ -465,16 +467,19 @@ class _ServerLoad:
             return None
 
     def busy(self) -> bool:
+        now = time.monotonic()
+        if now - self._looked_at < self.LOOK_EVERY_S:
+            return self._busy
         sample = self._read()
         if sample is None:
             return False
         state, cpu_s = sample
-        now = time.monotonic()
         if now - self._at >= self.WINDOW_S:
             if self._cpu_s is not None:
                 self._was_busy = (cpu_s - self._cpu_s) / (now - self._at) > self.BUSY_SHARE
             self._at, self._cpu_s = now, cpu_s
-        return state == b"R" or self._was_busy
+        self._looked_at, self._busy = now, state == b"R" or self._was_busy
+        return self._busy
 
 
 class _FrameReader:
