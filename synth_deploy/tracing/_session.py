@@ -418,9 +418,9 @@ def _continued(held: list[Any], messages: list[dict[str, Any]], at: float
 def _expand(step: Timestep, held: list[Any]) -> list[Any]:
     """``step``'s pending policy calls made messages and call records, in order; the
     conversation the step then holds."""
-    for index, request, answer in step.exchanges:
+    pending, step.exchanges = step.exchanges, []  # taken first: a second reader finds none
+    for index, request, answer in pending:
         held = _expand_one(step, held, index, request, answer)
-    step.exchanges = []
     return held
 
 
