@@ -427,8 +427,19 @@ def _expand(step: Timestep, held: list[Any]) -> list[Any]:
 def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, answer: bytes
                 ) -> list[Any]:
     event = step.events[index]
-    body, data = json.loads(request), json.loads(answer)
-    message = data["choices"][0]["message"]  # the policy's answer was checked when it came
+    try:
+        body, data = json.loads(request), json.loads(answer)
+        message, sent_messages = data["choices"][0]["message"], body["messages"]
+        if not (isinstance(message, dict) and isinstance(sent_messages, list)
+                and all(isinstance(m, dict) for m in sent_messages)):
+            raise TypeError("not a chat request and its completion")
+    except (ValueError, LookupError, TypeError) as exc:
+        # Never from `call_policy`, which checks the answer before it records it: bytes an
+        # app passed itself are kept as text, and the session is stored all the same.
+        event.call_records = [{"request_text": request.decode("utf-8", "replace"),
+                               "response_text": answer.decode("utf-8", "replace"),
+                               "error": f"not read as a chat call: {type(exc).__name__}"}]
+        return held
     record: dict[str, Any] = {"request": body, "response": message}
     if isinstance(data.get("usage"), dict):
         record["usage"] = data["usage"]
@@ -438,8 +449,8 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
     reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
         reply["tool_calls"] = list(message["tool_calls"])
-    sent, held = _continued(held, body["messages"], event.event_time)
-    answered, held = _continued(held, [*body["messages"], reply], event.event_time)
+    sent, held = _continued(held, sent_messages, event.event_time)
+    answered, held = _continued(held, [*sent_messages, reply], event.event_time)
     step.messages += sent + answered
     return held
 

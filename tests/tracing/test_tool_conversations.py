@@ -9,7 +9,13 @@ import pytest
 
 from synth_deploy.taskapp import image_part, png_data_url, text_part
 from synth_deploy.taskapp.tools import tool_message
-from synth_deploy.tracing import SessionTracer, message_text, replay, sft_examples
+from synth_deploy.tracing import (
+    SessionTracer,
+    message_text,
+    open_trace_store,
+    replay,
+    sft_examples,
+)
 from synth_deploy.train import validate_sft_example
 
 TOOLS = [{"type": "function", "function": {"name": "interact", "parameters": {
@@ -113,6 +119,20 @@ def test_a_policy_call_continuing_the_apps_own_chat_adds_only_what_is_new(calls)
     calls(tracer, prompt, {"role": "assistant", "content": "a"})
     assert [m.content for m in tracer.current_timestep.messages] == ["Play.", "Go.", "a"]
     assert [m.content for m in tracer.session.messages] == ["Play.", "Go.", "a"]
+
+
+def test_bytes_that_are_no_chat_call_are_kept_as_text_and_the_session_is_stored(tmp_path):
+    tracer = SessionTracer()
+    tracer.record_exchange(tracer.record_lm_call(model_name="m"), b'{"messages": "hi"}',
+                           b"\xffnot json")
+    session = tracer.finish(expand=False)
+    with open_trace_store(tmp_path / "t.db") as store:
+        store.write_session_sync(session)
+        (step,) = store.database.session(session.session_id).timesteps
+    (record,) = step.events[0].call_records
+    assert record == {"request_text": '{"messages": "hi"}', "response_text": "\ufffdnot json",
+                      "error": "not read as a chat call: UnicodeDecodeError"}
+    assert step.messages == []
 
 
 def test_a_chat_recorded_before_any_timestep_starts_one_that_precedes_its_messages():
