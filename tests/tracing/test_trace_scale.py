@@ -242,6 +242,38 @@ def test_a_session_written_while_others_are_recorded_waits_for_them_and_only_the
     assert waited - alone >= 10 * 0.010 / 2, (alone, waited)
 
 
+def test_sessions_finished_a_moment_apart_while_others_run_go_to_the_child_in_one_frame(
+        tmp_path):
+    # A loaded server finishes a session or two per loop iteration; while other rollouts
+    # still run, the sessions of the next few ms go in one frame (one write to the pipe,
+    # one wakeup of the child) rather than one frame per iteration. Once nothing else is
+    # being recorded, each goes at once.
+    with open_trace_store(tmp_path / "t.db") as store:
+        async def main():
+            child = await ready_writer_child(store)
+            running = SessionTracer()  # a rollout still running
+
+            async def finish_after(iterations: int, i: int) -> None:
+                for _ in range(iterations):
+                    await asyncio.sleep(0)
+                await store.write_session(make_session(i))
+
+            before = child.frames_sent
+            await asyncio.gather(*(finish_after(i, i) for i in range(5)))
+            together = child.frames_sent - before
+            running.finish()
+            before = child.frames_sent
+            for i in range(5, 8):
+                await store.write_session(make_session(i))
+            return together, child.frames_sent - before
+
+        together, alone = asyncio.run(main())
+        assert store.count_sessions() == 8
+    # Five loop iterations take microseconds; two frames leave room for a preempted test.
+    assert together <= 2, together
+    assert alone == 3
+
+
 def frame(payload) -> bytes:
     """The writer child's pipe protocol as its module documents it: a 4-byte little-endian
     length and a pickle; the server sends (more_coming, [(seq, id, session, facts), ...])

@@ -4,7 +4,8 @@ A writer thread would share the GIL with the event loop: building statements and
 side of every SQLite call would compete with request handling. So a served app's event loop
 (`TraceStore.use_writer_process`, called as the server starts) gets a child process for a
 local trace file, driven from the loop itself (no thread in between): the sessions finished
-in one loop iteration go as one frame, written without blocking; the child's
+in one loop iteration go as one frame, written without blocking (those of the next
+`FRAME_WAIT_S` too while other rollouts are still running); the child's
 acknowledgements wake the loop through `add_reader` and settle the waiting futures in place.
 The child stores them with `commit` (group commit, a bad session failing alone, idempotent
 re-writes), checkpoints the WAL from a thread of its own, and acknowledges a session only
@@ -81,6 +82,12 @@ MIN_SLICE = 12
 # script's writes) nothing waits.
 GATHER_S = 0.010
 
+# How long a finished session waits on the loop for the sessions of rollouts still running,
+# so that one frame carries them: a loaded server finishes a session or two per loop
+# iteration, and a frame each cost it a write to the pipe and the child a wakeup, both
+# for every session or two (bench/volume_traces.py measured the difference).
+FRAME_WAIT_S = 0.004
+
 
 def commit_slices(items: list[Any]) -> list[list[Any]]:
     """``items`` in the slices they are committed in, in order."""
@@ -119,6 +126,7 @@ class LoopWriter:
         self._seq = 0
         # When each frame went: (its last seq, loop time), for `_watch`.
         self._sent_at: collections.deque[tuple[int, float]] = collections.deque()
+        self.frames_sent = 0  # of sessions (the setting not counted)
         self._watching = False
         self._queued: list[tuple[int, Any, Any]] = []  # (seq, session, facts) of this step
         self._unsent = bytearray(frame(setting))  # framed, not yet taken by the pipe
@@ -147,8 +155,11 @@ class LoopWriter:
             return future
         self._seq += 1
         self._pending[self._seq] = future
-        if not self._queued:
-            self.loop.call_soon(self._flush)  # one frame for this iteration's sessions
+        if not self._queued:  # one frame for this iteration's sessions, or for the next ms'
+            if sessions_recording() > 0:
+                self.loop.call_later(FRAME_WAIT_S, self._flush)
+            else:
+                self.loop.call_soon(self._flush)
             if not self._watching and self.timeout_s is not None:
                 self._watching = True
                 self.loop.call_later(self._watch_every_s, self._watch)
@@ -157,6 +168,7 @@ class LoopWriter:
 
     def _flush(self) -> None:
         if self._queued:
+            self.frames_sent += 1
             self._sent_at.append((self._seq, self.loop.time()))
             # Sessions still being recorded (rollouts still running) will follow soon.
             self._unsent += self._framed(more_coming=sessions_recording() > 0)
@@ -290,6 +302,7 @@ class LoopWriter:
     def _hand_over(self, done: concurrent.futures.Future[None] | None) -> None:
         # Whatever the loop did not send goes now, blocking: the child is reading.
         if self._queued:
+            self.frames_sent += 1
             self._unsent += self._framed(more_coming=False)
         if self._waiting_to_write and not self.loop.is_closed():
             self.loop.remove_writer(self._in_fd)
