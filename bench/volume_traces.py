@@ -1,7 +1,7 @@
 """What the trace Volume costs a deployed app's rollouts: one container traced to its Volume
 against the same container untraced, and traced to its own disk, in one run.
 
-    python bench/volume_traces.py [--pairs 4] [--rounds 2] [--seconds 3] [--concurrency 32]
+    python bench/volume_traces.py [--pairs 4] [--rounds 4] [--seconds 2] [--concurrency 32]
 
 Each server is the Modal container's own entry (`synth_deploy.modal.container_app`, built from
 the variables a deploy plan gives it) under plain uvicorn in its own process, as Modal runs
@@ -109,8 +109,11 @@ def container(tmp: Path, name: str, app: Path, *, tracing: bool, volume: bool,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4, help="server pairs, each started afresh")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds per pair")
-    parser.add_argument("--seconds", type=float, default=3.0)
+    # Sixteen rounds of 2 s rather than eight of 3 s: a round's three containers are loaded
+    # seconds apart, and this machine's speed drifts within seconds (the same container
+    # measured 455 and 734 rollouts/s a minute apart), so more pairs make the median steadier.
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per pair")
+    parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--commit-s", type=float, default=DEFAULT_TRACE_COMMIT_S,
                         help="the Volume's commit interval (default: the deploy default; "
