@@ -322,11 +322,12 @@ def pull(
         print_json(result.to_dict())
         return
     out = console()
-    for f in result.files:
-        got = f"{f.bytes:,} bytes" if f.bytes else "unchanged"
-        out.print(f"  {_esc(f.container)}: {f.added} new, {f.skipped} already here ({got})",
-                  highlight=False)
-    out.print(f"pulled {plural(len(result.files), 'container file')} from the Volume "
+    for c in result.containers:
+        got = f"{c.bytes:,} bytes" if c.bytes else "nothing new"
+        out.print(f"  {_esc(c.container)}: {c.added} new, {c.skipped} already here "
+                  f"({plural(c.files, 'file')}, {got})", highlight=False)
+    out.print(f"pulled {plural(len(result.files), 'file')} of "
+              f"{plural(len(result.containers), 'container')} from the Volume "
               f"{_esc(result.volume)}: {result.added} session(s) added, {result.skipped} "
               f"already in {_esc(result.trace_db)}", highlight=False)
     if not result.files:

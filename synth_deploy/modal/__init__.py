@@ -20,7 +20,7 @@ The modules, one concept each:
     _credentials   has_modal_token   is there a Modal token, answered locally
     _reachability  require_modal_reachable   does Modal's API answer, within a deadline
     _deployment    deploy            plan ▸ validate ▸ modal deploy ▸ URL ▸ healthy ▸ .env
-    _trace_volume  VolumeSnapshots   a container's traces, copied to the app's Volume
+    _trace_volume  VolumeSnapshots   a container's new traces, a segment an interval on the Volume
     _trace_pull    pull_traces       the Volume's traces, merged into a local store
 """
 
@@ -54,7 +54,13 @@ from synth_deploy.modal._plan import DeployPlan, build_plan
 from synth_deploy.modal._reachability import modal_api_endpoints, require_modal_reachable
 from synth_deploy.modal._secrets import SecretSource
 from synth_deploy.modal._settings import ModalSettings
-from synth_deploy.modal._trace_pull import FilePull, PullResult, TraceVolume, pull_traces
+from synth_deploy.modal._trace_pull import (
+    ContainerPull,
+    FilePull,
+    PullResult,
+    TraceVolume,
+    pull_traces,
+)
 from synth_deploy.modal._trace_volume import (
     DEFAULT_TRACE_COMMIT_S,
     TRACE_VOLUME_MOUNT,
@@ -68,6 +74,7 @@ __all__ = [
     "SERVING_PACKAGES",
     "SOURCE_EXCLUDED_PACKAGES",
     "CLIResult",
+    "ContainerPull",
     "DeployOptions",
     "DeployPlan",
     "DeployResult",

@@ -23,7 +23,6 @@ from synth_deploy.errors import TaskAppError, TraceStoreError
 from synth_deploy.handoff import TASK_APP_VAR
 from synth_deploy.modal._trace_volume import (
     DEFAULT_TRACE_COMMIT_S,
-    SNAPSHOT_SUFFIX,
     TRACE_COMMIT_VAR,
     TRACE_VOLUME_DIR_VAR,
     TRACE_VOLUME_VAR,
@@ -99,10 +98,10 @@ def _volume_snapshots(env: Env, traces: TraceDbSetting | None) -> VolumeSnapshot
             or not (folder and name)):
         return None
     every_s = float(env.get(TRACE_COMMIT_VAR) or DEFAULT_TRACE_COMMIT_S)
-    # Modal names each container (MODAL_TASK_ID); its file on the Volume is its own.
+    # Modal names each container (MODAL_TASK_ID); its files on the Volume are its own.
     container = env.get("MODAL_TASK_ID") or f"{socket.gethostname()}-{os.getpid()}"
-    target = Path(folder) / f"{container}{SNAPSHOT_SUFFIX}"
-    return VolumeSnapshots(traces.path.resolve(), target, modal_volume_commit(name), every_s)
+    return VolumeSnapshots(traces.path.resolve(), Path(folder), container,
+                           modal_volume_commit(name), every_s)
 
 
 def _destination(env: Env, traces: TraceDbSetting | None,
@@ -113,6 +112,6 @@ def _destination(env: Env, traces: TraceDbSetting | None,
         return {"destination": traces.display, "durable": True}
     if snapshots is None:
         return {"destination": "this container's disk (lost with it)", "durable": False}
-    return {"destination": f"Modal Volume {env.get(TRACE_VOLUME_VAR)}: {snapshots.target.name}, "
-                           f"committed every {snapshots.every_s:g}s and at drain",
+    return {"destination": f"Modal Volume {env.get(TRACE_VOLUME_VAR)}: {snapshots.pattern}, "
+                           f"a segment committed every {snapshots.every_s:g}s and at drain",
             "durable": True}

@@ -107,8 +107,8 @@ class TraceDestination:
             return (f"traces go to the remote libSQL database {self.traces.display} "
                     "(SYNTH_TRACES_DB, passed as a secret)")
         if self.volume is not None:
-            return (f"traces go to the Modal Volume {self.volume} (a file per container, "
-                    f"committed every {self.commit_s:g}s and at drain); fetch them with "
+            return (f"traces go to the Modal Volume {self.volume} (each container's new sessions "
+                    f"in a file committed every {self.commit_s:g}s and at drain); fetch them with "
                     f"`synth-deploy traces pull {self.app_name}`")
         return ("traces stay inside each Modal container and are lost when it stops "
                 "(ModalSettings.trace_volume=False); set SYNTH_TRACES_DB to a libsql:// URL, "

@@ -1,12 +1,14 @@
 """`pull_traces`: a deployed app's traces, from its trace Volume into a local store.
 
-The Volume holds one SQLite file per container (see `_trace_volume`). A pull lists the app's
-folder with `modal volume ls --json`, downloads each file whose size or time changed since
-it was last merged (`modal volume get`, into a partial file renamed when whole), and merges
-its sessions into the store; a ledger beside the downloads records each file once merged,
-so a pull cut short starts again from the first file it had not finished, and a session
-merged before is skipped in any case (`merge_trace_file`). Modal is reached only through
-`ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
+The Volume holds each container's segments, SQLite files of what it recorded in an interval
+(see `_trace_volume`). A pull lists the app's folder with `modal volume ls --json`,
+downloads each file it has not merged yet, or whose size or time changed since (`modal
+volume get`, into a partial file renamed when whole), and merges its sessions into the
+store. A ledger beside the downloads records each file once merged (with a session of it,
+so that a store made afresh gets every file again): a second pull downloads and reads
+nothing it merged before, a pull cut short starts again from the first file it had not
+finished, and a session merged before is skipped in any case (`merge_trace_file`). Modal is
+reached only through `ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from synth_deploy.modal._credentials import require_modal_token
 from synth_deploy.modal._modal_cli import ModalCLI, ModalCLIError
 from synth_deploy.modal._plan import deployed_trace_destination
 from synth_deploy.modal._reachability import DEFAULT_CONNECT_TIMEOUT_S, require_modal_reachable
-from synth_deploy.modal._trace_volume import SNAPSHOT_SUFFIX, default_trace_volume
+from synth_deploy.modal._trace_volume import default_trace_volume, trace_file_container
 
 DEFAULT_PULL_TIMEOUT_S = 300.0
 LEDGER_NAME = "pulled.json"
@@ -32,15 +34,15 @@ LEDGER_NAME = "pulled.json"
 
 @dataclass(frozen=True)
 class VolumeFile:
-    """One container's trace file as `modal volume ls` lists it."""
+    """A container's trace file as `modal volume ls` lists it."""
 
-    path: str  # in the Volume: <app name>/<container id>.db
+    path: str  # in the Volume: <app name>/<container id>.<n>.db
     size: int
     modified: str
 
     @property
     def container(self) -> str:
-        return Path(self.path).name.removesuffix(SNAPSHOT_SUFFIX)
+        return trace_file_container(Path(self.path).name) or Path(self.path).name
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,17 @@ class FilePull:
 
     container: str
     bytes: int  # downloaded (0: unchanged since the last pull)
+    added: int
+    skipped: int
+
+
+@dataclass(frozen=True)
+class ContainerPull:
+    """What a pull did with one container's files."""
+
+    container: str
+    files: int
+    bytes: int
     added: int
     skipped: int
 
@@ -72,11 +85,22 @@ class PullResult:
     def bytes(self) -> int:
         return sum(f.bytes for f in self.files)
 
+    @property
+    def containers(self) -> list[ContainerPull]:
+        """What each container's files gave, in the order first listed."""
+        by_container: dict[str, ContainerPull] = {}
+        for f in self.files:
+            seen = by_container.get(f.container) or ContainerPull(f.container, 0, 0, 0, 0)
+            by_container[f.container] = ContainerPull(
+                f.container, seen.files + 1, seen.bytes + f.bytes, seen.added + f.added,
+                seen.skipped + f.skipped)
+        return list(by_container.values())
+
     def to_dict(self) -> dict[str, Any]:
         return {"volume": self.volume, "folder": self.folder, "trace_db": self.trace_db,
                 "files": len(self.files), "downloaded": sum(1 for f in self.files if f.bytes),
                 "sessions_added": self.added, "sessions_skipped": self.skipped,
-                "bytes": self.bytes, "containers": [asdict(f) for f in self.files]}
+                "bytes": self.bytes, "containers": [asdict(c) for c in self.containers]}
 
 
 class TraceVolume:
@@ -120,7 +144,8 @@ class TraceVolume:
                                      "(pip install -U 'modal>=1.0,<2')", output=lines) from None
         return sorted((VolumeFile(r["filename"], int(r["size"] or 0),
                                   str(r.get("created_modified"))) for r in rows
-                       if r.get("type") == "file" and r["filename"].endswith(SNAPSHOT_SUFFIX)),
+                       if r.get("type") == "file"
+                       and trace_file_container(Path(r["filename"]).name)),
                       key=lambda f: f.path)
 
     def download(self, file: VolumeFile, dest: Path) -> None:
@@ -145,8 +170,6 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
     with the fix when Modal is not reachable, has no token, or has no such Volume, and when
     the app records nowhere a pull can reach.
     """
-    from synth_deploy.tracing import merge_trace_file
-
     app_name, name = _volume_of(app, env, volume)
     require_modal_token(env)
     require_modal_reachable(env, connect_timeout_s)
@@ -164,24 +187,55 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
     for done, file in enumerate(files, 1):
         local = folder / Path(file.path).name
         stamp = {"size": file.size, "modified": file.modified}
-        fetched = 0
-        if ledger.get(file.path) != stamp or not local.exists():
-            trace_volume.download(file, local)
-            fetched = local.stat().st_size
-        try:
-            merged = merge_trace_file(store, local)
-        except TraceStoreError as exc:
-            raise TraceStoreError(
-                f"{name}:{file.path} is not a trace file we can read ({exc.message})",
-                hint=f"the files before it were merged; pull again once the container has "
-                     f"committed it whole, or remove it (modal volume rm {name} {file.path})"
-            ) from exc
-        ledger[file.path] = stamp
-        _write_ledger(ledger_path, ledger)
-        result.files.append(FilePull(file.container, fetched, merged.added, merged.skipped))
+        merged_before = ledger.get(file.path)
+        if _still_merged(merged_before, stamp, store):
+            # Merged into this store before and unchanged since (a segment never changes).
+            result.files.append(FilePull(file.container, 0, 0, merged_before["added"]))
+        else:
+            result.files.append(_merge_one(store, trace_volume, file, local, stamp, ledger))
+            _write_ledger(ledger_path, ledger)
         if on_file is not None:
             on_file(done, len(files))
     return result
+
+
+def _merge_one(store: Any, trace_volume: TraceVolume, file: VolumeFile, local: Path,
+               stamp: dict[str, Any], ledger: dict[str, Any]) -> FilePull:
+    """Download ``file`` (unless ``local`` holds this version) and merge it; the ledger
+    records it with one of its sessions."""
+    from synth_deploy.tracing import merge_trace_file
+
+    fetched = 0
+    before = ledger.get(file.path)
+    if not (isinstance(before, dict) and _stamp_of(before) == stamp and local.exists()):
+        trace_volume.download(file, local)
+        fetched = local.stat().st_size
+    try:
+        merged = merge_trace_file(store, local)
+    except TraceStoreError as exc:
+        raise TraceStoreError(
+            f"{trace_volume.name}:{file.path} is not a trace file we can read "
+            f"({exc.message})",
+            hint=f"the files before it were merged; pull again once the container has "
+                 f"committed it whole, or remove it (modal volume rm {trace_volume.name} "
+                 f"{file.path})") from exc
+    # What a later pull reports as already here: the sessions this file brought.
+    ledger[file.path] = {**stamp, "added": merged.added, "probe": merged.probe}
+    return FilePull(file.container, fetched, merged.added, merged.skipped)
+
+
+def _stamp_of(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"size": entry.get("size"), "modified": entry.get("modified")}
+
+
+def _still_merged(entry: Any, stamp: dict[str, Any], store: Any) -> bool:
+    """Whether the ledger's ``entry`` says this version of a file was merged into
+    ``store``: its probe session is there (a store made afresh since has none)."""
+    if not (isinstance(entry, dict) and _stamp_of(entry) == stamp
+            and isinstance(entry.get("added"), int)):
+        return False
+    probe = entry.get("probe")
+    return probe is None or bool(store.database.stored_ids([probe]))
 
 
 def _read_ledger(path: Path) -> dict[str, Any]:
@@ -210,5 +264,5 @@ def _volume_of(app: str, env: Env, volume: str | None) -> tuple[str, str]:
     return destination.app_name, volume or destination.volume
 
 
-__all__ = ["DEFAULT_PULL_TIMEOUT_S", "FilePull", "PullResult", "TraceVolume", "VolumeFile",
-           "pull_traces"]
+__all__ = ["DEFAULT_PULL_TIMEOUT_S", "ContainerPull", "FilePull", "PullResult", "TraceVolume",
+           "VolumeFile", "pull_traces"]

@@ -1,26 +1,36 @@
 """The trace Volume: how a deployed app's traces outlive its containers.
 
-Each container records into a SQLite store on its own disk, as `serve` does; a thread of
-its own copies that store with SQLite's backup API into a file of this container's on the
-app's Modal Volume, then commits the Volume. The copy is a consistent snapshot (the backup
-reads one transaction's state), written beside its final name and renamed into place, so
-neither our commit nor Modal's background one can catch half a database; each container
-writes only its own file, so containers never race on one (on a Volume the last writer of a
-file wins). The request path never waits: rollouts commit to the local store, the thread
-copies from it.
+Each container records into a SQLite store on its own disk, as `serve` does. A thread of its
+own copies, every interval, what that store gained since the last copy into a new file on
+the app's Modal Volume (a segment), then commits the Volume:
 
-    <mount>/<app name>/<container id>.db     one per container, whole after every commit
+    <mount>/<app name>/<container id>.<n>.db    segment n (1, 2, ...) of one container
 
-What a killed container can lose is what it recorded since its last snapshot: at most one
-interval (``ModalSettings.trace_commit_s``). A container that drains makes a last snapshot
-and commit after its last rollout answered.
+A segment is a trace store of its own (the same schema, readable alone): the sessions whose
+rows were committed since the segment before, with their timesteps, events, messages,
+rewards and token rows, and the sessions the writer child has journaled but not yet built
+(`synth_deploy.tracing._write._journal`), each journaled session copied once. The copy is
+SQL in one read transaction of the local store (one consistent state; SQLite runs it
+without the GIL), written beside its final name and renamed into place, so neither our
+commit nor Modal's background one can catch half a file; a segment is never written again.
+So each copy, and each upload, is as large as what is new, however long the container has
+run (copying the whole store grew with its age). Each container writes only its own files,
+so containers never race on one (on a Volume the last writer of a file wins); a session
+found in two segments (journaled in one, its rows in the next) is the same session, and
+`traces pull` stores it once.
+
+The request path never waits: rollouts commit to the local store, the thread copies from
+it. What a killed container can lose is what it recorded since its last segment: at most
+one interval (``ModalSettings.trace_commit_s``). A container that drains makes a last
+segment and commit after its last rollout answered. A segment that was written but whose
+commit failed is committed with the next.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import re
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -36,12 +46,42 @@ TRACE_VOLUME_DIR_VAR = "SYNTH_TRACE_VOLUME_DIR"  # where this app's files go on 
 TRACE_COMMIT_VAR = "SYNTH_TRACE_COMMIT_S"
 DEFAULT_TRACE_COMMIT_S = 10.0
 SNAPSHOT_SUFFIX = ".db"
-_PARTIAL_SUFFIX = ".db.partial"
+_PARTIAL_SUFFIX = ".partial"
+# <container id>.<n>.db; a plain <container id>.db is a whole store (older deploys wrote one).
+_SEGMENT = re.compile(r"^(?P<container>.+?)(?:\.(?P<n>\d+))?\.db$")
+
+# Rows that belong to a session, copied with the new sessions: table -> how its rows name
+# the session (the segment's own session_traces, or its events for the token rows).
+_SESSION_ROWS = {
+    "session_timesteps": "session_id IN (SELECT session_id FROM segment.session_traces)",
+    "events": "session_id IN (SELECT session_id FROM segment.session_traces)",
+    "messages": "session_id IN (SELECT session_id FROM segment.session_traces)",
+    "outcome_rewards": "session_id IN (SELECT session_id FROM segment.session_traces)",
+    "event_rewards": "session_id IN (SELECT session_id FROM segment.session_traces)",
+    "lm_call_tokens": "event_id IN (SELECT id FROM segment.events)",
+}
+# Small tables copied whole: the schema's version, amendments waiting for their session,
+# synth-ai's experiment tables. The running totals are rebuilt by the segment's triggers.
+_WHOLE_TABLES = ("synth_deploy_schema", "session_amendments", "experiments", "systems",
+                 "system_versions", "experimental_systems")
+_JOURNAL = "session_journal"
 
 
 def default_trace_volume(app_name: str) -> str:
     """The trace Volume of the Modal app ``app_name`` unless its settings name another."""
     return f"{app_name}-traces"
+
+
+def segment_name(container: str, n: int) -> str:
+    """The file name of ``container``'s segment ``n``."""
+    return f"{container}.{n}{SNAPSHOT_SUFFIX}"
+
+
+def trace_file_container(name: str) -> str | None:
+    """The container a trace file on the Volume belongs to (its segment's or its whole
+    store's), or None for a name that is neither."""
+    match = _SEGMENT.match(name)
+    return None if match is None else match["container"]
 
 
 def modal_volume_commit(name: str) -> Callable[[], None]:
@@ -53,21 +93,30 @@ def modal_volume_commit(name: str) -> Callable[[], None]:
 
 
 class VolumeSnapshots:
-    """Copies the local store ``source`` to ``target`` and commits, every ``every_s`` seconds
-    when something changed, and once more at `stop`."""
+    """Copies what the local store ``source`` gained into a new segment of ``container``
+    in ``folder`` and commits, every ``every_s`` seconds when something changed, and once
+    more at `stop`."""
 
-    def __init__(self, source: Path, target: Path, commit: Callable[[], None],
-                 every_s: float) -> None:
+    def __init__(self, source: Path, folder: Path, container: str,
+                 commit: Callable[[], None], every_s: float) -> None:
         self.source = source
-        self.target = target
+        self.folder = folder
+        self.container = container
         self.every_s = every_s
-        self.snapshots = 0
+        self.snapshots = 0  # segments written
         self._commit = commit
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._seen_version: int | None = None
+        self._copied_rowid = 0  # of the local session_traces: rows up to it are in segments
+        self._uncommitted = False  # a segment is in place whose commit failed
         self._thread: threading.Thread | None = None
+
+    @property
+    def pattern(self) -> str:
+        """How this container's files are named, for the user."""
+        return segment_name(self.container, 0).replace(".0.", ".<n>.")
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="trace-volume", daemon=True)
@@ -78,43 +127,98 @@ class VolumeSnapshots:
             self.snapshot()
 
     def snapshot(self) -> bool:
-        """Copy and commit if the local store changed since the last copy; False when it had
-        not, or the copy failed (logged: traces stay in the local store, the next one retries)."""
+        """Write a segment of what the local store gained since the last one and commit;
+        False when it had gained nothing, or the copy or commit failed (logged: traces stay
+        in the local store, and the next snapshot copies or commits them)."""
         with self._lock:
             try:
                 if self._conn is None:
                     if not self.source.exists():
                         return False
-                    self._conn = sqlite3.connect(self.source, check_same_thread=False)
+                    self._conn = sqlite3.connect(self.source, isolation_level=None,
+                                                 check_same_thread=False)
+                    # Which pending journal rows a segment already holds (by session).
+                    self._conn.execute("CREATE TEMP TABLE copied_journal "
+                                       "(session_id TEXT PRIMARY KEY)")
                 # data_version changes when another connection (the writer) has committed.
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-                if version == self._seen_version:
+                wrote = version != self._seen_version and self._write_segment()
+                if wrote:
+                    self._uncommitted = True
+                self._seen_version = version
+                if not self._uncommitted:
                     return False
-                self._copy()
                 self._commit()
+                self._uncommitted = False
             except Exception as exc:  # the Volume or the disk: the app keeps serving
-                logger.warning("trace snapshot to %s failed: %s", self.target, exc)
+                logger.warning("trace snapshot to %s failed: %s", self.folder, exc)
                 return False
-            self._seen_version = version
-            self.snapshots += 1
-            return True
+            return wrote
 
-    def _copy(self) -> None:
+    def _write_segment(self) -> bool:
+        """The next segment, in place; False when there was nothing new to put in it."""
         assert self._conn is not None
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.target.with_name(self.target.stem + _PARTIAL_SUFFIX)
+        conn = self._conn
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / segment_name(self.container, self._next_number())
+        partial = final.with_name(final.name + _PARTIAL_SUFFIX)
         partial.unlink(missing_ok=True)
-        out = sqlite3.connect(partial)
+        _create_schema(conn, partial)
+        conn.execute("ATTACH DATABASE ? AS segment", (str(partial),))
         try:
-            self._conn.backup(out)
-            # A plain rollback-journal file: readable alone, with no -wal/-shm beside it.
-            out.execute("PRAGMA journal_mode=DELETE")
+            conn.execute("BEGIN")  # one read transaction: every table as of one commit
+            try:
+                newest, copied = self._copy_rows(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
         finally:
-            out.close()
-        os.replace(partial, self.target)
+            conn.execute("DETACH DATABASE segment")
+        if not copied:
+            partial.unlink(missing_ok=True)
+            return False
+        partial.replace(final)
+        self._copied_rowid = newest
+        self.snapshots += 1
+        return True
+
+    def _copy_rows(self, conn: sqlite3.Connection) -> tuple[int, int]:
+        """(the newest local session row copied, how many sessions the segment holds)."""
+        newest = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM main.session_traces"
+                              ).fetchone()[0]
+        conn.execute("INSERT INTO segment.session_traces SELECT * FROM main.session_traces "
+                     "WHERE rowid > ? AND rowid <= ?", (self._copied_rowid, newest))
+        for table, which in _SESSION_ROWS.items():
+            if _has_table(conn, table):
+                conn.execute(f"INSERT INTO segment.{table} SELECT * FROM main.{table} "
+                             f"WHERE {which}")
+        for table in _WHOLE_TABLES:
+            if _has_table(conn, table):
+                conn.execute(f"INSERT INTO segment.{table} SELECT * FROM main.{table}")
+        journaled = 0
+        if _has_table(conn, _JOURNAL):
+            # The rows built since drop out of the journal: forget them, then copy the rest
+            # that no segment holds yet.
+            conn.execute(f"DELETE FROM temp.copied_journal WHERE session_id NOT IN "
+                         f"(SELECT session_id FROM main.{_JOURNAL})")
+            journaled = conn.execute(
+                f"INSERT INTO segment.{_JOURNAL} SELECT * FROM main.{_JOURNAL} WHERE "
+                f"session_id NOT IN (SELECT session_id FROM temp.copied_journal)").rowcount
+            conn.execute(f"INSERT OR IGNORE INTO temp.copied_journal SELECT session_id "
+                         f"FROM segment.{_JOURNAL}")
+        sessions = conn.execute("SELECT COUNT(*) FROM segment.session_traces").fetchone()[0]
+        return newest, sessions + max(journaled, 0)
+
+    def _next_number(self) -> int:
+        # After any segment this container id has there already (a restarted process).
+        numbers = [int(m["n"]) for path in self.folder.glob(f"{self.container}.*.db")
+                   if (m := _SEGMENT.match(path.name)) and m["n"]
+                   and m["container"] == self.container]
+        return max(numbers, default=0) + 1
 
     def stop(self) -> None:
-        """The last snapshot and commit (the container drains), then stop."""
+        """The last segment and commit (the container drains), then stop."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.every_s + 60)
@@ -123,6 +227,28 @@ class VolumeSnapshots:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _has_table(conn: sqlite3.Connection, table: str) -> bool:
+    return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                        (table,)).fetchone() is not None
+
+
+def _create_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """An empty store at ``path`` with the schema of ``conn``'s (tables, then indexes and
+    triggers, so the segment's totals fill as its rows go in). A plain rollback-journal
+    file: readable alone, with no -wal/-shm beside it."""
+    rows = conn.execute("SELECT type, name, sql FROM main.sqlite_master WHERE sql IS NOT NULL "
+                        "AND name NOT LIKE 'sqlite_%'").fetchall()
+    order = {"table": 0, "index": 1, "trigger": 2, "view": 3}
+    out = sqlite3.connect(path, isolation_level=None)
+    try:
+        out.execute("BEGIN")
+        for _kind, _name, sql in sorted(rows, key=lambda row: order.get(row[0], 4)):
+            out.execute(sql)
+        out.execute("COMMIT")
+    finally:
+        out.close()
 
 
 def with_snapshots(app: Any, snapshots: VolumeSnapshots) -> Any:
@@ -149,4 +275,5 @@ def with_snapshots(app: Any, snapshots: VolumeSnapshots) -> Any:
 
 __all__ = ["DEFAULT_TRACE_COMMIT_S", "SNAPSHOT_SUFFIX", "TRACE_COMMIT_VAR",
            "TRACE_VOLUME_DIR_VAR", "TRACE_VOLUME_MOUNT", "TRACE_VOLUME_VAR",
-           "VolumeSnapshots", "default_trace_volume", "modal_volume_commit", "with_snapshots"]
+           "VolumeSnapshots", "default_trace_volume", "modal_volume_commit", "segment_name",
+           "trace_file_container", "with_snapshots"]

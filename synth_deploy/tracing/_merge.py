@@ -18,10 +18,13 @@ MERGE_BATCH = 200
 
 @dataclass(frozen=True)
 class MergeResult:
-    """What one merge did: sessions ``added`` to the store and ``skipped`` (already there)."""
+    """What one merge did: sessions ``added`` to the store and ``skipped`` (already there);
+    ``probe``, one session of the file (None: it held none), by which a caller can tell
+    later whether the store still holds what it merged."""
 
     added: int
     skipped: int
+    probe: str | None = None
 
     @property
     def sessions(self) -> int:
@@ -47,7 +50,7 @@ def merge_trace_file(store: TraceStore, source: str | os.PathLike[str]) -> Merge
                 store.write_sessions_sync(new)
             added += len(new)
             skipped += len(batch) - len(new)
-    return MergeResult(added=added, skipped=skipped)
+    return MergeResult(added=added, skipped=skipped, probe=ids[-1] if ids else None)
 
 
 __all__ = ["MergeResult", "merge_trace_file"]

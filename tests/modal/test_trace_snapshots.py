@@ -1,5 +1,6 @@
-"""VolumeSnapshots: a container's local store copied whole to its Volume file, then committed;
-only when something changed; a failed commit costs nothing but a retry."""
+"""VolumeSnapshots: what a container's local store gained, copied into a new segment on its
+Volume folder and committed; only when something changed; each segment a whole trace store
+of its own; a failed commit costs nothing but a retry."""
 
 from __future__ import annotations
 
@@ -9,33 +10,85 @@ import threading
 from sessions import make_session
 
 from synth_deploy.modal import VolumeSnapshots
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.tracing import merge_trace_file, open_trace_store
 
 
-def _count(path) -> int:
+def _ids(path) -> set[str]:
+    """The sessions a segment holds, in rows or journaled; it must be whole alone."""
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        return conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
+        return {row[0] for row in conn.execute(
+            "SELECT session_id FROM session_traces UNION SELECT session_id FROM session_journal")}
 
 
-def test_a_snapshot_is_whole_readable_alone_and_taken_only_after_a_change(tmp_path):
-    local, target = tmp_path / "local.db", tmp_path / "volume" / "app" / "ta-1.db"
-    commits = []
+def _segments(folder, container="ta-1"):
+    return sorted(folder.glob(f"{container}.*.db"), key=lambda p: int(p.name.split(".")[1]))
+
+
+def test_each_snapshot_is_a_new_segment_of_what_is_new_readable_alone(tmp_path):
+    local, folder = tmp_path / "local.db", tmp_path / "volume" / "app"
+    commits: list[list[str]] = []
     with open_trace_store(local) as store:
         store.write_sessions_sync([make_session(i) for i in range(5)])
-        snapshots = VolumeSnapshots(local, target, lambda: commits.append(_count(target)),
+        snapshots = VolumeSnapshots(local, folder, "ta-1",
+                                    lambda: commits.append([p.name for p in _segments(folder)]),
                                     every_s=3600)
         assert snapshots.snapshot() is True
-        assert commits == [5]  # the commit saw the whole file, in place
-        assert not list(target.parent.glob("*-wal")) and not list(target.parent.glob("*.partial"))
-        assert snapshots.snapshot() is False and commits == [5]  # nothing new: no commit
+        assert commits == [["ta-1.1.db"]]  # the commit saw the segment whole, in place
+        assert not list(folder.glob("*-wal")) and not list(folder.glob("*.partial"))
+        assert snapshots.snapshot() is False and len(commits) == 1  # nothing new: no commit
         store.write_sessions_sync([make_session(i) for i in range(5, 8)])
-        snapshots.stop()  # the drain: a last snapshot
-    assert commits == [5, 8] and _count(target) == 8
+        snapshots.stop()  # the drain: a last segment
+    first, second = _segments(folder)
+    assert len(_ids(first)) == 5 and len(_ids(second)) == 3  # the second holds only the new
+    with open_trace_store(local, read_only=True) as store:
+        every = {s.session_id for s in store.list_sessions(limit=100)}
+    assert _ids(first) | _ids(second) == every
+    # A segment is a trace store: merged, its sessions come back whole.
+    home = tmp_path / "home.db"
+    with open_trace_store(home) as pulled, open_trace_store(local, read_only=True) as source:
+        assert merge_trace_file(pulled, second).added == 3
+        for session_id in _ids(second):
+            assert pulled.get_session(session_id).to_dict() == \
+                source.get_session(session_id).to_dict()
 
 
-def test_a_failed_commit_is_retried_by_the_next_snapshot(tmp_path, caplog):
-    local, target = tmp_path / "local.db", tmp_path / "vol" / "ta-2.db"
+def test_sessions_still_journaled_go_in_a_segment_once(tmp_path):
+    # A busy writer child journals whole sessions and builds their rows later: a segment
+    # taken meanwhile carries them as journal rows (a store opening the segment builds
+    # them), and no later segment copies them again; once built, they come as rows.
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
+    with open_trace_store(local) as store:
+        store.write_session_sync(first := make_session(0))
+    _journal(local, "j-1", "j-2")
+    snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
+    assert snapshots.snapshot() is True
+    _journal(local, "j-3")
+    assert snapshots.snapshot() is True
+    with sqlite3.connect(local) as conn:  # j-1's rows were built: it leaves the journal
+        conn.execute("DELETE FROM session_journal WHERE session_id = 'j-1'")
+    with open_trace_store(local) as store:
+        store.write_session_sync(later := make_session(1))
+    snapshots.stop()
+    assert [_rows_and_journal(p) for p in _segments(folder)] == [
+        ({first.session_id}, {"j-1", "j-2"}), (set(), {"j-3"}), ({later.session_id}, set())]
+
+
+def _journal(path, *session_ids: str) -> None:
+    # Rows as a journaling writer child adds them (their bodies do not matter here).
+    with sqlite3.connect(path) as conn:
+        conn.executemany("INSERT INTO session_journal (session_id, body) VALUES (?, ?)",
+                         [(sid, b"-") for sid in session_ids])
+
+
+def _rows_and_journal(path) -> tuple[set[str], set[str]]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return ({r[0] for r in conn.execute("SELECT session_id FROM session_traces")},
+                {r[0] for r in conn.execute("SELECT session_id FROM session_journal")})
+
+
+def test_a_failed_commit_is_retried_by_the_next_snapshot_with_nothing_lost(tmp_path, caplog):
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
     outcomes = [RuntimeError("Volume unreachable"), None]
 
     def commit():
@@ -45,19 +98,29 @@ def test_a_failed_commit_is_retried_by_the_next_snapshot(tmp_path, caplog):
 
     with open_trace_store(local) as store:
         store.write_session_sync(make_session(1))
-        snapshots = VolumeSnapshots(local, target, commit, every_s=3600)
+        snapshots = VolumeSnapshots(local, folder, "ta-2", commit, every_s=3600)
         assert snapshots.snapshot() is False
         assert "Volume unreachable" in caplog.text
-        assert snapshots.snapshot() is True and outcomes == []
+        # Nothing new since: the segment written stays, and this time it is committed.
+        assert snapshots.snapshot() is False and outcomes == []
+    assert [p.name for p in _segments(folder, "ta-2")] == ["ta-2.1.db"]
 
 
-def test_snapshots_taken_while_a_writer_commits_are_each_consistent(tmp_path):
-    local, target = tmp_path / "local.db", tmp_path / "vol" / "ta-3.db"
-    seen: list[int] = []
+def test_a_restarted_process_numbers_its_segments_after_those_there(tmp_path):
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
+    folder.mkdir()
+    (folder / "ta-4.7.db").write_bytes(b"")  # an earlier process's, same container id
+    with open_trace_store(local) as store:
+        store.write_session_sync(make_session(1))
+    VolumeSnapshots(local, folder, "ta-4", lambda: None, every_s=3600).stop()
+    assert (folder / "ta-4.8.db").exists()
+
+
+def test_segments_taken_while_a_writer_commits_hold_every_session_once_in_all(tmp_path):
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
     with open_trace_store(local) as store:
         store.write_session_sync(make_session(0))
-        snapshots = VolumeSnapshots(local, target, lambda: seen.append(_count(target)),
-                                    every_s=3600)
+        snapshots = VolumeSnapshots(local, folder, "ta-3", lambda: None, every_s=3600)
         done = threading.Event()
 
         def write():
@@ -71,4 +134,6 @@ def test_snapshots_taken_while_a_writer_commits_are_each_consistent(tmp_path):
             snapshots.snapshot()
         writer.join()
         snapshots.stop()
-    assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] == 200
+    held = [_ids(p) for p in _segments(folder, "ta-3")]
+    assert len(held) >= 2
+    assert sum(map(len, held)) == 200 and len(set().union(*held)) == 200

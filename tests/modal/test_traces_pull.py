@@ -51,8 +51,9 @@ def test_human_output_names_each_container_and_the_total(standin, tmp_path):
     _container_file(standin["state"], "team", "synth-x", "ta-9", 0, 2)
     result = _pull("synth-x", "--volume", "team", "--trace-db", str(tmp_path / "h.db"))
     assert result.exit_code == 0, result.output
-    assert "ta-9: 2 new, 0 already here" in result.output
-    assert "pulled 1 container file from the Volume team: 2 session(s) added" in result.output
+    assert "ta-9: 2 new, 0 already here (1 file, " in result.output
+    assert "pulled 1 file of 1 container from the Volume team: 2 session(s) added" in \
+        result.output
 
 
 def test_an_app_that_has_recorded_nothing_yet(standin, tmp_path):
@@ -114,3 +115,32 @@ def test_no_modal_token_is_said_before_anything_runs(standin, tmp_path, monkeypa
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.modal.toml either
     result = _pull("synth-x", "--trace-db", str(tmp_path / "h.db"))
     assert result.exit_code != 0 and "modal token new" in result.output
+
+
+def test_segments_merged_once_are_neither_fetched_nor_read_again_but_a_new_store_gets_all(
+        standin, tmp_path):
+    # A container's segments never change once written: a second pull into the same store
+    # downloads and reads none of them. Another store beside it (the same ledger) lacks
+    # their sessions, so it gets every one.
+    state = standin["state"]
+    for n, (first, count) in enumerate([(0, 3), (3, 2)], 1):
+        segment = _container_file(state, "synth-x-traces", "synth-x", "ta-1", first, count)
+        segment.rename(segment.with_name(f"ta-1.{n}.db"))
+    _container_file(state, "synth-x-traces", "synth-x", "ta-2", 5, 4)  # an older whole file
+
+    def pull(db: str) -> dict:
+        result = _pull("synth-x", "--trace-db", str(tmp_path / db), "--json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    first = pull("home.db")
+    assert (first["files"], first["downloaded"], first["sessions_added"]) == (3, 3, 9)
+    assert {c["container"]: (c["files"], c["added"]) for c in first["containers"]} == {
+        "ta-1": (2, 5), "ta-2": (1, 4)}
+    for copy in (tmp_path / "pulled" / "synth-x-traces" / "synth-x").glob("*.db"):
+        copy.unlink()  # a pull that read a file again would have to fetch it again
+    again = pull("home.db")
+    assert (again["downloaded"], again["bytes"], again["sessions_added"]) == (0, 0, 0)
+    assert again["sessions_skipped"] == 9
+    other = pull("other.db")
+    assert (other["downloaded"], other["sessions_added"]) == (3, 9)
