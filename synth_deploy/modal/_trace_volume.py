@@ -111,6 +111,7 @@ class VolumeSnapshots:
         self._seen_version: int | None = None
         self._copied_rowid = 0  # of the local session_traces: rows up to it are in segments
         self._uncommitted = False  # a segment is in place whose commit failed
+        self._last_number: int | None = None  # of this container's newest segment
         self._thread: threading.Thread | None = None
 
     @property
@@ -179,6 +180,7 @@ class VolumeSnapshots:
             partial.unlink(missing_ok=True)
             return False
         partial.replace(final)
+        self._last_number = int(final.name.split(".")[-2])
         self._copied_rowid = newest
         self.snapshots += 1
         return True
@@ -211,11 +213,14 @@ class VolumeSnapshots:
         return newest, sessions + max(journaled, 0)
 
     def _next_number(self) -> int:
-        # After any segment this container id has there already (a restarted process).
-        numbers = [int(m["n"]) for path in self.folder.glob(f"{self.container}.*.db")
-                   if (m := _SEGMENT.match(path.name)) and m["n"]
-                   and m["container"] == self.container]
-        return max(numbers, default=0) + 1
+        if self._last_number is None:  # after any segment of this container id there
+            # already (a restarted process); the folder is listed once, however many
+            # files the app's containers have put in it
+            self._last_number = max(
+                (int(m["n"]) for path in self.folder.glob(f"{self.container}.*.db")
+                 if (m := _SEGMENT.match(path.name)) and m["n"]
+                 and m["container"] == self.container), default=0)
+        return self._last_number + 1
 
     def stop(self) -> None:
         """The last segment and commit (the container drains), then stop."""
