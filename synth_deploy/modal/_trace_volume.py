@@ -50,14 +50,12 @@ _PARTIAL_SUFFIX = ".partial"
 # <container id>.<n>.db; a plain <container id>.db is a whole store (older deploys wrote one).
 _SEGMENT = re.compile(r"^(?P<container>.+?)(?:\.(?P<n>\d+))?\.db$")
 
-# Rows that belong to a session, copied with the new sessions: table -> how its rows name
-# the session (the segment's own session_traces, or its events for the token rows).
+# Rows that belong to a session, copied with the new sessions: table -> which of its rows
+# (those of the segment's sessions; the token rows, those of the segment's events).
+_OF_NEW_SESSIONS = "session_id IN (SELECT session_id FROM segment.session_traces)"
 _SESSION_ROWS = {
-    "session_timesteps": "session_id IN (SELECT session_id FROM segment.session_traces)",
-    "events": "session_id IN (SELECT session_id FROM segment.session_traces)",
-    "messages": "session_id IN (SELECT session_id FROM segment.session_traces)",
-    "outcome_rewards": "session_id IN (SELECT session_id FROM segment.session_traces)",
-    "event_rewards": "session_id IN (SELECT session_id FROM segment.session_traces)",
+    **dict.fromkeys(("session_timesteps", "events", "messages", "outcome_rewards",
+                     "event_rewards"), _OF_NEW_SESSIONS),
     "lm_call_tokens": "event_id IN (SELECT id FROM segment.events)",
 }
 # Small tables copied whole: the schema's version, amendments waiting for their session,
