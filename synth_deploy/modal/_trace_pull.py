@@ -4,10 +4,11 @@ The Volume holds each container's segments, SQLite files of what it recorded in 
 (see `_trace_volume`). A pull lists the app's folder with `modal volume ls --json`,
 downloads each file it has not merged yet, or whose size or time changed since (`modal
 volume get`, into a partial file renamed when whole), and merges its sessions into the
-store. A ledger beside the downloads records each file once merged (with a session of it,
-so that a store made afresh gets every file again): a second pull downloads and reads
-nothing it merged before, a pull cut short starts again from the first file it had not
-finished, and a session merged before is skipped in any case (`merge_trace_file`). Modal is
+store, then removes its copy. A ledger beside the downloads records each file once merged
+(with a session of it, so that a store made afresh gets every file again): a second pull
+downloads and reads nothing it merged before, a pull cut short starts again from the first
+file it had not finished, and a session merged before is skipped in any case
+(`merge_trace_file`). Modal is
 reached only through `ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
 """
 
@@ -194,6 +195,7 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
         else:
             result.files.append(_merge_one(store, trace_volume, file, local, stamp, ledger))
             _write_ledger(ledger_path, ledger)
+            local.unlink()  # its sessions are in the store: the copy would double the disk
         if on_file is not None:
             on_file(done, len(files))
     return result
@@ -201,15 +203,12 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
 
 def _merge_one(store: Any, trace_volume: TraceVolume, file: VolumeFile, local: Path,
                stamp: dict[str, Any], ledger: dict[str, Any]) -> FilePull:
-    """Download ``file`` (unless ``local`` holds this version) and merge it; the ledger
-    records it with one of its sessions."""
+    """Download ``file`` to ``local`` and merge it; the ledger records it with one of its
+    sessions."""
     from synth_deploy.tracing import merge_trace_file
 
-    fetched = 0
-    before = ledger.get(file.path)
-    if not (isinstance(before, dict) and _stamp_of(before) == stamp and local.exists()):
-        trace_volume.download(file, local)
-        fetched = local.stat().st_size
+    trace_volume.download(file, local)
+    fetched = local.stat().st_size
     try:
         merged = merge_trace_file(store, local)
     except TraceStoreError as exc:

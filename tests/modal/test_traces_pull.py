@@ -137,9 +137,9 @@ def test_segments_merged_once_are_neither_fetched_nor_read_again_but_a_new_store
     assert (first["files"], first["downloaded"], first["sessions_added"]) == (3, 3, 9)
     assert {c["container"]: (c["files"], c["added"]) for c in first["containers"]} == {
         "ta-1": (2, 5), "ta-2": (1, 4)}
-    for copy in (tmp_path / "pulled" / "synth-x-traces" / "synth-x").glob("*.db"):
-        copy.unlink()  # a pull that read a file again would have to fetch it again
-    again = pull("home.db")
+    pulled = tmp_path / "pulled" / "synth-x-traces" / "synth-x"
+    assert [p.name for p in pulled.iterdir()] == ["pulled.json"]  # merged: copies removed
+    again = pull("home.db")  # a pull that read a file again would have to fetch it again
     assert (again["downloaded"], again["bytes"], again["sessions_added"]) == (0, 0, 0)
     assert again["sessions_skipped"] == 9
     other = pull("other.db")
