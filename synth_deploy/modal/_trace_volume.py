@@ -115,7 +115,7 @@ class VolumeSnapshots:
     @property
     def pattern(self) -> str:
         """How this container's files are named, for the user."""
-        return segment_name(self.container, 0).replace(".0.", ".<n>.")
+        return f"{self.container}.<n>{SNAPSHOT_SUFFIX}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="trace-volume", daemon=True)
@@ -159,7 +159,8 @@ class VolumeSnapshots:
         assert self._conn is not None
         conn = self._conn
         self.folder.mkdir(parents=True, exist_ok=True)
-        final = self.folder / segment_name(self.container, self._next_number())
+        number = self._next_number()
+        final = self.folder / segment_name(self.container, number)
         partial = final.with_name(final.name + _PARTIAL_SUFFIX)
         partial.unlink(missing_ok=True)
         _create_schema(conn, partial)
@@ -178,7 +179,7 @@ class VolumeSnapshots:
             partial.unlink(missing_ok=True)
             return False
         partial.replace(final)
-        self._last_number = int(final.name.split(".")[-2])
+        self._last_number = number
         self._copied_rowid = newest
         self.snapshots += 1
         return True
@@ -208,7 +209,7 @@ class VolumeSnapshots:
             conn.execute(f"INSERT OR IGNORE INTO temp.copied_journal SELECT session_id "
                          f"FROM segment.{_JOURNAL}")
         sessions = conn.execute("SELECT COUNT(*) FROM segment.session_traces").fetchone()[0]
-        return newest, sessions + max(journaled, 0)
+        return newest, sessions + journaled
 
     def _next_number(self) -> int:
         if self._last_number is None:  # after any segment of this container id there
