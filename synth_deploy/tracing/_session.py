@@ -317,7 +317,10 @@ class SessionTracer:
         if not self.kept:
             return
         step = self._step()
-        index = next(i for i in range(len(step.events) - 1, -1, -1) if step.events[i] is event)
+        events = step.events
+        index = len(events) - 1  # call_policy records the call just before its bytes
+        if index < 0 or events[index] is not event:
+            index = next(i for i in range(len(events) - 1, -1, -1) if events[i] is event)
         if self._chat and not step.exchanges:  # the app's own chat leads this timestep
             self._chat = _expand_one(step, self._chat, index, request, answer)
         else:

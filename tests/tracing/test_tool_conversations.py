@@ -169,3 +169,16 @@ def test_replay_shows_each_message_once_and_images_as_tags():
     assert second.repeated == 5
     assert [message_text(m) for m in second.messages] == [
         "[c1] Took do.", "turn 2", '→ interact({"actions": ["noop"]})']
+
+
+def test_an_exchange_recorded_after_a_later_event_belongs_to_its_own_call():
+    tracer = SessionTracer()
+    call = tracer.record_lm_call(model_name="m")
+    later = tracer.record_environment_event(reward=1.0)
+    tracer.record_exchange(call, b'{"messages": [{"role": "user", "content": "hi"}]}',
+                           b'{"choices": [{"message": {"role": "assistant", "content": "yo"}}]}')
+    (step,) = tracer.session.timesteps
+    assert [e.event_type for e in step.events] == ["cais", "environment"]
+    assert step.events[0].call_records[0]["response"]["content"] == "yo"
+    assert step.events[1].call_records is None
+    assert later is step.events[1]

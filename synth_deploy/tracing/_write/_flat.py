@@ -87,11 +87,13 @@ _TOKENS_AT = _FIELDS[Event].index("tokens")
 
 
 def _pack_tokens(session: SessionTrace, steps: list[Any]) -> None:
+    turns = session.turn_tokens
+    if not turns:
+        return
     events = [(step[_EVENTS_AT], i) for step in steps if isinstance(step, tuple)
               for i, e in enumerate(step[_EVENTS_AT])
               if isinstance(e, tuple) and e[_TOKENS_AT] is not None]
-    turns = session.turn_tokens
-    if not turns or len(events) != len(turns):  # events kept whole hold theirs
+    if len(events) != len(turns):  # events kept whole hold theirs
         return
     for (where, i), packed in zip(events, pack_turns(turns), strict=True):
         event = where[i]
