@@ -4,7 +4,12 @@ The Volume holds each container's segments, SQLite files of what it recorded in 
 (see `_trace_volume`). A pull lists the app's folder with `modal volume ls --json`,
 downloads each file it has not merged yet, or whose size or time changed since (`modal
 volume get`, into a partial file renamed when whole), and merges its sessions into the
-store, then removes its copy. A ledger beside the downloads records each file once merged
+store, then removes its copy. Each `modal volume get` is a process and a connection of its
+own (about a second), and a busy container leaves hundreds of segments an hour: when
+several files are new (`ONE_FETCH_FROM`) and the folder holds no more bytes already merged
+than new ones, the whole folder comes in one `get` (Modal's CLI fetches its files in
+parallel), so a pull after a long run costs one call, not one per segment, and at most
+twice the bytes it needs. A ledger beside the downloads records each file once merged
 (with a session of it, so that a store made afresh gets every file again): a second pull
 downloads and reads nothing it merged before, a pull cut short starts again from the first
 file it had not finished, and a session merged before is skipped in any case
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +37,9 @@ from synth_deploy.modal._trace_volume import default_trace_volume, trace_file_co
 
 DEFAULT_PULL_TIMEOUT_S = 300.0
 LEDGER_NAME = "pulled.json"
+# How many new files make a pull fetch the app's folder in one `modal volume get`.
+ONE_FETCH_FROM = 4
+_FETCHING = ".fetching"  # where a folder fetch lands, beside the ledger
 
 
 @dataclass(frozen=True)
@@ -114,9 +123,9 @@ class TraceVolume:
         self.cli = cli or ModalCLI()
         self.timeout_s = timeout_s
 
-    def _run(self, args: list[str], what: str) -> list[str]:
+    def _run(self, args: list[str], what: str, timeout_s: float | None = None) -> list[str]:
         run = self.cli.run(["volume", *args], env=dict(self.env.values),
-                           timeout_s=self.timeout_s)
+                           timeout_s=timeout_s or self.timeout_s)
         if run.returncode != 0:
             text = "\n".join(run.output)
             if "not found" in text and "Volume" in text:
@@ -155,6 +164,14 @@ class TraceVolume:
         self._run(["get", self.name, file.path, str(partial), "--force"], "modal volume get")
         os.replace(partial, dest)
 
+    def download_folder(self, folder: str, dest: Path, size: int) -> Path:
+        """Every file in ``folder`` (``size`` bytes, as listed) into the empty directory
+        ``dest``, in one call; the directory they are in (Modal's CLI puts them under the
+        folder's own name). A large folder gets time at 1 MB/s at least."""
+        self._run(["get", self.name, folder, str(dest)], "modal volume get",
+                  timeout_s=max(self.timeout_s, size / 1e6))
+        return dest / folder
+
 
 def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
                 download_dir: Path | None = None, cli: ModalCLI | None = None,
@@ -185,41 +202,67 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
     ledger_path = folder / LEDGER_NAME
     ledger = _read_ledger(ledger_path)
     result = PullResult(volume=name, folder=app_name, trace_db=store.display)
-    for done, file in enumerate(files, 1):
-        local = folder / Path(file.path).name
-        stamp = {"size": file.size, "modified": file.modified}
-        merged_before = ledger.get(file.path)
-        if _still_merged(merged_before, stamp, store):
-            # Merged into this store before and unchanged since (a segment never changes).
-            result.files.append(FilePull(file.container, 0, 0, merged_before["added"]))
-        else:
-            result.files.append(_merge_one(store, trace_volume, file, local, stamp, ledger))
-            _write_ledger(ledger_path, ledger)
-            local.unlink()  # its sessions are in the store: the copy would double the disk
-        if on_file is not None:
-            on_file(done, len(files))
+    # Merged into this store before and unchanged since (a segment never changes): skipped.
+    merged = {f.path for f in files if _still_merged(ledger.get(f.path), _stamp(f), store)}
+    new = [f for f in files if f.path not in merged]
+    # Several new files, and no more bytes merged already than new: the folder in one call.
+    together = len(new) >= ONE_FETCH_FROM and _bytes(files) <= 2 * _bytes(new)
+    staging, fetched = folder / _FETCHING, None
+    try:
+        if together:
+            if on_file is not None:
+                on_file(0, len(files))
+            shutil.rmtree(staging, ignore_errors=True)  # what a pull cut short left
+            staging.mkdir()
+            fetched = trace_volume.download_folder(app_name, staging, _bytes(files))
+        for done, file in enumerate(files, 1):
+            if file.path in merged:
+                result.files.append(FilePull(file.container, 0, 0,
+                                             ledger[file.path]["added"]))
+            else:
+                local = folder / Path(file.path).name
+                early = None if fetched is None else fetched / local.name
+                if early is not None and early.is_file():
+                    os.replace(early, local)
+                else:
+                    trace_volume.download(file, local)
+                result.files.append(_merge_one(store, trace_volume.name, file, local,
+                                               ledger))
+                _write_ledger(ledger_path, ledger)
+                local.unlink()  # its sessions are in the store: the copy would double the disk
+            if on_file is not None:
+                on_file(done, len(files))
+    finally:
+        if together:  # the copies of files merged before, and of any listed after
+            shutil.rmtree(staging, ignore_errors=True)
     return result
 
 
-def _merge_one(store: Any, trace_volume: TraceVolume, file: VolumeFile, local: Path,
-               stamp: dict[str, Any], ledger: dict[str, Any]) -> FilePull:
-    """Download ``file`` to ``local`` and merge it; the ledger records it with one of its
+def _bytes(files: list[VolumeFile]) -> int:
+    return sum(f.size for f in files)
+
+
+def _stamp(file: VolumeFile) -> dict[str, Any]:
+    return {"size": file.size, "modified": file.modified}
+
+
+def _merge_one(store: Any, volume: str, file: VolumeFile, local: Path,
+               ledger: dict[str, Any]) -> FilePull:
+    """Merge ``local`` (the copy of ``file``); the ledger records it with one of its
     sessions."""
     from synth_deploy.tracing import merge_trace_file
 
-    trace_volume.download(file, local)
     fetched = local.stat().st_size
     try:
         merged = merge_trace_file(store, local)
     except TraceStoreError as exc:
         raise TraceStoreError(
-            f"{trace_volume.name}:{file.path} is not a trace file we can read "
-            f"({exc.message})",
+            f"{volume}:{file.path} is not a trace file we can read ({exc.message})",
             hint=f"the files before it were merged; pull again once the container has "
-                 f"committed it whole, or remove it (modal volume rm {trace_volume.name} "
+                 f"committed it whole, or remove it (modal volume rm {volume} "
                  f"{file.path})") from exc
     # What a later pull reports as already here: the sessions this file brought.
-    ledger[file.path] = {**stamp, "added": merged.added, "probe": merged.probe}
+    ledger[file.path] = {**_stamp(file), "added": merged.added, "probe": merged.probe}
     return FilePull(file.container, fetched, merged.added, merged.skipped)
 
 

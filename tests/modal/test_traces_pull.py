@@ -144,3 +144,43 @@ def test_segments_merged_once_are_neither_fetched_nor_read_again_but_a_new_store
     assert again["sessions_skipped"] == 9
     other = pull("other.db")
     assert (other["downloaded"], other["sessions_added"]) == (3, 9)
+
+
+def test_many_new_segments_come_in_one_fetch_and_a_few_in_one_each(standin, tmp_path):
+    # A `modal volume get` is a process and a connection each: a long run's hundreds of
+    # segments come in one fetch of the folder, unless most of its bytes are merged already.
+    state = standin["state"]
+    gets = state / "calls.jsonl"
+
+    def segments(task: str, numbers: range) -> None:
+        for n in numbers:
+            segment = _container_file(state, "synth-x-traces", "synth-x", task, n * 10, 2)
+            segment.rename(segment.with_name(f"{task}.{n}.db"))
+
+    def pull() -> tuple[dict, list[list[str]]]:
+        gets.unlink(missing_ok=True)
+        result = _pull("synth-x", "--trace-db", str(tmp_path / "home.db"), "--json")
+        assert result.exit_code == 0, result.output
+        calls = [json.loads(line) for line in gets.read_text().splitlines()]
+        return json.loads(result.stdout), [c for c in calls if c[:2] == ["volume", "get"]]
+
+    segments("ta-1", range(1, 6))
+    segments("ta-2", range(1, 3))
+    report, fetches = pull()
+    assert (report["files"], report["downloaded"], report["sessions_added"]) == (7, 7, 14)
+    assert fetches == [["volume", "get", "synth-x-traces", "synth-x", fetches[0][4]]]  # the folder
+    pulled = tmp_path / "pulled" / "synth-x-traces" / "synth-x"
+    assert [p.name for p in pulled.iterdir()] == ["pulled.json"]  # no copies left behind
+
+    segments("ta-1", range(6, 8))  # two new ones: each its own fetch
+    report, fetches = pull()
+    assert report["sessions_added"] == 4
+    assert [c[3] for c in fetches] == ["synth-x/ta-1.6.db", "synth-x/ta-1.7.db"]
+
+    segments("ta-2", range(3, 8))  # five new, but the folder is mostly merged already
+    report, fetches = pull()
+    assert report["sessions_added"] == 10 and len(fetches) == 5
+    assert all(c[3].startswith("synth-x/ta-2.") for c in fetches)
+
+    with open_trace_store(tmp_path / "home.db", read_only=True) as store:
+        assert store.count_sessions() == 28

@@ -19,8 +19,9 @@ is a line of ``$STANDIN_MODAL_STATE_DIR/containers.jsonl`` ({pid, url, task_id})
 one's URL is printed. The function's Volumes are played by modal_volume.py: each container
 "mounts" its own view at ROOT/<mount path> (a variable of the function's env that names a
 path under a mount is pointed there, as the stand-in cannot use the absolute path), and
-`modal volume ls VOLUME [PATH] --json` / `modal volume get VOLUME REMOTE LOCAL [--force]` read
-the committed state, as Modal's do.
+`modal volume ls VOLUME [PATH] --json` / `modal volume get VOLUME REMOTE LOCAL [--force]` (a
+file, or a folder's files under the folder's name) read the committed state, as Modal's do.
+Each call's arguments are a line of ``$STANDIN_MODAL_STATE_DIR/calls.jsonl``.
 `modal serve` prints the same and then stays in the foreground until SIGINT/SIGTERM.
 """
 
@@ -223,6 +224,15 @@ def volume(args: argparse.Namespace) -> int:
         _out(json.dumps(rows, indent=2))
         return 0
     source = store / args.remote.strip("/")
+    if source.is_dir():  # as Modal's: every committed file, under the folder's own name
+        dest = Path(args.local)
+        for entry in sorted(source.rglob("*")):
+            if entry.is_file() and not entry.name.startswith("."):
+                target = dest / entry.relative_to(source.parent)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(entry, target)
+        _out("✓ Finished downloading files to local!")
+        return 0
     if not source.is_file():
         _out(f"Error: No such file or directory: {args.remote}")
         return 1
@@ -282,6 +292,9 @@ def main() -> int:
     logs.add_argument("--tail", type=int)
     logs.add_argument("-e", "--env")
     args = parser.parse_args()
+    if state := os.environ.get("STANDIN_MODAL_STATE_DIR"):
+        with open(Path(state) / "calls.jsonl", "a") as fh:
+            fh.write(json.dumps(sys.argv[1:]) + "\n")
     if args.command == "volume":
         return volume(args)
     return app_logs(args) if args.command == "app" else deploy(args)
