@@ -5,16 +5,16 @@ The Volume holds each container's segments, SQLite files of what it recorded in 
 downloads each file it has not merged yet, or whose size or time changed since (`modal
 volume get`, into a partial file renamed when whole), and merges its sessions into the
 store, then removes its copy. Each `modal volume get` is a process and a connection of its
-own (about a second), and a busy container leaves hundreds of segments an hour: when
-several files are new (`ONE_FETCH_FROM`) and the folder holds no more bytes already merged
-than new ones, the whole folder comes in one `get` (Modal's CLI fetches its files in
-parallel), so a pull after a long run costs one call, not one per segment, and at most
-twice the bytes it needs. A ledger beside the downloads records each file once merged
+own (0.7 s to start, before it connects), and a busy container leaves hundreds of segments
+an hour: when several files are new (`ONE_FETCH_FROM`) and the folder holds no more bytes
+already merged than new ones, the whole folder comes in one `get` (Modal's CLI fetches its
+files in parallel), so a pull after a long run costs one call, not one per segment, and at
+most twice the bytes it needs. A ledger beside the downloads records each file once merged
 (with a session of it, so that a store made afresh gets every file again): a second pull
 downloads and reads nothing it merged before, a pull cut short starts again from the first
 file it had not finished, and a session merged before is skipped in any case
-(`merge_trace_file`). Modal is
-reached only through `ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
+(`merge_trace_file`). Modal is reached only through `ModalCLI`, a bounded child process
+(tests pass a stand-in `modal`).
 """
 
 from __future__ import annotations
