@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import statistics
@@ -291,6 +292,25 @@ def paired_ratio(results: dict[str, list[LoadResult]], numerator: str, denominat
     pairs = list(zip(results[numerator], results[denominator], strict=True))
     return (statistics.median(n.rate / d.rate for n, d in pairs),
             statistics.median(n.p99_ms / d.p99_ms for n, d in pairs))
+
+
+def paired_ratio_interval(results: dict[str, list[LoadResult]], numerator: str,
+                          denominator: str, confidence: float = 0.95) -> tuple[float, float]:
+    """Where the median of the within-round throughput ratios lies, with ``confidence``
+    (distribution-free: the order statistics a binomial count puts around the median). On a
+    machine whose speed drifts, a run's median is one draw: this says how far it may be from
+    the ratio many runs would give."""
+    ratios = sorted(n.rate / d.rate for n, d in
+                    zip(results[numerator], results[denominator], strict=True))
+    n = len(ratios)
+    # The largest k with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2.
+    below, k = 0.0, 0
+    while k < n // 2 and below + math.comb(n, k) / 2 ** n <= (1 - confidence) / 2:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:  # too few rounds to say anything at this confidence
+        return ratios[0], ratios[-1]
+    return ratios[k - 1], ratios[n - k]
 
 
 def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,
