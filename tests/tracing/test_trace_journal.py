@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import pickle
 import sqlite3
 import threading
@@ -218,3 +219,45 @@ def test_a_lost_answer_said_before_its_session_lands_is_applied_when_it_does(tmp
     assert late.metadata["error"]["code"] == "trace_write_failed"
     assert other.metadata["status"] == "ok"  # the correction is that session's alone
     assert stats.ok == 1 and stats.sessions == 2  # the totals followed it
+
+
+def test_a_stopping_writer_builds_its_journal_for_a_moment_at_most_and_a_reader_does_the_rest(
+        tmp_path):
+    # A container that drains must not wait on its writer child building rows: the child
+    # builds for EXIT_BUILD_S (2 s) at most and exits; the next store to open the file
+    # builds what is left. Twelve thousand sessions journaled take longer than that to build.
+    path = tmp_path / "t.db"
+    sessions = [make_session(i) for i in range(12_000)]
+    stop = threading.Event()
+
+    def keep_the_server_busy() -> None:  # the child journals only while its parent is busy
+        while not stop.is_set():
+            pass
+
+    async def write_all(store):
+        child = store.use_writer_process()
+        while not child.ready:
+            await asyncio.sleep(0.01)
+        spinner = threading.Thread(target=keep_the_server_busy)
+        spinner.start()
+        try:
+            await asyncio.gather(*(store.write_session(s) for s in sessions))
+        finally:
+            stop.set()
+            spinner.join()
+        return child.pid
+
+    store = open_trace_store(path)
+    store.write_timeout_s = 120
+    pid = asyncio.run(write_all(store))
+    assert journal_count(path) > 0, "the busy writer child journaled nothing"
+    started = time.monotonic()
+    store.close()
+    closed_s = time.monotonic() - started
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # exited, not still building in the background
+    left = journal_count(path)
+    assert 0 < left < len(sessions) and closed_s < 10, (left, closed_s)
+    with open_trace_store(path) as reader:
+        assert reader.count_sessions() == len(sessions)
+    assert journal_count(path) == 0
