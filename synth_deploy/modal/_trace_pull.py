@@ -203,7 +203,7 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
     ledger = _read_ledger(ledger_path)
     result = PullResult(volume=name, folder=app_name, trace_db=store.display)
     # Merged into this store before and unchanged since (a segment never changes): skipped.
-    merged = {f.path for f in files if _still_merged(ledger.get(f.path), _stamp(f), store)}
+    merged = {f.path for f in files if _still_merged(ledger.get(f.path), f, store)}
     new = [f for f in files if f.path not in merged]
     # Several new files, and no more bytes merged already than new: the folder in one call.
     together = len(new) >= ONE_FETCH_FROM and _bytes(files) <= 2 * _bytes(new)
@@ -266,14 +266,11 @@ def _merge_one(store: Any, volume: str, file: VolumeFile, local: Path,
     return FilePull(file.container, fetched, merged.added, merged.skipped)
 
 
-def _stamp_of(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"size": entry.get("size"), "modified": entry.get("modified")}
-
-
-def _still_merged(entry: Any, stamp: dict[str, Any], store: Any) -> bool:
-    """Whether the ledger's ``entry`` says this version of a file was merged into
+def _still_merged(entry: Any, file: VolumeFile, store: Any) -> bool:
+    """Whether the ledger's ``entry`` says this version of ``file`` was merged into
     ``store``: its probe session is there (a store made afresh since has none)."""
-    if not (isinstance(entry, dict) and _stamp_of(entry) == stamp
+    stamp = _stamp(file)
+    if not (isinstance(entry, dict) and {k: entry.get(k) for k in stamp} == stamp
             and isinstance(entry.get("added"), int)):
         return False
     probe = entry.get("probe")

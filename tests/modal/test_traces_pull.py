@@ -184,3 +184,16 @@ def test_many_new_segments_come_in_one_fetch_and_a_few_in_one_each(standin, tmp_
 
     with open_trace_store(tmp_path / "home.db", read_only=True) as store:
         assert store.count_sessions() == 28
+
+
+def test_a_whole_store_file_that_changed_since_its_merge_is_fetched_again(standin, tmp_path):
+    # Older deploys wrote one file per container and rewrote it: a pull must notice that
+    # the file it merged has changed (its size and time), though its first session is here.
+    state = standin["state"]
+    _container_file(state, "synth-x-traces", "synth-x", "ta-1", 0, 2)
+    home = str(tmp_path / "home.db")
+    first = json.loads(_pull("synth-x", "--trace-db", home, "--json").stdout)
+    assert first["sessions_added"] == 2
+    _container_file(state, "synth-x-traces", "synth-x", "ta-1", 2, 3)  # the same file, grown
+    again = json.loads(_pull("synth-x", "--trace-db", home, "--json").stdout)
+    assert (again["downloaded"], again["sessions_added"], again["sessions_skipped"]) == (1, 3, 2)
