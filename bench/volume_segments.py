@@ -4,24 +4,27 @@ same store, in one run.
 
     python bench/volume_segments.py [--sizes 1000,10000,40000] [--new 100] [--repeat 3]
 
-For each size the store holds that many sessions (five-turn rollouts, as the serving path
-records them), then ``--new`` more are written and one snapshot is taken: the segment's
-time, CPU and bytes (`VolumeSnapshots`, its commit a no-op: Modal's upload is outside the
-container), and the whole copy's, each the best of ``--repeat``. A segment's cost should
-stay flat as the store grows; the whole copy's grows with it.
+For each size the store holds that many sessions (five-turn rollouts, recorded as a
+container records them: through a writer child that journals every session,
+`TraceDbSetting.journal_all`), then ``--new`` more are written and one snapshot is taken:
+the segment's time, CPU and bytes (`VolumeSnapshots`, its commit a no-op: Modal's upload is
+outside the container), and the whole copy's, each the best of ``--repeat``. A segment's
+cost should stay flat as the store grows; the whole copy's grows with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sqlite3
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from synth_deploy.modal import VolumeSnapshots
-from synth_deploy.tracing import SessionTracer, open_trace_store
+from synth_deploy.tracing import SessionTracer, open_trace_store, parse_trace_db
 
 
 def five_turn_session(i: int):
@@ -36,6 +39,27 @@ def five_turn_session(i: int):
         tracer.record_chat(messages)
     tracer.record_outcome_reward(1.0)
     return tracer.finish()
+
+
+class ContainerRecorder:
+    """Writes sessions to ``store`` as a served container does: from one event loop,
+    through its writer child."""
+
+    def __init__(self, store) -> None:
+        self.store, self.loop = store, asyncio.new_event_loop()
+
+    def write(self, sessions) -> None:
+        async def write_all() -> None:
+            child = self.store.use_writer_process()
+            while not child.ready:
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*(self.store.write_session(s) for s in sessions))
+
+        self.loop.run_until_complete(write_all())
+
+    def close(self) -> None:
+        self.store.close()
+        self.loop.close()
 
 
 def timed(work) -> tuple[float, float]:
@@ -64,19 +88,19 @@ def main() -> None:
         tmp = Path(tmp_name)
         local, folder = tmp / "local.db", tmp / "volume"
         written = 0
-        with open_trace_store(local) as store:
+        setting = parse_trace_db(str(local))
+        recorder = ContainerRecorder(open_trace_store(replace(setting, journal_all=True)))
+        try:
             for size in sizes:
                 while written < size:
                     batch = min(500, size - written)
-                    store.write_sessions_sync([five_turn_session(written + k)
-                                               for k in range(batch)])
+                    recorder.write([five_turn_session(written + k) for k in range(batch)])
                     written += batch
                 segment, whole = [], []
                 for _ in range(args.repeat):
                     snapshots = VolumeSnapshots(local, folder, f"c{size}", lambda: None, 3600)
                     snapshots.snapshot()  # everything so far: the container's first segment
-                    store.write_sessions_sync([five_turn_session(written + k)
-                                               for k in range(args.new)])
+                    recorder.write([five_turn_session(written + k) for k in range(args.new)])
                     written += args.new
                     segment.append(timed(snapshots.snapshot))
                     snapshots.stop()
@@ -88,6 +112,8 @@ def main() -> None:
                 print(f"  {size:>9,} {seg_wall * 1e3:>11.1f} {seg_cpu * 1e3:>7.1f} "
                       f"{seg_kib:>8,.0f}   {whole_wall * 1e3:>9.1f} {whole_cpu * 1e3:>7.1f} "
                       f"{whole_kib:>9,.0f}   {whole_wall / seg_wall:>6.1f}x")
+        finally:
+            recorder.close()
 
 
 if __name__ == "__main__":

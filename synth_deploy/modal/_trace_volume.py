@@ -6,10 +6,12 @@ the app's Modal Volume (a segment), then commits the Volume:
 
     <mount>/<app name>/<container id>.<n>.db    segment n (1, 2, ...) of one container
 
-A segment is a trace store of its own (the same schema, readable alone): the sessions whose
-rows were committed since the segment before, with their timesteps, events, messages,
-rewards and token rows, and the sessions the writer child has journaled but not yet built
-(`synth_deploy.tracing._write._journal`), each journaled session copied once. The copy is
+A segment is a trace store of its own (the same schema, readable alone): the sessions the
+writer child journaled since the segment before (`synth_deploy.tracing._write._journal`),
+and any whose rows were committed since, with their timesteps, events, messages, rewards
+and token rows. A container's child journals every session (`TraceDbSetting.journal_all`):
+one row each, the cheapest write there is, and its rows are built at home by `traces pull`
+(the CPU of a container is its rollouts'; a laptop's after the run is free). The copy is
 SQL in one read transaction of the local store (one consistent state; SQLite runs it
 without the GIL), written beside its final name and renamed into place, so neither our
 commit nor Modal's background one can catch half a file; a segment is never written again.
@@ -108,6 +110,7 @@ class VolumeSnapshots:
         self._conn: sqlite3.Connection | None = None
         self._seen_version: int | None = None
         self._copied_rowid = 0  # of the local session_traces: rows up to it are in segments
+        self._copied_journal: tuple[int, str | None] = (0, None)  # (seq, session) copied last
         self._uncommitted = False  # a segment is in place whose commit failed
         self._last_number: int | None = None  # of this container's newest segment
         self._thread: threading.Thread | None = None
@@ -136,9 +139,6 @@ class VolumeSnapshots:
                         return False
                     self._conn = sqlite3.connect(self.source, isolation_level=None,
                                                  check_same_thread=False)
-                    # Which pending journal rows a segment already holds (by session).
-                    self._conn.execute("CREATE TEMP TABLE copied_journal "
-                                       "(session_id TEXT PRIMARY KEY)")
                 # data_version changes when another connection (the writer) has committed.
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
                 wrote = version != self._seen_version and self._write_segment()
@@ -168,7 +168,7 @@ class VolumeSnapshots:
         try:
             conn.execute("BEGIN")  # one read transaction: every table as of one commit
             try:
-                newest, copied = self._copy_rows(conn)
+                newest, journal_end, copied = self._copy_rows(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -180,12 +180,14 @@ class VolumeSnapshots:
             return False
         partial.replace(final)
         self._last_number = number
-        self._copied_rowid = newest
+        self._copied_rowid, self._copied_journal = newest, journal_end
         self.snapshots += 1
         return True
 
-    def _copy_rows(self, conn: sqlite3.Connection) -> tuple[int, int]:
-        """(the newest local session row copied, how many sessions the segment holds)."""
+    def _copy_rows(self, conn: sqlite3.Connection
+                   ) -> tuple[int, tuple[int, str | None], int]:
+        """(the newest local session row copied, the newest journal row copied, how many
+        sessions the segment holds)."""
         newest = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM main.session_traces"
                               ).fetchone()[0]
         conn.execute("INSERT INTO segment.session_traces SELECT * FROM main.session_traces "
@@ -197,19 +199,33 @@ class VolumeSnapshots:
         for table in _WHOLE_TABLES:
             if _has_table(conn, table):
                 conn.execute(f"INSERT INTO segment.{table} SELECT * FROM main.{table}")
-        journaled = 0
+        journal_end, journaled = self._copied_journal, 0
         if _has_table(conn, _JOURNAL):
-            # The rows built since drop out of the journal: forget them, then copy the rest
-            # that no segment holds yet.
-            conn.execute(f"DELETE FROM temp.copied_journal WHERE session_id NOT IN "
-                         f"(SELECT session_id FROM main.{_JOURNAL})")
-            journaled = conn.execute(
-                f"INSERT INTO segment.{_JOURNAL} SELECT * FROM main.{_JOURNAL} WHERE "
-                f"session_id NOT IN (SELECT session_id FROM temp.copied_journal)").rowcount
-            conn.execute(f"INSERT OR IGNORE INTO temp.copied_journal SELECT session_id "
-                         f"FROM segment.{_JOURNAL}")
+            journal_end, journaled = self._copy_journal(conn)
         sessions = conn.execute("SELECT COUNT(*) FROM segment.session_traces").fetchone()[0]
-        return newest, sessions + journaled
+        return newest, journal_end, sessions + journaled
+
+    def _copy_journal(self, conn: sqlite3.Connection) -> tuple[tuple[int, str | None], int]:
+        """Copy the journal rows added since the last segment: (the newest, how many).
+
+        A container's writer child journals every session (`TraceDbSetting.journal_all`),
+        so the journal only grows: its new rows are those past the last one copied, taken
+        by position however long the container has run. That holds while the row copied
+        last is still in place (SQLite gives a new row the largest seq + 1). Once it is
+        gone (a session built into rows and dropped from the journal, the lost-answer path)
+        seqs may be given again: every row is copied, and `traces pull` stores a session
+        found twice once."""
+        end = conn.execute(f"SELECT seq, session_id FROM main.{_JOURNAL} ORDER BY seq DESC "
+                           "LIMIT 1").fetchone()
+        if end is None:
+            return self._copied_journal, 0
+        seq, session_id = self._copied_journal
+        if seq and conn.execute(f"SELECT session_id FROM main.{_JOURNAL} WHERE seq = ?",
+                                (seq,)).fetchone() != (session_id,):
+            seq = 0
+        copied = conn.execute(f"INSERT INTO segment.{_JOURNAL} SELECT * FROM main.{_JOURNAL} "
+                              "WHERE seq > ? AND seq <= ?", (seq, end[0])).rowcount
+        return (end[0], end[1]), copied
 
     def _next_number(self) -> int:
         if self._last_number is None:  # after any segment of this container id there

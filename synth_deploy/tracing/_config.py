@@ -27,7 +27,13 @@ _TOKEN_PARAMS = ("authToken", "auth_token")
 
 @dataclass(frozen=True)
 class TraceDbSetting:
-    """A resolved trace database: ``url`` as given, where it came from, and how to reach it."""
+    """A resolved trace database: ``url`` as given, where it came from, and how to reach it.
+
+    ``journal_all``: a served app's writer child keeps every session whole in the journal
+    (one row each, whatever the load) and never builds its rows; the next store that opens
+    the file does. For a file whose readers are elsewhere: a Modal container's, which
+    `traces pull` builds at home.
+    """
 
     url: str
     source: str
@@ -36,6 +42,7 @@ class TraceDbSetting:
     remote_url: str | None = None
     auth_token: str | None = field(default=None, repr=False)
     token_source: str | None = None
+    journal_all: bool = False
 
     @property
     def display(self) -> str:

@@ -26,6 +26,7 @@ from synth_deploy.env import parse_env_file
 from synth_deploy.handoff import env_files_for_child
 from synth_deploy.health import CheckOptions, RolloutOptions, check
 from synth_deploy.modal import SOURCE_EXCLUDED_PACKAGES, ModalCLI
+from synth_deploy.tracing import open_trace_store
 
 ROOT = Path(__file__).resolve().parents[2]
 MATH_FILE = ROOT / "apps" / "math" / "task_app.py"
@@ -49,7 +50,7 @@ def _run(*args: str):
 
 
 @pytest.mark.slow
-def test_deploy_end_to_end(standin, mock_policy):
+def test_deploy_end_to_end(standin, mock_policy, tmp_path):
     result = _run("math", "--check-timeout", "30", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -66,12 +67,14 @@ def test_deploy_end_to_end(standin, mock_policy):
     assert httpx.get(url + "/task_info", headers={"X-API-Key": "sk_env_nope_000000000"},
                      timeout=5).status_code == 403
     # No SYNTH_TRACES_DB: the rollout's trace lands in a SQLite file inside the container,
-    # as the plan says (and nowhere shared).
+    # as the plan says (and nowhere shared); likely kept whole in its journal (rows are
+    # left to `traces pull`), which a store opening a copy builds.
     [db] = list(standin["state"].rglob("traces/v3/synth_ai.db"))
-    with sqlite3.connect(db) as conn:
-        seeds = [json.loads(m)["seed"] for (m,) in conn.execute(
-            "SELECT metadata FROM session_traces")]
-    assert seeds == [3]
+    copy = tmp_path / "container.db"
+    with sqlite3.connect(db) as conn, sqlite3.connect(copy) as out:
+        conn.backup(out)
+    with open_trace_store(copy) as store:
+        assert [s.seed for s in store.list_sessions()] == [3]
     # Serving (a rollout included) asked for no synth_deploy package the image leaves out,
     # not even in an import that would have been caught.
     [imports] = list(standin["state"].rglob("imports.json"))

@@ -74,6 +74,26 @@ def test_sessions_still_journaled_go_in_a_segment_once(tmp_path):
         ({first.session_id}, {"j-1", "j-2"}), (set(), {"j-3"}), ({later.session_id}, set())]
 
 
+def test_journal_rows_given_a_seq_again_are_still_copied(tmp_path):
+    # New journal rows are taken past the last one copied. When that row leaves the journal
+    # (its rows built), SQLite may give its seq, and those after, to new rows: they must
+    # reach a segment all the same (a session copied twice is stored once by the pull).
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
+    open_trace_store(local).close()
+    _journal(local, "j-1", "j-2")
+    snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
+    assert snapshots.snapshot() is True
+    with sqlite3.connect(local) as conn:
+        conn.execute("DELETE FROM session_journal WHERE session_id = 'j-2'")
+    _journal(local, "j-3", "j-4")  # seqs 2 and 3: j-3 takes j-2's
+    assert snapshots.snapshot() is True
+    _journal(local, "j-5")
+    snapshots.stop()
+    journaled = [_rows_and_journal(p)[1] for p in _segments(folder)]
+    assert journaled[0] == {"j-1", "j-2"} and {"j-3", "j-4"} <= journaled[1]
+    assert journaled[2] == {"j-5"}  # and the next takes only what is new again
+
+
 def _journal(path, *session_ids: str) -> None:
     # Rows as a journaling writer child adds them (their bodies do not matter here).
     with sqlite3.connect(path) as conn:
