@@ -229,23 +229,28 @@ def test_a_stopping_writer_builds_its_journal_for_a_moment_at_most_and_a_reader_
     # builds what is left. Twelve thousand sessions journaled take longer than that to build.
     path = tmp_path / "t.db"
     sessions = [make_session(i) for i in range(12_000)]
-    stop = threading.Event()
-
-    def keep_the_server_busy() -> None:  # the child journals only while its parent is busy
-        while not stop.is_set():
-            pass
 
     async def write_all(store):
         child = store.use_writer_process()
         while not child.ready:
             await asyncio.sleep(0.01)
-        spinner = threading.Thread(target=keep_the_server_busy)
-        spinner.start()
+        loop, spinning = asyncio.get_running_loop(), [True]
+
+        def keep_the_server_busy() -> None:
+            # The child journals only while its parent is busy, which it reads from the
+            # state of the parent's main thread: this one, kept running between writes
+            # (a thread of its own would leave it asleep in the loop's poll).
+            if spinning:
+                until = time.monotonic() + 0.002
+                while time.monotonic() < until:
+                    pass
+                loop.call_soon(keep_the_server_busy)
+
+        loop.call_soon(keep_the_server_busy)
         try:
             await asyncio.gather(*(store.write_session(s) for s in sessions))
         finally:
-            stop.set()
-            spinner.join()
+            spinning.clear()
         return child.pid
 
     store = open_trace_store(path)

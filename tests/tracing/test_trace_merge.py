@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sqlite3
+from contextlib import closing
+from dataclasses import replace
 
 import pytest
 from sessions import assert_same, make_session
 
 from synth_deploy.errors import TraceStoreError
-from synth_deploy.tracing import merge_trace_file, open_trace_store
+from synth_deploy.tracing import merge_trace_file, open_trace_store, parse_trace_db
 
 
 def _digest(path) -> str:
@@ -33,6 +36,40 @@ def test_merge_adds_every_session_whole_then_nothing(tmp_path):
         for original in (sessions[0], sessions[-1]):
             assert_same(home.get_session(original.session_id).to_dict(), original.to_dict())
     assert _digest(source) == before  # read-only: not even a journal-mode switch
+
+
+def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(tmp_path):
+    # A Modal container's segment holds its sessions in the journal only (its writer child
+    # had `journal_all`): they go into rows here, each once (three journaled again, read in
+    # a later batch than their first rows), and the file is not built first (its bytes are
+    # left as they were).
+    source = tmp_path / "segment.db"
+    sessions = [make_session(i, reward=i % 2) for i in range(210)]
+
+    async def record(store):
+        child = store.use_writer_process()
+        while not child.ready:
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*(store.write_session(s) for s in sessions))
+
+    container = open_trace_store(replace(parse_trace_db(str(source)), journal_all=True))
+    asyncio.run(record(container))
+    container.close()
+    with closing(sqlite3.connect(source)) as conn, conn:
+        conn.execute("INSERT INTO session_journal (session_id, body, rollout) SELECT "
+                     "session_id, body, rollout FROM session_journal ORDER BY seq LIMIT 3")
+        assert conn.execute("SELECT COUNT(*) FROM session_traces").fetchone() == (0,)
+    before = _digest(source)
+
+    with open_trace_store(tmp_path / "home.db") as home:
+        first = merge_trace_file(home, source)
+        assert (first.added, first.skipped) == (210, 0)
+        assert first.probe in {s.session_id for s in sessions}
+        again = merge_trace_file(home, source)
+        assert (again.added, again.skipped) == (0, 210)
+        for original in sessions:
+            assert_same(home.get_session(original.session_id).to_dict(), original.to_dict())
+    assert _digest(source) == before
 
 
 def test_a_newer_copy_adds_only_its_new_sessions(tmp_path):

@@ -9,7 +9,9 @@ untouched, and what the rollout's facts say of it (`rollout_description`: keys m
 so no secret reaches the file). That commit is what the child acknowledges, so a journaled
 session is as durable as one stored in rows. Building its rows later costs more than
 building them at once (the row is read back, a second transaction), so a server with CPU to
-spare gets rows at once.
+spare gets rows at once. A file whose readers are elsewhere (`TraceDbSetting.journal_all`: a
+Modal container's, which `traces pull` reads at home) gets every session journaled, and no
+rows from the child.
 
 Its rows are built (`expand`) between batches while the server is not busy (the writer child
 watches the share of a core it uses), for `EXIT_BUILD_S` at most once the child's input
@@ -113,6 +115,18 @@ def any_waiting(db: TraceDatabase) -> bool:
     return bool(db.rows(f"SELECT EXISTS (SELECT 1 FROM {JOURNAL_TABLE})")[0][0])
 
 
+def entries(db: TraceDatabase, *, after: int = 0, limit: int = CHUNK,
+            session_id: str | None = None) -> list[tuple[int, str, bytes, bytes | None]]:
+    """Up to ``limit`` journal rows past ``after``, oldest first (``session_id``: that
+    session's only): (seq, session id, body, rollout) each, for `decode`."""
+    if db.schema_version < JOURNAL_VERSION:
+        return []
+    where = "seq > ?" + (" AND session_id = ?" if session_id is not None else "")
+    return db.rows(f"SELECT seq, session_id, body, rollout FROM {JOURNAL_TABLE} WHERE {where} "
+                   f"ORDER BY seq LIMIT {int(limit)}",
+                   (after,) if session_id is None else (after, session_id))
+
+
 def expand(db: TraceDatabase, *, session_id: str | None = None,
            limit: int | None = None, until: float | None = None) -> int:
     """Build the rows of journaled sessions, oldest first (``session_id``: that one only),
@@ -122,20 +136,16 @@ def expand(db: TraceDatabase, *, session_id: str | None = None,
     A row that cannot be read back stays in the journal (and is logged); a session that
     cannot be stored (another with its id and other content is) is logged and dropped, as
     a direct write of it would have failed."""
-    if db.schema_version < JOURNAL_VERSION:
-        return 0
     taken, after = 0, 0
-    where = "seq > ?" + (" AND session_id = ?" if session_id is not None else "")
     while (limit is None or taken < limit) and (until is None or time.monotonic() < until):
         size = CHUNK if limit is None else min(CHUNK, limit - taken)
-        rows = db.rows(f"SELECT seq, body, rollout FROM {JOURNAL_TABLE} WHERE {where} ORDER BY seq "
-                       f"LIMIT {size}", (after,) if session_id is None else (after, session_id))
+        rows = entries(db, after=after, limit=size, session_id=session_id)
         if not rows:
             break
         after = rows[-1][0]
         taken += len(rows)
         built, sessions = [], []
-        for seq, body, rollout in rows:
+        for seq, _, body, rollout in rows:
             try:
                 sessions.append(decode(body, rollout))
             except Exception as exc:  # kept: nothing of ours writes such a row
@@ -154,4 +164,4 @@ def expand(db: TraceDatabase, *, session_id: str | None = None,
 
 
 __all__ = ["CHUNK", "EXIT_BUILD_S", "IDLE_S", "any_waiting", "append", "decode", "encode",
-           "expand", "waiting"]
+           "entries", "expand", "waiting"]
