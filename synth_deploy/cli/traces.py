@@ -330,6 +330,10 @@ def pull(
               f"{plural(len(result.containers), 'container')} from the Volume "
               f"{_esc(result.volume)}: {result.added} session(s) added, {result.skipped} "
               f"already in {_esc(result.trace_db)}", highlight=False)
+    if result.amended:
+        out.print(f"  {plural(result.amended, 'session')} marked as errors: the container "
+                  "found, after copying them, that their clients never got the answer",
+                  highlight=False)
     if not result.files:
         warn(f"no trace files in {result.volume}/{result.folder} yet: has the app answered a "
              "rollout, and had time to commit?")

@@ -63,6 +63,7 @@ class FilePull:
     bytes: int  # downloaded (0: unchanged since the last pull)
     added: int
     skipped: int
+    amended: int = 0  # of those skipped, marked as answers lost since (`MergeResult`)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class PullResult:
         return sum(f.skipped for f in self.files)
 
     @property
+    def amended(self) -> int:
+        return sum(f.amended for f in self.files)
+
+    @property
     def bytes(self) -> int:
         return sum(f.bytes for f in self.files)
 
@@ -110,6 +115,7 @@ class PullResult:
         return {"volume": self.volume, "folder": self.folder, "trace_db": self.trace_db,
                 "files": len(self.files), "downloaded": sum(1 for f in self.files if f.bytes),
                 "sessions_added": self.added, "sessions_skipped": self.skipped,
+                "sessions_amended": self.amended,
                 "bytes": self.bytes, "containers": [asdict(c) for c in self.containers]}
 
 
@@ -263,7 +269,7 @@ def _merge_one(store: Any, volume: str, file: VolumeFile, local: Path,
                  f"{file.path})") from exc
     # What a later pull reports as already here: the sessions this file brought.
     ledger[file.path] = {**_stamp(file), "added": merged.added, "probe": merged.probe}
-    return FilePull(file.container, fetched, merged.added, merged.skipped)
+    return FilePull(file.container, fetched, merged.added, merged.skipped, merged.amended)
 
 
 def _still_merged(entry: Any, file: VolumeFile, store: Any) -> bool:

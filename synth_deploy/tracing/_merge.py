@@ -2,8 +2,10 @@
 
 A session is identified by its id everywhere (one rollout, one id), so a session the store
 already holds is skipped, not compared: merging the same file twice, or a newer copy of a
-file merged before, adds only what is new. Each batch is one commit, so a merge cut short
-keeps the batches it finished and the next merge picks up from there.
+file merged before, adds only what is new. One later change is carried: a lost answer
+(`lost_answer`: the client never got the session's ``ok``), which a container records
+after the session may have gone home in an earlier file. Each batch is one commit, so a
+merge cut short keeps the batches it finished and the next merge picks up from there.
 
 Sessions still in the file's journal (a Modal container's segment holds nothing else:
 `TraceDbSetting.journal_all`) are read from it and stored in rows here once, not built in
@@ -12,6 +14,7 @@ the file first and read back, which would store each twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 from synth_deploy.tracing._config import parse_trace_db
 from synth_deploy.tracing._db._database import TraceDatabase
+from synth_deploy.tracing._rollout_facts import lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._store import TraceStore
 from synth_deploy.tracing._write import _journal
@@ -32,11 +36,13 @@ MERGE_BATCH = 200
 class MergeResult:
     """What one merge did: sessions ``added`` to the store and ``skipped`` (already there);
     ``probe``, one session of the file (None: it held none), by which a caller can tell
-    later whether the store still holds what it merged."""
+    later whether the store still holds what it merged; ``amended``, of those skipped, the
+    ones the store held as ``ok`` whose answer the file says was lost (now marked so)."""
 
     added: int
     skipped: int
     probe: str | None = None
+    amended: int = 0
 
     @property
     def sessions(self) -> int:
@@ -56,7 +62,9 @@ def merge_trace_file(store: TraceStore, source: str | os.PathLike[str]) -> Merge
             "SELECT session_id FROM session_traces ORDER BY created_at, session_id")]
         for start in range(0, len(ids), MERGE_BATCH):
             batch = ids[start:start + MERGE_BATCH]
-            merge.add(batch, lambda new: [s for s in map(other.session, new) if s is not None])
+            held = merge.add(batch, lambda new: [s for s in map(other.session, new)
+                                                 if s is not None])
+            merge.carry_lost_answers(other, held)
         after = 0
         while rows := _journal.entries(other, after=after, limit=MERGE_BATCH):
             after = rows[-1][0]
@@ -65,7 +73,8 @@ def merge_trace_file(store: TraceStore, source: str | os.PathLike[str]) -> Merge
             merge.add(list(bodies), lambda new, b=bodies: _decoded(other, new, b))
     finally:
         other.close()
-    return MergeResult(added=merge.added, skipped=merge.skipped, probe=merge.last)
+    return MergeResult(added=merge.added, skipped=merge.skipped, probe=merge.last,
+                       amended=merge.amended)
 
 
 class _Merge:
@@ -73,14 +82,17 @@ class _Merge:
     this merge has seen."""
 
     def __init__(self, store: TraceStore) -> None:
-        self.store, self.added, self.skipped = store, 0, 0
+        self.store, self.added, self.skipped, self.amended = store, 0, 0, 0
         self.last: str | None = None
         self._seen: set[str] = set()
 
-    def add(self, ids: list[str], read: Callable[[list[str]], list[SessionTrace]]) -> None:
+    def add(self, ids: list[str], read: Callable[[list[str]], list[SessionTrace]]
+            ) -> set[str]:
+        """Add the sessions of ``ids`` the store does not hold (``read`` reads them from
+        the file); those it held."""
         ids = [i for i in ids if i not in self._seen]
         if not ids:
-            return
+            return set()
         self._seen.update(ids)
         held = self.store.database.stored_ids(ids)
         new = read([i for i in ids if i not in held])
@@ -89,6 +101,30 @@ class _Merge:
         self.added += len(new)
         self.skipped += len(ids) - len(new)
         self.last = ids[-1]
+        return held
+
+    def carry_lost_answers(self, source: TraceDatabase, held: set[str]) -> None:
+        """Mark lost the answers of the ``held`` sessions that ``source`` says were lost
+        (only a lost answer turns a stored ``ok`` session into an error)."""
+        if not held:
+            return
+        lost = source.rows(
+            "SELECT session_id, json_extract(metadata, '$.error') FROM session_traces "
+            "WHERE session_id IN (SELECT value FROM json_each(?)) AND json_valid(metadata) "
+            "AND json_extract(metadata, '$.status') = 'error'", (json.dumps(sorted(held)),))
+        if not lost:
+            return
+        ok = {row[0] for row in self.store.database.rows(
+            "SELECT session_id FROM session_traces WHERE session_id IN (SELECT value FROM "
+            "json_each(?)) AND json_valid(metadata) AND json_extract(metadata, '$.status') "
+            "= 'ok'",
+            (json.dumps([session_id for session_id, _ in lost]),))}
+        amend = [(session_id, json.loads(error) if error else {"code": "answer_lost"})
+                 for session_id, error in lost if session_id in ok]
+        if amend:
+            self.store.database.run([statement for session_id, error in amend
+                                     for statement in lost_answer(session_id, error)])
+        self.amended += len(amend)
 
 
 def _decoded(db: TraceDatabase, ids: list[str],

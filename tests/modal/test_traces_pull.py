@@ -3,14 +3,17 @@ what it says, what it refuses, and a pull cut short that resumes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 
 from sessions import make_session
 from standins.modal_helpers import COMMAND as STANDIN
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.modal import VolumeSnapshots
+from synth_deploy.tracing import open_trace_store, parse_trace_db
 
 
 def _pull(*args: str):
@@ -197,3 +200,50 @@ def test_a_whole_store_file_that_changed_since_its_merge_is_fetched_again(standi
     _container_file(state, "synth-x-traces", "synth-x", "ta-1", 2, 3)  # the same file, grown
     again = json.loads(_pull("synth-x", "--trace-db", home, "--json").stdout)
     assert (again["downloaded"], again["sessions_added"], again["sessions_skipped"]) == (1, 3, 2)
+
+
+def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull(
+        standin, tmp_path):
+    # A container journals each session, and its client may be found gone after the
+    # session went into a segment, and home. Recording that builds the session's rows in
+    # the container, which the next segment carries: the next pull marks it at home too.
+    folder = standin["state"] / "volumes" / "synth-x-traces" / "synth-x"
+    local, home = tmp_path / "container.db", tmp_path / "home.db"
+    sessions = [make_session(i) for i in range(3)]
+    lost = sessions[1].session_id
+    store = open_trace_store(replace(parse_trace_db(str(local)), journal_all=True))
+    snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
+
+    async def record() -> None:
+        child = store.use_writer_process()
+        while not child.ready:
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*(store.write_session(s) for s in sessions))
+
+    def pull() -> dict:
+        result = _pull("synth-x", "--trace-db", str(home), "--json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    asyncio.run(record())
+    assert snapshots.snapshot() is True
+    first = pull()
+    assert (first["sessions_added"], first["sessions_amended"]) == (3, 0)
+    asyncio.run(store.record_lost_answer(lost, {"code": "client_gone", "message": "it left"}))
+    snapshots.stop()
+    store.close()
+    second = pull()
+    assert (second["sessions_added"], second["sessions_amended"]) == (0, 1)
+    with open_trace_store(home, read_only=True) as pulled:
+        statuses = {s.session_id: s.metadata["status"] for s in
+                    map(pulled.get_session, [s.session_id for s in sessions])}
+        assert pulled.get_session(lost).metadata["error"]["code"] == "client_gone"
+    assert statuses == {s.session_id: "error" if s.session_id == lost else "ok"
+                        for s in sessions}
+    # A store pulling both segments afresh gets the session from the first and the mark
+    # from the second.
+    fresh = _pull("synth-x", "--trace-db", str(tmp_path / "fresh.db"))
+    assert fresh.exit_code == 0, fresh.output
+    assert "1 session marked as errors" in " ".join(fresh.output.split())
+    with open_trace_store(tmp_path / "fresh.db", read_only=True) as pulled:
+        assert pulled.get_session(lost).metadata["status"] == "error"

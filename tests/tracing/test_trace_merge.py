@@ -72,6 +72,29 @@ def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(t
     assert _digest(source) == before
 
 
+def test_a_lost_answer_in_the_file_marks_a_session_held_as_ok_and_only_that(tmp_path):
+    # The one later change a merge carries: the file says the client of a session the store
+    # holds as ok never got its answer. A session that failed from the start is no news.
+    lost, kept = make_session(1), make_session(2)
+    failed = make_session(3, status="error")
+    earlier, later = tmp_path / "earlier.db", tmp_path / "later.db"
+    for path in (earlier, later):
+        with open_trace_store(path) as store:
+            store.write_sessions_sync([lost, kept, failed])
+    with open_trace_store(later) as store:
+        asyncio.run(store.record_lost_answer(lost.session_id, {"code": "client_gone",
+                                                               "message": "it left"}))
+    with open_trace_store(tmp_path / "home.db") as home:
+        assert merge_trace_file(home, earlier).added == 3
+        merged = merge_trace_file(home, later)
+        assert (merged.added, merged.skipped, merged.amended) == (0, 3, 1)
+        assert merge_trace_file(home, later).amended == 0  # marked already
+        assert home.get_session(lost.session_id).metadata["error"]["code"] == "client_gone"
+        assert [home.get_session(s.session_id).metadata["status"] for s in (kept, failed)] \
+            == ["ok", "error"]
+        assert home.stats().ok == 1  # the totals followed the mark
+
+
 def test_a_newer_copy_adds_only_its_new_sessions(tmp_path):
     source = tmp_path / "container.db"
     with open_trace_store(source) as store:
