@@ -9,20 +9,23 @@ own (0.7 s to start, before it connects), and a busy container leaves hundreds o
 an hour: when several files are new (`ONE_FETCH_FROM`) and the folder holds no more bytes
 already merged than new ones, the whole folder comes in one `get` (Modal's CLI fetches its
 files in parallel), so a pull after a long run costs one call, not one per segment, and at
-most twice the bytes it needs. A ledger beside the downloads records each file once merged
-(with a session of it, so that a store made afresh gets every file again): a second pull
-downloads and reads nothing it merged before, a pull cut short starts again from the first
-file it had not finished, and a session merged before is skipped in any case
-(`merge_trace_file`). Modal is reached only through `ModalCLI`, a bounded child process
-(tests pass a stand-in `modal`).
+most twice the bytes it needs. Files fetched one by one (a pull during a run: a few new
+beside many merged) run `FETCHES_AT_ONCE` calls at a time, ahead of the merge. A ledger
+beside the downloads records each file once merged (with a session of it, so that a store
+made afresh gets every file again): a second pull downloads and reads nothing it merged
+before, a pull cut short starts again from the first file it had not finished, and a
+session merged before is skipped in any case (`merge_trace_file`). Modal is reached only
+through `ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,9 @@ DEFAULT_PULL_TIMEOUT_S = 300.0
 LEDGER_NAME = "pulled.json"
 # How many new files make a pull fetch the app's folder in one `modal volume get`.
 ONE_FETCH_FROM = 4
+# How many `modal volume get` calls of one file each run at once, ahead of the merge (so at
+# most this many copies wait on disk): each call is mostly its start and its connection.
+FETCHES_AT_ONCE = 4
 _FETCHING = ".fetching"  # where a folder fetch lands, beside the ledger
 
 
@@ -213,7 +219,7 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
     new = [f for f in files if f.path not in merged]
     # Several new files, and no more bytes merged already than new: the folder in one call.
     together = len(new) >= ONE_FETCH_FROM and _bytes(files) <= 2 * _bytes(new)
-    staging, fetched = folder / _FETCHING, None
+    staging, fetched, singles = folder / _FETCHING, None, None
     try:
         if together:
             if on_file is not None:
@@ -221,6 +227,9 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
             shutil.rmtree(staging, ignore_errors=True)  # what a pull cut short left
             staging.mkdir()
             fetched = trace_volume.download_folder(app_name, staging, _bytes(files))
+        singles = _Fetches(trace_volume, [
+            (f, folder / Path(f.path).name) for f in new
+            if fetched is None or not (fetched / Path(f.path).name).is_file()])
         for done, file in enumerate(files, 1):
             if file.path in merged:
                 result.files.append(FilePull(file.container, 0, 0,
@@ -231,7 +240,7 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
                 if early is not None and early.is_file():
                     os.replace(early, local)
                 else:
-                    trace_volume.download(file, local)
+                    singles.wait(file)
                 result.files.append(_merge_one(store, trace_volume.name, file, local,
                                                ledger))
                 _write_ledger(ledger_path, ledger)
@@ -239,9 +248,44 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
             if on_file is not None:
                 on_file(done, len(files))
     finally:
+        if singles is not None:
+            singles.close()
         if together:  # the copies of files merged before, and of any listed after
             shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+class _Fetches:
+    """Downloads ``files`` ((file, local copy) each, in the order they are merged)
+    `FETCHES_AT_ONCE` at a time; `wait` returns once the next one is in place."""
+
+    def __init__(self, volume: TraceVolume, files: list[tuple[VolumeFile, Path]]) -> None:
+        self._volume = volume
+        self._waiting = collections.deque(files)
+        self._started: dict[str, tuple[Future[None], Path]] = {}
+        self._pool = ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="modal-volume-get")
+        self._start_more()
+
+    def _start_more(self) -> None:
+        while self._waiting and len(self._started) < FETCHES_AT_ONCE:
+            file, local = self._waiting.popleft()
+            self._started[file.path] = (self._pool.submit(self._volume.download, file, local),
+                                        local)
+
+    def wait(self, file: VolumeFile) -> None:
+        """Block until ``file`` is downloaded (raising its call's error), and start the
+        next."""
+        future, _ = self._started.pop(file.path)
+        future.result()
+        self._start_more()
+
+    def close(self) -> None:
+        """Start nothing more, let the calls under way end (each is bounded), and remove
+        the copies no merge took."""
+        self._waiting.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for _, local in self._started.values():
+            local.unlink(missing_ok=True)
 
 
 def _bytes(files: list[VolumeFile]) -> int:

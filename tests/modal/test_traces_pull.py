@@ -178,7 +178,7 @@ def test_many_new_segments_come_in_one_fetch_and_a_few_in_one_each(standin, tmp_
     segments("ta-1", range(6, 8))  # two new ones: each its own fetch
     report, fetches = pull()
     assert report["sessions_added"] == 4
-    assert [c[3] for c in fetches] == ["synth-x/ta-1.6.db", "synth-x/ta-1.7.db"]
+    assert sorted(c[3] for c in fetches) == ["synth-x/ta-1.6.db", "synth-x/ta-1.7.db"]
 
     segments("ta-2", range(3, 8))  # five new, but the folder is mostly merged already
     report, fetches = pull()
@@ -247,3 +247,32 @@ def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull
     assert "1 session marked as errors" in " ".join(fresh.output.split())
     with open_trace_store(tmp_path / "fresh.db", read_only=True) as pulled:
         assert pulled.get_session(lost).metadata["status"] == "error"
+
+
+def test_files_fetched_one_by_one_are_fetched_a_few_at_a_time(standin, tmp_path,
+                                                              monkeypatch):
+    # A pull during a run: a few new segments beside many merged ones, each its own
+    # `modal volume get` (mostly the call's start and connection). They run a few at a
+    # time, ahead of the merge, never more than FETCHES_AT_ONCE, and each is merged once.
+    state = standin["state"]
+    for n in range(1, 13):
+        _container_file(state, "synth-x-traces", "synth-x", "ta-1", n * 10, 2).rename(
+            state / "volumes" / "synth-x-traces" / "synth-x" / f"ta-1.{n}.db")
+    home = str(tmp_path / "home.db")
+    assert json.loads(_pull("synth-x", "--trace-db", home, "--json").stdout)[
+        "sessions_added"] == 24
+    for n in range(13, 19):
+        _container_file(state, "synth-x-traces", "synth-x", "ta-1", n * 10, 2).rename(
+            state / "volumes" / "synth-x-traces" / "synth-x" / f"ta-1.{n}.db")
+    (state / "gets.jsonl").unlink(missing_ok=True)
+    monkeypatch.setenv("STANDIN_MODAL_GET_S", "0.5")
+    result = _pull("synth-x", "--trace-db", home, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["sessions_added"] == 12
+    gets = [json.loads(line) for line in (state / "gets.jsonl").read_text().splitlines()]
+    assert sorted(g["remote"] for g in gets) == [f"synth-x/ta-1.{n}.db" for n in range(13, 19)]
+    at_once = max(sum(other["start"] < g["end"] and g["start"] < other["end"]
+                      for other in gets) for g in gets)
+    assert 2 <= at_once <= 4, at_once
+    pulled = tmp_path / "pulled" / "synth-x-traces" / "synth-x"
+    assert [p.name for p in pulled.iterdir()] == ["pulled.json"]  # no copies left behind

@@ -21,7 +21,9 @@ one's URL is printed. The function's Volumes are played by modal_volume.py: each
 path under a mount is pointed there, as the stand-in cannot use the absolute path), and
 `modal volume ls VOLUME [PATH] --json` / `modal volume get VOLUME REMOTE LOCAL [--force]` (a
 file, or a folder's files under the folder's name) read the committed state, as Modal's do.
-Each call's arguments are a line of ``$STANDIN_MODAL_STATE_DIR/calls.jsonl``.
+Each call's arguments are a line of ``$STANDIN_MODAL_STATE_DIR/calls.jsonl``. A file's
+`get` takes ``STANDIN_MODAL_GET_S`` seconds (default 0: a connection's round trips) and
+is a line of ``gets.jsonl`` there ({remote, start, end}, wall-clock seconds).
 `modal serve` prints the same and then stays in the foreground until SIGINT/SIGTERM.
 """
 
@@ -242,7 +244,11 @@ def volume(args: argparse.Namespace) -> int:
     if dest.exists() and not args.force:
         _out(f"Error: Output path '{dest}' already exists. Use --force to overwrite.")
         return 1
+    start = time.time()
+    time.sleep(float(os.environ.get("STANDIN_MODAL_GET_S") or 0))
     shutil.copyfile(source, dest)
+    with open(Path(os.environ["STANDIN_MODAL_STATE_DIR"]) / "gets.jsonl", "a") as fh:
+        fh.write(json.dumps({"remote": args.remote, "start": start, "end": time.time()}) + "\n")
     _out("✓ Finished downloading files to local!")
     return 0
 
