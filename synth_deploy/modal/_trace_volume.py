@@ -36,6 +36,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +61,22 @@ _SESSION_ROWS = {
                      "event_rewards"), _OF_NEW_SESSIONS),
     "lm_call_tokens": "event_id IN (SELECT id FROM segment.events)",
 }
-# Small tables copied whole: the schema's version, amendments waiting for their session,
-# synth-ai's experiment tables. The running totals are rebuilt by the segment's triggers.
-_WHOLE_TABLES = ("synth_deploy_schema", "session_amendments", "experiments", "systems",
+_AMENDMENTS = "session_amendments"
+# Small tables copied whole: the schema's version, lost answers (waiting for their session;
+# in a container, every one: `traces pull` applies them), synth-ai's experiment tables. The
+# running totals are rebuilt by the segment's triggers.
+_WHOLE_TABLES = ("synth_deploy_schema", _AMENDMENTS, "experiments", "systems",
                  "system_versions", "experimental_systems")
 _JOURNAL = "session_journal"
+
+
+@dataclass(frozen=True)
+class _Copied:
+    """How far a container's segments reach in its local store."""
+
+    session_rowid: int = 0  # session_traces rows up to it
+    journal: tuple[int, str | None] = (0, None)  # the journal row copied last: seq, session
+    amendment_rowid: int = 0  # session_amendments rows up to it
 
 
 def default_trace_volume(app_name: str) -> str:
@@ -109,8 +121,7 @@ class VolumeSnapshots:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._seen_version: int | None = None
-        self._copied_rowid = 0  # of the local session_traces: rows up to it are in segments
-        self._copied_journal: tuple[int, str | None] = (0, None)  # (seq, session) copied last
+        self._copied = _Copied()  # how far the segments written so far reach
         self._uncommitted = False  # a segment is in place whose commit failed
         self._last_number: int | None = None  # of this container's newest segment
         self._thread: threading.Thread | None = None
@@ -168,30 +179,28 @@ class VolumeSnapshots:
         try:
             conn.execute("BEGIN")  # one read transaction: every table as of one commit
             try:
-                newest, journal_end, copied = self._copy_rows(conn)
+                reached, news = self._copy_rows(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
         finally:
             conn.execute("DETACH DATABASE segment")
-        if not copied:
+        if not news:
             partial.unlink(missing_ok=True)
             return False
         partial.replace(final)
-        self._last_number = number
-        self._copied_rowid, self._copied_journal = newest, journal_end
+        self._last_number, self._copied = number, reached
         self.snapshots += 1
         return True
 
-    def _copy_rows(self, conn: sqlite3.Connection
-                   ) -> tuple[int, tuple[int, str | None], int]:
-        """(the newest local session row copied, the newest journal row copied, how many
-        sessions the segment holds)."""
+    def _copy_rows(self, conn: sqlite3.Connection) -> tuple[_Copied, int]:
+        """(how far the segment reaches, how many new things it holds: sessions, and new
+        lost answers)."""
         newest = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM main.session_traces"
                               ).fetchone()[0]
         conn.execute("INSERT INTO segment.session_traces SELECT * FROM main.session_traces "
-                     "WHERE rowid > ? AND rowid <= ?", (self._copied_rowid, newest))
+                     "WHERE rowid > ? AND rowid <= ?", (self._copied.session_rowid, newest))
         for table, which in _SESSION_ROWS.items():
             if _has_table(conn, table):
                 conn.execute(f"INSERT INTO segment.{table} SELECT * FROM main.{table} "
@@ -199,11 +208,17 @@ class VolumeSnapshots:
         for table in _WHOLE_TABLES:
             if _has_table(conn, table):
                 conn.execute(f"INSERT INTO segment.{table} SELECT * FROM main.{table}")
-        journal_end, journaled = self._copied_journal, 0
+        journal_end, journaled = self._copied.journal, 0
         if _has_table(conn, _JOURNAL):
             journal_end, journaled = self._copy_journal(conn)
+        # A lost answer marked since (`lost_answer`, carried: a new row each time).
+        marked = self._copied.amendment_rowid
+        if _has_table(conn, _AMENDMENTS):
+            marked = conn.execute(f"SELECT COALESCE(MAX(rowid), 0) FROM main.{_AMENDMENTS}"
+                                  ).fetchone()[0]
         sessions = conn.execute("SELECT COUNT(*) FROM segment.session_traces").fetchone()[0]
-        return newest, journal_end, sessions + journaled
+        news = sessions + journaled + (marked > self._copied.amendment_rowid)
+        return _Copied(newest, journal_end, marked), news
 
     def _copy_journal(self, conn: sqlite3.Connection) -> tuple[tuple[int, str | None], int]:
         """Copy the journal rows added since the last segment: (the newest, how many).
@@ -218,8 +233,8 @@ class VolumeSnapshots:
         end = conn.execute(f"SELECT seq, session_id FROM main.{_JOURNAL} ORDER BY seq DESC "
                            "LIMIT 1").fetchone()
         if end is None:
-            return self._copied_journal, 0
-        seq, session_id = self._copied_journal
+            return self._copied.journal, 0
+        seq, session_id = self._copied.journal
         if seq and conn.execute(f"SELECT session_id FROM main.{_JOURNAL} WHERE seq = ?",
                                 (seq,)).fetchone() != (session_id,):
             seq = 0

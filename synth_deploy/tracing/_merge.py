@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from synth_deploy.tracing._config import parse_trace_db
 from synth_deploy.tracing._db._database import TraceDatabase
+from synth_deploy.tracing._db._schema import AMENDMENTS_TABLE, JOURNAL_VERSION
 from synth_deploy.tracing._rollout_facts import lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._store import TraceStore
@@ -35,8 +36,8 @@ MERGE_BATCH = 200
 @dataclass(frozen=True)
 class MergeResult:
     """What one merge did: sessions ``added`` to the store and ``skipped`` (already there);
-    ``probe``, one session of the file (None: it held none), by which a caller can tell
-    later whether the store still holds what it merged; ``amended``, of those skipped, the
+    ``probe``, one session of the file, or that it marks (None: neither), by which a caller
+    can tell later whether the store still holds what it merged; ``amended``, of those skipped, the
     ones the store held as ``ok`` whose answer the file says was lost (now marked so)."""
 
     added: int
@@ -71,6 +72,10 @@ def merge_trace_file(store: TraceStore, source: str | os.PathLike[str]) -> Merge
             bodies = {session_id: (seq, body, rollout) for seq, session_id, body, rollout
                       in reversed(rows)}  # a session journaled twice: its first row
             merge.add(list(bodies), lambda new, b=bodies: _decoded(other, new, b))
+        # Lost answers the file holds apart from its sessions (a container's marks; the
+        # table came with the journal).
+        if other.schema_version >= JOURNAL_VERSION:
+            merge.mark_lost(other.rows(f"SELECT session_id, error FROM {AMENDMENTS_TABLE}"))
     finally:
         other.close()
     return MergeResult(added=merge.added, skipped=merge.skipped, probe=merge.last,
@@ -104,27 +109,31 @@ class _Merge:
         return held
 
     def carry_lost_answers(self, source: TraceDatabase, held: set[str]) -> None:
-        """Mark lost the answers of the ``held`` sessions that ``source`` says were lost
+        """Mark lost the answers of the ``held`` sessions that ``source`` stores as lost
         (only a lost answer turns a stored ``ok`` session into an error)."""
-        if not held:
-            return
-        lost = source.rows(
-            "SELECT session_id, json_extract(metadata, '$.error') FROM session_traces "
-            "WHERE session_id IN (SELECT value FROM json_each(?)) AND json_valid(metadata) "
-            "AND json_extract(metadata, '$.status') = 'error'", (json.dumps(sorted(held)),))
+        if held:
+            self.mark_lost(source.rows(
+                "SELECT session_id, json_extract(metadata, '$.error') FROM session_traces "
+                "WHERE session_id IN (SELECT value FROM json_each(?)) AND "
+                "json_valid(metadata) AND json_extract(metadata, '$.status') = 'error'",
+                (json.dumps(sorted(held)),)))
+
+    def mark_lost(self, lost: list[tuple[str, str | None]]) -> None:
+        """Record the lost answers ``lost`` ((session id, its error as JSON) each) in the
+        store: sessions it holds as ``ok`` become errors (counted), the others get it when
+        they come."""
         if not lost:
             return
+        if self.last is None:  # a file of marks only: the probe is a session it marks
+            self.last = lost[-1][0]
         ok = {row[0] for row in self.store.database.rows(
             "SELECT session_id FROM session_traces WHERE session_id IN (SELECT value FROM "
             "json_each(?)) AND json_valid(metadata) AND json_extract(metadata, '$.status') "
-            "= 'ok'",
-            (json.dumps([session_id for session_id, _ in lost]),))}
-        amend = [(session_id, json.loads(error) if error else {"code": "answer_lost"})
-                 for session_id, error in lost if session_id in ok]
-        if amend:
-            self.store.database.run([statement for session_id, error in amend
-                                     for statement in lost_answer(session_id, error)])
-        self.amended += len(amend)
+            "= 'ok'", (json.dumps([session_id for session_id, _ in lost]),))}
+        self.store.database.run([
+            statement for session_id, error in lost for statement in lost_answer(
+                session_id, json.loads(error) if error else {"code": "answer_lost"})])
+        self.amended += len(ok)
 
 
 def _decoded(db: TraceDatabase, ids: list[str],

@@ -70,19 +70,23 @@ def with_description(metadata: dict[str, Any],
     return {**head, **metadata, **outcome}
 
 
-def lost_answer(session_id: str, error: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
+def lost_answer(session_id: str, error: dict[str, Any], *, carried: bool = False
+                ) -> list[tuple[str, tuple[Any, ...]]]:
     """The statements that record, after the fact, that the client of a rollout stored as
     ``ok`` never got that answer (``error``: what it got instead, as an answer's error
     says it). The session's status becomes ``error``, so stats and exports leave it out;
     the triggers move its columns and the running totals with its metadata. A session not
-    stored yet (its write timed out, and lands later) gets it when its row comes."""
+    stored yet (its write timed out, and lands later) gets it when its row comes.
+    ``carried``: the amendment is kept even for a session stored, so that it goes where
+    the file's sessions go (a Modal container's, which `traces pull` applies at home)."""
     said = json.dumps(error)
+    amendment = f"INSERT OR REPLACE INTO {AMENDMENTS_TABLE} (session_id, error) SELECT ?, ?"
     return [("UPDATE session_traces SET metadata = json_set(metadata, '$.status', 'error', "
              "'$.error', json(?)) WHERE session_id = ? AND json_valid(metadata) "
              "AND json_extract(metadata, '$.status') = 'ok'", (said, session_id)),
-            (f"INSERT OR REPLACE INTO {AMENDMENTS_TABLE} (session_id, error) SELECT ?, ? "
-             "WHERE NOT EXISTS (SELECT 1 FROM session_traces WHERE session_id = ?)",
-             (session_id, said, session_id))]
+            (amendment, (session_id, said)) if carried else
+            (amendment + " WHERE NOT EXISTS (SELECT 1 FROM session_traces WHERE "
+             "session_id = ?)", (session_id, said, session_id))]
 
 
 def _stored_metrics(answered: dict[str, Any]) -> dict[str, Any]:

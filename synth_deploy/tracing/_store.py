@@ -134,12 +134,15 @@ class TraceStore:
         """Record that the client of the stored session ``session_id`` never got its ``ok``
         answer (``error``: what it got instead); a session stored otherwise is left as it
         is. Runs on a worker thread, as a second writer beside the writer child (a session
-        it journaled gets its rows first)."""
+        it journaled gets its rows first, unless they are built elsewhere: then the mark
+        waits beside it for the store that builds them, `TraceDbSetting.journal_all`)."""
         self._check_writable()
+        elsewhere = self.setting.journal_all
 
         def amend() -> None:
-            _journal.expand(self._database, session_id=session_id)
-            self._database.run(lost_answer(session_id, error))
+            if not elsewhere:
+                _journal.expand(self._database, session_id=session_id)
+            self._database.run(lost_answer(session_id, error, carried=elsewhere))
 
         try:
             with deadline(self.write_timeout_s):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
+from contextlib import closing
 from dataclasses import replace
 
 from sessions import make_session
@@ -205,20 +207,28 @@ def test_a_whole_store_file_that_changed_since_its_merge_is_fetched_again(standi
 def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull(
         standin, tmp_path):
     # A container journals each session, and its client may be found gone after the
-    # session went into a segment, and home. Recording that builds the session's rows in
-    # the container, which the next segment carries: the next pull marks it at home too.
+    # session went into a segment, and home. The mark waits beside the journaled session
+    # (its rows are not built there), the next segment carries it, and the next pull
+    # marks the session at home too. So for a session stored in rows at once (the first,
+    # before the writer child is up): the mark changes its row, and is kept as well.
     folder = standin["state"] / "volumes" / "synth-x-traces" / "synth-x"
     local, home = tmp_path / "container.db", tmp_path / "home.db"
     sessions = [make_session(i) for i in range(3)]
-    lost = sessions[1].session_id
+    lost, in_rows = sessions[1].session_id, sessions[0].session_id
     store = open_trace_store(replace(parse_trace_db(str(local)), journal_all=True))
     snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
 
     async def record() -> None:
+        await store.write_session(sessions[0])  # no writer child yet: in rows
         child = store.use_writer_process()
         while not child.ready:
             await asyncio.sleep(0.01)
-        await asyncio.gather(*(store.write_session(s) for s in sessions))
+        await asyncio.gather(*(store.write_session(s) for s in sessions[1:]))
+
+    async def lose_answers() -> None:
+        for session_id in (lost, in_rows):
+            await store.record_lost_answer(session_id, {"code": "client_gone",
+                                                        "message": "it left"})
 
     def pull() -> dict:
         result = _pull("synth-x", "--trace-db", str(home), "--json")
@@ -229,24 +239,28 @@ def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull
     assert snapshots.snapshot() is True
     first = pull()
     assert (first["sessions_added"], first["sessions_amended"]) == (3, 0)
-    asyncio.run(store.record_lost_answer(lost, {"code": "client_gone", "message": "it left"}))
+    asyncio.run(lose_answers())
     snapshots.stop()
     store.close()
+    with closing(sqlite3.connect(local)) as conn:
+        assert [conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in (
+            "session_journal", "session_traces", "session_amendments")] == [2, 1, 2]
     second = pull()
-    assert (second["sessions_added"], second["sessions_amended"]) == (0, 1)
+    assert (second["sessions_added"], second["sessions_amended"]) == (0, 2)
+    marked = {lost, in_rows}
     with open_trace_store(home, read_only=True) as pulled:
         statuses = {s.session_id: s.metadata["status"] for s in
                     map(pulled.get_session, [s.session_id for s in sessions])}
         assert pulled.get_session(lost).metadata["error"]["code"] == "client_gone"
-    assert statuses == {s.session_id: "error" if s.session_id == lost else "ok"
+    assert statuses == {s.session_id: "error" if s.session_id in marked else "ok"
                         for s in sessions}
-    # A store pulling both segments afresh gets the session from the first and the mark
+    # A store pulling both segments afresh gets the sessions from the first and the marks
     # from the second.
     fresh = _pull("synth-x", "--trace-db", str(tmp_path / "fresh.db"))
     assert fresh.exit_code == 0, fresh.output
-    assert "1 session marked as errors" in " ".join(fresh.output.split())
+    assert "2 sessions marked as errors" in " ".join(fresh.output.split())
     with open_trace_store(tmp_path / "fresh.db", read_only=True) as pulled:
-        assert pulled.get_session(lost).metadata["status"] == "error"
+        assert {pulled.get_session(i).metadata["status"] for i in marked} == {"error"}
 
 
 def test_files_fetched_one_by_one_are_fetched_a_few_at_a_time(standin, tmp_path,
