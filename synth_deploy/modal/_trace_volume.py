@@ -227,9 +227,9 @@ class VolumeSnapshots:
         so the journal only grows: its new rows are those past the last one copied, taken
         by position however long the container has run. That holds while the row copied
         last is still in place (SQLite gives a new row the largest seq + 1). Once it is
-        gone (a session built into rows and dropped from the journal, the lost-answer path)
-        seqs may be given again: every row is copied, and `traces pull` stores a session
-        found twice once."""
+        gone (its session built into rows and dropped from the journal, as a store whose
+        child builds rows does) seqs may be given again: every row is copied, and `traces
+        pull` stores a session found twice once."""
         end = conn.execute(f"SELECT seq, session_id FROM main.{_JOURNAL} ORDER BY seq DESC "
                            "LIMIT 1").fetchone()
         if end is None:
