@@ -114,11 +114,13 @@ class ModalCLI:
 
     def run(self, args: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None,
             timeout_s: float | None = DEFAULT_DEPLOY_TIMEOUT_S, secrets: Sequence[str] = (),
-            on_line: Callable[[str], None] | None = None) -> CLIResult:
+            on_line: Callable[[str], None] | None = None,
+            cancel: threading.Event | None = None) -> CLIResult:
         """Run ``modal ARGS`` to completion within ``timeout_s``; stream redacted lines.
 
         ``timeout_s=None`` only for `modal serve`, which runs until interrupted (Ctrl-C stops
-        the child with us)."""
+        the child with us). ``cancel``: set from another thread, it stops the child (a run
+        on a worker thread, which Ctrl-C does not reach) and raises `ModalCLIError`."""
         # Wide, plain output: rich must not wrap a long URL across lines.
         child_env = {**env, "COLUMNS": "1000", "PYTHONUNBUFFERED": "1",
                      "PYTHONIOENCODING": "utf-8", "TERM": "dumb", "NO_COLOR": "1"}
@@ -150,6 +152,10 @@ class ModalCLI:
                         hint="is Modal reachable from here? (a token but no network makes "
                              "Modal retry for minutes) — retry, or raise --timeout",
                         output=list(lines))
+                if cancel is not None and cancel.is_set():
+                    self._stop(proc)
+                    raise ModalCLIError(f"`modal {' '.join(args[:2])}` was cancelled",
+                                        output=list(lines))
                 try:
                     item = q.get(timeout=min(remaining, 0.2))
                 except queue.Empty:

@@ -24,6 +24,7 @@ import collections
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -135,9 +136,10 @@ class TraceVolume:
         self.cli = cli or ModalCLI()
         self.timeout_s = timeout_s
 
-    def _run(self, args: list[str], what: str, timeout_s: float | None = None) -> list[str]:
+    def _run(self, args: list[str], what: str, timeout_s: float | None = None,
+             cancel: threading.Event | None = None) -> list[str]:
         run = self.cli.run(["volume", *args], env=dict(self.env.values),
-                           timeout_s=timeout_s or self.timeout_s)
+                           timeout_s=timeout_s or self.timeout_s, cancel=cancel)
         if run.returncode != 0:
             text = "\n".join(run.output)
             if "not found" in text and "Volume" in text:
@@ -170,10 +172,13 @@ class TraceVolume:
                        and trace_file_container(Path(r["filename"]).name)),
                       key=lambda f: f.path)
 
-    def download(self, file: VolumeFile, dest: Path) -> None:
-        """``file`` to ``dest``, which holds either the old copy or the whole new one."""
+    def download(self, file: VolumeFile, dest: Path,
+                 cancel: threading.Event | None = None) -> None:
+        """``file`` to ``dest``, which holds either the old copy or the whole new one
+        (``cancel``: set, it stops the call)."""
         partial = dest.with_name(dest.name + ".partial")
-        self._run(["get", self.name, file.path, str(partial), "--force"], "modal volume get")
+        self._run(["get", self.name, file.path, str(partial), "--force"], "modal volume get",
+                  cancel=cancel)
         os.replace(partial, dest)
 
     def download_folder(self, folder: str, dest: Path, size: int) -> Path:
@@ -264,13 +269,14 @@ class _Fetches:
         self._waiting = collections.deque(files)
         self._started: dict[str, tuple[Future[None], Path]] = {}
         self._pool = ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="modal-volume-get")
+        self._cancel = threading.Event()
         self._start_more()
 
     def _start_more(self) -> None:
         while self._waiting and len(self._started) < FETCHES_AT_ONCE:
             file, local = self._waiting.popleft()
-            self._started[file.path] = (self._pool.submit(self._volume.download, file, local),
-                                        local)
+            self._started[file.path] = (
+                self._pool.submit(self._volume.download, file, local, self._cancel), local)
 
     def wait(self, file: VolumeFile) -> None:
         """Block until ``file`` is downloaded (raising its call's error), and start the
@@ -280,12 +286,15 @@ class _Fetches:
         self._start_more()
 
     def close(self) -> None:
-        """Start nothing more, let the calls under way end (each is bounded), and remove
-        the copies no merge took."""
+        """Start nothing more, stop the calls under way (a pull cut short by an error or
+        Ctrl-C, which reaches only the main thread, ends now), and remove the copies no
+        merge took."""
         self._waiting.clear()
+        self._cancel.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
         for _, local in self._started.values():
             local.unlink(missing_ok=True)
+            local.with_name(local.name + ".partial").unlink(missing_ok=True)
 
 
 def _bytes(files: list[VolumeFile]) -> int:

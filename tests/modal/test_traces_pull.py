@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
+import signal
 import sqlite3
+import threading
+import time
 from contextlib import closing
 from dataclasses import replace
 
@@ -14,7 +19,8 @@ from standins.modal_helpers import COMMAND as STANDIN
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
-from synth_deploy.modal import VolumeSnapshots
+from synth_deploy.env import load_env
+from synth_deploy.modal import ModalCLI, VolumeSnapshots, pull_traces
 from synth_deploy.tracing import open_trace_store, parse_trace_db
 
 
@@ -290,3 +296,32 @@ def test_files_fetched_one_by_one_are_fetched_a_few_at_a_time(standin, tmp_path,
     assert 2 <= at_once <= 4, at_once
     pulled = tmp_path / "pulled" / "synth-x-traces" / "synth-x"
     assert [p.name for p in pulled.iterdir()] == ["pulled.json"]  # no copies left behind
+
+
+def test_ctrl_c_stops_the_fetches_under_way_at_once(standin, tmp_path, monkeypatch):
+    # The calls run on worker threads, which Ctrl-C does not reach: the pull must stop
+    # them itself, not wait out each call's time limit, and leave no copy behind.
+    state = standin["state"]
+    for n in range(1, 4):  # three new files: each its own call (fewer than ONE_FETCH_FROM)
+        _container_file(state, "synth-x-traces", "synth-x", "ta-1", n * 10, 2).rename(
+            state / "volumes" / "synth-x-traces" / "synth-x" / f"ta-1.{n}.db")
+    monkeypatch.setenv("STANDIN_MODAL_GET_S", "30")
+    # The user's Ctrl-C: SIGINT to this process (the main thread waits on the first call).
+    ctrl_c = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    with open_trace_store(tmp_path / "home.db") as store:
+        ctrl_c.start()
+        try:
+            pull_traces("synth-x", store, load_env(environ=os.environ),
+                        cli=ModalCLI(shlex.split(STANDIN)))
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the pull was not interrupted")
+        finally:
+            ctrl_c.cancel()  # never a SIGINT that outlives the pull
+        assert store.count_sessions() == 0
+    assert time.monotonic() - started < 15  # each call would have taken 30 s
+    assert not (state / "gets.jsonl").exists()  # no call ran to its end
+    pulled = tmp_path / "pulled" / "synth-x-traces" / "synth-x"
+    assert [p.name for p in pulled.iterdir()] == []
