@@ -160,6 +160,7 @@ class VolumeSnapshots:
                     return False
                 self._commit()
                 self._uncommitted = False
+                self._forget_committed()
             except Exception as exc:  # the Volume or the disk: the app keeps serving
                 logger.warning("trace snapshot to %s failed: %s", self.folder, exc)
                 return False
@@ -220,6 +221,15 @@ class VolumeSnapshots:
         news = sessions + journaled + (marked > self._copied.amendment_rowid)
         return _Copied(newest, journal_end, marked), news
 
+    def _forget_committed(self) -> None:
+        """Drop from the local store the journal rows now committed to the Volume: a
+        container that serves for hours would otherwise keep every session it recorded on
+        its disk. (Their pages are reused; the next segment copies every row left, all new.)"""
+        assert self._conn is not None
+        seq = self._copied.journal[0]
+        if seq and _has_table(self._conn, _JOURNAL):
+            self._conn.execute(f"DELETE FROM main.{_JOURNAL} WHERE seq <= ?", (seq,))
+
     def _copy_journal(self, conn: sqlite3.Connection) -> tuple[tuple[int, str | None], int]:
         """Copy the journal rows added since the last segment: (the newest, how many).
 
@@ -227,9 +237,9 @@ class VolumeSnapshots:
         so the journal only grows: its new rows are those past the last one copied, taken
         by position however long the container has run. That holds while the row copied
         last is still in place (SQLite gives a new row the largest seq + 1). Once it is
-        gone (its session built into rows and dropped from the journal, as a store whose
-        child builds rows does) seqs may be given again: every row is copied, and `traces
-        pull` stores a session found twice once."""
+        gone (dropped once committed, `_forget_committed`, or its session built into rows,
+        as a store whose child builds rows does) seqs may be given again: every row left
+        is copied, and `traces pull` stores a session found twice once."""
         end = conn.execute(f"SELECT seq, session_id FROM main.{_JOURNAL} ORDER BY seq DESC "
                            "LIMIT 1").fetchone()
         if end is None:

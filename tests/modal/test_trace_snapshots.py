@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from contextlib import closing
 
 from sessions import make_session
 
@@ -92,6 +93,37 @@ def test_journal_rows_given_a_seq_again_are_still_copied(tmp_path):
     journaled = [_rows_and_journal(p)[1] for p in _segments(folder)]
     assert journaled[0] == {"j-1", "j-2"} and {"j-3", "j-4"} <= journaled[1]
     assert journaled[2] == {"j-5"}  # and the next takes only what is new again
+
+
+def test_journal_rows_leave_the_container_once_committed_to_the_volume(tmp_path):
+    # A container serving for hours must not keep every session on its disk: journal rows
+    # in a committed segment are dropped; a failed commit keeps them until one succeeds.
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
+    open_trace_store(local).close()
+    fail = [True]
+
+    def commit():
+        if fail[0]:
+            raise RuntimeError("Volume unreachable")
+
+    snapshots = VolumeSnapshots(local, folder, "ta-1", commit, every_s=3600)
+    _journal(local, "j-1", "j-2")
+    assert snapshots.snapshot() is False  # written, not committed
+    assert _local_journal(local) == {"j-1", "j-2"}
+    fail[0] = False
+    _journal(local, "j-3")
+    assert snapshots.snapshot() is True
+    assert _local_journal(local) == set()
+    _journal(local, "j-4")
+    snapshots.stop()
+    assert _local_journal(local) == set()
+    journaled = [_rows_and_journal(p)[1] for p in _segments(folder)]
+    assert journaled == [{"j-1", "j-2"}, {"j-3"}, {"j-4"}]  # each once, in its own
+
+
+def _local_journal(path) -> set[str]:
+    with closing(sqlite3.connect(path)) as conn:
+        return {r[0] for r in conn.execute("SELECT session_id FROM session_journal")}
 
 
 def _journal(path, *session_ids: str) -> None:
