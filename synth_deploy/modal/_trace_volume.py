@@ -160,10 +160,13 @@ class VolumeSnapshots:
                     return False
                 self._commit()
                 self._uncommitted = False
-                self._forget_committed()
             except Exception as exc:  # the Volume or the disk: the app keeps serving
                 logger.warning("trace snapshot to %s failed: %s", self.folder, exc)
                 return False
+            try:
+                self._forget_committed()
+            except sqlite3.Error as exc:  # kept on disk a while longer: the next one drops them
+                logger.warning("committed trace rows stay on this container's disk: %s", exc)
             return wrote
 
     def _write_segment(self) -> bool:

@@ -37,8 +37,8 @@ MERGE_BATCH = 200
 class MergeResult:
     """What one merge did: sessions ``added`` to the store and ``skipped`` (already there);
     ``probe``, one session of the file, or that it marks (None: neither), by which a caller
-    can tell later whether the store still holds what it merged; ``amended``, of those skipped, the
-    ones the store held as ``ok`` whose answer the file says was lost (now marked so)."""
+    can tell later whether the store still holds what it merged; ``amended``, the sessions
+    the store held as ``ok`` whose answer the file says was lost (errors now)."""
 
     added: int
     skipped: int
