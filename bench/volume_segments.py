@@ -1,21 +1,20 @@
-"""What one trace Volume snapshot costs as a container ages: a segment of what is new against
-a copy of the whole store (SQLite's backup API, what the kit wrote before segments), on the
-same store, in one run.
+"""What one trace Volume snapshot costs as a container ages: a copy of what is new in its
+session log against a copy of a whole store (SQLite's backup API, what the kit wrote before
+segments), in one run.
 
     python bench/volume_segments.py [--sizes 1000,10000,40000] [--new 100] [--repeat 3]
 
-For each size the store holds that many sessions (five-turn rollouts, recorded as a
-container records them: through a writer child that journals every session,
-`TraceDbSetting.journal_all`), then ``--new`` more are written and one snapshot is taken:
-the segment's time, CPU and bytes (`VolumeSnapshots`, its commit a no-op: Modal's upload is
-outside the container), and the whole copy's, each the best of ``--repeat``. A segment's
-cost should stay flat as the store grows; the whole copy's grows with it.
+For each size a container's store has recorded that many sessions (five-turn rollouts,
+appended to its session log, `TraceDbSetting.session_log`), and a store in rows holds the
+same; then ``--new`` more are written to both and one snapshot is taken: its time, CPU and
+bytes (`VolumeSnapshots`, its commit a no-op: Modal's upload is outside the container), and
+the whole copy's of the store in rows, each the best of ``--repeat``. A snapshot's cost
+should stay flat as the container ages; the whole copy's grows with it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sqlite3
 import sys
 import tempfile
@@ -41,27 +40,6 @@ def five_turn_session(i: int):
     return tracer.finish()
 
 
-class ContainerRecorder:
-    """Writes sessions to ``store`` as a served container does: from one event loop,
-    through its writer child."""
-
-    def __init__(self, store) -> None:
-        self.store, self.loop = store, asyncio.new_event_loop()
-
-    def write(self, sessions) -> None:
-        async def write_all() -> None:
-            child = self.store.use_writer_process()
-            while not child.ready:
-                await asyncio.sleep(0.01)
-            await asyncio.gather(*(self.store.write_session(s) for s in sessions))
-
-        self.loop.run_until_complete(write_all())
-
-    def close(self) -> None:
-        self.store.close()
-        self.loop.close()
-
-
 def timed(work) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     work()
@@ -82,38 +60,41 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"one snapshot of {args.new} new sessions, the store holding: best of {args.repeat}")
-    print(f"  {'sessions':>9} {'segment ms':>11} {'cpu ms':>7} {'KiB':>8}   "
-          f"{'whole ms':>9} {'cpu ms':>7} {'KiB':>9}   whole/segment")
+    print(f"  {'sessions':>9} {'copy ms':>11} {'cpu ms':>7} {'KiB':>8}   "
+          f"{'whole ms':>9} {'cpu ms':>7} {'KiB':>9}   whole/copy")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        local, folder = tmp / "local.db", tmp / "volume"
+        local, folder, in_rows = tmp / "local.db", tmp / "volume", tmp / "rows.db"
         written = 0
-        setting = parse_trace_db(str(local))
-        recorder = ContainerRecorder(open_trace_store(replace(setting, journal_all=True)))
-        try:
+        with open_trace_store(replace(parse_trace_db(str(local)), session_log=True)) as \
+                container, open_trace_store(in_rows) as rows:
+            def write(sessions) -> None:
+                container.write_sessions_sync(sessions)
+                rows.write_sessions_sync(sessions)
+
             for size in sizes:
                 while written < size:
                     batch = min(500, size - written)
-                    recorder.write([five_turn_session(written + k) for k in range(batch)])
+                    write([five_turn_session(written + k) for k in range(batch)])
                     written += batch
                 segment, whole = [], []
-                for _ in range(args.repeat):
-                    snapshots = VolumeSnapshots(local, folder, f"c{size}", lambda: None, 3600)
-                    snapshots.snapshot()  # everything so far: the container's first segment
-                    recorder.write([five_turn_session(written + k) for k in range(args.new)])
+                for n in range(args.repeat):
+                    snapshots = VolumeSnapshots(local, folder, f"c{size}-{n}", lambda: None,
+                                                3600)
+                    snapshots.snapshot()  # everything so far: the container's first copy
+                    write([five_turn_session(written + k) for k in range(args.new)])
                     written += args.new
                     segment.append(timed(snapshots.snapshot))
                     snapshots.stop()
-                    whole.append(timed(lambda: whole_copy(local, tmp / "whole.db")))
-                newest = max(folder.glob(f"c{size}.*.db"), key=lambda p: int(p.name.split(".")[1]))
+                    whole.append(timed(lambda: whole_copy(in_rows, tmp / "whole.db")))
+                newest = max(folder.glob(f"c{size}-0.*.*"),
+                             key=lambda p: int(p.name.split(".")[1]))
                 seg_kib = newest.stat().st_size / 1024
                 whole_kib = (tmp / "whole.db").stat().st_size / 1024
                 (seg_wall, seg_cpu), (whole_wall, whole_cpu) = min(segment), min(whole)
                 print(f"  {size:>9,} {seg_wall * 1e3:>11.1f} {seg_cpu * 1e3:>7.1f} "
                       f"{seg_kib:>8,.0f}   {whole_wall * 1e3:>9.1f} {whole_cpu * 1e3:>7.1f} "
                       f"{whole_kib:>9,.0f}   {whole_wall / seg_wall:>6.1f}x")
-        finally:
-            recorder.close()
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ upper bound. Each rollout makes five policy calls to the kit's mock policy (its 
 Target: throughput volume/untraced >= 0.95x; volume/disk is the Volume's own share. The
 summary gives the interval the median ratio lies in (95 %, from the rounds' spread): on this
 2-core machine it has been 14 to 37 points wide, so one run's median cannot tell 0.95x from
-1.00x. A
-loaded container's writer child journals its sessions and builds their rows once the
+1.00x. The
+disk container's writer child journals sessions under load and builds their rows once the
 server is not busy: the CPU it spends after each load is printed apart (each container is
-measured once the one before has gone quiet).
-Afterwards every segment on the Volume must pass `integrity_check`, and together they must
-hold a session for every rollout answered (each container drains).
+measured once the one before has gone quiet). The volume container has no writer child: its
+server appends each session to the store's session log, copied to the Volume as it is.
+Afterwards every SQLite segment on the Volume must pass `integrity_check`, and together with
+the log copies they must hold a session for every rollout answered (each container drains).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from _harness import (
 )
 
 from synth_deploy.modal import DEFAULT_TRACE_COMMIT_S
+from synth_deploy.tracing import read_session_log
 
 KEY = "sk_env_bench_volume"
 STANDINS = Path(__file__).resolve().parents[1] / "tests" / "standins"
@@ -152,10 +154,14 @@ def main() -> None:
                 print(f"  container CPU per rollout {num}/{den} {cpu:5.2f}x (writer included)")
         for name in results:
             print_cpu_split(results, name)
-        segments = sorted((tmp / "volume" / "store" / "bench").glob("ta-bench.*.db"))
+        segments = sorted((tmp / "volume" / "store" / "bench").glob("ta-bench.*.*"))
         stored: set[str] = set()
         checks = set()
         for segment in segments:
+            if segment.suffix == ".log":  # a copy of the session log's records
+                stored |= {session_id for session_id, _, _ in
+                           read_session_log(segment).records}
+                continue
             conn = sqlite3.connect(segment)
             stored |= {row[0] for row in conn.execute(
                 "SELECT session_id FROM session_traces "

@@ -57,3 +57,24 @@ def judged_session(policy: str, judge: str) -> object:
                           system_instance_id="judge")
     tracer.record_outcome_reward(1.0)
     return tracer.finish()
+
+
+def log_record(folder, session) -> bytes:
+    """The bytes of ``session``'s record in a session log (as a log elsewhere, made in
+    ``folder``, holds it): what a log file gains when the session is appended."""
+    import tempfile
+
+    from synth_deploy.tracing import SessionLog, session_log_files
+
+    logs = []
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        for name, count in (("one", 1), ("two", 2)):
+            store = f"{scratch}/{name}.db"
+            log = SessionLog(store)
+            for _ in range(count):
+                log.append(session)
+            log.close()
+            [(_, file)] = session_log_files(store)
+            logs.append(file.read_bytes())
+    one, two = logs
+    return two[len(one):]

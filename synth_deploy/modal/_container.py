@@ -78,8 +78,8 @@ def web() -> Any:
     # container, copied to the app's trace Volume when the plan gave it one.
     traces = resolve_trace_db(None, env) if tracing_enabled(env) else None
     snapshots = _volume_snapshots(env, traces)
-    if traces is not None and snapshots is not None:  # its rows are built by `traces pull`
-        traces = replace(traces, journal_all=True)
+    if traces is not None and snapshots is not None:  # read at home, from the segments
+        traces = replace(traces, session_log=True)
     settings = ServeSettings.resolve(str(_app_file(ref)), env, key_rule="required",
                                      traces=traces,
                                      trace_destination=_destination(env, traces, snapshots))

@@ -1,31 +1,31 @@
 """The trace Volume: how a deployed app's traces outlive its containers.
 
-Each container records into a SQLite store on its own disk, as `serve` does. A thread of its
-own copies, every interval, what that store gained since the last copy into a new file on
-the app's Modal Volume (a segment), then commits the Volume:
+A container's trace store appends each session to its session log (`TraceDbSetting.
+session_log`: one record, written by the server in one ``os.write``, with no writer child
+and no commit; see `synth_deploy.tracing.SessionLog`). A thread of its own copies, every
+interval, what is new into files on the app's Modal Volume, then commits the Volume:
 
-    <mount>/<app name>/<container id>.<n>.db    segment n (1, 2, ...) of one container
+    <mount>/<app name>/<container id>.<n>.log   the log's records new since the last copy
+    <mount>/<app name>/<container id>.<n>.db    rows and marks new in the store (rare)
 
-A segment is a trace store of its own (the same schema, readable alone): the sessions the
-writer child journaled since the segment before (`synth_deploy.tracing._write._journal`),
-and any whose rows were committed since, with their timesteps, events, messages, rewards
-and token rows. A container's child journals every session (`TraceDbSetting.journal_all`):
-one row each, the cheapest write there is, and its rows are built at home by `traces pull`
-(the CPU of a container is its rollouts'; a laptop's after the run is free). The copy is
-SQL in one read transaction of the local store (one consistent state; SQLite runs it
-without the GIL), written beside its final name and renamed into place, so neither our
-commit nor Modal's background one can catch half a file; a segment is never written again.
-So each copy, and each upload, is as large as what is new, however long the container has
-run (copying the whole store grew with its age). Each container writes only its own files,
-so containers never race on one (on a Volume the last writer of a file wins); a session
-found in two segments (journaled in one, its rows in the next) is the same session, and
-`traces pull` stores it once.
+The records are copied as they are: whole ones only, no parsing, no SQL (the container's
+CPU is its rollouts'). `traces pull` decodes them and builds their rows at home, where CPU
+after the run is free. The store itself gains rows only for a session the log cannot hold
+(one that is not plain builtins) and marks of answers lost (`lost_answer`, carried): when
+it has, a SQLite segment is copied too, in one read transaction of the store (one
+consistent state; SQLite runs it without the GIL). Each file is written beside its final
+name and renamed into place, so neither our commit nor Modal's background one can catch half
+a file; a file is never written again. So each copy, and each upload, is as large as what
+is new, however long the container has run. Each container writes only its own files
+(numbered in one sequence), so containers never race on one (on a Volume the last writer of
+a file wins); `traces pull` stores a session found twice once.
 
-The request path never waits: rollouts commit to the local store, the thread copies from
-it. What a killed container can lose is what it recorded since its last segment: at most
-one interval (``ModalSettings.trace_commit_s``). A container that drains makes a last
-segment and commit after its last rollout answered. A segment that was written but whose
-commit failed is committed with the next.
+The request path never waits: rollouts append to the log, the thread copies from it. What a
+killed container can lose is what it recorded since its last copy: at most one interval
+(``ModalSettings.trace_commit_s``). A container that drains makes a last copy and commit
+after its last rollout answered. A file that was written but whose commit failed is
+committed with the next. Once committed, the log files the copies took whole leave the
+container's disk.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from synth_deploy.tracing import LogPosition, copy_session_log, drop_copied_logs
 
 logger = logging.getLogger("synth_deploy.modal")
 
@@ -49,9 +51,11 @@ TRACE_VOLUME_DIR_VAR = "SYNTH_TRACE_VOLUME_DIR"  # where this app's files go on 
 TRACE_COMMIT_VAR = "SYNTH_TRACE_COMMIT_S"
 DEFAULT_TRACE_COMMIT_S = 10.0
 SNAPSHOT_SUFFIX = ".db"
+LOG_SUFFIX = ".log"
 _PARTIAL_SUFFIX = ".partial"
-# <container id>.<n>.db; a plain <container id>.db is a whole store (older deploys wrote one).
-_SEGMENT = re.compile(r"^(?P<container>.+?)(?:\.(?P<n>\d+))?\.db$")
+# <container id>.<n>.db or .log; a plain <container id>.db is a whole store (older deploys
+# wrote one).
+_SEGMENT = re.compile(r"^(?P<container>.+?)(?:\.(?P<n>\d+)\.(?:db|log)|\.db)$")
 
 # Rows that belong to a session, copied with the new sessions: table -> which of its rows
 # (those of the segment's sessions; the token rows, those of the segment's events).
@@ -67,16 +71,15 @@ _AMENDMENTS = "session_amendments"
 # running totals are rebuilt by the segment's triggers.
 _WHOLE_TABLES = ("synth_deploy_schema", _AMENDMENTS, "experiments", "systems",
                  "system_versions", "experimental_systems")
-_JOURNAL = "session_journal"
 
 
 @dataclass(frozen=True)
 class _Copied:
-    """How far a container's segments reach in its local store."""
+    """How far a container's copies reach in its local store and its session log."""
 
     session_rowid: int = 0  # session_traces rows up to it
-    journal: tuple[int, str | None] = (0, None)  # the journal row copied last: seq, session
     amendment_rowid: int = 0  # session_amendments rows up to it
+    log: LogPosition = LogPosition()  # the store's session log
 
 
 def default_trace_volume(app_name: str) -> str:
@@ -84,9 +87,10 @@ def default_trace_volume(app_name: str) -> str:
     return f"{app_name}-traces"
 
 
-def segment_name(container: str, n: int) -> str:
-    """The file name of ``container``'s segment ``n``."""
-    return f"{container}.{n}{SNAPSHOT_SUFFIX}"
+def segment_name(container: str, n: int, suffix: str = SNAPSHOT_SUFFIX) -> str:
+    """The file name of ``container``'s file ``n`` (a SQLite segment, or with
+    `LOG_SUFFIX` a copy of its session log's records)."""
+    return f"{container}.{n}{suffix}"
 
 
 def trace_file_container(name: str) -> str | None:
@@ -129,7 +133,7 @@ class VolumeSnapshots:
     @property
     def pattern(self) -> str:
         """How this container's files are named, for the user."""
-        return f"{self.container}.<n>{SNAPSHOT_SUFFIX}"
+        return f"{self.container}.<n>{LOG_SUFFIX}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="trace-volume", daemon=True)
@@ -140,9 +144,10 @@ class VolumeSnapshots:
             self.snapshot()
 
     def snapshot(self) -> bool:
-        """Write a segment of what the local store gained since the last one and commit;
-        False when it had gained nothing, or the copy or commit failed (logged: traces stay
-        in the local store, and the next snapshot copies or commits them)."""
+        """Copy what the session log and the local store gained since the last copy, and
+        commit; False when they had gained nothing, or a copy or the commit failed (logged:
+        traces stay on the container's disk, and the next snapshot copies or commits
+        them)."""
         with self._lock:
             try:
                 if self._conn is None:
@@ -150,11 +155,13 @@ class VolumeSnapshots:
                         return False
                     self._conn = sqlite3.connect(self.source, isolation_level=None,
                                                  check_same_thread=False)
+                wrote = False
+                if self._write_log_copy():
+                    wrote = self._uncommitted = True
                 # data_version changes when another connection (the writer) has committed.
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-                wrote = version != self._seen_version and self._write_segment()
-                if wrote:
-                    self._uncommitted = True
+                if version != self._seen_version and self._write_segment():
+                    wrote = self._uncommitted = True
                 self._seen_version = version
                 if not self._uncommitted:
                     return False
@@ -165,9 +172,25 @@ class VolumeSnapshots:
                 return False
             try:
                 self._forget_committed()
-            except sqlite3.Error as exc:  # kept on disk a while longer: the next one drops them
-                logger.warning("committed trace rows stay on this container's disk: %s", exc)
+            except OSError as exc:  # kept on disk a while longer: the next one deletes them
+                logger.warning("committed trace logs stay on this container's disk: %s", exc)
             return wrote
+
+    def _write_log_copy(self) -> bool:
+        """The session log's records new since the last copy, in the next file; False when
+        there were none."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        number = self._next_number()
+        final = self.folder / segment_name(self.container, number, LOG_SUFFIX)
+        partial = final.with_name(final.name + _PARTIAL_SUFFIX)
+        reach, copied = copy_session_log(self.source, self._copied.log, partial)
+        self._copied = replace(self._copied, log=reach)
+        if not copied:
+            return False
+        partial.replace(final)
+        self._last_number = number
+        self.snapshots += 1
+        return True
 
     def _write_segment(self) -> bool:
         """The next segment, in place; False when there was nothing new to put in it."""
@@ -212,55 +235,26 @@ class VolumeSnapshots:
         for table in _WHOLE_TABLES:
             if _has_table(conn, table):
                 conn.execute(f"INSERT INTO segment.{table} SELECT * FROM main.{table}")
-        journal_end, journaled = self._copied.journal, 0
-        if _has_table(conn, _JOURNAL):
-            journal_end, journaled = self._copy_journal(conn)
         # A lost answer marked since (`lost_answer`, carried: a new row each time).
         marked = self._copied.amendment_rowid
         if _has_table(conn, _AMENDMENTS):
             marked = conn.execute(f"SELECT COALESCE(MAX(rowid), 0) FROM main.{_AMENDMENTS}"
                                   ).fetchone()[0]
         sessions = conn.execute("SELECT COUNT(*) FROM segment.session_traces").fetchone()[0]
-        news = sessions + journaled + (marked > self._copied.amendment_rowid)
-        return _Copied(newest, journal_end, marked), news
+        news = sessions + (marked > self._copied.amendment_rowid)
+        return _Copied(newest, marked, self._copied.log), news
 
     def _forget_committed(self) -> None:
-        """Drop from the local store the journal rows now committed to the Volume: a
-        container that serves for hours would otherwise keep every session it recorded on
-        its disk. (Their pages are reused; the next segment copies every row left, all new.)"""
-        assert self._conn is not None
-        seq = self._copied.journal[0]
-        if seq and _has_table(self._conn, _JOURNAL):
-            self._conn.execute(f"DELETE FROM main.{_JOURNAL} WHERE seq <= ?", (seq,))
-
-    def _copy_journal(self, conn: sqlite3.Connection) -> tuple[tuple[int, str | None], int]:
-        """Copy the journal rows added since the last segment: (the newest, how many).
-
-        A container's writer child journals every session (`TraceDbSetting.journal_all`),
-        so the journal only grows: its new rows are those past the last one copied, taken
-        by position however long the container has run. That holds while the row copied
-        last is still in place (SQLite gives a new row the largest seq + 1). Once it is
-        gone (dropped once committed, `_forget_committed`, or its session built into rows,
-        as a store whose child builds rows does) seqs may be given again: every row left
-        is copied, and `traces pull` stores a session found twice once."""
-        end = conn.execute(f"SELECT seq, session_id FROM main.{_JOURNAL} ORDER BY seq DESC "
-                           "LIMIT 1").fetchone()
-        if end is None:
-            return self._copied.journal, 0
-        seq, session_id = self._copied.journal
-        if seq and conn.execute(f"SELECT session_id FROM main.{_JOURNAL} WHERE seq = ?",
-                                (seq,)).fetchone() != (session_id,):
-            seq = 0
-        copied = conn.execute(f"INSERT INTO segment.{_JOURNAL} SELECT * FROM main.{_JOURNAL} "
-                              "WHERE seq > ? AND seq <= ?", (seq, end[0])).rowcount
-        return (end[0], end[1]), copied
+        """Delete the session log files now committed to the Volume: a container that
+        serves for hours would otherwise keep every session it recorded on its disk."""
+        drop_copied_logs(self.source, self._copied.log)
 
     def _next_number(self) -> int:
         if self._last_number is None:  # after any segment of this container id there
             # already (a restarted process); the folder is listed once, however many
             # files the app's containers have put in it
             self._last_number = max(
-                (int(m["n"]) for path in self.folder.glob(f"{self.container}.*.db")
+                (int(m["n"]) for path in self.folder.glob(f"{self.container}.*")
                  if (m := _SEGMENT.match(path.name)) and m["n"]
                  and m["container"] == self.container), default=0)
         return self._last_number + 1
@@ -321,7 +315,7 @@ def with_snapshots(app: Any, snapshots: VolumeSnapshots) -> Any:
     return traced_app
 
 
-__all__ = ["DEFAULT_TRACE_COMMIT_S", "SNAPSHOT_SUFFIX", "TRACE_COMMIT_VAR",
+__all__ = ["DEFAULT_TRACE_COMMIT_S", "LOG_SUFFIX", "SNAPSHOT_SUFFIX", "TRACE_COMMIT_VAR",
            "TRACE_VOLUME_DIR_VAR", "TRACE_VOLUME_MOUNT", "TRACE_VOLUME_VAR",
            "VolumeSnapshots", "default_trace_volume", "modal_volume_commit", "segment_name",
            "trace_file_container", "with_snapshots"]

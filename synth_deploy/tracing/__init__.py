@@ -63,6 +63,14 @@ from synth_deploy.tracing._tokens import (
     valid_ids,
     valid_logprobs,
 )
+from synth_deploy.tracing._write._log import (
+    LogPosition,
+    SessionLog,
+    copy_session_log,
+    drop_copied_logs,
+    read_session_log,
+    session_log_files,
+)
 
 # What reads a store (browsing, export, reports, prices, replay) loads on first use: a
 # served app and its writer process only record and store.
@@ -96,6 +104,7 @@ __all__ = [
     "Event",
     "EventReward",
     "ExportResult",
+    "LogPosition",
     "MergeResult",
     "Message",
     "NotATraceDbError",
@@ -114,6 +123,7 @@ __all__ = [
     "SchemaTooNewError",
     "SessionConflictError",
     "SessionFilter",
+    "SessionLog",
     "SessionNotFoundError",
     "SessionPage",
     "SessionRow",
@@ -153,7 +163,11 @@ __all__ = [
     "open_trace_store",
     "parse_trace_db",
     "replay",
+    "copy_session_log",
+    "drop_copied_logs",
+    "read_session_log",
     "resolve_trace_db",
+    "session_log_files",
     "resolve_price_table",
     "reward_summary",
     "session_reward",

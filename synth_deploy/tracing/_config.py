@@ -29,10 +29,10 @@ _TOKEN_PARAMS = ("authToken", "auth_token")
 class TraceDbSetting:
     """A resolved trace database: ``url`` as given, where it came from, and how to reach it.
 
-    ``journal_all``: a served app's writer child keeps every session whole in the journal
-    (one row each, whatever the load) and never builds its rows; the next store that opens
-    the file does. For a file whose readers are elsewhere: a Modal container's, which
-    `traces pull` builds at home.
+    ``session_log``: every session is appended whole to the log beside the file
+    (`_write._log`), with no writer child and no rows, for a copier that takes it from
+    there: a Modal container's store, whose sessions `traces pull` builds at home from the
+    segments its `VolumeSnapshots` copies. A reader of the file itself does not see them.
     """
 
     url: str
@@ -42,7 +42,7 @@ class TraceDbSetting:
     remote_url: str | None = None
     auth_token: str | None = field(default=None, repr=False)
     token_source: str | None = None
-    journal_all: bool = False
+    session_log: bool = False
 
     @property
     def display(self) -> str:

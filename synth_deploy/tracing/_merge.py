@@ -7,9 +7,10 @@ file merged before, adds only what is new. One later change is carried: a lost a
 after the session may have gone home in an earlier file. Each batch is one commit, so a
 merge cut short keeps the batches it finished and the next merge picks up from there.
 
-Sessions still in the file's journal (a Modal container's segment holds nothing else:
-`TraceDbSetting.journal_all`) are read from it and stored in rows here once, not built in
-the file first and read back, which would store each twice.
+A file may also be a session log (`_write._log`: what a Modal container copies to its
+Volume of its store's log, `TraceDbSetting.session_log`), and a SQLite file may hold
+sessions in its journal: either way each session is decoded and stored in rows here once,
+not built in the file first and read back, which would store each twice.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from dataclasses import dataclass
 from synth_deploy.tracing._config import parse_trace_db
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._db._schema import AMENDMENTS_TABLE, JOURNAL_VERSION
+from synth_deploy.tracing._errors import TraceFormatError
 from synth_deploy.tracing._rollout_facts import lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._store import TraceStore
 from synth_deploy.tracing._write import _journal
+from synth_deploy.tracing._write._log import is_session_log, read_session_log
 
 logger = logging.getLogger("synth_deploy.tracing")
 
@@ -54,8 +57,11 @@ def merge_trace_file(store: TraceStore, source: str | os.PathLike[str]) -> Merge
     """Add to ``store`` every session of the SQLite trace file ``source`` it does not hold.
 
     ``source`` is opened read-only and left as it is; any schema version this code reads
-    will do. Raises `TraceStoreError` (with a hint) when ``source`` is not a trace file.
+    will do, and so does a session log. Raises `TraceStoreError` (with a hint) when
+    ``source`` is not a trace file.
     """
+    if os.path.isfile(source) and is_session_log(source):
+        return _merge_log(store, source)
     other = TraceDatabase(parse_trace_db(os.fspath(source)), create=False, read_only=True)
     merge = _Merge(store)
     try:
@@ -69,9 +75,9 @@ def merge_trace_file(store: TraceStore, source: str | os.PathLike[str]) -> Merge
         after = 0
         while rows := _journal.entries(other, after=after, limit=MERGE_BATCH):
             after = rows[-1][0]
-            bodies = {session_id: (seq, body, rollout) for seq, session_id, body, rollout
-                      in reversed(rows)}  # a session journaled twice: its first row
-            merge.add(list(bodies), lambda new, b=bodies: _decoded(other, new, b))
+            bodies = {session_id: (f"journal row {seq}", body, rollout) for seq, session_id,
+                      body, rollout in reversed(rows)}  # journaled twice: its first row
+            merge.add(list(bodies), lambda new, b=bodies: _decoded(other.display, new, b))
         # Lost answers the file holds apart from its sessions (a container's marks; the
         # table came with the journal).
         if other.schema_version >= JOURNAL_VERSION:
@@ -136,16 +142,32 @@ class _Merge:
         self.amended += len(ok)
 
 
-def _decoded(db: TraceDatabase, ids: list[str],
-             bodies: dict[str, tuple[int, bytes, bytes | None]]) -> list[SessionTrace]:
+def _merge_log(store: TraceStore, source: str | os.PathLike[str]) -> MergeResult:
+    read = read_session_log(source)
+    if read.end < read.size:  # the copier writes whole records only: a damaged copy
+        raise TraceFormatError(f"{os.fspath(source)}: its last {read.size - read.end} bytes "
+                               "are not a whole session", hint="fetch the file again")
+    merge = _Merge(store)
+    for start in range(0, len(read.records), MERGE_BATCH):
+        bodies: dict[str, tuple[str, bytes, bytes | None]] = {}
+        for n, (session_id, body, rollout) in enumerate(
+                read.records[start:start + MERGE_BATCH], start + 1):
+            bodies.setdefault(session_id, (f"record {n}", body, rollout))  # logged twice
+        merge.add(list(bodies), lambda new, b=bodies: _decoded(os.fspath(source), new, b))
+    return MergeResult(added=merge.added, skipped=merge.skipped, probe=merge.last)
+
+
+def _decoded(where: str, ids: list[str],
+             bodies: dict[str, tuple[str, bytes, bytes | None]]) -> list[SessionTrace]:
+    """The sessions ``ids`` from ``bodies`` ((which, body, rollout) each by id)."""
     sessions = []
     for session_id in ids:
-        seq, body, rollout = bodies[session_id]
+        which, body, rollout = bodies[session_id]
         try:
             sessions.append(_journal.decode(body, rollout))
-        except Exception as exc:  # nothing of ours writes such a row: say so, go on
-            logger.error("%s: journal row %d (session %s) cannot be read back (%s); it was "
-                         "not merged", db.display, seq, session_id, exc)
+        except Exception as exc:  # nothing of ours writes such a thing: say so, go on
+            logger.error("%s: %s (session %s) cannot be read back (%s); it was not merged",
+                         where, which, session_id, exc)
     return sessions
 
 

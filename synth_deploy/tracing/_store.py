@@ -5,7 +5,9 @@ the writers that commit to it: the store's own writer thread (`ThreadWriter`: gr
 commit, one writer per process), and for a served app's event loop a writer child process
 (`LoopWriter`, see `use_writer_process`), which keeps SQL off the server's GIL. Either way
 `write_session` returns only after the COMMIT of its batch: a 200 means the trace is in
-the file (see `_db._sqlite` for what survives what).
+the file (see `_db._sqlite` for what survives what). A store whose readers are elsewhere
+(`TraceDbSetting.session_log`: a Modal container's) appends each session to its log
+instead (`_write._log`), which a copier takes from there.
 
 Readers (`synth_deploy.tracing._read`) read through ``store.database``. Opening a store
 builds the rows of the sessions a busy writer child left in its journal (`_write._journal`),
@@ -32,6 +34,7 @@ from synth_deploy.tracing._errors import NotATraceDbError, SessionNotFoundError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write import _journal
+from synth_deploy.tracing._write._log import SessionLog
 from synth_deploy.tracing._write._thread import ThreadWriter
 
 logger = logging.getLogger("synth_deploy.tracing")
@@ -85,8 +88,11 @@ class TraceStore:
         # own, so it spends no GIL time on SQL: one per loop, replaced when it dies.
         self._children: dict[asyncio.AbstractEventLoop, Any] = {}
         self._children_lock = threading.Lock()
-        self._children_allowed = writer_process and not setting.is_remote and not read_only \
-            and not self._database.in_memory
+        local_file = not setting.is_remote and not read_only and not self._database.in_memory
+        # A store whose readers are elsewhere appends each session to its log instead.
+        self._log = SessionLog(setting.path) if setting.session_log and local_file \
+            and setting.path is not None else None
+        self._children_allowed = writer_process and local_file and self._log is None
 
     @property
     def database(self) -> TraceDatabase:
@@ -111,6 +117,8 @@ class TraceStore:
 
         ``rollout``: the facts of the rollout it recorded, which become its metadata
         (`describe_session`) in the writer child when there is one, off the caller's loop."""
+        if self._log is not None and self._log.append(session, rollout):
+            return  # in the log file: no commit to wait for
         loop = asyncio.get_running_loop()
         child = self._children.get(loop)
         if child is not None and not child.alive:
@@ -135,9 +143,9 @@ class TraceStore:
         answer (``error``: what it got instead); a session stored otherwise is left as it
         is. Runs on a worker thread, as a second writer beside the writer child (a session
         it journaled gets its rows first, unless they are built elsewhere: then the mark
-        waits beside it for the store that builds them, `TraceDbSetting.journal_all`)."""
+        waits in the file for the store that builds them, `TraceDbSetting.session_log`)."""
         self._check_writable()
-        elsewhere = self.setting.journal_all
+        elsewhere = self.setting.session_log
 
         def amend() -> None:
             if not elsewhere:
@@ -158,6 +166,10 @@ class TraceStore:
         """Store ``sessions`` together (one commit, with whatever else waits); returns once
         committed. Each is stored or fails alone: the first error is raised."""
         self._check_writable()
+        if self._log is not None:
+            sessions = [s for s in sessions if not self._log.append(s)]
+            if not sessions:
+                return
         waiter: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread.submit(list(sessions), waiter)
         try:
@@ -327,6 +339,8 @@ class TraceStore:
         running = self._thread.close(self.write_timeout_s)
         for child in children:
             child.finish(self.write_timeout_s)
+        if self._log is not None:
+            self._log.close()
         if not running:
             self._database.close()
 

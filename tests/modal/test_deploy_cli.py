@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shlex
-import sqlite3
 import subprocess
 import sys
 import time
@@ -25,8 +24,8 @@ from synth_deploy.cli import app as cli_app
 from synth_deploy.env import parse_env_file
 from synth_deploy.handoff import env_files_for_child
 from synth_deploy.health import CheckOptions, RolloutOptions, check
-from synth_deploy.modal import SOURCE_EXCLUDED_PACKAGES, ModalCLI
-from synth_deploy.tracing import open_trace_store
+from synth_deploy.modal import SOURCE_EXCLUDED_PACKAGES, ModalCLI, VolumeSnapshots
+from synth_deploy.tracing import merge_trace_file, open_trace_store
 
 ROOT = Path(__file__).resolve().parents[2]
 MATH_FILE = ROOT / "apps" / "math" / "task_app.py"
@@ -66,14 +65,16 @@ def test_deploy_end_to_end(standin, mock_policy, tmp_path):
     assert report.healthy, report.to_dict()
     assert httpx.get(url + "/task_info", headers={"X-API-Key": "sk_env_nope_000000000"},
                      timeout=5).status_code == 403
-    # No SYNTH_TRACES_DB: the rollout's trace lands in a SQLite file inside the container,
-    # as the plan says (and nowhere shared); likely kept whole in its journal (rows are
-    # left to `traces pull`), which a store opening a copy builds.
+    # No SYNTH_TRACES_DB: the rollout's trace lands beside a SQLite file inside the
+    # container, as the plan says (and nowhere shared): in its session log, which a segment
+    # of its Volume copies and `traces pull` merges (made here at once, not in 10 s).
     [db] = list(standin["state"].rglob("traces/v3/synth_ai.db"))
-    copy = tmp_path / "container.db"
-    with sqlite3.connect(db) as conn, sqlite3.connect(copy) as out:
-        conn.backup(out)
-    with open_trace_store(copy) as store:
+    segments = VolumeSnapshots(db, tmp_path / "volume", "probe", lambda: None, 3600)
+    assert segments.snapshot()
+    segments.stop()
+    with open_trace_store(tmp_path / "home.db") as store:
+        [segment] = (tmp_path / "volume").iterdir()
+        assert merge_trace_file(store, segment).added == 1
         assert [s.seed for s in store.list_sessions()] == [3]
     # Serving (a rollout included) asked for no synth_deploy package the image leaves out,
     # not even in an import that would have been caught.

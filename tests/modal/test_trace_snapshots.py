@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from contextlib import closing
+from dataclasses import replace
 
-from sessions import make_session
+from sessions import log_record, make_session
 
 from synth_deploy.modal import VolumeSnapshots
-from synth_deploy.tracing import merge_trace_file, open_trace_store
+from synth_deploy.tracing import (
+    SessionLog,
+    SessionTrace,
+    merge_trace_file,
+    open_trace_store,
+    parse_trace_db,
+    read_session_log,
+    session_log_files,
+)
 
 
 def _ids(path) -> set[str]:
@@ -23,7 +31,8 @@ def _ids(path) -> set[str]:
 
 
 def _segments(folder, container="ta-1"):
-    return sorted(folder.glob(f"{container}.*.db"), key=lambda p: int(p.name.split(".")[1]))
+    """The container's files (SQLite segments and log copies), in the order written."""
+    return sorted(folder.glob(f"{container}.*.*"), key=lambda p: int(p.name.split(".")[1]))
 
 
 def test_each_snapshot_is_a_new_segment_of_what_is_new_readable_alone(tmp_path):
@@ -54,52 +63,85 @@ def test_each_snapshot_is_a_new_segment_of_what_is_new_readable_alone(tmp_path):
                 source.get_session(session_id).to_dict()
 
 
-def test_sessions_still_journaled_go_in_a_segment_once(tmp_path):
-    # A busy writer child journals whole sessions and builds their rows later: a segment
-    # taken meanwhile carries them as journal rows (a store opening the segment builds
-    # them), and no later segment copies them again; once built, they come as rows.
+class _Tagged(SessionTrace):
+    """A session the log cannot hold (only builtins go in a record): stored in rows."""
+
+
+def _container_store(path):
+    return open_trace_store(replace(parse_trace_db(str(path)), session_log=True))
+
+
+def test_the_session_log_goes_in_segments_each_session_once(tmp_path):
+    # A container's store appends each session to its log: a segment carries the records
+    # past those copied before as journal rows (a store opening the segment builds them),
+    # and a session stored in rows as rows; no later segment copies either again.
     local, folder = tmp_path / "local.db", tmp_path / "vol"
-    with open_trace_store(local) as store:
-        store.write_session_sync(first := make_session(0))
-    _journal(local, "j-1", "j-2")
+    sessions = [make_session(i) for i in range(5)]
+    sessions[2].__class__ = _Tagged
+    ids = [s.session_id for s in sessions]
+    store = _container_store(local)
+    store.write_sessions_sync(sessions[:2])
     snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
     assert snapshots.snapshot() is True
-    _journal(local, "j-3")
+    assert snapshots.snapshot() is False  # nothing new
+    store.write_sessions_sync(sessions[2:4])
     assert snapshots.snapshot() is True
-    with sqlite3.connect(local) as conn:  # j-1's rows were built: it leaves the journal
-        conn.execute("DELETE FROM session_journal WHERE session_id = 'j-1'")
-    with open_trace_store(local) as store:
-        store.write_session_sync(later := make_session(1))
+    store.write_sessions_sync(sessions[4:])
+    store.close()
     snapshots.stop()
-    assert [_rows_and_journal(p) for p in _segments(folder)] == [
-        ({first.session_id}, {"j-1", "j-2"}), (set(), {"j-3"}), ({later.session_id}, set())]
+    assert [(p.suffix, *_rows_and_journal(p)) for p in _segments(folder)] == [
+        (".log", set(), {ids[0], ids[1]}), (".log", set(), {ids[3]}),
+        (".db", {ids[2]}, set()), (".log", set(), {ids[4]})]
 
 
-def test_journal_rows_given_a_seq_again_are_still_copied(tmp_path):
-    # New journal rows are taken past the last one copied. When that row leaves the journal
-    # (its rows built), SQLite may give its seq, and those after, to new rows: they must
-    # reach a segment all the same (a session copied twice is stored once by the pull).
+def test_a_record_being_written_waits_for_the_next_segment(tmp_path):
+    # The server may be writing a record as the copier reads: the part seen is left for
+    # the next segment, which takes it whole.
     local, folder = tmp_path / "local.db", tmp_path / "vol"
-    open_trace_store(local).close()
-    _journal(local, "j-1", "j-2")
+    first, other = make_session(1), make_session(2)
+    with _container_store(local) as store:
+        store.write_session_sync(first)
+    record = log_record(tmp_path, other)
+    [(_, newest)] = session_log_files(local)
+    with open(newest, "ab") as fh:
+        fh.write(record[:len(record) // 2])
     snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
     assert snapshots.snapshot() is True
-    with sqlite3.connect(local) as conn:
-        conn.execute("DELETE FROM session_journal WHERE session_id = 'j-2'")
-    _journal(local, "j-3", "j-4")  # seqs 2 and 3: j-3 takes j-2's
-    assert snapshots.snapshot() is True
-    _journal(local, "j-5")
+    with open(newest, "ab") as fh:
+        fh.write(record[len(record) // 2:])
     snapshots.stop()
-    journaled = [_rows_and_journal(p)[1] for p in _segments(folder)]
-    assert journaled[0] == {"j-1", "j-2"} and {"j-3", "j-4"} <= journaled[1]
-    assert journaled[2] == {"j-5"}  # and the next takes only what is new again
+    assert [_rows_and_journal(p)[1] for p in _segments(folder)] == [
+        {first.session_id}, {other.session_id}]
 
 
-def test_journal_rows_leave_the_container_once_committed_to_the_volume(tmp_path):
-    # A container serving for hours must not keep every session on its disk: journal rows
-    # in a committed segment are dropped; a failed commit keeps them until one succeeds.
+def test_a_part_record_left_by_a_failed_write_is_skipped_and_what_follows_copied(
+        tmp_path, caplog):
+    # A write that failed and could not be cut off leaves part of a record at the end of
+    # a file the log then left: it is told and passed over; the next file is read.
     local, folder = tmp_path / "local.db", tmp_path / "vol"
     open_trace_store(local).close()
+    before, after = make_session(1), make_session(2)
+    log = SessionLog(local, rotate_bytes=1)  # a file a record
+    log.append(before)
+    log.append(after)
+    log.close()
+    [(_, sealed), _] = session_log_files(local)
+    with open(sealed, "ab") as fh:
+        fh.write(log_record(tmp_path, make_session(3))[:50])
+    VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600).stop()
+    [segment] = _segments(folder)
+    assert _rows_and_journal(segment)[1] == {before.session_id, after.session_id}
+    assert "the last 50 bytes are not a whole session" in caplog.text
+
+
+def test_log_files_leave_the_container_once_committed_to_the_volume(tmp_path):
+    # A container serving for hours must not keep every session on its disk: a log file
+    # in a committed segment is deleted once the log has gone on to the next (the newest
+    # is still written to); a failed commit keeps them until one succeeds.
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
+    open_trace_store(local).close()
+    log = SessionLog(local, rotate_bytes=1)  # a file a record
+    sessions = [make_session(i) for i in range(4)]
     fail = [True]
 
     def commit():
@@ -107,33 +149,28 @@ def test_journal_rows_leave_the_container_once_committed_to_the_volume(tmp_path)
             raise RuntimeError("Volume unreachable")
 
     snapshots = VolumeSnapshots(local, folder, "ta-1", commit, every_s=3600)
-    _journal(local, "j-1", "j-2")
+    log.append(sessions[0])
+    log.append(sessions[1])
     assert snapshots.snapshot() is False  # written, not committed
-    assert _local_journal(local) == {"j-1", "j-2"}
+    assert [n for n, _ in session_log_files(local)] == [1, 2]
     fail[0] = False
-    _journal(local, "j-3")
+    log.append(sessions[2])
     assert snapshots.snapshot() is True
-    assert _local_journal(local) == set()
-    _journal(local, "j-4")
+    assert [n for n, _ in session_log_files(local)] == [3]
+    log.append(sessions[3])
+    log.close()
     snapshots.stop()
-    assert _local_journal(local) == set()
+    assert [n for n, _ in session_log_files(local)] == [4]
     journaled = [_rows_and_journal(p)[1] for p in _segments(folder)]
-    assert journaled == [{"j-1", "j-2"}, {"j-3"}, {"j-4"}]  # each once, in its own
-
-
-def _local_journal(path) -> set[str]:
-    with closing(sqlite3.connect(path)) as conn:
-        return {r[0] for r in conn.execute("SELECT session_id FROM session_journal")}
-
-
-def _journal(path, *session_ids: str) -> None:
-    # Rows as a journaling writer child adds them (their bodies do not matter here).
-    with sqlite3.connect(path) as conn:
-        conn.executemany("INSERT INTO session_journal (session_id, body) VALUES (?, ?)",
-                         [(sid, b"-") for sid in session_ids])
+    assert journaled == [{sessions[0].session_id, sessions[1].session_id},
+                         {sessions[2].session_id}, {sessions[3].session_id}]
 
 
 def _rows_and_journal(path) -> tuple[set[str], set[str]]:
+    """The sessions a file holds in rows, and whole (a log copy's records, or journal
+    rows)."""
+    if path.suffix == ".log":
+        return set(), {session_id for session_id, _, _ in read_session_log(path).records}
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
         return ({r[0] for r in conn.execute("SELECT session_id FROM session_traces")},
                 {r[0] for r in conn.execute("SELECT session_id FROM session_journal")})

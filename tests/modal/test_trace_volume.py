@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from synth_deploy.cli import app as cli_app
 from synth_deploy.env import Env
 from synth_deploy.serving import LocalRunner, ServerKeys, ServeSettings
-from synth_deploy.tracing import parse_trace_db
+from synth_deploy.tracing import parse_trace_db, read_session_log
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT_S = 1.5
@@ -51,14 +51,14 @@ def _cli(*args: str):
 
 
 def _committed_sessions(state: Path, task_id: str) -> int:
-    """The sessions the container's committed segments hold, in rows or journaled."""
+    """The sessions the container's committed files hold: its log's records, and rows."""
     ids: set[str] = set()
-    for path in (state / "volumes" / "synth-mathvol-traces" / "synth-mathvol").glob(
-            f"{task_id}.*.db"):
+    folder = state / "volumes" / "synth-mathvol-traces" / "synth-mathvol"
+    for path in folder.glob(f"{task_id}.*.log"):
+        ids |= {session_id for session_id, _, _ in read_session_log(path).records}
+    for path in folder.glob(f"{task_id}.*.db"):
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-            ids |= {row[0] for row in conn.execute(
-                "SELECT session_id FROM session_traces "
-                "UNION SELECT session_id FROM session_journal")}
+            ids |= {row[0] for row in conn.execute("SELECT session_id FROM session_traces")}
     return len(ids)
 
 

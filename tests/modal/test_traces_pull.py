@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from synth_deploy.cli import app as cli_app
 from synth_deploy.env import load_env
 from synth_deploy.modal import ModalCLI, VolumeSnapshots, pull_traces
-from synth_deploy.tracing import open_trace_store, parse_trace_db
+from synth_deploy.tracing import SessionTrace, open_trace_store, parse_trace_db
 
 
 def _pull(*args: str):
@@ -210,26 +210,27 @@ def test_a_whole_store_file_that_changed_since_its_merge_is_fetched_again(standi
     assert (again["downloaded"], again["sessions_added"], again["sessions_skipped"]) == (1, 3, 2)
 
 
+class _Tagged(SessionTrace):
+    """A session the log cannot hold (only builtins go in a record): stored in rows."""
+
+
 def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull(
         standin, tmp_path):
-    # A container journals each session, and its client may be found gone after the
-    # session went into a segment, and home. The mark waits beside the journaled session
-    # (its rows are not built there), the next segment carries it, and the next pull
-    # marks the session at home too. So for a session stored in rows at once (the first,
-    # before the writer child is up): the mark changes its row, and is kept as well.
+    # A container appends each session to its log, and its client may be found gone
+    # after the session went into a segment, and home. The mark waits in the store (the
+    # session has no rows there), the next segment carries it, and the next pull marks the
+    # session at home too. So for a session stored in rows (one the log cannot hold): the
+    # mark changes its row, and is kept as well.
     folder = standin["state"] / "volumes" / "synth-x-traces" / "synth-x"
     local, home = tmp_path / "container.db", tmp_path / "home.db"
     sessions = [make_session(i) for i in range(3)]
     lost, in_rows = sessions[1].session_id, sessions[0].session_id
-    store = open_trace_store(replace(parse_trace_db(str(local)), journal_all=True))
+    sessions[0].__class__ = _Tagged
+    store = open_trace_store(replace(parse_trace_db(str(local)), session_log=True))
     snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
 
     async def record() -> None:
-        await store.write_session(sessions[0])  # no writer child yet: in rows
-        child = store.use_writer_process()
-        while not child.ready:
-            await asyncio.sleep(0.01)
-        await asyncio.gather(*(store.write_session(s) for s in sessions[1:]))
+        await asyncio.gather(*(store.write_session(s) for s in sessions))
 
     async def lose_answers() -> None:
         for session_id in (lost, in_rows):
@@ -248,8 +249,8 @@ def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull
     asyncio.run(lose_answers())
     snapshots.stop()
     store.close()
-    # The journaled sessions went to the Volume and left the container's disk, unbuilt:
-    # one row (the session stored before the child was up), and the two marks.
+    # The logged sessions went to the Volume, unbuilt: one row (the session the log could
+    # not hold), and the two marks.
     with closing(sqlite3.connect(local)) as conn:
         assert [conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in (
             "session_journal", "session_traces", "session_amendments")] == [0, 1, 2]

@@ -17,14 +17,13 @@ import pickle
 import sqlite3
 import threading
 import time
-from dataclasses import replace
 
 import pytest
 from rollouts import fire, rollout_body
 from sessions import make_session
 
 from synth_deploy.serving import create_app
-from synth_deploy.tracing import export_sft, open_trace_store, parse_trace_db
+from synth_deploy.tracing import export_sft, open_trace_store
 
 KEY = "sk-live-journal-0123456789abcdef"  # the policy's key each rollout is sent
 
@@ -266,34 +265,4 @@ def test_a_stopping_writer_builds_its_journal_for_a_moment_at_most_and_a_reader_
     assert 0 < left < len(sessions) and closed_s < 10, (left, closed_s)
     with open_trace_store(path) as reader:
         assert reader.count_sessions() == len(sessions)
-    assert journal_count(path) == 0
-
-
-def test_a_writer_child_told_to_journal_all_leaves_every_row_to_the_reader(tmp_path):
-    # A Modal container's store (`TraceDbSetting.journal_all`): its writer child journals
-    # every session, even one alone on an idle server, and builds no rows, not even as it
-    # exits; the store that opens the file (`traces pull`, at home) builds them all, the
-    # same sessions as a store that wrote them in rows.
-    path, plain = tmp_path / "container.db", tmp_path / "plain.db"
-    sessions = [make_session(i) for i in range(40)]
-
-    async def write_all(store):
-        child = store.use_writer_process()
-        while not child.ready:
-            await asyncio.sleep(0.01)
-        for session in sessions[:3]:  # one at a time, nothing else in flight
-            await store.write_session(session)
-        await asyncio.gather(*(store.write_session(s) for s in sessions[3:]))
-
-    store = open_trace_store(replace(parse_trace_db(str(path)), journal_all=True))
-    asyncio.run(write_all(store))
-    store.close()
-    assert (journal_count(path), raw_sessions(path)) == (len(sessions), 0)
-    with open_trace_store(plain) as written:
-        written.write_sessions_sync(sessions)
-    with open_trace_store(path) as pulled, open_trace_store(plain, read_only=True) as written:
-        assert pulled.count_sessions() == len(sessions)
-        for session in sessions:
-            assert pulled.get_session(session.session_id).to_dict() == \
-                written.get_session(session.session_id).to_dict()
     assert journal_count(path) == 0

@@ -9,10 +9,16 @@ from contextlib import closing
 from dataclasses import replace
 
 import pytest
-from sessions import assert_same, make_session
+from sessions import assert_same, log_record, make_session
 
 from synth_deploy.errors import TraceStoreError
-from synth_deploy.tracing import merge_trace_file, open_trace_store, parse_trace_db
+from synth_deploy.tracing import (
+    merge_trace_file,
+    open_trace_store,
+    parse_trace_db,
+    read_session_log,
+    session_log_files,
+)
 
 
 def _digest(path) -> str:
@@ -38,38 +44,65 @@ def test_merge_adds_every_session_whole_then_nothing(tmp_path):
     assert _digest(source) == before  # read-only: not even a journal-mode switch
 
 
-def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(tmp_path):
-    # A Modal container's segment holds its sessions in the journal only (its writer child
-    # had `journal_all`): they go into rows here, each once (three journaled again, read in
-    # a later batch than their first rows), and the file is not built first (its bytes are
-    # left as they were).
-    source = tmp_path / "segment.db"
-    sessions = [make_session(i, reward=i % 2) for i in range(210)]
+def _container_log(tmp_path, sessions) -> list[tuple[str, bytes, bytes | None]]:
+    """The records of ``sessions`` as a Modal container's store logs them."""
+    local = tmp_path / "container.db"
+    with open_trace_store(replace(parse_trace_db(str(local)), session_log=True)) as container:
+        container.write_sessions_sync(sessions)
+    [(_, file)] = session_log_files(local)
+    return read_session_log(file).records
 
-    async def record(store):
-        child = store.use_writer_process()
-        while not child.ready:
-            await asyncio.sleep(0.01)
-        await asyncio.gather(*(store.write_session(s) for s in sessions))
 
-    container = open_trace_store(replace(parse_trace_db(str(source)), journal_all=True))
-    asyncio.run(record(container))
-    container.close()
-    with closing(sqlite3.connect(source)) as conn, conn:
-        conn.execute("INSERT INTO session_journal (session_id, body, rollout) SELECT "
-                     "session_id, body, rollout FROM session_journal ORDER BY seq LIMIT 3")
-        assert conn.execute("SELECT COUNT(*) FROM session_traces").fetchone() == (0,)
+def _assert_merged_once_and_left_as_it_was(tmp_path, source, sessions) -> None:
     before = _digest(source)
-
     with open_trace_store(tmp_path / "home.db") as home:
         first = merge_trace_file(home, source)
-        assert (first.added, first.skipped) == (210, 0)
+        assert (first.added, first.skipped) == (len(sessions), 0)
         assert first.probe in {s.session_id for s in sessions}
         again = merge_trace_file(home, source)
-        assert (again.added, again.skipped) == (0, 210)
+        assert (again.added, again.skipped) == (0, len(sessions))
         for original in sessions:
             assert_same(home.get_session(original.session_id).to_dict(), original.to_dict())
     assert _digest(source) == before
+
+
+def test_a_containers_log_copy_is_merged_each_session_once(tmp_path):
+    # What a Modal container copies to its Volume of its session log: each session goes
+    # into rows here once (three logged again, read in a later batch than their first
+    # time), and the file is left as it was.
+    sessions = [make_session(i, reward=i % 2) for i in range(210)]
+    _container_log(tmp_path, sessions)
+    [(_, file)] = session_log_files(tmp_path / "container.db")
+    source = tmp_path / "ta-1.1.log"
+    source.write_bytes(file.read_bytes() + log_record(tmp_path, sessions[0])
+                       + log_record(tmp_path, sessions[1]) + log_record(tmp_path, sessions[2]))
+    _assert_merged_once_and_left_as_it_was(tmp_path, source, sessions)
+
+
+def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(tmp_path):
+    # A store a busy writer child journaled into (a journal row holds what a log record
+    # does): its sessions go into rows here, each once (three journaled twice), and the
+    # file is not built first (its bytes are left as they were).
+    sessions = [make_session(i, reward=i % 2) for i in range(210)]
+    records = _container_log(tmp_path, sessions)
+    source = tmp_path / "journaled.db"
+    open_trace_store(source).close()
+    with closing(sqlite3.connect(source)) as conn, conn:
+        conn.executemany("INSERT INTO session_journal (session_id, body, rollout) VALUES "
+                         "(?, ?, ?)", records + records[:3])
+    _assert_merged_once_and_left_as_it_was(tmp_path, source, sessions)
+
+
+def test_a_log_copy_cut_short_is_refused_before_anything_is_merged(tmp_path):
+    sessions = [make_session(i) for i in range(3)]
+    _container_log(tmp_path, sessions)
+    [(_, file)] = session_log_files(tmp_path / "container.db")
+    source = tmp_path / "ta-1.1.log"
+    source.write_bytes(file.read_bytes()[:-10])
+    with open_trace_store(tmp_path / "home.db") as home:
+        with pytest.raises(TraceStoreError, match="last .* bytes are not a whole session"):
+            merge_trace_file(home, source)
+        assert home.count_sessions() == 0
 
 
 def test_a_lost_answer_in_the_file_marks_a_session_held_as_ok_and_only_that(tmp_path):

@@ -346,8 +346,7 @@ def main() -> None:
     fails alone) answered with one frame. While a commit runs, what the server sends waits
     in the pipe. While the server is busy (`_ServerLoad`), sessions that come with others
     (a batch of several, or other rollouts still running) go to the journal, whose rows
-    are built between batches once the server is not busy (with `TraceDbSetting.journal_all`,
-    every session goes to the journal and its rows are left to the file's readers). Once its
+    are built between batches once the server is not busy. Once its
     input closes and what it read is committed, the child builds what is still journaled for
     `_journal.EXIT_BUILD_S` at most (a short run's traces are then whole in the file), and
     leaves the rest to the next store that opens the file (a reader, the next server,
@@ -367,9 +366,7 @@ def main() -> None:
         return
     db.checkpoint_in_background()  # commits here never stop to checkpoint
     parent_gone = not _send(stdout, [])  # ready
-    # A file whose readers are elsewhere (`TraceDbSetting.journal_all`) gets no rows here.
-    builds_rows = not setting.journal_all
-    journaled = _journal.waiting(db) if builds_rows else 0  # a killed predecessor's, if any
+    journaled = _journal.waiting(db)  # a killed predecessor's, if any
     server = _ServerLoad(os.getppid())
     try:
         while True:
@@ -386,11 +383,10 @@ def main() -> None:
                 break
             # Building rows now would take a busy server's CPU: journal them, when others
             # come with them (a lone session is stored in rows whatever the load).
-            journal = not builds_rows or (
-                (len(items) > 1 or frames.more_coming) and server.busy())
+            journal = (len(items) > 1 or frames.more_coming) and server.busy()
             for part in commit_slices(items):
                 outcomes, added = _store(db, part, journal)
-                journaled += added if builds_rows else 0
+                journaled += added
                 acks = [(seq, None if error is None else _describe(error))
                         for (seq, *_), error in zip(part, outcomes, strict=True)]
                 parent_gone = parent_gone or not _send(stdout, acks)  # commits go on anyway

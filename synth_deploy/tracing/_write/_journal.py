@@ -9,9 +9,9 @@ untouched, and what the rollout's facts say of it (`rollout_description`: keys m
 so no secret reaches the file). That commit is what the child acknowledges, so a journaled
 session is as durable as one stored in rows. Building its rows later costs more than
 building them at once (the row is read back, a second transaction), so a server with CPU to
-spare gets rows at once. A file whose readers are elsewhere (`TraceDbSetting.journal_all`: a
-Modal container's, which `traces pull` reads at home) gets every session journaled, and no
-rows from the child.
+spare gets rows at once. A store whose readers are elsewhere (a Modal container's) keeps
+what a journal row holds in a log file instead (`_log`): its copier makes journal rows of
+the records, in the segments `traces pull` reads at home.
 
 Its rows are built (`expand`) between batches while the server is not busy (the writer child
 watches the share of a core it uses), for `EXIT_BUILD_S` at most once the child's input
