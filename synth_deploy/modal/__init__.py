@@ -20,7 +20,7 @@ The modules, one concept each:
     _credentials   has_modal_token   is there a Modal token, answered locally
     _reachability  require_modal_reachable   does Modal's API answer, within a deadline
     _deployment    deploy            plan ▸ validate ▸ modal deploy ▸ URL ▸ healthy ▸ .env
-    _trace_volume  VolumeSnapshots   a container's new traces, a segment an interval on the Volume
+    _trace_volume  VolumeSnapshots   a container's new traces, copied to the Volume each interval
     _trace_pull    pull_traces       the Volume's traces, merged into a local store
 """
 

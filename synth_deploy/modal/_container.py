@@ -115,5 +115,5 @@ def _destination(env: Env, traces: TraceDbSetting | None,
     if snapshots is None:
         return {"destination": "this container's disk (lost with it)", "durable": False}
     return {"destination": f"Modal Volume {env.get(TRACE_VOLUME_VAR)}: {snapshots.pattern}, "
-                           f"a segment committed every {snapshots.every_s:g}s and at drain",
+                           f"new sessions committed every {snapshots.every_s:g}s and at drain",
             "durable": True}

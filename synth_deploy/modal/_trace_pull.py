@@ -1,20 +1,20 @@
 """`pull_traces`: a deployed app's traces, from its trace Volume into a local store.
 
-The Volume holds each container's segments, SQLite files of what it recorded in an interval
-(see `_trace_volume`). A pull lists the app's folder with `modal volume ls --json`,
-downloads each file it has not merged yet, or whose size or time changed since (`modal
-volume get`, into a partial file renamed when whole), and merges its sessions into the
-store, then removes its copy. Each `modal volume get` is a process and a connection of its
-own (0.7 s to start, before it connects), and a busy container leaves hundreds of segments
-an hour: when several files are new (`ONE_FETCH_FROM`) and the folder holds no more bytes
-already merged than new ones, the whole folder comes in one `get` (Modal's CLI fetches its
-files in parallel), so a pull after a long run costs one call, not one per segment, and at
-most twice the bytes it needs. Files fetched one by one (a pull during a run: a few new
-beside many merged) run `FETCHES_AT_ONCE` calls at a time, ahead of the merge. A ledger
-beside the downloads records each file once merged (with a session of it, so that a store
-made afresh gets every file again): a second pull downloads and reads nothing it merged
-before, a pull cut short starts again from the first file it had not finished, and a
-session merged before is skipped in any case (`merge_trace_file`). Modal is reached only
+The Volume holds each container's files, each what it recorded in an interval: copies of its
+session log, and SQLite segments (see `_trace_volume`). A pull lists the app's folder with
+`modal volume ls --json`, downloads each file it has not merged yet, or whose size or time
+changed since (`modal volume get`, into a partial file renamed when whole), and merges its
+sessions into the store, then removes its copy. Each `modal volume get` is a process and a
+connection of its own (0.7 s to start, before it connects), and a busy container leaves
+hundreds of files an hour: when several files are new (`ONE_FETCH_FROM`) and the folder
+holds no more bytes already merged than new ones, the whole folder comes in one `get`
+(Modal's CLI fetches its files in parallel), so a pull after a long run costs one call, not
+one per file, and at most twice the bytes it needs. Files fetched one by one (a pull during
+a run: a few new beside many merged) run `FETCHES_AT_ONCE` calls at a time, ahead of the
+merge. A ledger beside the downloads records each file once merged (with a session of it, so
+that a store made afresh gets every file again): a second pull downloads and reads nothing
+it merged before, a pull cut short starts again from the first file it had not finished, and
+a session merged before is skipped in any case (`merge_trace_file`). Modal is reached only
 through `ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
 """
 
@@ -53,7 +53,7 @@ _FETCHING = ".fetching"  # where a folder fetch lands, beside the ledger
 class VolumeFile:
     """A container's trace file as `modal volume ls` lists it."""
 
-    path: str  # in the Volume: <app name>/<container id>.<n>.db
+    path: str  # in the Volume: <app name>/<container id>.<n>.log (or .db)
     size: int
     modified: str
 

@@ -117,8 +117,10 @@ class TraceStore:
 
         ``rollout``: the facts of the rollout it recorded, which become its metadata
         (`describe_session`) in the writer child when there is one, off the caller's loop."""
-        if self._log is not None and self._log.append(session, rollout):
-            return  # in the log file: no commit to wait for
+        if self._log is not None:
+            self._check_writable()
+            if self._log.append(session, rollout):
+                return  # in the log file: no commit to wait for
         loop = asyncio.get_running_loop()
         child = self._children.get(loop)
         if child is not None and not child.alive:

@@ -14,8 +14,10 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from sessions import log_record, make_session
 
+from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import (
     RolloutFacts,
     SessionLog,
@@ -68,6 +70,8 @@ def test_a_served_loop_appends_each_session_to_the_log_with_no_child_and_no_rows
 
     with _container_store(path) as store:
         asyncio.run(write_all(store))
+    with pytest.raises(TraceStoreError, match="closed"):  # and nothing reaches the log
+        asyncio.run(store.write_session(make_session(99), _facts(99)))
     assert _counts(path) == [0, 0]
     records = _records(path)
     assert [r[0] for r in records] == [s.session_id for s in sessions]
@@ -124,6 +128,7 @@ def test_files_follow_one_another_and_a_reader_takes_whole_records_only(tmp_path
 WRITE_PAST_A_FILE_SIZE_LIMIT = """
 import json, resource, signal, sys
 sys.path.insert(0, {tests!r})
+import pytest
 from sessions import log_record, make_session
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import SessionLog
