@@ -78,7 +78,7 @@ def web() -> Any:
     # container, copied to the app's trace Volume when the plan gave it one.
     traces = resolve_trace_db(None, env) if tracing_enabled(env) else None
     snapshots = _volume_snapshots(env, traces)
-    if traces is not None and snapshots is not None:  # read at home, from the segments
+    if traces is not None and snapshots is not None:  # read at home, from the Volume
         traces = replace(traces, session_log=True)
     settings = ServeSettings.resolve(str(_app_file(ref)), env, key_rule="required",
                                      traces=traces,

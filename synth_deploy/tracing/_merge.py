@@ -54,10 +54,11 @@ class MergeResult:
 
 
 def merge_trace_file(store: TraceStore, source: str | os.PathLike[str]) -> MergeResult:
-    """Add to ``store`` every session of the SQLite trace file ``source`` it does not hold.
+    """Add to ``store`` every session of the trace file ``source`` it does not hold: a
+    SQLite store, or a session log (a Modal container's copy of one).
 
     ``source`` is opened read-only and left as it is; any schema version this code reads
-    will do, and so does a session log. Raises `TraceStoreError` (with a hint) when
+    will do. Raises `TraceStoreError` (with a hint) when
     ``source`` is not a trace file.
     """
     if os.path.isfile(source) and is_session_log(source):

@@ -1,28 +1,29 @@
 """The session log: how a store whose readers are elsewhere keeps each session.
 
-A Modal container's sessions are read at home (`traces pull`), from the segments its
-`VolumeSnapshots` copies to the app's Volume; nothing in the container reads them. So they
+A Modal container's sessions are read at home (`traces pull`), from the copies its
+`VolumeSnapshots` puts on the app's Volume; nothing in the container reads them. So they
 need no rows there, no writer child and no commit: the server appends each session whole to
 a log file beside the store (`TraceDbSetting.session_log`), in one ``os.write`` from the
 thread that finished it. What it appends is what a journal row holds (`_journal`): the
 session's flat form, pickled, and what its rollout's facts say of it (keys masked first, so
-no secret reaches the file). The copier makes those records journal rows of a segment, and
-`traces pull` builds their rows at home.
+no secret reaches the file).
 
     <store>.sessions/<n>.log      log file n (1, 2, ...): `MAGIC`, then records appended
 
 A record is a header (the lengths of the session id, the body and the rollout description,
-`NO_ROLLOUT` for none; little-endian) and those bytes. A run of whole records after `MAGIC`
-is a log file too: the copier puts the records new since its last copy in such a file on
-the Volume, as they are (no parsing, no SQL), and `merge_trace_file` reads it at home.
-Once the write returns, the record is
-in the file: the process may be killed at any moment after and it is read (like a commit
-of the store, it is not fsynced: an OS crash may lose it, and a container's disk does not
-outlive its container anyway). A file is followed by file n + 1 once it holds
-`ROTATE_BYTES`, and no record goes to it after that: a reader that sees file n + 1 knows
-file n is whole, and may delete it once its records are safe elsewhere. The newest file may
-be read while a record is being written: a reader takes whole records only
-(`read_session_log`), and reads the rest next time.
+`NO_ROLLOUT` for none; little-endian) and those bytes. `MAGIC` and a run of whole records is
+a log file too: the copier puts the records new since its last copy in such a file on the
+Volume, as they are (`copy_session_log`: no parsing, no SQL), and `merge_trace_file` decodes
+it at home as it decodes journal rows.
+
+Once the write returns, the record is in the file: the process may be killed at any moment
+after and it is read (like a commit of the store, it is not fsynced: an OS crash may lose
+it, and a container's disk does not outlive its container anyway). A write that fails is
+cut off, so no part of a record is followed by whole ones. A file is followed by file n + 1
+once it holds `ROTATE_BYTES`, and no record goes to it after that: a reader that sees file
+n + 1 knows file n is whole, and may delete it once its records are safe elsewhere
+(`drop_copied_logs`). The newest file may be read while a record is being written: a
+reader takes whole records only (`read_log_span`), and the rest next time.
 
 One process writes a store's log (a served app's; a Modal container runs one).
 """
