@@ -4,8 +4,11 @@ of its own; a failed commit costs nothing but a retry."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 import threading
+from contextlib import closing
 from dataclasses import replace
 
 from sessions import log_record, make_session
@@ -226,3 +229,26 @@ def test_segments_taken_while_a_writer_commits_hold_every_session_once_in_all(tm
     held = [_ids(p) for p in _segments(folder, "ta-3")]
     assert len(held) >= 2
     assert sum(map(len, held)) == 200 and len(set().union(*held)) == 200
+
+
+def test_a_session_marked_lost_again_goes_in_a_new_segment(tmp_path):
+    # A second lost answer of the same session replaces the first mark: it is news, and a
+    # segment carries it (the copier knows new marks by their place in the table).
+    local, folder = tmp_path / "local.db", tmp_path / "vol"
+    session = make_session(1)
+    store = _container_store(local)
+    store.write_session_sync(session)
+    snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
+    errors = [{"code": "client_gone", "message": "first"},
+              {"code": "client_gone", "message": "second"}]
+    said = []
+    for error in errors:
+        asyncio.run(store.record_lost_answer(session.session_id, error))
+        assert snapshots.snapshot() is True
+        [newest] = _segments(folder)[-1:]
+        with closing(sqlite3.connect(f"file:{newest}?mode=ro", uri=True)) as conn:
+            said += [json.loads(e)["message"] for (e,) in conn.execute(
+                "SELECT error FROM session_amendments")]
+    store.close()
+    snapshots.stop()
+    assert said == ["first", "second"]
