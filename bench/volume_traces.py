@@ -15,13 +15,13 @@ upper bound. Each rollout makes five policy calls to the kit's mock policy (its 
 Target: throughput volume/untraced >= 0.95x; volume/disk is the Volume's own share. The
 summary gives the interval the median ratio lies in (95 %, from the rounds' spread): on this
 2-core machine it has been 14 to 37 points wide, so one run's median cannot tell 0.95x from
-1.00x. The
-disk container's writer child journals sessions under load and builds their rows once the
-server is not busy: the CPU it spends after each load is printed apart (each container is
-measured once the one before has gone quiet). The volume container has no writer child: its
-server appends each session to the store's session log, copied to the Volume as it is.
-Afterwards every SQLite segment on the Volume must pass `integrity_check`, and together with
-the log copies they must hold a session for every rollout answered (each container drains).
+1.00x. The disk container's writer child journals sessions under load and builds their rows
+once the server is not busy: the CPU it spends after each load is printed apart (each
+container is measured once the one before has gone quiet). The volume container has no
+writer child: its server appends each session to the store's session log, copied to the
+Volume as it is. Afterwards every SQLite segment on the Volume must pass `integrity_check`,
+and together with the log copies they must hold a session for every rollout answered (each
+container drains).
 """
 
 from __future__ import annotations

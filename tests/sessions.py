@@ -3,7 +3,9 @@ traces are the same once stored."""
 
 from __future__ import annotations
 
-from synth_deploy.tracing import SessionTrace, SessionTracer
+import tempfile
+
+from synth_deploy.tracing import SessionLog, SessionTrace, SessionTracer, session_log_files
 
 
 def make_session(i: int = 0, *, app: str = "math", reward: float = 1.0,
@@ -62,10 +64,6 @@ def judged_session(policy: str, judge: str) -> object:
 def log_record(folder, session) -> bytes:
     """The bytes of ``session``'s record in a session log (as a log elsewhere, made in
     ``folder``, holds it): what a log file gains when the session is appended."""
-    import tempfile
-
-    from synth_deploy.tracing import SessionLog, session_log_files
-
     logs = []
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         for name, count in (("one", 1), ("two", 2)):

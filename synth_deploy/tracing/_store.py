@@ -113,7 +113,8 @@ class TraceStore:
 
     async def write_session(self, session: SessionTrace,
                             rollout: RolloutFacts | None = None) -> None:
-        """Store ``session``; returns once it is committed. Safe from many coroutines.
+        """Store ``session``; returns once it is committed (with `TraceDbSetting.session_log`:
+        once it is in the log file). Safe from many coroutines.
 
         ``rollout``: the facts of the rollout it recorded, which become its metadata
         (`describe_session`) in the writer child when there is one, off the caller's loop."""
