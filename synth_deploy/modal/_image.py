@@ -22,7 +22,7 @@ from synth_deploy.modal._settings import DEFAULT_APP_REMOTE_PATH, ModalSettings
 # What `create_app(config)` imports at serving time: starlette (fastapi brings it, and an app
 # with its own routers needs fastapi itself), pydantic, anyio; aiohttp calls the policy, and
 # httpx is ctx.http's API on top of it.
-SERVING_PACKAGES = ("fastapi", "pydantic", "httpx", "aiohttp")
+SERVING_PACKAGES = ("fastapi", "pydantic", "httpx", "aiohttp", "msgspec")
 # A remote trace store (libsql://) needs the libSQL client in the container.
 REMOTE_TRACING_PACKAGES = ("libsql",)
 

@@ -29,6 +29,7 @@ from synth_deploy.tracing._rollout_facts import lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._store import TraceStore
 from synth_deploy.tracing._write import _journal
+from synth_deploy.tracing._write._codec import decode_session
 from synth_deploy.tracing._write._log import is_session_log, read_session_log
 
 logger = logging.getLogger("synth_deploy.tracing")
@@ -165,7 +166,7 @@ def _decoded(where: str, ids: list[str],
     for session_id in ids:
         which, body, rollout = bodies[session_id]
         try:
-            sessions.append(_journal.decode(body, rollout))
+            sessions.append(decode_session(body, rollout))
         except Exception as exc:  # nothing of ours writes such a thing: say so, go on
             logger.error("%s: %s (session %s) cannot be read back (%s); it was not merged",
                          where, which, session_id, exc)

@@ -16,7 +16,6 @@ from sessions import log_record, make_session
 from synth_deploy.modal import VolumeSnapshots
 from synth_deploy.tracing import (
     SessionLog,
-    SessionTrace,
     merge_trace_file,
     open_trace_store,
     parse_trace_db,
@@ -66,8 +65,9 @@ def test_each_snapshot_is_a_new_segment_of_what_is_new_readable_alone(tmp_path):
                 source.get_session(session_id).to_dict()
 
 
-class _Tagged(SessionTrace):
-    """A session the log cannot hold (only builtins go in a record): stored in rows."""
+class _Handle:
+    """An object of the app's own class: no msgpack type holds it, so a session that
+    carries one is stored in rows, not in the log."""
 
 
 def _container_store(path):
@@ -80,7 +80,7 @@ def test_the_session_log_goes_in_segments_each_session_once(tmp_path):
     # and a session stored in rows as rows; no later segment copies either again.
     local, folder = tmp_path / "local.db", tmp_path / "vol"
     sessions = [make_session(i) for i in range(5)]
-    sessions[2].__class__ = _Tagged
+    sessions[2].metadata["handle"] = _Handle()
     ids = [s.session_id for s in sessions]
     store = _container_store(local)
     store.write_sessions_sync(sessions[:2])

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from synth_deploy.cli import app as cli_app
 from synth_deploy.env import load_env
 from synth_deploy.modal import ModalCLI, VolumeSnapshots, pull_traces
-from synth_deploy.tracing import SessionTrace, open_trace_store, parse_trace_db
+from synth_deploy.tracing import open_trace_store, parse_trace_db
 
 
 def _pull(*args: str):
@@ -210,8 +210,9 @@ def test_a_whole_store_file_that_changed_since_its_merge_is_fetched_again(standi
     assert (again["downloaded"], again["sessions_added"], again["sessions_skipped"]) == (1, 3, 2)
 
 
-class _Tagged(SessionTrace):
-    """A session the log cannot hold (only builtins go in a record): stored in rows."""
+class _Handle:
+    """An object of the app's own class: no msgpack type holds it, so a session that
+    carries one is stored in rows, not in the log."""
 
 
 def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull(
@@ -225,7 +226,7 @@ def test_an_answer_lost_after_its_session_was_pulled_is_carried_by_the_next_pull
     local, home = tmp_path / "container.db", tmp_path / "home.db"
     sessions = [make_session(i) for i in range(3)]
     lost, in_rows = sessions[1].session_id, sessions[0].session_id
-    sessions[0].__class__ = _Tagged
+    sessions[0].metadata["handle"] = _Handle()
     store = open_trace_store(replace(parse_trace_db(str(local)), session_log=True))
     snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
 

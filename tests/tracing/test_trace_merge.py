@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import decimal
 import hashlib
+import json
 import sqlite3
 from contextlib import closing
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from sessions import assert_same, log_record, make_session
 
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import (
+    SessionTracer,
+    TurnTokens,
     merge_trace_file,
     open_trace_store,
     parse_trace_db,
@@ -77,6 +83,68 @@ def test_a_containers_log_copy_is_merged_each_session_once(tmp_path):
     source.write_bytes(file.read_bytes() + log_record(tmp_path, sessions[0])
                        + log_record(tmp_path, sessions[1]) + log_record(tmp_path, sessions[2]))
     _assert_merged_once_and_left_as_it_was(tmp_path, source, sessions)
+
+
+def _chat_turn(tracer: SessionTracer, turn: int, history: list[dict]) -> None:
+    # A policy call as call_policy records it: the event, then the bytes on the wire.
+    tracer.start_timestep(f"turn-{turn}", turn_number=turn)
+    history.append({"role": "user", "content": f"observation {turn}"})
+    prompt = list(range(1, 6 * turn))  # each prompt holds the one before and its answer
+    event = tracer.record_lm_call(model_name="m", usage={"prompt_tokens": len(prompt),
+                                                         "completion_tokens": 2},
+                                  tokens=TurnTokens(prompt, [6 * turn, 6 * turn + 1],
+                                                    [-0.25, -0.5], model="m"))
+    answer = {"choices": [{"message": {"role": "assistant", "content": f"move {turn}"}}],
+              "usage": {"prompt_tokens": len(prompt), "completion_tokens": 2}}
+    tracer.record_exchange(event, json.dumps({"model": "m", "messages": history}).encode(),
+                           json.dumps(answer).encode())
+    history.append(answer["choices"][0]["message"])
+
+
+def test_a_logged_session_comes_home_as_the_rows_of_a_local_store_hold_it(tmp_path):
+    # Token ids (sent packed), chats recorded as wire bytes, and metadata of the types
+    # msgpack writes differently (a tuple, a datetime, an int key, a Decimal, bytes):
+    # merged from the log, the session reads back as a store that wrote it itself holds it.
+    tracer = SessionTracer(metadata={"app_id": "math", "status": "ok", "pair": (1, 2),
+                                     "at": datetime.datetime(2026, 11, 29, 4, 30),
+                                     7: "an int key", "price": decimal.Decimal("0.25"),
+                                     "raw": b"\x00\xff"})
+    history: list[dict] = []
+    for turn in (1, 2, 3):
+        _chat_turn(tracer, turn, history)
+    tracer.record_outcome_reward(1.0)
+    session = tracer.finish()
+    tokens_before = [e.tokens for step in session.timesteps for e in step.events]
+    _container_log(tmp_path, [session])
+    [(_, file)] = session_log_files(tmp_path / "container.db")
+    assert [e.tokens for step in session.timesteps for e in step.events] == tokens_before
+    with open_trace_store(tmp_path / "home.db") as home, \
+            open_trace_store(tmp_path / "local.db") as local:
+        assert merge_trace_file(home, file).added == 1
+        local.write_session_sync(session)
+        pulled, kept = (s.get_session(session.session_id) for s in (home, local))
+        assert_same(pulled.to_dict(), kept.to_dict())
+        assert [(t.prompt_ids, t.completion_ids, t.completion_logprobs)
+                for t in pulled.turn_tokens] == [
+            (list(range(1, 6 * n)), [6 * n, 6 * n + 1], [-0.25, -0.5]) for n in (1, 2, 3)]
+        # The last turn's conversation: every message so far, from the wire bytes.
+        assert [m.content for m in pulled.timesteps[-1].messages] == [
+            m["content"] for m in history]
+
+
+def test_a_log_the_first_version_wrote_is_still_merged(tmp_path):
+    # Its records hold pickles (this kit's first session log, before msgpack): a Volume
+    # that a container of an older deploy wrote to is still pulled.
+    source = Path(__file__).parent / "data" / "session_log_v1.log"
+    with open_trace_store(tmp_path / "home.db") as home:
+        assert merge_trace_file(home, source).added == 3
+        sessions = sorted((home.get_session(s.session_id) for s in home.list_sessions()),
+                          key=lambda s: s.metadata["run_id"])
+    assert [s.metadata["run_id"] for s in sessions] == ["run-0", "run-1", "run-2"]
+    keys = [s.metadata["request"]["policy"]["config"]["api_key"] for s in sessions]
+    assert all(key.startswith("****") for key in keys)  # masked when it was written
+    assert [len(s.timesteps) for s in sessions] == [2, 2, 2]
+    assert [s.outcome_rewards[0].total_reward for s in sessions] == [1.0] * 3
 
 
 def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(tmp_path):

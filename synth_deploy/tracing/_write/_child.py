@@ -17,8 +17,8 @@ the store's ``write_timeout_s`` fails (one timer watches them all, `LoopWriter._
     event loop ──frames of (more_coming, [(seq, id, session, facts), ...])──► child stdin
     event loop ◄──frames of [(seq, error or None), ...]── child stdout
 
-A frame is a 4-byte little-endian length and a pickle; in it each session is its flat form
-(`_flat`), pickled alone when it holds builtins only (`_journal.encode`). ``more_coming``
+A frame is a 4-byte little-endian length and a pickle; in it each session is encoded alone
+(`encode_session`: msgpack), or its flat form (`_flat`) when msgpack cannot hold it. ``more_coming``
 says other sessions were still being recorded (rollouts still running) when the frame went:
 theirs will follow, and the child waits a moment for them (`GATHER_S`) to commit them
 together. The child has its own session (the terminal's Ctrl-C does not cut a commit short)
@@ -61,6 +61,7 @@ from synth_deploy.tracing._rollout_facts import (
 )
 from synth_deploy.tracing._session import sessions_recording
 from synth_deploy.tracing._write import _journal
+from synth_deploy.tracing._write._codec import decode_session, encode, encode_session
 from synth_deploy.tracing._write._commit import commit
 from synth_deploy.tracing._write._flat import flatten, restore
 
@@ -177,11 +178,10 @@ class LoopWriter:
     def _framed(self, more_coming: bool) -> bytes:
         sessions = []
         for seq, session, facts in self._queued:
-            # Pickled alone, so that a journaling child can store it as it comes.
-            flat = flatten(session)
-            body = _journal.encode(flat) if type(flat) is tuple else None
-            sessions.append((seq, session.session_id, flat if body is None else body,
-                             None if facts is None else tuple(facts)))
+            # Encoded alone, so that a journaling child can store it as it comes.
+            body = encode_session(session)
+            sessions.append((seq, session.session_id, flatten(session) if body is None
+                             else body, None if facts is None else tuple(facts)))
         self._queued = []
         return frame((more_coming, sessions))
 
@@ -400,7 +400,7 @@ def _store(db: TraceDatabase, part: list[tuple[int, str, Any, Any]], journal: bo
            ) -> tuple[list[BaseException | None], int]:
     """Store the sessions of ``part`` ((seq, session id, session as it came, facts or None)
     each), described by their rollout's facts: in the journal when ``journal`` and the server
-    could pickle them alone, else in rows (`commit`). Each one's outcome, and how many were
+    could encode them alone, else in rows (`commit`). Each one's outcome, and how many were
     journaled."""
     outcomes: list[BaseException | None] = [None] * len(part)
     rows: list[tuple[int, Any, Any]] = []  # (place, session, facts) of those stored in rows
@@ -409,7 +409,7 @@ def _store(db: TraceDatabase, part: list[tuple[int, str, Any, Any]], journal: bo
     for place, (_, session_id, session, facts) in enumerate(part):
         if journal and type(session) is bytes:
             try:
-                rollout = None if facts is None else _journal.encode(
+                rollout = None if facts is None else encode(
                     rollout_description(RolloutFacts(*facts)))
             except Exception as exc:
                 outcomes[place] = exc
@@ -439,7 +439,8 @@ def _commit_described(db: TraceDatabase, part: list[tuple[Any, Any]]
     sessions, places = [], []
     for place, (session, facts) in enumerate(part):
         try:
-            restored = restore(pickle.loads(session) if type(session) is bytes else session)
+            restored = (decode_session(session) if type(session) is bytes
+                        else restore(session))
             if facts is not None:
                 describe_session(restored, RolloutFacts(*facts))
         except Exception as exc:

@@ -4,7 +4,7 @@ A five-call session is some seventeen rows of the indexed v3 tables (events and 
 their indexes, the totals triggers): most of what tracing costs a served app. While its
 server is busy (its CPU is what rollouts are answered with) and sessions come together (a
 batch of several, or other rollouts still running), the writer child stores each one as a
-single row of `JOURNAL_TABLE` instead: its flat form (`_flat`) as the server pickled it,
+single row of `JOURNAL_TABLE` instead: the session as the server encoded it (`_codec`),
 untouched, and what the rollout's facts say of it (`rollout_description`: keys masked here,
 so no secret reaches the file). That commit is what the child acknowledges, so a journaled
 session is as durable as one stored in rows. Building its rows later costs more than
@@ -22,25 +22,20 @@ session once its rows are built. Building is `commit`, so a session already stor
 stored twice, and a crash between building and dropping the journal row leaves nothing to
 lose.
 
-Only builtins go in: the pickler refuses any other object (that session is stored in rows at
-once) and the reader looks no class up, so a journal row cannot run code.
+Only what msgpack holds goes in (any other session is stored in rows at once), and what is
+read back names no class, so a journal row cannot run code.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import pickle
 import time
-from typing import Any
 
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._db._schema import JOURNAL_TABLE, JOURNAL_VERSION
-from synth_deploy.tracing._rollout_facts import with_description
-from synth_deploy.tracing._session import SessionTrace
+from synth_deploy.tracing._write._codec import decode_session
 from synth_deploy.tracing._write._commit import commit
-from synth_deploy.tracing._write._flat import restore
 
 logger = logging.getLogger("synth_deploy.tracing")
 
@@ -52,51 +47,9 @@ CHUNK = 16
 EXIT_BUILD_S = 2.0
 
 
-class _NotBuiltin(Exception):
-    pass
-
-
-class _BuiltinsPickler(pickle.Pickler):
-    # Called only for objects that are not None, a bool or an exact int, float, str,
-    # bytes, dict, list, tuple, set or frozenset.
-    def reducer_override(self, obj: Any) -> Any:
-        raise _NotBuiltin
-
-
-class _NoClassUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"a journal row names {module}.{name}; only builtins "
-                                     "are read back")
-
-
-def encode(value: Any) -> bytes | None:
-    """``value`` pickled, or None when it holds anything but builtins: how a session's flat
-    form crosses the pipe to the writer child (and may be journaled as it came), and how
-    the child journals what it worked out of the rollout's facts."""
-    out = io.BytesIO()
-    try:
-        _BuiltinsPickler(out, pickle.HIGHEST_PROTOCOL).dump(value)
-    except _NotBuiltin:
-        return None
-    return out.getvalue()
-
-
-def _load(data: bytes) -> Any:
-    return _NoClassUnpickler(io.BytesIO(data)).load()
-
-
-def decode(body: bytes, rollout: bytes | None = None) -> SessionTrace:
-    """The session a journal row holds: its flat form (``body``), described by what its
-    rollout said (``rollout``, a `rollout_description`) when there is one."""
-    session = restore(_load(body))
-    if rollout is not None:
-        session.metadata = with_description(session.metadata, _load(rollout))
-    return session
-
-
 def append(db: TraceDatabase, entries: list[tuple[str, bytes, bytes | None]]) -> None:
-    """Journal ``entries`` ((session id, `encode`d flat session, `encode`d
-    `rollout_description` or None) each) in one transaction."""
+    """Journal ``entries`` ((session id, session and `rollout_description` or None, each
+    encoded by `_codec`) each) in one transaction."""
     db.run([(f"INSERT INTO {JOURNAL_TABLE} (session_id, body, rollout) VALUES (?, ?, ?)",
              entry) for entry in entries])
 
@@ -118,7 +71,7 @@ def any_waiting(db: TraceDatabase) -> bool:
 def entries(db: TraceDatabase, *, after: int = 0, limit: int = CHUNK,
             session_id: str | None = None) -> list[tuple[int, str, bytes, bytes | None]]:
     """Up to ``limit`` journal rows past ``after``, oldest first (``session_id``: that
-    session's only): (seq, session id, body, rollout) each, for `decode`."""
+    session's only): (seq, session id, body, rollout) each, for `decode_session`."""
     if db.schema_version < JOURNAL_VERSION:
         return []
     where = "seq > ?" + (" AND session_id = ?" if session_id is not None else "")
@@ -147,7 +100,7 @@ def expand(db: TraceDatabase, *, session_id: str | None = None,
         built, sessions = [], []
         for seq, _, body, rollout in rows:
             try:
-                sessions.append(decode(body, rollout))
+                sessions.append(decode_session(body, rollout))
             except Exception as exc:  # kept: nothing of ours writes such a row
                 logger.error("%s: journal row %d cannot be read back (%s); it was left in "
                              "%s", db.display, seq, exc, JOURNAL_TABLE)
@@ -163,5 +116,5 @@ def expand(db: TraceDatabase, *, session_id: str | None = None,
     return taken
 
 
-__all__ = ["CHUNK", "EXIT_BUILD_S", "IDLE_S", "any_waiting", "append", "decode", "encode",
-           "entries", "expand", "waiting"]
+__all__ = ["CHUNK", "EXIT_BUILD_S", "IDLE_S", "any_waiting", "append", "entries", "expand",
+           "waiting"]

@@ -4,9 +4,9 @@ A Modal container's sessions are read at home (`traces pull`), from the copies i
 `VolumeSnapshots` puts on the app's Volume; nothing in the container reads them. So they
 need no rows there, no writer child and no commit: the server appends each session whole to
 a log file beside the store (`TraceDbSetting.session_log`), in one ``os.write`` from the
-thread that finished it. What it appends is what a journal row holds (`_journal`): the
-session's flat form, pickled, and what its rollout's facts say of it (keys masked first, so
-no secret reaches the file).
+thread that finished it: the session as msgpack (`_codec`, the cheapest encoding measured
+for that thread), and what its rollout's facts say of it (keys masked first, so no secret
+reaches the file).
 
     <store>.sessions/<n>.log      log file n (1, 2, ...): `MAGIC`, then records appended
 
@@ -14,7 +14,7 @@ A record is a header (the lengths of the session id, the body and the rollout de
 `NO_ROLLOUT` for none; little-endian) and those bytes. `MAGIC` and a run of whole records is
 a log file too: the copier puts the records new since its last copy in such a file on the
 Volume, as they are (`copy_session_log`: no parsing, no SQL), and `merge_trace_file` decodes
-it at home as it decodes journal rows.
+it at home (`decode_session`).
 
 Once the write returns, the record is in the file: the process may be killed at any moment
 after and it is read (like a commit of the store, it is not fsynced: an OS crash may lose
@@ -42,8 +42,7 @@ from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing._errors import TraceFormatError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, rollout_description
 from synth_deploy.tracing._session import SessionTrace
-from synth_deploy.tracing._write._flat import flatten
-from synth_deploy.tracing._write._journal import encode
+from synth_deploy.tracing._write._codec import encode, encode_session
 
 logger = logging.getLogger("synth_deploy.tracing")
 
@@ -55,7 +54,7 @@ NO_ROLLOUT = 0xFFFFFFFF
 ROTATE_BYTES = 64 << 20
 _FILE = re.compile(r"^(\d+)\.log$")
 
-# (session id, body, rollout description or None): what a journal row holds.
+# (session id, body, rollout description or None), each encoded by `_codec`.
 Record = tuple[str, bytes, bytes | None]
 
 
@@ -200,10 +199,9 @@ class SessionLog:
 
     def append(self, session: SessionTrace, rollout: RolloutFacts | None = None) -> bool:
         """Append ``session`` (described by ``rollout``'s facts); False, with nothing
-        written, when it holds more than builtins (store it in rows instead). Raises
+        written, when it holds what msgpack has no type for (store it in rows instead). Raises
         `TraceStoreError` when the write fails (nothing of it is left in the log)."""
-        flat = flatten(session)
-        body = encode(flat) if type(flat) is tuple else None
+        body = encode_session(session)
         described = None if rollout is None else encode(rollout_description(rollout))
         if body is None or (rollout is not None and described is None):
             return False
