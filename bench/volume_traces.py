@@ -1,7 +1,7 @@
 """What the trace Volume costs a deployed app's rollouts: one container traced to its Volume
 against the same container untraced, and traced to its own disk, in one run.
 
-    python bench/volume_traces.py [--pairs 4] [--rounds 4] [--seconds 2] [--concurrency 32]
+    python bench/volume_traces.py [--pairs 4] [--rounds 16] [--seconds 0.5] [--concurrency 32]
 
 Each server is the Modal container's own entry (`synth_deploy.modal.container_app`, built from
 the variables a deploy plan gives it) under plain uvicorn in its own process, as Modal runs
@@ -14,14 +14,14 @@ upper bound. Each rollout makes five policy calls to the kit's mock policy (its 
 
 Target: throughput volume/untraced >= 0.95x; volume/disk is the Volume's own share. The
 summary gives the interval the median ratio lies in (95 %, from the rounds' spread): on this
-2-core machine it has been 14 to 37 points wide, so one run's median cannot tell 0.95x from
-1.00x. The disk container's writer child journals sessions under load and builds their rows
-once the server is not busy: the CPU it spends after each load is printed apart (each
-container is measured once the one before has gone quiet). The volume container has no
-writer child: its server appends each session to the store's session log, copied to the
-Volume as it is. Afterwards every SQLite segment on the Volume must pass `integrity_check`,
-and together with the log copies they must hold a session for every rollout answered (each
-container drains).
+2-core machine, 9 to 13 points wide with the default short rounds (16 rounds of 2 s, the
+default before, gave 23 to 37: too wide to tell 0.95x from 1.00x). The disk container's
+writer child journals sessions under load and builds their rows once the server is not
+busy: the CPU it spends after each load is printed apart (each container is measured once
+the one before has gone quiet). The volume container has no writer child: its server
+appends each session to the store's session log, copied to the Volume as it is. Afterwards
+every SQLite segment on the Volume must pass `integrity_check`, and together with the log
+copies they must hold a session for every rollout answered (each container drains).
 """
 
 from __future__ import annotations
@@ -115,11 +115,12 @@ def container(tmp: Path, name: str, app: Path, *, tracing: bool, volume: bool,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4, help="server pairs, each started afresh")
-    # Sixteen rounds of 2 s rather than eight of 3 s: a round's three containers are loaded
-    # seconds apart, and this machine's speed drifts within seconds (the same container
-    # measured 455 and 734 rollouts/s a minute apart), so more pairs make the median steadier.
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per pair")
-    parser.add_argument("--seconds", type=float, default=2.0)
+    # Many short rounds: a round's three containers are loaded one after another, and this
+    # machine's speed drifts within seconds (the same container measured 455 and 734
+    # rollouts/s a minute apart), so the closer together they are, the less of that drift a
+    # round's ratio holds. 64 rounds of 0.5 s gave intervals a third as wide as 16 of 2 s.
+    parser.add_argument("--rounds", type=int, default=16, help="rounds per pair")
+    parser.add_argument("--seconds", type=float, default=0.5)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--commit-s", type=float, default=DEFAULT_TRACE_COMMIT_S,
                         help="the Volume's commit interval (default: the deploy default; "
