@@ -28,22 +28,14 @@ from __future__ import annotations
 
 import io
 import pickle
-from dataclasses import fields
 from typing import Any
 
 import msgspec
 
 from synth_deploy.tracing._rollout_facts import with_description
-from synth_deploy.tracing._session import (
-    Event,
-    EventReward,
-    Message,
-    OutcomeReward,
-    SessionTrace,
-    Timestep,
-)
+from synth_deploy.tracing._session import SessionTrace, Timestep
 from synth_deploy.tracing._tokens import PackedTurn, pack_turns
-from synth_deploy.tracing._write._flat import restore
+from synth_deploy.tracing._write._flat import FIELDS, NESTED, restore
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
@@ -108,19 +100,14 @@ def _unpickled(data: bytes) -> Any:
     return _NoClassUnpickler(io.BytesIO(data)).load()
 
 
-_NESTED: dict[type, dict[str, type]] = {
-    SessionTrace: {"timesteps": Timestep, "event_rewards": EventReward,
-                   "outcome_rewards": OutcomeReward},
-    Timestep: {"events": Event, "messages": Message}}
-_NAMES = {cls: frozenset(f.name for f in fields(cls))
-          for cls in (SessionTrace, Timestep, Event, Message, EventReward, OutcomeReward)}
+_NAMES = {cls: frozenset(names) for cls, names in FIELDS.items()}
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
     # By name, the fields this version knows (an app's subclass may have sent more: the
     # rows have no place for them either).
     values = {name: value for name, value in data.items() if name in _NAMES[cls]}
-    for name, sub in _NESTED.get(cls, {}).items():
+    for name, sub in NESTED.get(cls, {}).items():
         values[name] = [_build(sub, item) for item in values.get(name, ())]
     if cls is Timestep:
         values["exchanges"] = [tuple(x) for x in values.get("exchanges", ())]

@@ -1,8 +1,9 @@
 """A session's flat form: tuples of its fields, nested as the dataclasses nest.
 
-What crosses the pipe from a served app's loop to its writer child (cheaper to pickle on
-the server, whose GIL pays for it, than the dataclasses), and what the journal keeps
-(`_journal`): builtins only, so it is read back with no class looked up.
+How a session msgpack cannot hold (`_codec`) crosses the pipe to the writer child, pickled
+(cheaper on the server, whose GIL pays for it, than the dataclasses), and what journal rows
+and log records written before msgpack hold, pickled with builtins only: `restore` reads
+both back.
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ def restore(flat: Any) -> SessionTrace:
 
 
 
-_NESTED = {SessionTrace: {"timesteps": Timestep, "event_rewards": EventReward,
+# The dataclasses' nesting (which field holds a list of which), and their fields' names: what
+# the session codec (`_codec`) builds sessions back by, too.
+NESTED = {SessionTrace: {"timesteps": Timestep, "event_rewards": EventReward,
                           "outcome_rewards": OutcomeReward},
            Timestep: {"events": Event, "messages": Message}}
-_FIELDS = {cls: tuple(f.name for f in fields(cls))
+FIELDS = {cls: tuple(f.name for f in fields(cls))
            for cls in (SessionTrace, Timestep, Event, Message, EventReward, OutcomeReward)}
-_GET = {cls: operator.itemgetter(*names) for cls, names in _FIELDS.items()}
-_PLAN = {cls: [(i, nested[name]) for i, name in enumerate(_FIELDS[cls]) if name in nested]
-         for cls, nested in _NESTED.items()}
+_GET = {cls: operator.itemgetter(*names) for cls, names in FIELDS.items()}
+_PLAN = {cls: [(i, nested[name]) for i, name in enumerate(FIELDS[cls]) if name in nested]
+         for cls, nested in NESTED.items()}
 
 
 def _flat(obj: Any, cls: type) -> Any:
@@ -81,9 +84,9 @@ def _restore(flat: Any, cls: type) -> Any:
 # Token ids cross packed, each prompt as what it adds to the turn before (`pack_turns`):
 # as Python ints, a session's prompts (each holding the conversation so far) would cost the
 # server's GIL a pickled int each.
-_STEPS_AT, _EVENTS_AT = _FIELDS[SessionTrace].index("timesteps"), _FIELDS[Timestep].index(
+_STEPS_AT, _EVENTS_AT = FIELDS[SessionTrace].index("timesteps"), FIELDS[Timestep].index(
     "events")
-_TOKENS_AT = _FIELDS[Event].index("tokens")
+_TOKENS_AT = FIELDS[Event].index("tokens")
 
 
 def _pack_tokens(session: SessionTrace, steps: list[Any]) -> None:
@@ -106,4 +109,4 @@ def _unpack_tokens(session: SessionTrace) -> None:
             event.tokens = PackedTurn(event.tokens)
 
 
-__all__ = ["flatten", "restore"]
+__all__ = ["FIELDS", "NESTED", "flatten", "restore"]
