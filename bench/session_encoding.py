@@ -1,15 +1,14 @@
-"""What encoding a finished session costs the server's thread: msgpack by msgspec (what the
-kit sends its writer child and a Modal container appends to its session log) against
-pickling the session's flat form (what it did before), in one run.
+"""What encoding a finished session costs the server's thread: a session log's record
+(msgpack by msgspec: what a Modal container holds of each session, and what the kit sends
+its writer child) against the standard library's pickle of the same session, in one run.
 
     python bench/session_encoding.py [--repeats 3] [--sessions 200]
 
 Two sessions, each as `call_policy` records it (an LM call, then the bytes on the wire):
 the five-call rollout of bench/volume_traces.py, and a 20-turn episode whose policy
-returned token ids (each prompt holds the one before: both encodings pack them). Per
-session, best of five passes, microseconds; ratio = msgpack / pickle (lower is cheaper),
-and the bytes of each. No target: it explains where bench/volume_traces.py's server CPU
-went.
+returned token ids (each prompt holds the one before: the log packs them). Per session,
+best of five passes, microseconds; ratio = record / pickle (lower is cheaper), and the
+bytes of each. No target: it explains where bench/volume_traces.py's server CPU goes.
 """
 
 from __future__ import annotations
@@ -19,11 +18,18 @@ import json
 import pickle
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from synth_deploy.tracing import SessionTrace, SessionTracer, TurnTokens
-from synth_deploy.tracing._write._codec import decode_session, encode_session
-from synth_deploy.tracing._write._flat import flatten, restore
+from synth_deploy.tracing import (
+    SessionLog,
+    SessionTrace,
+    SessionTracer,
+    TurnTokens,
+    read_session_log,
+    write_session_log,
+)
 
 
 def episode(turns: int, *, tokens: bool, seed: int = 0) -> SessionTrace:
@@ -61,8 +67,15 @@ def per_session_us(encode, sessions: list) -> float:
     return best
 
 
-def pickled_flat(session: SessionTrace) -> bytes:
-    return pickle.dumps(flatten(session), pickle.HIGHEST_PROTOCOL)
+def pickled(session: SessionTrace) -> bytes:
+    return pickle.dumps(session, pickle.HIGHEST_PROTOCOL)
+
+
+def record(session: SessionTrace) -> bytes:
+    log = SessionLog()
+    log.append(session)
+    [made] = log.take()
+    return made
 
 
 def main() -> None:
@@ -77,18 +90,20 @@ def main() -> None:
     for name, shape in shapes.items():
         sessions = [episode(**shape, seed=i) for i in range(args.sessions)]
         first = sessions[0]
-        assert decode_session(encode_session(first)).session_id == first.session_id
-        assert restore(pickle.loads(pickled_flat(first))).session_id == first.session_id
+        with tempfile.TemporaryDirectory() as scratch:  # the records read back whole
+            path = Path(scratch) / "check.log"
+            write_session_log(path, [record(s) for s in sessions[:3]])
+            assert [r[0] for r in read_session_log(path).records] == [
+                s.session_id for s in sessions[:3]]
         ratios = []
         for repeat in range(1, args.repeats + 1):
-            msgpack_us = per_session_us(encode_session, sessions)
-            pickle_us = per_session_us(pickled_flat, sessions)
-            ratios.append(msgpack_us / pickle_us)
-            print(f"  {name:20s} run {repeat}: msgpack {msgpack_us:6.1f} µs, flat+pickle "
-                  f"{pickle_us:6.1f} µs, ratio {msgpack_us / pickle_us:.2f}x")
-        print(f"  {name:20s} bytes: msgpack {len(encode_session(first)):,}, flat+pickle "
-              f"{len(pickled_flat(first)):,}; median ratio {statistics.median(ratios):.2f}x")
-
+            record_us = per_session_us(record, sessions)
+            pickle_us = per_session_us(pickled, sessions)
+            ratios.append(record_us / pickle_us)
+            print(f"  {name:20s} run {repeat}: record {record_us:6.1f} µs, pickle "
+                  f"{pickle_us:6.1f} µs, ratio {record_us / pickle_us:.2f}x")
+        print(f"  {name:20s} bytes: record {len(record(first)):,}, pickle "
+              f"{len(pickled(first)):,}; median ratio {statistics.median(ratios):.2f}x")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,9 +3,7 @@ traces are the same once stored."""
 
 from __future__ import annotations
 
-import tempfile
-
-from synth_deploy.tracing import SessionLog, SessionTrace, SessionTracer, session_log_files
+from synth_deploy.tracing import SessionLog, SessionTrace, SessionTracer
 
 
 def make_session(i: int = 0, *, app: str = "math", reward: float = 1.0,
@@ -61,18 +59,9 @@ def judged_session(policy: str, judge: str) -> object:
     return tracer.finish()
 
 
-def log_record(folder, session) -> bytes:
-    """The bytes of ``session``'s record in a session log (as a log elsewhere, made in
-    ``folder``, holds it): what a log file gains when the session is appended."""
-    logs = []
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        for name, count in (("one", 1), ("two", 2)):
-            store = f"{scratch}/{name}.db"
-            log = SessionLog(store)
-            for _ in range(count):
-                log.append(session)
-            log.close()
-            [(_, file)] = session_log_files(store)
-            logs.append(file.read_bytes())
-    one, two = logs
-    return two[len(one):]
+def log_record(session) -> bytes:
+    """The bytes of ``session``'s record in a session log."""
+    log = SessionLog()
+    assert log.append(session)
+    [record] = log.take()
+    return record

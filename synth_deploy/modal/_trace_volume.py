@@ -1,31 +1,32 @@
 """The trace Volume: how a deployed app's traces outlive its containers.
 
-A container's trace store appends each session to its session log (`TraceDbSetting.
-session_log`: one record, written by the server in one ``os.write``, with no writer child
-and no commit; see `synth_deploy.tracing.SessionLog`). A thread of its own copies, every
-interval, what is new into files on the app's Modal Volume, then commits the Volume:
+A container's trace store hands each session to its session log (`TraceDbSetting.
+session_log`: one record, made by the server, held in memory; no writer child, no commit,
+no file; see `synth_deploy.tracing.SessionLog`). A thread of its own takes, every interval,
+what the log holds and writes it into a file on the app's Modal Volume, then commits the
+Volume:
 
-    <mount>/<app name>/<container id>.<n>.log   the log's records new since the last copy
+    <mount>/<app name>/<container id>.<n>.log   the records held since the last copy
     <mount>/<app name>/<container id>.<n>.db    rows and marks new in the store (rare)
 
-The records are copied as they are: whole ones only, no parsing, no SQL (the container's
-CPU is its rollouts'). `traces pull` decodes them and builds their rows at home, where CPU
-after the run is free. The store itself gains rows only for a session the log cannot hold
-(one that is not plain builtins) and marks of answers lost (`lost_answer`, carried): when
-it has, a SQLite segment is copied too, in one read transaction of the store (one
-consistent state; SQLite runs it without the GIL). Each file is written beside its final
-name and renamed into place, so neither our commit nor Modal's background one can catch half
-a file; a file is never written again. So each copy, and each upload, is as large as what
-is new, however long the container has run. Each container writes only its own files
+The records are written as they are: no parsing, no SQL (the container's CPU is its
+rollouts'). `traces pull` decodes them and builds their rows at home, where CPU after the
+run is free. The store itself gains rows only for a session the log cannot hold (one
+msgpack has no type for) and marks of answers lost (`lost_answer`, carried): when it has,
+a SQLite segment is copied too, in one read transaction of the store (one consistent
+state; SQLite runs it without the GIL). Each file is written beside its final name and
+renamed into place, so neither our commit nor Modal's background one can catch half a
+file; a file is never written again. So each copy, and each upload, is as large as what is
+new, however long the container has run. Each container writes only its own files
 (numbered in one sequence), so containers never race on one (on a Volume the last writer of
 a file wins); `traces pull` stores a session found twice once.
 
-The request path never waits: rollouts append to the log, the thread copies from it. What a
-killed container can lose is what it recorded since its last copy: at most one interval
-(``ModalSettings.trace_commit_s``). A container that drains makes a last copy and commit
-after its last rollout answered. A file that was written but whose commit failed is
-committed with the next. Once committed, the log files the copies took whole leave the
-container's disk.
+The request path never waits: rollouts hand sessions to the log, the thread takes them
+from it. What a killed container can lose is what it recorded since its last copy: at most
+one interval (``ModalSettings.trace_commit_s``). A container that drains makes a last copy
+and commit after its last rollout answered. A copy that fails gives its records back to
+the log, for the next; a file that was written but whose commit failed is committed with
+the next.
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from synth_deploy.tracing import LogPosition, copy_session_log, drop_copied_logs
+from synth_deploy.tracing import session_log, write_session_log
 
 logger = logging.getLogger("synth_deploy.modal")
 
@@ -75,11 +76,10 @@ _WHOLE_TABLES = ("synth_deploy_schema", _AMENDMENTS, "experiments", "systems",
 
 @dataclass(frozen=True)
 class _Copied:
-    """How far a container's copies reach in its local store and its session log."""
+    """How far a container's copies reach in its local store."""
 
     session_rowid: int = 0  # session_traces rows up to it
     amendment_rowid: int = 0  # session_amendments rows up to it
-    log: LogPosition = LogPosition()  # the store's session log
 
 
 def default_trace_volume(app_name: str) -> str:
@@ -146,23 +146,21 @@ class VolumeSnapshots:
     def snapshot(self) -> bool:
         """Copy what the session log and the local store gained since the last copy, and
         commit; False when they had gained nothing, or a copy or the commit failed (logged:
-        traces stay on the container's disk, and the next snapshot copies or commits
-        them)."""
+        traces stay in the container, and the next snapshot copies or commits them)."""
         with self._lock:
             try:
-                if self._conn is None:
-                    if not self.source.exists():
-                        return False
-                    self._conn = sqlite3.connect(self.source, isolation_level=None,
-                                                 check_same_thread=False)
                 wrote = False
                 if self._write_log_copy():
                     wrote = self._uncommitted = True
-                # data_version changes when another connection (the writer) has committed.
-                version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-                if version != self._seen_version and self._write_segment():
-                    wrote = self._uncommitted = True
-                self._seen_version = version
+                if self._conn is None and self.source.exists():
+                    self._conn = sqlite3.connect(self.source, isolation_level=None,
+                                                 check_same_thread=False)
+                if self._conn is not None:
+                    # data_version changes when another connection (the writer) commits.
+                    version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+                    if version != self._seen_version and self._write_segment():
+                        wrote = self._uncommitted = True
+                    self._seen_version = version
                 if not self._uncommitted:
                     return False
                 self._commit()
@@ -170,24 +168,25 @@ class VolumeSnapshots:
             except Exception as exc:  # the Volume or the disk: the app keeps serving
                 logger.warning("trace snapshot to %s failed: %s", self.folder, exc)
                 return False
-            try:
-                self._forget_committed()
-            except OSError as exc:  # kept on disk a while longer: the next one deletes them
-                logger.warning("committed trace logs stay on this container's disk: %s", exc)
             return wrote
 
     def _write_log_copy(self) -> bool:
-        """The session log's records new since the last copy, in the next file; False when
-        there were none."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        number = self._next_number()
-        final = self.folder / segment_name(self.container, number, LOG_SUFFIX)
-        partial = final.with_name(final.name + _PARTIAL_SUFFIX)
-        reach, copied = copy_session_log(self.source, self._copied.log, partial)
-        self._copied = replace(self._copied, log=reach)
-        if not copied:
+        """What the session log holds, in the next file; False when it held nothing. A copy
+        that fails gives the records back, for the next."""
+        log = session_log(self.source)
+        records = log.take()
+        if not records:
             return False
-        partial.replace(final)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            number = self._next_number()
+            final = self.folder / segment_name(self.container, number, LOG_SUFFIX)
+            partial = final.with_name(final.name + _PARTIAL_SUFFIX)
+            write_session_log(partial, records)
+            partial.replace(final)
+        except BaseException:
+            log.give_back(records)
+            raise
         self._last_number = number
         self.snapshots += 1
         return True
@@ -242,12 +241,7 @@ class VolumeSnapshots:
                                   ).fetchone()[0]
         sessions = conn.execute("SELECT COUNT(*) FROM segment.session_traces").fetchone()[0]
         news = sessions + (marked > self._copied.amendment_rowid)
-        return _Copied(newest, marked, self._copied.log), news
-
-    def _forget_committed(self) -> None:
-        """Delete the session log files now committed to the Volume: a container that
-        serves for hours would otherwise keep every session it recorded on its disk."""
-        drop_copied_logs(self.source, self._copied.log)
+        return _Copied(newest, marked), news
 
     def _next_number(self) -> int:
         if self._last_number is None:  # after any segment of this container id there

@@ -64,12 +64,10 @@ from synth_deploy.tracing._tokens import (
     valid_logprobs,
 )
 from synth_deploy.tracing._write._log import (
-    LogPosition,
     SessionLog,
-    copy_session_log,
-    drop_copied_logs,
     read_session_log,
-    session_log_files,
+    session_log,
+    write_session_log,
 )
 
 # What reads a store (browsing, export, reports, prices, replay) loads on first use: a
@@ -104,7 +102,6 @@ __all__ = [
     "Event",
     "EventReward",
     "ExportResult",
-    "LogPosition",
     "MergeResult",
     "Message",
     "NotATraceDbError",
@@ -163,11 +160,10 @@ __all__ = [
     "open_trace_store",
     "parse_trace_db",
     "replay",
-    "copy_session_log",
-    "drop_copied_logs",
     "read_session_log",
+    "session_log",
+    "write_session_log",
     "resolve_trace_db",
-    "session_log_files",
     "resolve_price_table",
     "reward_summary",
     "session_reward",

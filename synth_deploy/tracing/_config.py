@@ -29,10 +29,10 @@ _TOKEN_PARAMS = ("authToken", "auth_token")
 class TraceDbSetting:
     """A resolved trace database: ``url`` as given, where it came from, and how to reach it.
 
-    ``session_log``: every session is appended whole to the log beside the file
-    (`_write._log`), with no writer child and no rows, for a copier that takes it from
-    there: a Modal container's store, whose sessions `traces pull` builds at home from the
-    segments its `VolumeSnapshots` copies. A reader of the file itself does not see them.
+    ``session_log``: every session goes whole to the store's log (`_write._log`), held in
+    memory with no writer child and no rows, for a copier that takes it from there: a Modal
+    container's store, whose sessions `traces pull` builds at home from the files its
+    `VolumeSnapshots` writes. A reader of the file itself does not see them.
     """
 
     url: str

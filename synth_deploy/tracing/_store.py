@@ -6,8 +6,8 @@ commit, one writer per process), and for a served app's event loop a writer chil
 (`LoopWriter`, see `use_writer_process`), which keeps SQL off the server's GIL. Either way
 `write_session` returns only after the COMMIT of its batch: a 200 means the trace is in
 the file (see `_db._sqlite` for what survives what). A store whose readers are elsewhere
-(`TraceDbSetting.session_log`: a Modal container's) appends each session to its log
-instead (`_write._log`), which a copier takes from there.
+(`TraceDbSetting.session_log`: a Modal container's) hands each session to its log instead
+(`_write._log`), which holds it until a copier takes it.
 
 Readers (`synth_deploy.tracing._read`) read through ``store.database``. Opening a store
 builds the rows of the sessions a busy writer child left in its journal (`_write._journal`),
@@ -34,7 +34,7 @@ from synth_deploy.tracing._errors import NotATraceDbError, SessionNotFoundError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write import _journal
-from synth_deploy.tracing._write._log import SessionLog
+from synth_deploy.tracing._write._log import session_log
 from synth_deploy.tracing._write._thread import ThreadWriter
 
 logger = logging.getLogger("synth_deploy.tracing")
@@ -89,8 +89,8 @@ class TraceStore:
         self._children: dict[asyncio.AbstractEventLoop, Any] = {}
         self._children_lock = threading.Lock()
         local_file = not setting.is_remote and not read_only and not self._database.in_memory
-        # A store whose readers are elsewhere appends each session to its log instead.
-        self._log = SessionLog(setting.path) if setting.session_log and local_file \
+        # A store whose readers are elsewhere hands each session to its log instead.
+        self._log = session_log(setting.path) if setting.session_log and local_file \
             and setting.path is not None else None
         self._children_allowed = writer_process and local_file and self._log is None
 
@@ -114,14 +114,14 @@ class TraceStore:
     async def write_session(self, session: SessionTrace,
                             rollout: RolloutFacts | None = None) -> None:
         """Store ``session``; returns once it is committed (with `TraceDbSetting.session_log`:
-        once it is in the log file). Safe from many coroutines.
+        once its log holds it). Safe from many coroutines.
 
         ``rollout``: the facts of the rollout it recorded, which become its metadata
         (`describe_session`) in the writer child when there is one, off the caller's loop."""
         if self._log is not None:
             self._check_writable()
             if self._log.append(session, rollout):
-                return  # in the log file: no commit to wait for
+                return  # the log holds it: no commit to wait for
         loop = asyncio.get_running_loop()
         child = self._children.get(loop)
         if child is not None and not child.alive:
@@ -342,8 +342,6 @@ class TraceStore:
         running = self._thread.close(self.write_timeout_s)
         for child in children:
             child.finish(self.write_timeout_s)
-        if self._log is not None:
-            self._log.close()
         if not running:
             self._database.close()
 

@@ -18,13 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 from standins.modal_helpers import COMMAND as STANDIN
+from standins.modal_helpers import stop_containers
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
 from synth_deploy.env import parse_env_file
 from synth_deploy.handoff import env_files_for_child
 from synth_deploy.health import CheckOptions, RolloutOptions, check
-from synth_deploy.modal import SOURCE_EXCLUDED_PACKAGES, ModalCLI, VolumeSnapshots
+from synth_deploy.modal import SOURCE_EXCLUDED_PACKAGES, ModalCLI
 from synth_deploy.tracing import merge_trace_file, open_trace_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,16 +66,14 @@ def test_deploy_end_to_end(standin, mock_policy, tmp_path):
     assert report.healthy, report.to_dict()
     assert httpx.get(url + "/task_info", headers={"X-API-Key": "sk_env_nope_000000000"},
                      timeout=5).status_code == 403
-    # No SYNTH_TRACES_DB: the rollout's trace lands beside a SQLite file inside the
-    # container, as the plan says (and nowhere shared): in its session log, which a segment
-    # of its Volume copies and `traces pull` merges (made here at once, not in 10 s).
-    [db] = list(standin["state"].rglob("traces/v3/synth_ai.db"))
-    segments = VolumeSnapshots(db, tmp_path / "volume", "probe", lambda: None, 3600)
-    assert segments.snapshot()
-    segments.stop()
+    # No SYNTH_TRACES_DB: the rollout's trace goes to the app's trace Volume, as the plan
+    # says (and to nothing shared on the container's disk): the container drains, makes its
+    # last copy and commits, and `traces pull`'s merge stores the session at home.
+    stop_containers(standin["state"])
+    [copy] = list((standin["state"] / "volumes").rglob("*.log"))
+    assert not list(standin["state"].rglob("*.db.sessions"))
     with open_trace_store(tmp_path / "home.db") as store:
-        [segment] = (tmp_path / "volume").iterdir()
-        assert merge_trace_file(store, segment).added == 1
+        assert merge_trace_file(store, copy).added == 1
         assert [s.seed for s in store.list_sessions()] == [3]
     # Serving (a rollout included) asked for no synth_deploy package the image leaves out,
     # not even in an import that would have been caught.

@@ -11,16 +11,14 @@ import threading
 from contextlib import closing
 from dataclasses import replace
 
-from sessions import log_record, make_session
+from sessions import make_session
 
 from synth_deploy.modal import VolumeSnapshots
 from synth_deploy.tracing import (
-    SessionLog,
     merge_trace_file,
     open_trace_store,
     parse_trace_db,
     read_session_log,
-    session_log_files,
 )
 
 
@@ -75,9 +73,9 @@ def _container_store(path):
 
 
 def test_the_session_log_goes_in_segments_each_session_once(tmp_path):
-    # A container's store appends each session to its log: a segment carries the records
-    # past those copied before as journal rows (a store opening the segment builds them),
-    # and a session stored in rows as rows; no later segment copies either again.
+    # A container's store hands each session to its log: a copy carries the records held
+    # since the last, and a segment a session stored in rows as rows; no later file copies
+    # either again.
     local, folder = tmp_path / "local.db", tmp_path / "vol"
     sessions = [make_session(i) for i in range(5)]
     sessions[2].metadata["handle"] = _Handle()
@@ -97,76 +95,50 @@ def test_the_session_log_goes_in_segments_each_session_once(tmp_path):
         (".db", {ids[2]}, set()), (".log", set(), {ids[4]})]
 
 
-def test_a_record_being_written_waits_for_the_next_segment(tmp_path):
-    # The server may be writing a record as the copier reads: the part seen is left for
-    # the next segment, which takes it whole.
+def test_a_copy_that_fails_gives_its_records_back_for_the_next(tmp_path, caplog):
+    # The Volume's folder cannot be written: the records taken go back to the log, and the
+    # next snapshot copies them, with what came since, each once.
     local, folder = tmp_path / "local.db", tmp_path / "vol"
-    first, other = make_session(1), make_session(2)
-    with _container_store(local) as store:
-        store.write_session_sync(first)
-    record = log_record(tmp_path, other)
-    [(_, newest)] = session_log_files(local)
-    with open(newest, "ab") as fh:
-        fh.write(record[:len(record) // 2])
+    sessions = [make_session(i) for i in range(3)]
+    store = _container_store(local)
+    store.write_sessions_sync(sessions[:2])
+    folder.write_bytes(b"")  # a file where the folder should be
     snapshots = VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600)
-    assert snapshots.snapshot() is True
-    with open(newest, "ab") as fh:
-        fh.write(record[len(record) // 2:])
+    assert snapshots.snapshot() is False
+    assert "trace snapshot to" in caplog.text
+    folder.unlink()
+    store.write_sessions_sync(sessions[2:])
+    store.close()
     snapshots.stop()
     assert [_rows_and_journal(p)[1] for p in _segments(folder)] == [
-        {first.session_id}, {other.session_id}]
+        {s.session_id for s in sessions}]
 
 
-def test_a_part_record_left_by_a_failed_write_is_skipped_and_what_follows_copied(
-        tmp_path, caplog):
-    # A write that failed and could not be cut off leaves part of a record at the end of
-    # a file the log then left: it is told and passed over; the next file is read.
+def test_a_failed_commit_keeps_the_copy_and_commits_it_with_the_next(tmp_path):
+    # The copy is in the Volume's folder (the container's view of it) once taken: a commit
+    # that fails takes it along next time, and nothing is copied twice.
     local, folder = tmp_path / "local.db", tmp_path / "vol"
-    open_trace_store(local).close()
-    before, after = make_session(1), make_session(2)
-    log = SessionLog(local, rotate_bytes=1)  # a file a record
-    log.append(before)
-    log.append(after)
-    log.close()
-    [(_, sealed), _] = session_log_files(local)
-    with open(sealed, "ab") as fh:
-        fh.write(log_record(tmp_path, make_session(3))[:50])
-    VolumeSnapshots(local, folder, "ta-1", lambda: None, every_s=3600).stop()
-    [segment] = _segments(folder)
-    assert _rows_and_journal(segment)[1] == {before.session_id, after.session_id}
-    assert "the last 50 bytes are not a whole session" in caplog.text
-
-
-def test_log_files_leave_the_container_once_committed_to_the_volume(tmp_path):
-    # A container serving for hours must not keep every session on its disk: a log file
-    # in a committed segment is deleted once the log has gone on to the next (the newest
-    # is still written to); a failed commit keeps them until one succeeds.
-    local, folder = tmp_path / "local.db", tmp_path / "vol"
-    open_trace_store(local).close()
-    log = SessionLog(local, rotate_bytes=1)  # a file a record
-    sessions = [make_session(i) for i in range(4)]
+    sessions = [make_session(i) for i in range(3)]
+    store = _container_store(local)
+    commits: list[list[str]] = []
     fail = [True]
 
     def commit():
         if fail[0]:
             raise RuntimeError("Volume unreachable")
+        commits.append([p.name for p in _segments(folder)])
 
     snapshots = VolumeSnapshots(local, folder, "ta-1", commit, every_s=3600)
-    log.append(sessions[0])
-    log.append(sessions[1])
+    store.write_sessions_sync(sessions[:2])
     assert snapshots.snapshot() is False  # written, not committed
-    assert [n for n, _ in session_log_files(local)] == [1, 2]
     fail[0] = False
-    log.append(sessions[2])
-    assert snapshots.snapshot() is True
-    assert [n for n, _ in session_log_files(local)] == [3]
-    log.append(sessions[3])
-    log.close()
+    assert snapshots.snapshot() is False  # nothing new: the earlier copy committed
+    store.write_sessions_sync(sessions[2:])
+    store.close()
     snapshots.stop()
-    assert [n for n, _ in session_log_files(local)] == [4]
-    journaled = [_rows_and_journal(p)[1] for p in _segments(folder)]
-    assert journaled == [{sessions[0].session_id, sessions[1].session_id},
-                         {sessions[2].session_id}, {sessions[3].session_id}]
+    assert commits == [["ta-1.1.log"], ["ta-1.1.log", "ta-1.2.log"]]
+    assert [_rows_and_journal(p)[1] for p in _segments(folder)] == [
+        {sessions[0].session_id, sessions[1].session_id}, {sessions[2].session_id}]
 
 
 def _rows_and_journal(path) -> tuple[set[str], set[str]]:

@@ -23,7 +23,8 @@ from synth_deploy.tracing import (
     open_trace_store,
     parse_trace_db,
     read_session_log,
-    session_log_files,
+    session_log,
+    write_session_log,
 )
 
 
@@ -50,13 +51,14 @@ def test_merge_adds_every_session_whole_then_nothing(tmp_path):
     assert _digest(source) == before  # read-only: not even a journal-mode switch
 
 
-def _container_log(tmp_path, sessions) -> list[tuple[str, bytes, bytes | None]]:
-    """The records of ``sessions`` as a Modal container's store logs them."""
+def _container_log(tmp_path, sessions) -> Path:
+    """A log file of ``sessions`` as a Modal container's copier writes it."""
     local = tmp_path / "container.db"
     with open_trace_store(replace(parse_trace_db(str(local)), session_log=True)) as container:
         container.write_sessions_sync(sessions)
-    [(_, file)] = session_log_files(local)
-    return read_session_log(file).records
+    path = tmp_path / "ta-1.1.log"
+    write_session_log(path, session_log(local).take())
+    return path
 
 
 def _assert_merged_once_and_left_as_it_was(tmp_path, source, sessions) -> None:
@@ -77,11 +79,9 @@ def test_a_containers_log_copy_is_merged_each_session_once(tmp_path):
     # into rows here once (three logged again, read in a later batch than their first
     # time), and the file is left as it was.
     sessions = [make_session(i, reward=i % 2) for i in range(210)]
-    _container_log(tmp_path, sessions)
-    [(_, file)] = session_log_files(tmp_path / "container.db")
-    source = tmp_path / "ta-1.1.log"
-    source.write_bytes(file.read_bytes() + log_record(tmp_path, sessions[0])
-                       + log_record(tmp_path, sessions[1]) + log_record(tmp_path, sessions[2]))
+    source = _container_log(tmp_path, sessions)
+    source.write_bytes(source.read_bytes() + log_record(sessions[0])
+                       + log_record(sessions[1]) + log_record(sessions[2]))
     _assert_merged_once_and_left_as_it_was(tmp_path, source, sessions)
 
 
@@ -115,8 +115,7 @@ def test_a_logged_session_comes_home_as_the_rows_of_a_local_store_hold_it(tmp_pa
     tracer.record_outcome_reward(1.0)
     session = tracer.finish()
     tokens_before = [e.tokens for step in session.timesteps for e in step.events]
-    _container_log(tmp_path, [session])
-    [(_, file)] = session_log_files(tmp_path / "container.db")
+    file = _container_log(tmp_path, [session])
     assert [e.tokens for step in session.timesteps for e in step.events] == tokens_before
     with open_trace_store(tmp_path / "home.db") as home, \
             open_trace_store(tmp_path / "local.db") as local:
@@ -152,7 +151,7 @@ def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(t
     # does): its sessions go into rows here, each once (three journaled twice), and the
     # file is not built first (its bytes are left as they were).
     sessions = [make_session(i, reward=i % 2) for i in range(210)]
-    records = _container_log(tmp_path, sessions)
+    records = read_session_log(_container_log(tmp_path, sessions)).records
     source = tmp_path / "journaled.db"
     open_trace_store(source).close()
     with closing(sqlite3.connect(source)) as conn, conn:
@@ -163,10 +162,8 @@ def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(t
 
 def test_a_log_copy_cut_short_is_refused_before_anything_is_merged(tmp_path):
     sessions = [make_session(i) for i in range(3)]
-    _container_log(tmp_path, sessions)
-    [(_, file)] = session_log_files(tmp_path / "container.db")
-    source = tmp_path / "ta-1.1.log"
-    source.write_bytes(file.read_bytes()[:-10])
+    source = _container_log(tmp_path, sessions)
+    source.write_bytes(source.read_bytes()[:-10])
     with open_trace_store(tmp_path / "home.db") as home:
         with pytest.raises(TraceStoreError, match="last .* bytes are not a whole session"):
             merge_trace_file(home, source)

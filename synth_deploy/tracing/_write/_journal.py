@@ -10,7 +10,7 @@ so no secret reaches the file). That commit is what the child acknowledges, so a
 session is as durable as one stored in rows. Building its rows later costs more than
 building them at once (the row is read back, a second transaction), so a server with CPU to
 spare gets rows at once. A store whose readers are elsewhere (a Modal container's) keeps
-what a journal row holds in a log file instead (`_log`), which `traces pull` decodes at
+what a journal row holds in its session log instead (`_log`), which `traces pull` decodes at
 home as it decodes journal rows.
 
 Its rows are built (`expand`) between batches while the server is not busy (the writer child
