@@ -2,11 +2,11 @@
 
 The server's own thread makes these bytes, and a saturated server is short of that
 thread's CPU, so they are made the cheapest way measured: msgspec writes the session's
-dataclasses as msgpack maps in C, a third of what flattening them to tuples and pickling
-those costs (infra/tracing.md). They are what the writer child receives and journals as it
-came (`_child`, `_journal`) and what a Modal container's session log holds (`_log`). What
-is read back is plain data that names no class, so reading a record runs no code;
-`decode_session` builds the dataclasses from it by field name.
+dataclasses as msgpack maps in C, under half of what flattening them to tuples and
+pickling those cost (infra/tracing.md). They are what the writer child receives and
+journals as it came (`_child`, `_journal`) and what a Modal container's session log holds
+(`_log`). What is read back is plain data that names no class, so reading a record runs
+no code; `decode_session` builds the dataclasses from it by field name.
 
 A session's token data goes packed (`pack_turns`: each prompt as what it adds to the turn
 before), or a long episode's prompts would make the bytes grow with the square of its
