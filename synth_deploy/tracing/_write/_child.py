@@ -18,15 +18,15 @@ the store's ``write_timeout_s`` fails (one timer watches them all, `LoopWriter._
     event loop ◄──frames of [(seq, error or None), ...]── child stdout
 
 A frame is a 4-byte little-endian length and a pickle; in it each session is encoded alone
-(`encode_session`: msgpack), or its flat form (`_flat`) when msgpack cannot hold it. ``more_coming``
-says other sessions were still being recorded (rollouts still running) when the frame went:
-theirs will follow, and the child waits a moment for them (`GATHER_S`) to commit them
-together. The child has its own session (the terminal's Ctrl-C does not cut a commit short)
-and exits once its stdin closes, after committing what it read: a parent killed with SIGKILL
-loses no acknowledged write and leaves no process behind. Its stderr is the parent's. Its
-first frame, sent once the database is open, is empty: until it comes (a new interpreter
-takes a moment to start), the server commits through its writer thread, so the first
-rollouts of a freshly started server do not wait for the child.
+(`encode_session`: msgpack), or is its flat form (`_flat`) when msgpack cannot hold it.
+``more_coming`` says other sessions were still being recorded (rollouts still running) when
+the frame went: theirs will follow, and the child waits a moment for them (`GATHER_S`) to
+commit them together. The child has its own session (the terminal's Ctrl-C does not cut a
+commit short) and exits once its stdin closes, after committing what it read: a parent
+killed with SIGKILL loses no acknowledged write and leaves no process behind. Its stderr is
+the parent's. Its first frame, sent once the database is open, is empty: until it comes (a
+new interpreter takes a moment to start), the server commits through its writer thread, so
+the first rollouts of a freshly started server do not wait for the child.
 
 The child is told which database by the first frame the server sends, the store's own
 `TraceDbSetting` (a local file: it holds no secret), not by a string on its command line:
