@@ -316,6 +316,23 @@ def test_an_idle_session_is_reaped_and_its_slot_comes_back(serve, api_key):
         assert not again.reset(seed=1)["done"]
 
 
+class SlowClosingEnv(CountEnv):
+    def close(self):
+        time.sleep(0.5)  # the window in which a reaped session's slot shows free
+        return super().close()
+
+
+def test_a_reaped_sessions_socket_is_closed_before_its_slot_shows_free(serve, api_key):
+    server = serve(create_app(env_config(SlowClosingEnv, session_idle_seconds=1.0),
+                              api_keys=[api_key]))
+    idle = WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}).connect()
+    idle.reset(seed=0)
+    wait_for(lambda: sessions_of(server, api_key)["active_sessions"] == 0)
+    with pytest.raises(ConnectionError):  # the close frame, not an answer for a gone session
+        idle.state()
+    idle.vanish()
+
+
 class MeetEnv(CountEnv):
     """A sync step that waits at a barrier for every session's step: it returns only when all
     of them run at once (each on its thread), as a slow environment's steps would overlap."""

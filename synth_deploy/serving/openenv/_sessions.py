@@ -228,9 +228,9 @@ class EnvSessions:
 
     async def _reap(self, session: EnvSession) -> None:
         logger.info("environment session %s idle for %g s: closed", session.id, self.idle_s)
+        if session.on_reap is not None:  # its socket is closed first: once the slot shows
+            session.on_reap()  # free, a client's next message meets the close, not an error
         await self.close(session, f"idle for {self.idle_s:g} s: the lease ran out")
-        if session.on_reap is not None:
-            session.on_reap()
 
     # -- the trace ------------------------------------------------------------------------------
 
