@@ -4,9 +4,10 @@ its writer child) against the standard library's pickle of the same session, in 
 
     python bench/session_encoding.py [--repeats 3] [--sessions 200]
 
-Two sessions, each as `call_policy` records it (an LM call, then the bytes on the wire):
-the five-call rollout of bench/volume_traces.py, and a 20-turn episode whose policy
-returned token ids (each prompt holds the one before: the log packs them). Per session,
+Three sessions, each as `call_policy` records it (an LM call, then the bytes on the wire):
+the five-call rollout of bench/volume_traces.py, a 20-turn episode whose policy returned
+token ids (each prompt holds the one before: the log packs them), and a 60-turn chat
+(each request holds the one before: past 64 KB, the log packs them too). Per session,
 best of five passes, microseconds; ratio = record / pickle (lower is cheaper), and the
 bytes of each. No target: it explains where bench/volume_traces.py's server CPU goes.
 """
@@ -84,7 +85,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=200)
     args = parser.parse_args()
     shapes = {"five calls": dict(turns=5, tokens=False),
-              "20 turns, token ids": dict(turns=20, tokens=True)}
+              "20 turns, token ids": dict(turns=20, tokens=True),
+              "60 turns of chat": dict(turns=60, tokens=False)}
     print(f"per session, best of 5 passes over {args.sessions} sessions; "
           f"{args.repeats} repeats")
     for name, shape in shapes.items():

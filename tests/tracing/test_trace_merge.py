@@ -7,6 +7,7 @@ import datetime
 import decimal
 import hashlib
 import json
+import random
 import sqlite3
 from contextlib import closing
 from dataclasses import replace
@@ -17,6 +18,7 @@ from sessions import assert_same, log_record, make_session
 
 from synth_deploy.errors import TraceStoreError
 from synth_deploy.tracing import (
+    SessionTrace,
     SessionTracer,
     TurnTokens,
     merge_trace_file,
@@ -129,6 +131,76 @@ def test_a_logged_session_comes_home_as_the_rows_of_a_local_store_hold_it(tmp_pa
         # The last turn's conversation: every message so far, from the wire bytes.
         assert [m.content for m in pulled.timesteps[-1].messages] == [
             m["content"] for m in history]
+
+
+def _long_episode(turns: int) -> SessionTrace:
+    # Each request holds the conversation so far: stored whole, the requests of an episode
+    # would grow with the square of its turns. A judge call now and then sends a
+    # conversation of its own, which repeats nothing of the call before it.
+    tracer = SessionTracer(metadata={"app_id": "math", "status": "ok"})
+    history: list[dict] = [{"role": "system", "content": "You play a long game. " * 20}]
+    for turn in range(1, turns + 1):
+        tracer.start_timestep(f"turn-{turn}", turn_number=turn)
+        history.append({"role": "user", "content": f"observation {turn}: " + "x" * 150})
+        reply = {"role": "assistant", "content": f"move {turn}"}
+        event = tracer.record_lm_call(model_name="m")
+        tracer.record_exchange(event, json.dumps({"model": "m", "messages": history}).encode(),
+                               json.dumps({"choices": [{"message": reply}]}).encode())
+        history.append(reply)
+        if turn % 10 == 0:
+            judge = tracer.record_lm_call(model_name="judge", system_instance_id="judge")
+            tracer.record_exchange(judge, json.dumps({"model": "judge", "messages": [
+                {"role": "user", "content": f"score move {turn}"}]}).encode(),
+                json.dumps({"choices": [{"message": {"role": "assistant", "content": "7"}}]}
+                           ).encode())
+    tracer.record_outcome_reward(1.0)
+    return tracer.finish(expand=False)  # as a served rollout's, its chats as wire bytes
+
+
+def test_a_long_episodes_requests_go_as_what_each_adds_and_come_home_whole(tmp_path):
+    short, long = _long_episode(30), _long_episode(60)
+    requests = [list(step.exchanges) for step in long.timesteps]
+    # Twice the turns, about twice the bytes (whole requests made it 3.5 times).
+    assert len(log_record(long)) < 2.3 * len(log_record(short))
+    assert [step.exchanges for step in long.timesteps] == requests  # left as it was
+    file = _container_log(tmp_path, [long])
+    with open_trace_store(tmp_path / "home.db") as home, \
+            open_trace_store(tmp_path / "local.db") as local:
+        assert merge_trace_file(home, file).added == 1
+        local.write_session_sync(long)
+        pulled, kept = (s.get_session(long.session_id) for s in (home, local))
+    # Each store made the messages from the wire bytes itself: the same, but for their ids.
+    assert [(m.message_type, m.content, m.metadata) for m in pulled.messages] == [
+        (m.message_type, m.content, m.metadata) for m in kept.messages]
+    assert [e.call_records for e in pulled.events] == [e.call_records for e in kept.events]
+    sent = [record["request"] for event in pulled.events for record in event.call_records]
+    assert sent == [json.loads(request) for step in requests for _, request, _ in step]
+
+
+def test_requests_that_repeat_any_part_of_the_one_before_come_home_byte_for_byte(tmp_path):
+    # Two systems' calls interleaved, each request repeating none, some or all of the one
+    # before it to the same system, then bytes of its own (not JSON: kept as text).
+    rng = random.Random(7)
+    tracer = SessionTracer(metadata={"app_id": "math", "status": "ok"})
+    before = {"policy": "", "judge": ""}
+    sent = []
+    for turn in range(1, 121):
+        system = rng.choice(list(before))
+        last = before[system]
+        cut = rng.choice([0, rng.randrange(len(last) + 1), len(last), len(last) - 1])
+        request = last[:max(cut, 0)][-3000:] + "".join(rng.choices("ab", k=rng.randrange(1, 900)))
+        before[system] = request
+        tracer.start_timestep(f"turn-{turn}", turn_number=turn)
+        event = tracer.record_lm_call(model_name="m", system_instance_id=system)
+        tracer.record_exchange(event, request.encode(), b"not json")
+        sent.append(request)
+    session = tracer.finish(expand=False)
+    file = _container_log(tmp_path, [session])
+    with open_trace_store(tmp_path / "home.db") as home:
+        assert merge_trace_file(home, file).added == 1
+        pulled = home.get_session(session.session_id)
+    assert [record["request_text"] for event in pulled.events
+            for record in event.call_records] == sent
 
 
 def test_a_log_the_first_version_wrote_is_still_merged(tmp_path):

@@ -11,7 +11,13 @@ no code; `decode_session` builds the dataclasses from it by field name.
 A session's token data goes packed (`pack_turns`: each prompt as what it adds to the turn
 before), or a long episode's prompts would make the bytes grow with the square of its
 turns: ``[session, [[event number, packed turn], ...]]``, the events' ``tokens`` left out
-of the session.
+of the session. Its policy requests likewise: each call's request JSON repeats the one
+before it to the same system (the conversation so far) and adds the last turn, so in a
+session past `PACK_REQUESTS_ABOVE` bytes, a request that repeats at least `SHARED_WORTH`
+bytes of that one goes as what follows them, and a third item says which:
+``[..., [[exchange number, bytes repeated], ...]]`` (exchanges numbered across the
+session in order). A session with none has no third
+item, as before, and a kit of before reads it.
 
 What msgpack has no type for (an object of the app's own class, an integer past 64 bits)
 fails the encoding: such a session is stored in rows instead, exactly. msgspec writes a
@@ -45,22 +51,111 @@ _UNENCODABLE = (TypeError, ValueError, OverflowError)
 _PICKLE = b"\x80"  # how a pickle of protocol 2 or later begins; no encoded session does
 
 
+# A session's requests are packed once its bytes would pass this: below it, what packing
+# saves is not worth the search (a five-call rollout's record is 5.5 KB; 60 turns of a
+# long chat are 0.5 MB whole, 49 KB packed).
+PACK_REQUESTS_ABOVE = 64 << 10
+# Below this, a repeated request is sent whole: the search and the note of it cost more
+# than they save.
+SHARED_WORTH = 512
+
+
 def encode_session(session: SessionTrace) -> bytes | None:
     """``session`` as the log keeps it; None when it holds what msgpack has no type for."""
     with_tokens = [(n, event) for n, event in enumerate(
         event for step in session.timesteps for event in step.events)
         if event.tokens is not None]
     if not with_tokens:
-        return encode((session, None))
+        return _encoded(session, None)
     turns = [event.tokens for _, event in with_tokens]
     packed = [[n, row] for (n, _), row in zip(with_tokens, pack_turns(turns), strict=True)]
     for _, event in with_tokens:  # sent packed, beside the session: out of it meanwhile
         event.tokens = None
     try:
-        return encode((session, packed))
+        return _encoded(session, packed)
     finally:
         for (_, event), tokens in zip(with_tokens, turns, strict=True):
             event.tokens = tokens
+
+
+def _encoded(session: SessionTrace, packed: list[list[Any]] | None) -> bytes | None:
+    body = encode((session, packed))
+    if body is not None and len(body) > PACK_REQUESTS_ABOVE:
+        body = _with_packed_requests(session, packed) or body
+    return body
+
+
+def _with_packed_requests(session: SessionTrace, packed: list[list[Any]] | None
+                          ) -> bytes | None:
+    """The session's bytes with its requests packed; None when none repeats enough."""
+    whole = [step.exchanges for step in session.timesteps if step.exchanges]
+    try:
+        shared = _pack_requests(session)
+        return encode((session, packed, shared)) if shared else None
+    finally:  # the whole requests back in the session
+        steps = (step for step in session.timesteps if step.exchanges)
+        for step, exchanges in zip(steps, whole, strict=True):
+            step.exchanges = exchanges
+
+
+def _pack_requests(session: SessionTrace) -> list[list[int]]:
+    """[[exchange number, bytes repeated], ...] for each request that repeats enough of
+    the one before it to the same system (a judge's calls between a policy's do not break
+    the policy's chain); each such exchange's list in the session is replaced by one
+    holding the rest of that request (the caller puts the originals back)."""
+    shared: list[list[int]] = []
+    before: dict[Any, bytes] = {}
+    number = -1
+    for step in session.timesteps:
+        if not step.exchanges:
+            continue
+        packed = step.exchanges
+        for i, (index, request, answer) in enumerate(step.exchanges):
+            number += 1
+            if type(request) is not bytes:  # an app's own record_exchange: sent as it is
+                continue
+            system = _system(step, index)
+            last = before.get(system, b"")
+            before[system] = request
+            repeated = _shared_prefix_length(last, request) if \
+                len(last) >= SHARED_WORTH else 0
+            if repeated >= SHARED_WORTH:
+                if packed is step.exchanges:
+                    packed = list(packed)
+                packed[i] = (index, request[repeated:], answer)
+                shared.append([number, repeated])
+        step.exchanges = packed
+    return shared
+
+
+def _system(step: Timestep, index: Any) -> Any:
+    # Whose call an exchange was: the system of its event (one chain of requests each).
+    events = step.events
+    return events[index].system_instance_id if type(index) is int and \
+        0 <= index < len(events) else None
+
+
+def _shared_prefix_length(before: bytes, after: bytes) -> int:
+    """How many bytes ``after`` begins with that ``before`` begins with. Searched back
+    from the end of ``before``, by doubling steps, then halving: a request usually repeats
+    the one before up to its last few bytes, and each test is one memcmp."""
+    view = memoryview(before)
+    low, high = 0, min(len(before), len(after))  # ``low`` bytes are shared; ``high`` not
+    if after.startswith(view[:high]):
+        return high
+    step = 1
+    while high - step > low:
+        if after.startswith(view[:high - step]):
+            low = high - step
+            break
+        high, step = high - step, step * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if after.startswith(view[:middle]):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def encode(value: Any) -> bytes | None:
@@ -79,15 +174,33 @@ def decode_session(body: bytes, rollout: bytes | None = None) -> SessionTrace:
         if rollout is not None:
             session.metadata = with_description(session.metadata, _unpickled(rollout))
         return session
-    data, packed = _DECODER.decode(body)
+    data, packed, *requests = _DECODER.decode(body)
     session = _build(SessionTrace, data)
     if packed:
         events = [event for step in session.timesteps for event in step.events]
         for n, row in packed:
             events[n].tokens = PackedTurn(row)  # stored as it came (`_rows`)
+    if requests:
+        _unpack_requests(session, dict(requests[0]))
     if rollout is not None:
         session.metadata = with_description(session.metadata, _DECODER.decode(rollout))
     return session
+
+
+def _unpack_requests(session: SessionTrace, shared: dict[int, int]) -> None:
+    """`_pack_requests` undone."""
+    before: dict[Any, bytes] = {}
+    number = -1
+    for step in session.timesteps:
+        for i, (index, request, answer) in enumerate(step.exchanges):
+            number += 1
+            if type(request) is not bytes:
+                continue
+            system = _system(step, index)
+            if number in shared:
+                request = before[system][:shared[number]] + request
+                step.exchanges[i] = (index, request, answer)
+            before[system] = request
 
 
 class _NoClassUnpickler(pickle.Unpickler):
