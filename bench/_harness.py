@@ -295,22 +295,27 @@ def paired_ratio(results: dict[str, list[LoadResult]], numerator: str, denominat
 
 
 def paired_ratio_interval(results: dict[str, list[LoadResult]], numerator: str,
-                          denominator: str, confidence: float = 0.95) -> tuple[float, float]:
-    """Where the median of the within-round throughput ratios lies, with ``confidence``
-    (distribution-free: the order statistics a binomial count puts around the median). On a
-    machine whose speed drifts, a run's median is one draw: this says how far it may be from
-    the ratio many runs would give."""
-    ratios = sorted(n.rate / d.rate for n, d in
-                    zip(results[numerator], results[denominator], strict=True))
-    n = len(ratios)
+                          denominator: str, *, rounds: int, confidence: float = 0.95
+                          ) -> tuple[float, float]:
+    """Where the median within-round throughput ratio lies, with ``confidence``, from
+    `rounds_on_fresh_servers`' results (``rounds``: each set's). A set's rounds share its
+    processes' luck (one set's median ratio was 1.22x and the next one's 0.78x, same code),
+    so they are not independent draws; the sets are. The interval is the order statistics
+    a binomial count puts around the median of the sets' medians (distribution-free): on a
+    machine whose speed drifts, a run's ratio is one draw, and this says how far it may be
+    from what many runs would give."""
+    ratios = [n.rate / d.rate for n, d in
+              zip(results[numerator], results[denominator], strict=True)]
+    sets = sorted(statistics.median(ratios[i:i + rounds]) for i in range(0, len(ratios), rounds))
+    n = len(sets)
     # The largest k with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2.
     below, k = 0.0, 0
     while k < n // 2 and below + math.comb(n, k) / 2 ** n <= (1 - confidence) / 2:
         below += math.comb(n, k) / 2 ** n
         k += 1
-    if k == 0:  # too few rounds to say anything at this confidence
-        return ratios[0], ratios[-1]
-    return ratios[k - 1], ratios[n - k]
+    if k == 0:  # too few sets to say anything at this confidence
+        return sets[0], sets[-1]
+    return sets[k - 1], sets[n - k]
 
 
 def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,

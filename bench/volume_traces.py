@@ -1,7 +1,7 @@
 """What the trace Volume costs a deployed app's rollouts: one container traced to its Volume
 against the same container untraced, and traced to its own disk, in one run.
 
-    python bench/volume_traces.py [--pairs 4] [--rounds 16] [--seconds 0.5] [--concurrency 32]
+    python bench/volume_traces.py [--pairs 16] [--rounds 4] [--seconds 0.5] [--concurrency 32]
 
 Each server is the Modal container's own entry (`synth_deploy.modal.container_app`, built from
 the variables a deploy plan gives it) under plain uvicorn in its own process, as Modal runs
@@ -13,9 +13,10 @@ container's process, where Modal's does that work outside it, so the cost shown 
 upper bound. Each rollout makes five policy calls to the kit's mock policy (its own process).
 
 Target: throughput volume/untraced >= 0.95x; volume/disk is the Volume's own share. The
-summary gives the interval the median ratio lies in (95 %, from the rounds' spread): on this
-2-core machine, 9 to 13 points wide with the default short rounds (16 rounds of 2 s, the
-default before, gave 23 to 37: too wide to tell 0.95x from 1.00x). The disk container's
+summary gives the interval the median ratio lies in (95 %, from the spread of the fresh
+triples' own medians): a triple's rounds share its processes' luck, which moved one
+triple's ratio from 0.78x to the next one's 1.22x, so the default is many triples of few
+short rounds (16 x 4 of 0.5 s). The disk container's
 writer child journals sessions under load and builds their rows once the server is not
 busy: the CPU it spends after each load is printed apart (each container is measured once
 the one before has gone quiet). The volume container has no writer child: its server
@@ -114,12 +115,15 @@ def container(tmp: Path, name: str, app: Path, *, tracing: bool, volume: bool,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=4, help="server pairs, each started afresh")
-    # Many short rounds: a round's three containers are loaded one after another, and this
+    # Many triples: each container's process has luck of its own (where its memory falls),
+    # as large as tracing's cost, and only fresh processes average it out.
+    parser.add_argument("--pairs", type=int, default=16,
+                        help="container triples, each started afresh")
+    # Short rounds: a round's three containers are loaded one after another, and this
     # machine's speed drifts within seconds (the same container measured 455 and 734
     # rollouts/s a minute apart), so the closer together they are, the less of that drift a
-    # round's ratio holds. 64 rounds of 0.5 s gave intervals a third as wide as 16 of 2 s.
-    parser.add_argument("--rounds", type=int, default=16, help="rounds per pair")
+    # round's ratio holds.
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per triple")
     parser.add_argument("--seconds", type=float, default=0.5)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--commit-s", type=float, default=DEFAULT_TRACE_COMMIT_S,
@@ -176,7 +180,7 @@ def main() -> None:
               f"integrity_check {check}")
         if check != "ok" or len(stored) < answered:
             raise SystemExit("the Volume's segments lost rollouts or one is damaged")
-        low, high = paired_ratio_interval(results, "volume", "untraced")
+        low, high = paired_ratio_interval(results, "volume", "untraced", rounds=args.rounds)
         print(f"summary: throughput volume/untraced {rate:.2f}x (target >= 0.95; 95% "
               f"interval of the median {low:.2f}-{high:.2f}x), p99 {p99:.2f}x; the Volume "
               f"alone (volume/disk) {own_rate:.2f}x, p99 {own_p99:.2f}x")
