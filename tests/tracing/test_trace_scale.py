@@ -302,8 +302,8 @@ def unread_bytes(fd: int) -> int:
 
 
 def writer_acks(path: Path, send) -> list[list[tuple]]:
-    """Run a writer child for ``path``, call ``send(stdin)``, close its input; the frames it
-    answered, each a list of (seq, error or None)."""
+    """Run a writer child for ``path``, call ``send(child)`` (it writes to the child's
+    stdin), close its input; the frames it answered, each a list of (seq, error or None)."""
     open_trace_store(path).close()
     child = subprocess.Popen([sys.executable, "-m", WRITER_MODULE.decode()],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -311,7 +311,7 @@ def writer_acks(path: Path, send) -> list[list[tuple]]:
         child.stdin.write(frame(parse_trace_db(str(path))))  # as `TraceStore` tells it
         child.stdin.flush()
         assert read_frame(child.stdout) == []  # ready
-        send(child.stdin)
+        send(child)
         child.stdin.close()
         answers = []
         while (acks := read_frame(child.stdout)) is not None:
@@ -363,8 +363,8 @@ def test_a_session_the_child_cannot_store_fails_alone_with_its_error(tmp_path):
     changed = copy.deepcopy(stored)
     changed.metadata["extra"] = "other content under the same id"
 
-    def send(stdin):
-        stdin.write(frame((False, [item(1, changed), item(2, make_session(2)),
+    def send(child):
+        child.stdin.write(frame((False, [item(1, changed), item(2, make_session(2)),
                                     item(3, stored)])))
 
     (acks,) = writer_acks(path, send)
@@ -385,8 +385,8 @@ def test_a_session_whose_rollout_cannot_be_described_fails_alone(tmp_path):
     good = (head, 0.5, b'{"run_id": "r"}', b'{"metrics": {"num_steps": 1}}', None)
     unreadable = (head, 0.5, b"{not json", None, None)
 
-    def send(stdin):
-        stdin.write(frame((False, [item(1, make_session(1), good),
+    def send(child):
+        child.stdin.write(frame((False, [item(1, make_session(1), good),
                                     item(2, make_session(2), unreadable),
                                     item(3, make_session(3))])))
 
@@ -406,8 +406,8 @@ def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_
                                                                              slices):
     path = tmp_path / "t.db"
 
-    def send(stdin):  # one frame, as when that many clients wait at once
-        stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(waiting)])))
+    def send(child):  # one frame, as when that many clients wait at once
+        child.stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(waiting)])))
 
     answers = writer_answers(path, send)
     assert [len(acks) for acks in answers] == slices
@@ -416,22 +416,29 @@ def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_
         assert store.count_sessions() == waiting
 
 
-@pytest.mark.parametrize(("more_coming", "commits"), [(True, [[0, 1, 2, 3, 4, 5]]),
-                                                      (False, [[0, 1, 2], [3, 4, 5]])])
-def test_the_writer_waits_a_moment_for_the_sessions_of_rollouts_still_running(
-        tmp_path, more_coming, commits):
+def test_the_writer_waits_a_moment_for_the_sessions_of_rollouts_still_running(tmp_path):
     # The second frame comes 3 ms after the child has read the first. Told that more are
-    # coming, it waits for them (up to 10 ms) and commits all in one transaction; otherwise
-    # it commits what it has at once.
-    def send(stdin):
-        stdin.write(frame((more_coming, [item(seq, make_session(seq)) for seq in range(3)])))
-        stdin.flush()
-        while unread_bytes(stdin.fileno()):  # until the child has taken the first frame
+    # coming, it waits for them (up to 10 ms) and commits all in one transaction.
+    def send(child):
+        child.stdin.write(frame((True, [item(seq, make_session(seq)) for seq in range(3)])))
+        child.stdin.flush()
+        while unread_bytes(child.stdin.fileno()):  # until the child has taken the frame
             time.sleep(0.0001)
         time.sleep(0.003)
-        stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(3, 6)])))
+        child.stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(3, 6)])))
 
-    assert writer_answers(tmp_path / "t.db", send) == commits
+    assert writer_answers(tmp_path / "t.db", send) == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_the_writer_not_told_of_more_commits_what_it_has_at_once(tmp_path):
+    # Its answer comes with no second frame sent: it waited for none.
+    def send(child):
+        child.stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(3)])))
+        child.stdin.flush()
+        assert select.select([child.stdout], [], [], 30)[0], "no answer in 30 s"
+        child.stdin.write(frame((False, [item(seq, make_session(seq)) for seq in range(3, 6)])))
+
+    assert writer_answers(tmp_path / "t.db", send) == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_checkpoints_start_the_wal_over_once_it_is_big_and_a_reader_never_holds_them_up(
