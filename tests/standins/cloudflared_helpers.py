@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,10 @@ class StandinState:
 
     def pids(self) -> list[int]:
         return [launch["pid"] for launch in self.launches()]
+
+    def crash(self, launch: int = 1) -> None:
+        """Crash launch ``launch`` (counted from 1), started in mode ``dies``, now."""
+        os.kill(self.launches()[launch - 1]["pid"], signal.SIGUSR1)
 
     def resolve(self, public_url: str) -> str:
         """The test seam for `Tunnel(resolve=...)`: public hostname → the stand-in's forwarder.

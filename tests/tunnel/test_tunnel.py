@@ -304,9 +304,10 @@ def test_a_dead_cloudflared_is_restarted_with_a_new_url(standin, math_server, ap
         if event.kind == "restarted":
             restarted.set()
 
-    with open_tunnel(standin, math_server, api_key, mode="die-after:0.5,ok",
+    with open_tunnel(standin, math_server, api_key, mode="dies,ok",
                      on_event=on_event) as t:
         first = t.url
+        standin.crash(1)
         assert restarted.wait(15), [e.kind for e in events]
         assert [e.kind for e in events] == ["ready", "died", "restarting", "restarted"]
         assert t.url != first and events[-1].url == t.url and t.restarts == 1
@@ -327,8 +328,9 @@ def test_restarts_are_bounded(standin, math_server, api_key):
         if event.kind == "failed":
             failed.set()
 
-    with open_tunnel(standin, math_server, api_key, mode="die-after:0.3,exit-early",
+    with open_tunnel(standin, math_server, api_key, mode="dies,exit-early",
                      max_restarts=1, on_event=on_event) as t:
+        standin.crash(1)
         assert failed.wait(15)
         assert isinstance(t.error, TunnelError) and not t.alive
         assert "1 restart(s)" in t.error.message
@@ -368,8 +370,9 @@ def test_an_unexpected_error_during_a_restart_fails_the_tunnel(standin, math_ser
             raise LookupError("resolver bug")
         return standin.resolve(url)
 
-    with open_tunnel(standin, math_server, api_key, mode="die-after:0.3,ok", resolve=resolve,
+    with open_tunnel(standin, math_server, api_key, mode="dies,ok", resolve=resolve,
                      on_event=on_event) as t:
+        standin.crash(1)
         assert failed.wait(10), [e.kind for e in events]
         assert isinstance(t.error, TunnelError) and not t.alive
         assert isinstance(t.error.__cause__, LookupError)
@@ -402,8 +405,9 @@ def test_counters_survive_a_restart_retiring_the_metrics_client(standin, math_se
             reader_paused.set()
             restarted.wait(10)
 
-    with open_tunnel(standin, math_server, api_key, mode="die-after:0.3,ok", resolve=resolve,
+    with open_tunnel(standin, math_server, api_key, mode="dies,ok", resolve=resolve,
                      on_event=on_event) as t:
+        standin.crash(1)
         assert relaunch_verifying.wait(15)
         sys.setprofile(pause_at_alive)
         try:

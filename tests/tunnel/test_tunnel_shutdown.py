@@ -139,8 +139,9 @@ def test_cli_stops_cloudflared_and_the_server(project, spawn, api_key, how):
 def test_cli_reports_the_new_url_after_a_restart(project, spawn, api_key):
     standin = StandinState(project / "standin")
     cli = spawn([*CLI, "math", "--no-verify", "--json"], cwd=project,
-                env=child_env(standin, "die-after:0.5,ok", CLOUDFLARED_PATH=str(STANDIN)))
+                env=child_env(standin, "dies,ok", CLOUDFLARED_PATH=str(STANDIN)))
     first = json.loads(cli.line())["url"]
+    standin.crash(1)
     events = [json.loads(cli.line()) for _ in range(3)]
     assert [e["event"] for e in events] == ["died", "restarting", "restarted"]
     new = events[-1]["url"]
