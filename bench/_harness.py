@@ -299,8 +299,8 @@ def paired_ratio_interval(results: dict[str, list[LoadResult]], numerator: str,
                           ) -> tuple[float, float]:
     """Where the median within-round throughput ratio lies, with ``confidence``, from
     `rounds_on_fresh_servers`' results (``rounds``: each set's). A set's rounds share its
-    processes' luck (one set's median ratio was 1.22x and the next one's 0.78x, same code),
-    so they are not independent draws; the sets are. The interval is the order statistics
+    processes' luck (where their memory fell: as large as the effects measured), so they
+    are not independent draws; the sets are. The interval is the order statistics
     a binomial count puts around the median of the sets' medians (distribution-free): on a
     machine whose speed drifts, a run's ratio is one draw, and this says how far it may be
     from what many runs would give."""

@@ -160,7 +160,7 @@ def _long_episode(turns: int) -> SessionTrace:
 def test_a_long_episodes_requests_go_as_what_each_adds_and_come_home_whole(tmp_path):
     short, long = _long_episode(30), _long_episode(60)
     requests = [list(step.exchanges) for step in long.timesteps]
-    # Twice the turns, about twice the bytes (whole requests made it 3.5 times).
+    # Twice the turns, about twice the bytes (whole requests grow with the square).
     assert len(log_record(long)) < 2.3 * len(log_record(short))
     assert [step.exchanges for step in long.timesteps] == requests  # left as it was
     file = _container_log(tmp_path, [long])

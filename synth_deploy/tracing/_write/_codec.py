@@ -52,8 +52,7 @@ _PICKLE = b"\x80"  # how a pickle of protocol 2 or later begins; no encoded sess
 
 
 # A session's requests are packed once its bytes would pass this: below it, what packing
-# saves is not worth the search (a five-call rollout's record is 5.5 KB; 60 turns of a
-# long chat are 0.5 MB whole, 49 KB packed).
+# saves is not worth the search, and a short rollout's record pays nothing for it.
 PACK_REQUESTS_ABOVE = 64 << 10
 # Below this, a repeated request is sent whole: the search and the note of it cost more
 # than they save.
