@@ -16,8 +16,8 @@ before it to the same system (the conversation so far) and adds the last turn, s
 session past `PACK_REQUESTS_ABOVE` bytes, a request that repeats at least `SHARED_WORTH`
 bytes of that one goes as what follows them, and a third item says which:
 ``[..., [[exchange number, bytes repeated], ...]]`` (exchanges numbered across the
-session in order). A session with none has no third
-item, as before, and a kit of before reads it.
+session in order). A session with none packed has no third item, as before, so a kit
+of before reads it.
 
 What msgpack has no type for (an object of the app's own class, an integer past 64 bits)
 fails the encoding: such a session is stored in rows instead, exactly. msgspec writes a
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -87,51 +88,56 @@ def _encoded(session: SessionTrace, packed: list[list[Any]] | None) -> bytes | N
 def _with_packed_requests(session: SessionTrace, packed: list[list[Any]] | None
                           ) -> bytes | None:
     """The session's bytes with its requests packed; None when none repeats enough."""
-    whole = [step.exchanges for step in session.timesteps if step.exchanges]
+    whole = [(step, step.exchanges) for step in session.timesteps if step.exchanges]
+    for step, exchanges in whole:  # packed in copies: the session's own lists stay whole
+        step.exchanges = list(exchanges)
     try:
         shared = _pack_requests(session)
         return encode((session, packed, shared)) if shared else None
-    finally:  # the whole requests back in the session
-        steps = (step for step in session.timesteps if step.exchanges)
-        for step, exchanges in zip(steps, whole, strict=True):
+    finally:
+        for step, exchanges in whole:
             step.exchanges = exchanges
 
 
 def _pack_requests(session: SessionTrace) -> list[list[int]]:
-    """[[exchange number, bytes repeated], ...] for each request that repeats enough of
-    the one before it to the same system (a judge's calls between a policy's do not break
-    the policy's chain); each such exchange's list in the session is replaced by one
-    holding the rest of that request (the caller puts the originals back)."""
+    """Each request that repeats enough of the one before it to the same system (a judge's
+    calls between a policy's do not break the policy's chain) replaced, in its timestep's
+    exchanges, by the rest of it: [[exchange number, bytes repeated], ...]."""
     shared: list[list[int]] = []
     before: dict[Any, bytes] = {}
-    number = -1
-    for step in session.timesteps:
-        if not step.exchanges:
-            continue
-        packed = step.exchanges
-        for i, (index, request, answer) in enumerate(step.exchanges):
-            number += 1
-            if type(request) is not bytes:  # an app's own record_exchange: sent as it is
-                continue
-            system = _system(step, index)
-            last = before.get(system, b"")
-            before[system] = request
-            repeated = _shared_prefix_length(last, request) if \
-                len(last) >= SHARED_WORTH else 0
-            if repeated >= SHARED_WORTH:
-                if packed is step.exchanges:
-                    packed = list(packed)
-                packed[i] = (index, request[repeated:], answer)
-                shared.append([number, repeated])
-        step.exchanges = packed
+    for number, step, i, system in _requests(session):
+        index, request, answer = step.exchanges[i]
+        last, before[system] = before.get(system, b""), request
+        repeated = _shared_prefix_length(last, request) if len(last) >= SHARED_WORTH else 0
+        if repeated >= SHARED_WORTH:
+            step.exchanges[i] = (index, request[repeated:], answer)
+            shared.append([number, repeated])
     return shared
 
 
-def _system(step: Timestep, index: Any) -> Any:
-    # Whose call an exchange was: the system of its event (one chain of requests each).
-    events = step.events
-    return events[index].system_instance_id if type(index) is int and \
-        0 <= index < len(events) else None
+def _unpack_requests(session: SessionTrace, shared: dict[int, int]) -> None:
+    """`_pack_requests` undone."""
+    before: dict[Any, bytes] = {}
+    for number, step, i, system in _requests(session):
+        index, request, answer = step.exchanges[i]
+        if number in shared:
+            request = before[system][:shared[number]] + request
+            step.exchanges[i] = (index, request, answer)
+        before[system] = request
+
+
+def _requests(session: SessionTrace) -> Iterator[tuple[int, Timestep, int, Any]]:
+    """(exchange number, its timestep, its place there, whose call it was: its event's
+    system) of each exchange, numbered across the session in order, whose request is bytes
+    (an app's own record_exchange may have passed text: sent as it is)."""
+    number = -1
+    for step in session.timesteps:
+        events = step.events
+        for i, (index, request, _) in enumerate(step.exchanges):
+            number += 1
+            if type(request) is bytes:
+                yield number, step, i, (events[index].system_instance_id if type(index) is int
+                                        and 0 <= index < len(events) else None)
 
 
 def _shared_prefix_length(before: bytes, after: bytes) -> int:
@@ -184,22 +190,6 @@ def decode_session(body: bytes, rollout: bytes | None = None) -> SessionTrace:
     if rollout is not None:
         session.metadata = with_description(session.metadata, _DECODER.decode(rollout))
     return session
-
-
-def _unpack_requests(session: SessionTrace, shared: dict[int, int]) -> None:
-    """`_pack_requests` undone."""
-    before: dict[Any, bytes] = {}
-    number = -1
-    for step in session.timesteps:
-        for i, (index, request, answer) in enumerate(step.exchanges):
-            number += 1
-            if type(request) is not bytes:
-                continue
-            system = _system(step, index)
-            if number in shared:
-                request = before[system][:shared[number]] + request
-                step.exchanges[i] = (index, request, answer)
-            before[system] = request
 
 
 class _NoClassUnpickler(pickle.Unpickler):
