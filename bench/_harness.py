@@ -296,9 +296,10 @@ def paired_ratio(results: dict[str, list[LoadResult]], numerator: str, denominat
 
 def paired_ratio_interval(results: dict[str, list[LoadResult]], numerator: str,
                           denominator: str, *, rounds: int, confidence: float = 0.95
-                          ) -> tuple[float, float]:
-    """Where the median within-round throughput ratio lies, with ``confidence``, from
-    `rounds_on_fresh_servers`' results (``rounds``: each set's). A set's rounds share its
+                          ) -> tuple[float, float, float]:
+    """The median of the sets' median within-round throughput ratios, and where it lies
+    with ``confidence`` (low, high), from `rounds_on_fresh_servers`' results (``rounds``:
+    each set's). A set's rounds share its
     processes' luck (where their memory fell: as large as the effects measured), so they
     are not independent draws; the sets are. The interval is the order statistics
     a binomial count puts around the median of the sets' medians (distribution-free): on a
@@ -313,9 +314,10 @@ def paired_ratio_interval(results: dict[str, list[LoadResult]], numerator: str,
     while k < n // 2 and below + math.comb(n, k) / 2 ** n <= (1 - confidence) / 2:
         below += math.comb(n, k) / 2 ** n
         k += 1
+    middle = statistics.median(sets)
     if k == 0:  # too few sets to say anything at this confidence
-        return sets[0], sets[-1]
-    return sets[k - 1], sets[n - k]
+        return middle, sets[0], sets[-1]
+    return middle, sets[k - 1], sets[n - k]
 
 
 def paired_cpu_ratio(results: dict[str, list[LoadResult]], numerator: str,
