@@ -418,7 +418,7 @@ def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_
 
 def test_the_writer_waits_a_moment_for_the_sessions_of_rollouts_still_running(tmp_path):
     # The second frame comes 3 ms after the child has read the first. Told that more are
-    # coming, it waits for them (up to 10 ms) and commits all in one transaction.
+    # coming, it waits for them (within its short wait) and commits all in one transaction.
     def send(child):
         child.stdin.write(frame((True, [item(seq, make_session(seq)) for seq in range(3)])))
         child.stdin.flush()
