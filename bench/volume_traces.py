@@ -188,8 +188,8 @@ def main() -> None:
                     triple, bodies(policy + "/v1"), KEY, pairs=FLIGHT_PAIRS,
                     rounds=FLIGHT_ROUNDS, seconds=FLIGHT_SECONDS, concurrency=args.in_flight)
             print(f"\nin flight: {args.in_flight} episodes at once, the policy answering in "
-                  f"{args.policy_ms:g} ms; {FLIGHT_PAIRS} fresh triples x {FLIGHT_ROUNDS} "
-                  f"rounds of {FLIGHT_SECONDS:g}s")
+                  f"about {args.policy_ms:g} ms; {FLIGHT_PAIRS} fresh triples x "
+                  f"{FLIGHT_ROUNDS} rounds of {FLIGHT_SECONDS:g}s")
             _report(flight)
             answered += sum(r.answered for r in flight["volume"])
             summary.append(_summary("in flight (the request path)", flight, FLIGHT_ROUNDS,
