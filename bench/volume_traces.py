@@ -86,9 +86,10 @@ uvicorn.run(create_mock_policy_app(), host="127.0.0.1", port=%(port)d, log_level
             access_log=False)
 """
 
-# The same mock, answering each call after half to one and a half times %(delay_s)s: a
-# policy that takes its time, and not the same time for every call, as a model's does not
-# (episodes that all waited alike would come back together, in waves the server queues).
+# The same mock, answering each call after a random half to one and a half times
+# ``delay_s``: a policy that takes its time, and not the same time for every call, as a
+# model's does not (episodes that all waited alike come back together, in waves the server
+# then queues).
 SLOW_POLICY = """
 import asyncio, random, uvicorn
 from synth_deploy.runs import create_mock_policy_app
