@@ -55,7 +55,8 @@ class PromptStopServer(uvicorn.Server):
         for connection in list(self.server_state.connections):  # idle ones close now
             connection.shutdown()
         try:
-            await asyncio.wait_for(self._drained(), self.config.timeout_graceful_shutdown)
+            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                await self._drained()
         except TimeoutError:
             logger.error("Cancel %s running task(s), timeout graceful shutdown exceeded",
                          len(self.server_state.tasks))
