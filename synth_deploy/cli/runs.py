@@ -37,6 +37,9 @@ InferenceUrlOption = Annotated[str | None, typer.Option(
     help="OpenAI-compatible base URL of a real policy (replaces the mock).")]
 ModelOption = Annotated[str | None, typer.Option(help="Model name sent to the policy.")]
 MaxTimeOption = Annotated[float, typer.Option(help="Per-rollout bound in seconds.")]
+StopAfterOption = Annotated[int, typer.Option(
+    "--stop-after", min=0, help="Stop the run after this many failed rollouts in a row "
+    "(0: never); a failure the app marks retryable is retried once first.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -83,6 +86,7 @@ def smoke(
     inference_url: InferenceUrlOption = None,
     model: ModelOption = None,
     max_time: MaxTimeOption = 300.0,
+    stop_after: StopAfterOption = 10,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -99,7 +103,8 @@ def smoke(
 
         env = resolve_env(env_file)
         _run_and_report(app_or_url, parse_seeds(seeds), env,
-                        RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time),
+                        RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time,
+                                   stop_after_failures=stop_after or None),
                         policy=_policy(policy, inference_url, model, env),
                         traces=resolve_traces(trace_db, no_trace, env), json_output=json_output,
                         prices=_prices(prices, env))
@@ -118,6 +123,7 @@ def evaluate(
     policy: PolicyOption = "mock",
     concurrency: ConcurrencyOption = 8,
     max_time: MaxTimeOption = 300.0,
+    stop_after: StopAfterOption = 10,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -146,7 +152,7 @@ def evaluate(
             seed_list = parse_seeds("0-9")
         _run_and_report(app_or_url, seed_list, env,
                         RunOptions(mode="eval", concurrency=concurrency, max_time_s=max_time,
-                                   split=split),
+                                   split=split, stop_after_failures=stop_after or None),
                         policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
                         json_output=json_output, prices=_prices(prices, env), note=note)
 
@@ -250,8 +256,15 @@ def _render_report(report, where: str, prices=None) -> None:
     if failed:
         out.print(f"[red]{plural(len(failed), 'failed rollout')}:[/red]")
         for o in failed:
-            out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.error)}", soft_wrap=True,
-                      highlight=False)
+            who = "" if o.kind is None else \
+                f" [{o.kind}{', retryable' if o.retryable else ''}]"
+            tries = f" after {o.attempts} attempts" if o.attempts > 1 else ""
+            out.print(f"  seed {o.seed} ({o.run_id}){escape(who)}{tries}: {escape(o.error)}",
+                      soft_wrap=True, highlight=False)
+        kinds = ", ".join(f"{kind} {n}" for kind, n in report.failure_kinds.items())
+        out.print(f"  by kind: {kinds}", highlight=False)
+    if report.stopped:
+        out.print(f"[red]{escape(report.stopped)}[/red]", soft_wrap=True)
     warned = [o for o in report.outcomes if o.warning]
     if warned:
         out.print(f"[yellow]{plural(len(warned), 'warning')}:[/yellow]")
