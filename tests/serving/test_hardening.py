@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from toy_apps import proxy_config, raising_rollout, toy_config
 
@@ -41,16 +41,6 @@ def internal(serve):
 
 
 @pytest.fixture
-def redirecting(serve, internal):
-    """A "policy" whose chat endpoint 302s to the internal endpoint (what an attacker hosts)."""
-
-    async def chat(request):
-        return RedirectResponse(internal.url + "/latest/meta-data", status_code=302)
-
-    return serve(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
-
-
-@pytest.fixture
 def policy_app(serve, api_key):
     """A toy app whose rollout makes one policy call (the math app's shape, minus the math)."""
 
@@ -74,18 +64,7 @@ def error_of(resp: httpx.Response) -> dict:
     return resp.json()["detail"]["error"]
 
 
-# -- the policy call: redirects, bodies, link-local --------------------------------------------
-
-def test_a_redirect_to_an_internal_endpoint_is_not_followed(policy_app, redirecting, internal,
-                                                            api_key):
-    resp = rollout(policy_app, api_key, redirecting.url + "/v1")
-    assert resp.status_code == 502, resp.text
-    error = error_of(resp)
-    assert error["code"] == "policy_failed"
-    assert f"127.0.0.1:{redirecting.port}" in error["message"] and "302" in error["message"]
-    assert internal.hits == []  # never fetched, so nothing to leak
-    assert METADATA_SECRET not in resp.text
-
+# -- the policy call: bodies, link-local (redirects: tests/taskapp/test_outbound.py) --------
 
 def test_an_upstream_body_reaches_the_log_not_the_client(policy_app, internal, api_key,
                                                          caplog):
