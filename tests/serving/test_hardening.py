@@ -436,20 +436,26 @@ def test_task_info_caps_the_seeds_of_one_request(math_server, api_key):
 
 
 def test_a_slow_synchronous_instances_function_does_not_stall_the_server(serve, api_key):
+    entered, release = threading.Event(), threading.Event()
+
     def slow_instances(seeds):
-        time.sleep(1.5)
+        entered.set()
+        release.wait(10)  # held until the other request has been answered
         return [TaskInfo(task=TaskDescriptor(id="toy", name="Toy")) for _ in seeds]
 
     app = serve(create_app(toy_config(provide_task_instances=slow_instances),
                            api_keys=[api_key]))
     slow = threading.Thread(target=httpx.get, args=(app.url + "/task_info",), kwargs=dict(
-        params={"seed": 1}, headers={"X-API-Key": api_key}, timeout=10))
+        params={"seed": 1}, headers={"X-API-Key": api_key}, timeout=15))
     slow.start()
-    time.sleep(0.3)  # the slow request is inside the instances function now
-    started = time.monotonic()
-    assert httpx.get(app.url + "/", timeout=10).status_code == 200
-    waited = time.monotonic() - started
-    slow.join()
+    assert entered.wait(10)  # the slow request is inside the instances function now
+    try:
+        started = time.monotonic()
+        assert httpx.get(app.url + "/", timeout=10).status_code == 200
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        slow.join()
     assert waited < 0.8, f"/ waited {waited:.2f}s behind a synchronous instances call"
 
 
