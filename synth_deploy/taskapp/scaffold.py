@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from synth_deploy.errors import UsageError
+from synth_deploy.taskapp.registry import SCAFFOLD_FILE
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 
@@ -145,8 +146,8 @@ def scaffold_app(name: str, parent: Path | str = ".") -> list[Path]:
         raise UsageError(f"{folder} exists already: nothing was written",
                          hint="choose another name, or remove the folder first")
     title = name.replace("-", " ").replace("_", " ").title()
-    path, rl = f"{name}/task_app.py", f"{name}/rl.toml"
-    files = {folder / "task_app.py": TASK_APP.format(title=title, app_id=name, path=path),
+    path, rl = f"{name}/{SCAFFOLD_FILE}", f"{name}/rl.toml"
+    files = {folder / SCAFFOLD_FILE: TASK_APP.format(title=title, app_id=name, path=path),
              folder / "rl.toml": RL_TOML.format(app_id=name, path=rl, app_dir=path),
              folder / "README.md": README.format(title=title, path=path, rl=rl)}
     folder.mkdir(parents=True)

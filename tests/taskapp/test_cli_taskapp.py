@@ -248,7 +248,7 @@ def test_init_writes_an_app_that_smokes_and_an_rl_toml_that_loads(tmp_path):
 
     result = run_cli(tmp_path, "init", "guess", timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "next: synth-deploy smoke guess/task_app.py" in result.stdout
+    assert "next: synth-deploy smoke guess" in result.stdout
     rl = (tmp_path / "guess" / "rl.toml").read_text()
     # Every field worth a question says what it is, on its own line.
     for field in ("task_url", "gpus_for_vllm", "max_concurrent_rollouts", "group_size",
@@ -256,8 +256,10 @@ def test_init_writes_an_app_that_smokes_and_an_rl_toml_that_loads(tmp_path):
         line = next(x for x in rl.splitlines() if x.startswith(field))
         assert "#" in line, line
     assert load_config(tmp_path / "guess" / "rl.toml") is not None
-    smoked = run_cli(tmp_path, "smoke", "guess/task_app.py", "--json", "--no-trace",
-                     timeout=120)
+    listed = json.loads(run_cli(tmp_path, "apps", "--json").stdout)["apps"]
+    guess = [a["path"] for a in listed if a["app_id"] == "guess"]
+    assert guess == [str(tmp_path / "guess" / "task_app.py")], listed
+    smoked = run_cli(tmp_path, "smoke", "guess", "--json", "--no-trace", timeout=120)
     assert smoked.returncode == 0, smoked.stderr
     report = json.loads(smoked.stdout)
     assert report["summary"]["errors"] == 0 and report["summary"]["rollouts"] == 10
