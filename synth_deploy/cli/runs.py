@@ -8,6 +8,7 @@ import typer
 
 from synth_deploy.cli._common import (
     EXIT_FAILURE,
+    ApiKeyOption,
     Column,
     EnvFilesOption,
     JsonOption,
@@ -83,6 +84,7 @@ def smoke(
     inference_url: InferenceUrlOption = None,
     model: ModelOption = None,
     max_time: MaxTimeOption = 300.0,
+    api_key: ApiKeyOption = None,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -92,12 +94,14 @@ def smoke(
     """Run rollouts against a task app.
 
     Serves the app here when given an id, uses the built-in mock policy unless
-    --inference-url is given, and prints a per-seed table and a summary.
+    --inference-url is given, and prints a per-seed table and a summary. Columns: reward
+    (the rollout's), outcome (its outcome score: the reward unless the app gives a judged
+    score), events (the mean of the event rewards its steps recorded; - when none).
     """
     with handling_errors(json_output):
         from synth_deploy.runs import RunOptions
 
-        env = resolve_env(env_file)
+        env = _target_env(app_or_url, env_file, api_key)
         _run_and_report(app_or_url, parse_seeds(seeds), env,
                         RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time),
                         policy=_policy(policy, inference_url, model, env),
@@ -118,6 +122,7 @@ def evaluate(
     policy: PolicyOption = "mock",
     concurrency: ConcurrencyOption = 8,
     max_time: MaxTimeOption = 300.0,
+    api_key: ApiKeyOption = None,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -131,7 +136,7 @@ def evaluate(
     with handling_errors(json_output):
         from synth_deploy.runs import RunOptions, default_seeds, default_split
 
-        env = resolve_env(env_file)
+        env = _target_env(app_or_url, env_file, api_key)
         target_policy = _policy(policy, inference_url, model, env)
         note = None
         if seeds is not None:
@@ -149,6 +154,19 @@ def evaluate(
                                    split=split),
                         policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
                         json_output=json_output, prices=_prices(prices, env), note=note)
+
+
+def _target_env(app_or_url: str, env_file, api_key: str | None):
+    """The `Env` of a run: ``--api-key`` is the key of the app at a URL (one served here
+    gets its own)."""
+    from synth_deploy.errors import UsageError
+    from synth_deploy.runs import is_url
+
+    if api_key and not is_url(app_or_url):
+        raise UsageError(f"--api-key is the key of a task app at a URL; {app_or_url!r} is "
+                         "served here with a key of its own",
+                         hint="drop --api-key, or pass the running app's URL")
+    return resolve_env(env_file, api_key=api_key)
 
 
 def _policy(policy: str, inference_url: str | None, model: str | None, env):
