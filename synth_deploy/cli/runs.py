@@ -53,7 +53,8 @@ def mock_policy(
     """Serve the built-in mock policy until Ctrl+C.
 
     An OpenAI-compatible POST /v1/chat/completions (tool calls drawn from the offered tools'
-    schemas, answers to arithmetic): for curl, a trainer, or an app's --inference-url.
+    schemas, answers to arithmetic) and GET /v1/models: for curl, a trainer, or an app's
+    --inference-url.
     """
     with handling_errors():
         import signal

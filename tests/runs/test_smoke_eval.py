@@ -232,6 +232,15 @@ def test_the_mock_policy_serves_on_its_own_for_curl_or_a_trainer(tmp_path):
                 time.sleep(0.2)
         assert answer.status_code == 200
         assert "Answer:" in answer.json()["choices"][0]["message"]["content"]
+        # OpenAI clients list the models first.
+        listed = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+        assert listed.status_code == 200, listed.text
+        assert [m["id"] for m in listed.json()["data"]] == ["synth-deploy/mock-policy"]
+        assert listed.json()["object"] == "list"
+        one = httpx.get(f"http://127.0.0.1:{port}/v1/models/synth-deploy/mock-policy", timeout=5)
+        assert one.json()["id"] == "synth-deploy/mock-policy"
+        other = httpx.get(f"http://127.0.0.1:{port}/v1/models/gpt-4", timeout=5)
+        assert other.status_code == 404 and "synth-deploy/mock-policy" in other.text
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)
