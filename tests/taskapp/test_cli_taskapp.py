@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -75,8 +76,14 @@ def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
         assert time.monotonic() - term_at < 5, "shutdown waited far past the drain"
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/", timeout=1)
+        stderr = proc.stderr.read()
     finally:
         stop(proc)
+    # What the drain waits for, while it waits; then the last window's rollout, summed up.
+    waiting = next(x for x in stderr.splitlines() if "draining: waiting for" in x)
+    assert "1 rollout in flight" in waiting and "Ctrl+C stops now" in waiting, stderr
+    after = stderr.split(waiting, 1)[1]
+    assert re.search(r"1 rollout in [\d.]+s \([\d.]+/s\) · p50 1\.\d+s", after), stderr
 
 
 def wait_for_in_flight(url: str, api_key: str, count: int, within_s: float = 10) -> None:
