@@ -262,6 +262,10 @@ def test_init_writes_an_app_that_smokes_and_an_rl_toml_that_loads(tmp_path):
                   "trainer_mode", "weight_sync_interval"):
         line = next(x for x in rl.splitlines() if x.startswith(field))
         assert "#" in line, line
+    # One comment column, whatever the name's length did to the lines.
+    assert len({x.find("#") for x in rl.splitlines() if x.find("#") > 0}) == 1, rl
+    readme = (tmp_path / "guess" / "README.md").read_text()
+    assert "synth-deploy smoke guess\n" in readme and "--app guess\n" in readme
     assert load_config(tmp_path / "guess" / "rl.toml") is not None
     listed = json.loads(run_cli(tmp_path, "apps", "--json").stdout)["apps"]
     guess = [a["path"] for a in listed if a["app_id"] == "guess"]
