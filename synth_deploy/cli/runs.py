@@ -8,6 +8,7 @@ import typer
 
 from synth_deploy.cli._common import (
     EXIT_FAILURE,
+    ApiKeyOption,
     Column,
     EnvFilesOption,
     JsonOption,
@@ -55,7 +56,8 @@ def mock_policy(
     """Serve the built-in mock policy until Ctrl+C.
 
     An OpenAI-compatible POST /v1/chat/completions (tool calls drawn from the offered tools'
-    schemas, answers to arithmetic): for curl, a trainer, or an app's --inference-url.
+    schemas, answers to arithmetic) and GET /v1/models: for curl, a trainer, or an app's
+    --inference-url.
     """
     with handling_errors():
         import signal
@@ -87,6 +89,7 @@ def smoke(
     model: ModelOption = None,
     max_time: MaxTimeOption = 300.0,
     stop_after: StopAfterOption = 10,
+    api_key: ApiKeyOption = None,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -96,12 +99,14 @@ def smoke(
     """Run rollouts against a task app.
 
     Serves the app here when given an id, uses the built-in mock policy unless
-    --inference-url is given, and prints a per-seed table and a summary.
+    --inference-url is given, and prints a per-seed table and a summary. Columns: reward
+    (the rollout's), outcome (its outcome score: the reward unless the app gives a judged
+    score), events (the mean of the event rewards its steps recorded; - when none).
     """
     with handling_errors(json_output):
         from synth_deploy.runs import RunOptions
 
-        env = resolve_env(env_file)
+        env = _target_env(app_or_url, env_file, api_key)
         _run_and_report(app_or_url, parse_seeds(seeds), env,
                         RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time,
                                    stop_after_failures=stop_after or None),
@@ -124,6 +129,7 @@ def evaluate(
     concurrency: ConcurrencyOption = 8,
     max_time: MaxTimeOption = 300.0,
     stop_after: StopAfterOption = 10,
+    api_key: ApiKeyOption = None,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -137,7 +143,7 @@ def evaluate(
     with handling_errors(json_output):
         from synth_deploy.runs import RunOptions, default_seeds, default_split
 
-        env = resolve_env(env_file)
+        env = _target_env(app_or_url, env_file, api_key)
         target_policy = _policy(policy, inference_url, model, env)
         note = None
         if seeds is not None:
@@ -155,6 +161,19 @@ def evaluate(
                                    split=split, stop_after_failures=stop_after or None),
                         policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
                         json_output=json_output, prices=_prices(prices, env), note=note)
+
+
+def _target_env(app_or_url: str, env_file, api_key: str | None):
+    """The `Env` of a run: ``--api-key`` is the key of the app at a URL (one served here
+    gets its own)."""
+    from synth_deploy.errors import UsageError
+    from synth_deploy.runs import is_url
+
+    if api_key and not is_url(app_or_url):
+        raise UsageError(f"--api-key is the key of a task app at a URL; {app_or_url!r} is "
+                         "served here with a key of its own",
+                         hint="drop --api-key, or pass the running app's URL")
+    return resolve_env(env_file, api_key=api_key)
 
 
 def _policy(policy: str, inference_url: str | None, model: str | None, env):

@@ -20,12 +20,14 @@ The modules, one concept each:
     _credentials   has_modal_token   is there a Modal token, answered locally
     _reachability  require_modal_reachable   does Modal's API answer, within a deadline
     _deployment    deploy            plan ▸ validate ▸ modal deploy ▸ URL ▸ healthy ▸ .env
+    _deployed      stop_app          the kit's deployed apps, listed and stopped
     _trace_volume  VolumeSnapshots   a container's new traces, copied to the Volume each interval
     _trace_pull    pull_traces       the Volume's traces, merged into a local store
 """
 
 from synth_deploy.modal._container import web as container_app
 from synth_deploy.modal._credentials import has_modal_token, require_modal_token
+from synth_deploy.modal._deployed import DeployedApp, StopResult, deployed_apps, stop_app
 from synth_deploy.modal._deployment import (
     DeployOptions,
     DeployResult,
@@ -78,6 +80,7 @@ __all__ = [
     "DeployOptions",
     "DeployPlan",
     "DeployResult",
+    "DeployedApp",
     "FilePull",
     "ImageRecipe",
     "LocalDir",
@@ -87,6 +90,7 @@ __all__ = [
     "ModalSettings",
     "PullResult",
     "SecretSource",
+    "StopResult",
     "TRACE_VOLUME_MOUNT",
     "TraceVolume",
     "VolumeSnapshots",
@@ -97,6 +101,7 @@ __all__ = [
     "default_trace_volume",
     "dependency_closure",
     "deploy",
+    "deployed_apps",
     "find_web_url",
     "has_modal_token",
     "modal_api_endpoints",
@@ -106,6 +111,7 @@ __all__ = [
     "require_modal_reachable",
     "require_modal_token",
     "serve_dev",
+    "stop_app",
     "validate_locally",
     "web_function",
 ]

@@ -150,6 +150,12 @@ def determinism_check(result: DeterminismResult) -> RehearsalCheck:
                 "determinism", "warn", finding, data=data,
                 fix="may be the policy (a real endpoint need not be deterministic at "
                     "temperature 0); rerun with the mock policy to tell")
+        if result.seed_ignored:  # no RNG of theirs can be seeded from a seed never passed
+            return RehearsalCheck(
+                "determinism", "fail", f"{finding} ({result.seed_ignored})", data=data,
+                fix="the environment's reset() takes no seed, so nothing it draws can follow "
+                    "the seed: add a `seed` parameter to reset() and seed its RNG from it "
+                    "(the kit passes the seed to a reset() that accepts one)")
         return RehearsalCheck(
             "determinism", "fail", finding, data=data,
             fix="the environment draws randomness that is not derived from the seed: seed "

@@ -151,8 +151,8 @@ class RolloutStats:
         self._said = (errors, refused)
         if not durations and not self.in_flight and not new_refused:
             return None
-        parts = [f"{len(durations)} rollouts in {interval_s:g}s "
-                 f"({len(durations) / interval_s:.1f}/s)"]
+        parts = [f"{len(durations)} rollout{'' if len(durations) == 1 else 's'} in "
+                 f"{interval_s:.3g}s ({len(durations) / max(interval_s, 1e-3):.1f}/s)"]
         if durations:
             p50 = durations[len(durations) // 2]
             p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))]
