@@ -48,6 +48,8 @@ def step_check(step: StepResult) -> RehearsalCheck:
                f"concurrency {step.concurrency} · {run} · {tokens}")
     details = [f"{count}× {cause}" for cause, count in step.causes()]
     if step.failures:
+        kinds = ", ".join(f"{kind} {n}" for kind, n in step.failure_kinds().items())
+        details.append(f"by kind: {kinds}")
         return RehearsalCheck("training step", "fail", finding, details=details,
                               fix="fix the causes listed: the trainer gets no reward from a "
                                   "failed rollout", data=step.to_dict())
