@@ -163,30 +163,13 @@ class RolloutRun:
                   stop: RolloutStop | None = None) -> RolloutOutcome:
         """``request_json``: the body ``req`` was read from; ``stop``: how it may be stopped
         while it runs (a stopped rollout's outcome is a failure with the stop's reason)."""
-        config, trace_store, on_session = self.config, self.trace_store, self.on_session
-        inference_url = req.policy.config.get("inference_url")
-        cid = correlation_id(req.policy.config)
         # Whether anyone reads the session past this answer: else its chat is not recorded.
-        kept = trace_store is not None or req.record.return_trace or on_session is not None
+        kept = self.trace_store is not None or req.record.return_trace or \
+            self.on_session is not None
         tracer = SessionTracer(kept=kept)
-        ctx = RolloutContext(request=req, config=config, tracer=tracer, http=self.http(),
-                             app_state=config.app_state)
-        bound = min(req.safety.max_time_s, config.max_rollout_seconds)
+        cid = correlation_id(req.policy.config)
         started = time.perf_counter()
-        outcome = RolloutOutcome(req.run_id)
-        try:
-            with deadline(bound):
-                raw = await self.call_executor(req, ctx)
-            outcome.result = _completed(raw, req.run_id, tracer.finish(expand=False),
-                                        wall_s=time.perf_counter() - started,
-                                        inference_url=inference_url, cid=cid)
-        except asyncio.CancelledError:
-            if stop is None or stop.reason is None:
-                raise  # the server is stopping: not this rollout's outcome to give
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            outcome.failure = stopped(stop.reason, req.run_id)
-        except Exception as exc:
-            outcome.failure = self._failure(exc, req, bound)
+        outcome = await self._played(req, tracer, stop, started, cid)
         if stop is not None:
             stop.final = True  # from here on the outcome is final: it is being stored
         elapsed = time.perf_counter() - started
@@ -194,29 +177,16 @@ class RolloutRun:
         result = outcome.result
         # Bytes straight from pydantic-core: no str round trip on the hot path.
         outcome.body = None if result is None else result.__pydantic_serializer__.to_json(result)
-        facts = None
-        if kept:  # building the session's metadata is wasted work when nobody reads it
-            failure = outcome.failure
-            facts = RolloutFacts(
-                rollout_head(req, config.app_id, cid), elapsed, request_json, outcome.body,
-                None if failure is None else failure.error(),
-                "cancelled" if failure is not None and failure.cancelled else "error")
-            if req.record.return_trace or on_session is not None:
-                # Read here, not only where it is stored (whose writer does this off the loop)
-                session.expand_exchanges()
-                describe_session(session, facts)
-                facts = None
-            if result is not None and req.record.return_trace and result.trace is None:
-                result.trace = session.to_dict()
-                correlate_trace(result.trace, cid)
-                outcome.body = result.__pydantic_serializer__.to_json(result)
-        if on_session is not None:
+        # Building the session's metadata is wasted work when nobody reads it.
+        facts = self._described(req, request_json, session, outcome, elapsed, cid) \
+            if kept else None
+        if self.on_session is not None:
             try:
-                on_session(session)
+                self.on_session(session)
             except Exception as exc:  # spans are a view of the rollout: they never fail it
                 self.failures.error(exc, "live export of rollout %s failed", req.run_id,
                                     extra_secrets=_request_secrets(req))
-        if trace_store is not None:
+        if self.trace_store is not None:
             await self._store(session, facts, outcome)
         # What the client waits for, the commit included.
         self.stats.record(time.perf_counter() - started)
@@ -225,6 +195,52 @@ class RolloutRun:
         else:
             self.stats.errors += 1
         return outcome
+
+    async def _played(self, req: RolloutRequest, tracer: SessionTracer,
+                      stop: RolloutStop | None, started: float, cid: str | None
+                      ) -> RolloutOutcome:
+        """The app's rollout run under its bound: its result, or its failure classified."""
+        config = self.config
+        ctx = RolloutContext(request=req, config=config, tracer=tracer, http=self.http(),
+                             app_state=config.app_state)
+        bound = min(req.safety.max_time_s, config.max_rollout_seconds)
+        outcome = RolloutOutcome(req.run_id)
+        try:
+            with deadline(bound):
+                raw = await self.call_executor(req, ctx)
+            outcome.result = _completed(raw, req.run_id, tracer.finish(expand=False),
+                                        wall_s=time.perf_counter() - started,
+                                        inference_url=req.policy.config.get("inference_url"),
+                                        cid=cid)
+        except asyncio.CancelledError:
+            if stop is None or stop.reason is None:
+                raise  # the server is stopping: not this rollout's outcome to give
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            outcome.failure = stopped(stop.reason, req.run_id)
+        except Exception as exc:
+            outcome.failure = self._failure(exc, req, bound)
+        return outcome
+
+    def _described(self, req: RolloutRequest, request_json: bytes, session: SessionTrace,
+                   outcome: RolloutOutcome, elapsed: float, cid: str | None
+                   ) -> RolloutFacts | None:
+        """The facts the stored session is described from; None once they are applied here
+        (the answer returns the trace, or the live export reads it): else the store's
+        writer applies them, off the loop."""
+        failure, result = outcome.failure, outcome.result
+        facts = RolloutFacts(
+            rollout_head(req, self.config.app_id, cid), elapsed, request_json, outcome.body,
+            None if failure is None else failure.error(),
+            "cancelled" if failure is not None and failure.cancelled else "error")
+        if not (req.record.return_trace or self.on_session is not None):
+            return facts
+        session.expand_exchanges()
+        describe_session(session, facts)
+        if result is not None and req.record.return_trace and result.trace is None:
+            result.trace = session.to_dict()
+            correlate_trace(result.trace, cid)
+            outcome.body = result.__pydantic_serializer__.to_json(result)
+        return None
 
     async def _store(self, session: SessionTrace, facts: RolloutFacts | None,
                      outcome: RolloutOutcome) -> None:
@@ -364,15 +380,7 @@ def _completed(raw: Any, run_id: str, session: SessionTrace, *, wall_s: float,
 
 
 def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str, Any]:
-    outcomes = session.outcome_rewards
-    if outcomes and not any(metrics.get(k) not in (None, []) for k in _REWARD_KEYS):
-        metrics["outcome_reward"] = outcomes[-1].total_reward
-    if metrics.get("outcome_reward") is None:
-        rewards = metrics.get("episode_rewards") or metrics.get("episode_returns")
-        if rewards:
-            metrics["outcome_reward"] = sum(rewards) / len(rewards)
-    if metrics.get("outcome_score") is None and metrics.get("outcome_reward") is not None:
-        metrics["outcome_score"] = metrics["outcome_reward"]
+    _fill_rewards(metrics, session)
     if session.event_rewards:
         event_values = [r.reward_value for r in session.event_rewards]
         metrics.setdefault("event_rewards", event_values)
@@ -388,6 +396,19 @@ def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str,
         if tokens and isinstance(details, dict) and "tokens" not in details:
             metrics["details"] = {**details, "tokens": sum(tokens)}
     return metrics
+
+
+def _fill_rewards(metrics: dict[str, Any], session: SessionTrace) -> None:
+    """Every spelling of the outcome reward, from the one the author gave."""
+    outcomes = session.outcome_rewards
+    if outcomes and not any(metrics.get(k) not in (None, []) for k in _REWARD_KEYS):
+        metrics["outcome_reward"] = outcomes[-1].total_reward
+    if metrics.get("outcome_reward") is None:
+        rewards = metrics.get("episode_rewards") or metrics.get("episode_returns")
+        if rewards:
+            metrics["outcome_reward"] = sum(rewards) / len(rewards)
+    if metrics.get("outcome_score") is None and metrics.get("outcome_reward") is not None:
+        metrics["outcome_score"] = metrics["outcome_reward"]
 
 
 def executor_caller(executor: Any) -> Any:
