@@ -28,6 +28,7 @@ from typing import Any
 Packed = tuple[Any, ...]
 OBSERVED = "observed_provider"  # the policy server returned them
 ABSENT = "unavailable"          # it did not: ``absent_reason`` says what was missing
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
 
 
 @dataclass
@@ -96,10 +97,18 @@ def valid_ids(ids: Any, name: str) -> list[int]:
 
 
 def valid_logprobs(values: Any, count: int) -> list[float]:
-    """``values`` as floats, `ValueError` unless numbers, one per completion id (or none)."""
-    if not isinstance(values, list | tuple) or not all(
-            type(v) in (int, float) for v in values):
+    """``values`` as floats, one per completion id (or none); `ValueError` naming the first
+    that is not a log-probability: a finite number at most 0 that a float32 (what the store
+    keeps) holds. A policy server is whatever a key holder chose, and NaN, infinity (1e400
+    reads as one) or a positive value would reach a trainer's loss as data."""
+    if not isinstance(values, list | tuple):
         raise ValueError("completion_logprobs is not an array of numbers")
+    for i, v in enumerate(values):
+        # NaN fails every comparison; an int compares exactly, however long.
+        if type(v) not in (int, float) or not -FLOAT32_MAX <= v <= 0:
+            shown = repr(v) if type(v) in (int, float) else type(v).__name__
+            raise ValueError(f"completion_logprobs[{i}] is {shown[:40]}, not a "
+                             "log-probability (a finite number from -3.4e38 to 0)")
     if values and len(values) != count:
         raise ValueError(f"completion_logprobs has {len(values)} values for {count} "
                          "completion ids; they must align one to one")
@@ -272,6 +281,11 @@ def unpack_turns(packed: list[Packed]) -> list[TurnTokens]:
             turn.prompt_ids = context[:shared] + unpack_ids(rest)
             turn.completion_ids = unpack_ids(completion)
             turn.completion_logprobs = unpack_logprobs(logprobs)
+            try:  # a store an older kit wrote may hold what a policy server sent: NaN, inf
+                valid_logprobs(turn.completion_logprobs, len(turn.completion_ids))
+            except ValueError as exc:
+                turn.completion_logprobs = []
+                turn.absent_reason = f"logprobs not kept: the stored {exc}"
             context = turn.prompt_ids + turn.completion_ids
         turns.append(turn)
     return turns
