@@ -106,13 +106,18 @@ def valid_logprobs(values: Any, count: int) -> list[float]:
     for i, v in enumerate(values):
         # NaN fails every comparison; an int compares exactly, however long.
         if type(v) not in (int, float) or not -FLOAT32_MAX <= v <= 0:
-            shown = repr(v) if type(v) in (int, float) else type(v).__name__
-            raise ValueError(f"completion_logprobs[{i}] is {shown[:40]}, not a "
+            raise ValueError(f"completion_logprobs[{i}] is {_shown(v)}, not a "
                              "log-probability (a finite number from -3.4e38 to 0)")
     if values and len(values) != count:
         raise ValueError(f"completion_logprobs has {len(values)} values for {count} "
                          "completion ids; they must align one to one")
     return [float(v) for v in values]
+
+
+def _shown(value: Any) -> str:
+    if type(value) is int and not -10**20 < value < 10**20:  # 1e400 written as an integer
+        return "an integer of over 20 digits"  # repr refuses past 4,300
+    return repr(value)[:40] if type(value) in (int, float) else type(value).__name__
 
 
 class PackedTurn(TurnTokens):
