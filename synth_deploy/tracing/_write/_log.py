@@ -28,18 +28,20 @@ A process has one log per store (`session_log`): the store appends, the copier t
 from __future__ import annotations
 
 import os
+import re
 import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from synth_deploy.errors import TraceStoreError
-from synth_deploy.tracing._errors import TraceFormatError
+from synth_deploy.tracing._errors import SchemaTooNewError, TraceFormatError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, rollout_description
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._codec import encode, encode_session
 
 MAGIC = b"synth-deploy session log 1\n"
+_MAGIC_OF_ANY_VERSION = re.compile(rb"synth-deploy session log (\d{1,9})\n")
 _HEAD = struct.Struct("<III")
 NO_ROLLOUT = 0xFFFFFFFF
 # What a log may hold before it refuses sessions: some minutes of a busy container's.
@@ -60,9 +62,10 @@ class LogRead:
 
 
 def is_session_log(path: str | os.PathLike[str]) -> bool:
-    """Whether the file ``path`` starts as a session log does."""
+    """Whether the file ``path`` starts as a session log does (of any format version:
+    `read_session_log` says when a newer kit wrote it)."""
     with open(path, "rb") as fh:
-        return fh.read(len(MAGIC)) == MAGIC
+        return _MAGIC_OF_ANY_VERSION.match(fh.read(len(MAGIC) + 8)) is not None
 
 
 def write_session_log(path: str | os.PathLike[str], records: list[bytes]) -> int:
@@ -80,6 +83,11 @@ def read_session_log(path: str | os.PathLike[str]) -> LogRead:
     with open(path, "rb") as fh:
         data = fh.read()
     if not data.startswith(MAGIC):
+        if magic := _MAGIC_OF_ANY_VERSION.match(data):
+            raise SchemaTooNewError(
+                f"{os.fspath(path)} is a session log of format {int(magic[1])}, newer than "
+                "this synth-deploy reads (1); it was left as is",
+                hint="upgrade synth-deploy (pip install -U synth-deploy)")
         raise TraceFormatError(f"{os.fspath(path)} is not a session log",
                                hint="only a task app's trace store writes these files")
     records, at = [], len(MAGIC)
@@ -90,7 +98,14 @@ def read_session_log(path: str | os.PathLike[str]) -> LogRead:
         end = rollout_at + (0 if rollout_size == NO_ROLLOUT else rollout_size)
         if end > len(data):
             break
-        records.append((data[start:body_at].decode(), data[body_at:rollout_at],
+        try:
+            session_id = data[start:body_at].decode()
+        except UnicodeDecodeError:  # the copier writes ids as it got them: UTF-8
+            raise TraceFormatError(
+                f"{os.fspath(path)}: record {len(records) + 1} (byte {at}) has a session id "
+                f"that is not UTF-8 ({data[start:body_at][:24]!r}): the file is damaged",
+                hint="only a task app's trace store writes these files") from None
+        records.append((session_id, data[body_at:rollout_at],
                         None if rollout_size == NO_ROLLOUT else data[rollout_at:end]))
         at = end
     return LogRead(records, at, len(data))
