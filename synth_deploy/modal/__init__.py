@@ -24,6 +24,7 @@ The modules, one concept each:
     _trace_pull    pull_traces       the Volume's traces, merged into a local store
 """
 
+from synth_deploy.modal._container import container_memory
 from synth_deploy.modal._container import web as container_app
 from synth_deploy.modal._credentials import has_modal_token, require_modal_token
 from synth_deploy.modal._deployment import (
@@ -59,9 +60,11 @@ from synth_deploy.modal._trace_pull import (
     FilePull,
     PullResult,
     TraceVolume,
+    UnreadFile,
     pull_traces,
 )
 from synth_deploy.modal._trace_volume import (
+    CONTAINER_MEMORY_VAR,
     DEFAULT_TRACE_COMMIT_S,
     TRACE_VOLUME_MOUNT,
     VolumeSnapshots,
@@ -69,6 +72,7 @@ from synth_deploy.modal._trace_volume import (
 )
 
 __all__ = [
+    "CONTAINER_MEMORY_VAR",
     "DEFAULT_TRACE_COMMIT_S",
     "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
@@ -89,11 +93,13 @@ __all__ = [
     "SecretSource",
     "TRACE_VOLUME_MOUNT",
     "TraceVolume",
+    "UnreadFile",
     "VolumeSnapshots",
     "build_modal_app",
     "app_logs",
     "build_plan",
     "container_app",
+    "container_memory",
     "default_trace_volume",
     "dependency_closure",
     "deploy",

@@ -65,6 +65,7 @@ from synth_deploy.tracing._tokens import (
 )
 from synth_deploy.tracing._write._log import (
     SessionLog,
+    pending_limit,
     read_session_log,
     session_log,
     write_session_log,
@@ -162,6 +163,7 @@ __all__ = [
     "replay",
     "read_session_log",
     "session_log",
+    "pending_limit",
     "write_session_log",
     "resolve_trace_db",
     "resolve_price_table",

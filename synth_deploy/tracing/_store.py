@@ -90,8 +90,8 @@ class TraceStore:
         self._children_lock = threading.Lock()
         local_file = not setting.is_remote and not read_only and not self._database.in_memory
         # A store whose readers are elsewhere hands each session to its log instead.
-        self._log = session_log(setting.path) if setting.session_log and local_file \
-            and setting.path is not None else None
+        self._log = session_log(setting.path, setting.session_log_limit) \
+            if setting.session_log and local_file and setting.path is not None else None
         self._children_allowed = writer_process and local_file and self._log is None
 
     @property

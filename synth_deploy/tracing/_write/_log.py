@@ -19,8 +19,11 @@ so a record in a file there outlives nothing a record in memory does not, and th
 the server a write and the copier a read of every session (infra/tracing.md). What a
 killed container loses is what it recorded since its last copy. A copy that fails gives
 its records back, ahead of those recorded since (`SessionLog.give_back`), and a log that
-holds more than `PENDING_LIMIT` bytes (the Volume's copies failing for a long while)
-refuses new sessions: their rollouts answer 500, as on a full disk.
+holds more than its limit (the Volume's copies failing for a long while) refuses new
+sessions: their rollouts answer 500, as on a full disk, before the container's memory runs
+out. The limit follows the memory (`pending_limit`): a quarter of the container's (the lower
+of its Modal ``memory`` setting and its cgroup's limit, where either is known), from 16 MiB
+up to `PENDING_LIMIT`; 256 MiB when neither is known.
 
 A process has one log per store (`session_log`): the store appends, the copier takes.
 """
@@ -44,8 +47,11 @@ MAGIC = b"synth-deploy session log 1\n"
 _MAGIC_OF_ANY_VERSION = re.compile(rb"synth-deploy session log (\d{1,9})\n")
 _HEAD = struct.Struct("<III")
 NO_ROLLOUT = 0xFFFFFFFF
-# What a log may hold before it refuses sessions: some minutes of a busy container's.
+# What a log may hold before it refuses sessions: some minutes of a busy container's, and
+# at most a quarter of the process's memory where that is known (`pending_limit`).
 PENDING_LIMIT = 256 << 20
+PENDING_SHARE = 4
+PENDING_FLOOR = 16 << 20
 
 # (session id, body, rollout description or None), each encoded by `_codec`.
 Record = tuple[str, bytes, bytes | None]
@@ -111,6 +117,14 @@ def read_session_log(path: str | os.PathLike[str]) -> LogRead:
     return LogRead(records, at, len(data))
 
 
+def pending_limit(memory_bytes: int | None) -> int:
+    """The bytes a log may hold in a process with ``memory_bytes`` of memory (None: not
+    known): a quarter of it, at least `PENDING_FLOOR`, at most `PENDING_LIMIT`."""
+    if not memory_bytes:
+        return PENDING_LIMIT
+    return max(PENDING_FLOOR, min(PENDING_LIMIT, memory_bytes // PENDING_SHARE))
+
+
 class SessionLog:
     """Sessions encoded as records and held until a copier takes them; thread-safe."""
 
@@ -145,7 +159,9 @@ class SessionLog:
                 return True
         raise TraceStoreError(f"cannot hold session {session.session_id}: the trace log "
                               f"holds {held >> 20} MB not yet copied to the trace Volume",
-                              hint="the copies are failing: see the warnings above")
+                              hint="the copies are failing: see the warnings above (it "
+                                   f"holds at most {self.limit_bytes >> 20} MiB: a quarter "
+                                   "of the container's memory, where known)")
 
     def take(self) -> list[bytes]:
         """Every record held, oldest first; the log holds none after."""
@@ -164,16 +180,20 @@ _LOGS: dict[Path, SessionLog] = {}
 _LOGS_LOCK = threading.Lock()
 
 
-def session_log(store: str | os.PathLike[str]) -> SessionLog:
+def session_log(store: str | os.PathLike[str], limit_bytes: int | None = None) -> SessionLog:
     """This process's log of the store at ``store``: the one its store appends to and its
-    copier takes from."""
+    copier takes from. ``limit_bytes``: what it may hold (the store's setting says; None
+    leaves it as it is, `PENDING_LIMIT` for a new one)."""
     key = Path(store).resolve()
     with _LOGS_LOCK:
         log = _LOGS.get(key)
         if log is None:
             log = _LOGS[key] = SessionLog()
+        if limit_bytes is not None:
+            log.limit_bytes = limit_bytes
         return log
 
 
 __all__ = ["MAGIC", "NO_ROLLOUT", "PENDING_LIMIT", "LogRead", "Record", "SessionLog",
-           "is_session_log", "read_session_log", "session_log", "write_session_log"]
+           "is_session_log", "pending_limit", "read_session_log", "session_log",
+           "write_session_log"]
