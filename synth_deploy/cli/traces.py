@@ -163,7 +163,7 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     for name in shared:
         del columns[name]
     cells = [[_esc(cell[name]) for name in columns] for cell in ({
-        "session": r.session_id[:16], "created (UTC)": r.created_at[5:19],
+        "session": r.session_id[:16], "created (UTC)": r.created_at[5:19].replace("T", " "),
         "app": r.app_id or "-", "seed": _num(r.seed), "model": r.model or "-",
         "status": r.status or "-", "reward": _num(r.total_reward), "steps": r.num_timesteps,
         "events": r.num_events, "msgs": r.num_messages} for r in rows)]

@@ -54,6 +54,7 @@ from synth_deploy.tracing._store import (
     TraceStore,
     open_trace_store,
 )
+from synth_deploy.tracing._times import utc_text, zoned
 from synth_deploy.tracing._tokens import (
     ContinuityBreak,
     TokenSummary,
@@ -172,6 +173,8 @@ __all__ = [
     "session_from_trace",
     "sft_examples",
     "since_timestamp",
+    "utc_text",
+    "zoned",
     "summarize",
     "valid_ids",
     "valid_logprobs",

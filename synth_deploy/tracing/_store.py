@@ -33,6 +33,7 @@ from synth_deploy.tracing._db._stats import TraceStats, store_stats
 from synth_deploy.tracing._errors import NotATraceDbError, SessionNotFoundError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
+from synth_deploy.tracing._times import zoned
 from synth_deploy.tracing._write import _journal
 from synth_deploy.tracing._write._log import session_log
 from synth_deploy.tracing._write._thread import ThreadWriter
@@ -281,7 +282,8 @@ class TraceStore:
         if limit is not None:
             query += f" LIMIT {int(limit)}"
         return [SessionSummary(
-            session_id=r["session_id"], created_at=str(r["created_at"]), app_id=r["app_id"],
+            session_id=r["session_id"], created_at=str(zoned(r["created_at"])),
+            app_id=r["app_id"],
             run_id=r["run_id"], seed=r["seed"], model=r["model_name"], status=r["status"],
             total_reward=r["total_reward"], num_timesteps=r["num_timesteps"],
             num_events=r["num_events"], num_messages=r["num_messages"])
