@@ -398,10 +398,12 @@ def test_a_logprob_that_is_not_a_finite_number_at_most_zero_is_no_token_data(
     assert all(not t.completion_logprobs for t in turns)
     assert "logprobs not kept: the policy server's completion_logprobs[1] is" in \
         turns[0].absent_reason
+    play(server, api_key, serve(vllm_policy(FIVE_TURNS)).url + "/v1", turns=2)  # a good one
     out = tmp_path / "t.jsonl"
     result = export(db, out)
-    assert result["episodes"] == 0 and result["skipped"] == {"no logprobs": 1}
-    assert out.read_text() == ""
+    assert result["episodes"] == 1 and result["skipped"] == {"no logprobs": 1}
+    [row] = [_strict_json(line) for line in out.read_text().splitlines()]
+    assert all(math.isfinite(lp) and lp <= 0 for lp in row["logprobs"])
 
 
 def test_the_token_export_is_strict_json_even_from_a_store_written_before_the_check(
