@@ -332,7 +332,9 @@ def pull(
     out.print(f"pulled {plural(len(result.files), 'file')} of "
               f"{plural(len(result.containers), 'container')} from the Volume "
               f"{_esc(result.volume)}: {result.added} session(s) added, {result.skipped} "
-              f"already in {_esc(result.trace_db)}", highlight=False)
+              f"already in {_esc(result.trace_db)}"
+              + (f"; {plural(len(result.unread), 'file')} not merged (below)"
+                 if result.unread else ""), highlight=False)
     if result.amended:
         out.print(f"  {plural(result.amended, 'session')} marked as errors: the container "
                   "found, after copying them, that their clients never got the answer",

@@ -355,7 +355,8 @@ def _unread(volume: str, file: VolumeFile, local: Path, exc: TraceStoreError) ->
         hint = ("the other files were merged; the next pull tries this one again (a file "
                 "fetched while it was written merges then)")
     inspect = shlex.join(["modal", "volume", "get", volume, file.path, local.name])
-    return UnreadFile(file.path, file.container, exc.message, hint, inspect, str(local))
+    reason = exc.message.replace(str(local), "its copy")  # the path is said once, as `copy`
+    return UnreadFile(file.path, file.container, reason, hint, inspect, str(local))
 
 
 def _still_merged(entry: Any, file: VolumeFile, store: Any) -> bool:

@@ -71,7 +71,8 @@ def test_a_damaged_segment_between_good_ones_is_skipped_named_and_merged_once_re
     first = _pull("synth-x", "--trace-db", str(home))
     assert first.exit_code == 1, first.output
     assert "synth-x-traces:synth-x/ta-1.2.db was not merged" in first.output
-    assert "corrupt or not a SQLite database" in first.output
+    assert "was not merged: its copy is corrupt or not a SQLite database" in first.output
+    assert "1 file not merged (below)" in first.output
     assert "inspect it: modal volume get synth-x-traces synth-x/ta-1.2.db ta-1.2.db" in \
         first.output
     assert "the next pull tries this one again" in first.output
