@@ -16,6 +16,7 @@ ids are stored about once.
 
 from __future__ import annotations
 
+import math
 import sys
 from array import array
 from dataclasses import dataclass, field
@@ -264,6 +265,22 @@ def unpack_logprobs(data: bytes | None) -> list[float]:
 
 
 
+# A float32's high byte (little-endian: its last) with the sign bit set.
+_NEGATIVE_HIGH_BYTES = bytes(range(0x80, 0x100))
+
+
+def _log_probabilities(packed: bytes, values: list[float]) -> bool:
+    """Whether ``values`` (unpacked from the float32s ``packed``) are all finite and at
+    most 0 (`valid_logprobs`'s rule), at C speed: every export and page reads them. Finite
+    float32s cannot overflow a sum, so an infinite or NaN sum means one is not finite; and
+    a set sign bit in each is at most 0."""
+    if not values:
+        return True
+    if not math.isfinite(sum(values)):
+        return False
+    return not packed[3::4].translate(None, _NEGATIVE_HIGH_BYTES) or max(values) <= 0
+
+
 def pack_turns(turns: list[TurnTokens]) -> list[Packed]:
     """A session's turns, in order, each prompt as what it adds to the turn before."""
     packed = []
@@ -286,11 +303,13 @@ def unpack_turns(packed: list[Packed]) -> list[TurnTokens]:
             turn.prompt_ids = context[:shared] + unpack_ids(rest)
             turn.completion_ids = unpack_ids(completion)
             turn.completion_logprobs = unpack_logprobs(logprobs)
-            try:  # a store an older kit wrote may hold what a policy server sent: NaN, inf
-                valid_logprobs(turn.completion_logprobs, len(turn.completion_ids))
-            except ValueError as exc:
-                turn.completion_logprobs = []
-                turn.absent_reason = f"logprobs not kept: the stored {exc}"
+            if not _log_probabilities(logprobs or b"", turn.completion_logprobs):
+                # A store an older kit wrote may hold what a policy server sent: NaN, inf.
+                try:
+                    valid_logprobs(turn.completion_logprobs, len(turn.completion_ids))
+                except ValueError as exc:
+                    turn.completion_logprobs = []
+                    turn.absent_reason = f"logprobs not kept: the stored {exc}"
             context = turn.prompt_ids + turn.completion_ids
         turns.append(turn)
     return turns

@@ -362,6 +362,26 @@ def test_token_data_of_the_wrong_shape_is_recorded_as_missing_and_the_rollout_pl
     assert result["episodes"] == 0 and result["skipped"] == {skipped: 1}
 
 
+@pytest.mark.parametrize(("stored", "kept"), [
+    ([-0.5, -2.0], True), ([0.0, -0.0], True), ([-0.5, float("nan")], False),
+    ([-0.5, float("-inf")], False), ([-0.5, float("inf")], False), ([-0.5, 1e-30], False),
+    ([-0.5, 3.0], False), ([-0.5, -1e300], False)])
+def test_stored_logprobs_are_read_back_only_as_log_probabilities(tmp_path, stored, kept):
+    # What an older kit stored unchecked (a TurnTokens made in Python is not checked either)
+    # is read back as "no logprobs", with the reason.
+    session = _session([TurnTokens([1, 2], [3, 4], stored, model="m")])
+    with open_trace_store(parse_trace_db(str(tmp_path / "t.db"))) as store:
+        store.write_sessions_sync([session])
+        [turn] = store.get_session(session.session_id).turn_tokens
+    assert turn.observed and turn.completion_ids == [3, 4]
+    if kept:
+        assert turn.completion_logprobs == pytest.approx(stored) and not turn.absent_reason
+    else:
+        assert turn.completion_logprobs == []
+        assert turn.absent_reason.startswith(
+            "logprobs not kept: the stored completion_logprobs[1] is ")
+
+
 HOSTILE = "@hostile-logprob@"
 
 
