@@ -25,6 +25,7 @@ The modules, one concept each:
     _trace_pull    pull_traces       the Volume's traces, merged into a local store
 """
 
+from synth_deploy.modal._container import container_memory
 from synth_deploy.modal._container import web as container_app
 from synth_deploy.modal._credentials import has_modal_token, require_modal_token
 from synth_deploy.modal._deployed import DeployedApp, StopResult, deployed_apps, stop_app
@@ -61,9 +62,11 @@ from synth_deploy.modal._trace_pull import (
     FilePull,
     PullResult,
     TraceVolume,
+    UnreadFile,
     pull_traces,
 )
 from synth_deploy.modal._trace_volume import (
+    CONTAINER_MEMORY_VAR,
     DEFAULT_TRACE_COMMIT_S,
     TRACE_VOLUME_MOUNT,
     VolumeSnapshots,
@@ -71,6 +74,7 @@ from synth_deploy.modal._trace_volume import (
 )
 
 __all__ = [
+    "CONTAINER_MEMORY_VAR",
     "DEFAULT_TRACE_COMMIT_S",
     "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
@@ -93,11 +97,13 @@ __all__ = [
     "StopResult",
     "TRACE_VOLUME_MOUNT",
     "TraceVolume",
+    "UnreadFile",
     "VolumeSnapshots",
     "build_modal_app",
     "app_logs",
     "build_plan",
     "container_app",
+    "container_memory",
     "default_trace_volume",
     "dependency_closure",
     "deploy",

@@ -54,6 +54,7 @@ from synth_deploy.tracing._store import (
     TraceStore,
     open_trace_store,
 )
+from synth_deploy.tracing._times import utc_text, zoned
 from synth_deploy.tracing._tokens import (
     ContinuityBreak,
     TokenSummary,
@@ -65,6 +66,7 @@ from synth_deploy.tracing._tokens import (
 )
 from synth_deploy.tracing._write._log import (
     SessionLog,
+    pending_limit,
     read_session_log,
     session_log,
     write_session_log,
@@ -162,6 +164,7 @@ __all__ = [
     "replay",
     "read_session_log",
     "session_log",
+    "pending_limit",
     "write_session_log",
     "resolve_trace_db",
     "resolve_price_table",
@@ -170,6 +173,8 @@ __all__ = [
     "session_from_trace",
     "sft_examples",
     "since_timestamp",
+    "utc_text",
+    "zoned",
     "summarize",
     "valid_ids",
     "valid_logprobs",
