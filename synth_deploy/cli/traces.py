@@ -125,14 +125,35 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
        app: Annotated[str | None, typer.Option("--app", help="Only this app id.")] = None,
        status: Annotated[str | None, typer.Option("--status", help="ok or error.")] = None,
        model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
+       app_digest: Annotated[str | None, typer.Option(
+           "--app-digest", help="Only sessions made by this code of their app (its digest, or "
+                                "its first digits, as the code column shows it).")] = None,
+       group: Annotated[str | None, typer.Option(
+           "--group", help="identity: one row per app and code version (the sessions each "
+                           "made, errors, mean reward, first and last) instead of "
+                           "sessions.")] = None,
        trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
        json_output: JsonOption = False) -> None:
-    """List the newest sessions."""
-    with handling_errors(json_output), _open(trace_db, env_file) as store:
-        rows = store.list_sessions(limit=limit, app=app, status=status, model=model)
-        # Counted only when the limit may hide some: then the title says how many are stored.
-        stored = (store.count_sessions(app=app, status=status, model=model)
-                  if len(rows) == limit else len(rows))
+    """List the newest sessions (or, with --group identity, which code made them)."""
+    with handling_errors(json_output):
+        if group not in (None, "identity"):
+            raise UsageError(f"cannot group by {group!r}", hint="use --group identity")
+        with _open(trace_db, env_file) as store:
+            if group == "identity":
+                from synth_deploy.tracing import SessionFilter, identity_groups
+
+                groups = identity_groups(store, SessionFilter(
+                    app=app, status=status, model=model, app_digest=app_digest), limit=limit)
+            else:
+                rows = store.list_sessions(limit=limit, app=app, status=status, model=model,
+                                           app_digest=app_digest)
+                # Counted only when the limit may hide some: then the title says how many.
+                stored = (store.count_sessions(app=app, status=status, model=model,
+                                               app_digest=app_digest)
+                          if len(rows) == limit else len(rows))
+    if group == "identity":
+        _print_identity_groups(groups, store.display, json_output)
+        return
     if json_output:
         print_json([r.to_dict() for r in rows])
         return
@@ -141,18 +162,24 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     title = (f"newest {len(rows)} of {stored} sessions in {_esc(store.display)} (--limit N "
              "shows more)" if stored > len(rows)
              else f"{len(rows)} session(s) in {_esc(store.display)}")
-    # An app or model every row shares is said once, above the table: a column of the same
-    # name over and over would take the room the others need to stay whole.
+    # An app, code or model every row shares is said once, above the table: a column of the
+    # same value over and over would take the room the others need to stay whole.
     shared = {}
-    for name, values in (("app", {r.app_id for r in rows}), ("model", {r.model for r in rows})):
+    for name, values in (("app", {r.app_id for r in rows}),
+                         ("code", {_code(r.app_version, r.app_digest) for r in rows}),
+                         ("model", {r.model for r in rows})):
         if len(values) == 1 and None not in values:
             shared[name] = values.pop()
+    # Sessions stored before apps said which code they ran (or by another writer): no column.
+    unknown = {"code"} if all(r.app_digest is None and r.app_version is None
+                              for r in rows) else set()
     # 16 characters: ids are time-ordered (11 are the millisecond), the other 5 tell apart
     # the sessions a busy millisecond holds, so `traces show` takes what is printed. Neither
     # it nor the time is ever cut: at 60 columns the time goes rather than lose its seconds.
     columns = {"session": Column("session", min_width=16),
                "created (UTC)": Column("created (UTC)", optional=True, min_width=14),
                "app": Column("app", wrap=True, prefer_width=12),
+               "code": Column("code", min_width=8),
                "seed": Column("seed", justify="right"),
                "model": Column("model", wrap=True, min_width=8, prefer_width=20),
                "status": Column("status"),
@@ -160,11 +187,12 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
                "steps": Column("steps", justify="right", optional=True),
                "events": Column("events", justify="right", optional=True),
                "msgs": Column("msgs", justify="right", optional=True)}
-    for name in shared:
+    for name in {*shared, *unknown}:
         del columns[name]
     cells = [[_esc(cell[name]) for name in columns] for cell in ({
         "session": r.session_id[:16], "created (UTC)": r.created_at[5:19],
-        "app": r.app_id or "-", "seed": _num(r.seed), "model": r.model or "-",
+        "app": r.app_id or "-", "code": _code(r.app_version, r.app_digest) or "-",
+        "seed": _num(r.seed), "model": r.model or "-",
         "status": r.status or "-", "reward": _num(r.total_reward), "steps": r.num_timesteps,
         "events": r.num_events, "msgs": r.num_messages} for r in rows)]
     out = console()
@@ -176,6 +204,35 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     out.print(fitted_table(list(columns.values()), cells, width=out.width,
                            box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                            padding=(0, 1, 0, 0)))
+
+
+def _code(version: str | None, digest: str | None) -> str | None:
+    """Which code of its app made a session, as the tables show it: ``v1 3f2a9c1d``."""
+    if digest is None and version is None:
+        return None
+    return " ".join(p for p in (version and f"v{version}", digest and digest[:8]) if p)
+
+
+def _print_identity_groups(groups: list[Any], display: str, json_output: bool) -> None:
+    if json_output:
+        print_json([g.to_dict() for g in groups])
+        return
+    from rich import box
+
+    columns = [Column("app", wrap=True, prefer_width=12), Column("version"),
+               Column("digest", min_width=16), Column("sessions", justify="right"),
+               Column("errors", justify="right"), Column("mean reward", justify="right"),
+               Column("first (UTC)", optional=True, min_width=14),
+               Column("last (UTC)", min_width=14)]
+    cells = [[_esc(v) for v in (g.app_id or "-", g.app_version or "-",
+                                g.app_digest or "(not recorded)", g.sessions, g.errors,
+                                _num(g.mean_reward), (g.first_at or "-")[5:19],
+                                (g.last_at or "-")[5:19])] for g in groups]
+    out = console()
+    out.print(f"{plural(len(groups), 'app code version')} in {_esc(display)} "
+              "(`traces ls --app-digest D` lists one's sessions)", markup=True)
+    out.print(fitted_table(columns, cells, width=out.width, box=box.SIMPLE_HEAD,
+                           show_edge=False, pad_edge=False, padding=(0, 1, 0, 0)))
 
 
 @traces_app.command("show")
@@ -197,7 +254,8 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
     meta = trace.metadata
     out.print(f"[bold]session {_esc(trace.session_id)}[/bold]", markup=True)
     shown = {**meta, "app_id": meta.get("app_id") or meta.get("env_name")}  # synth-ai: env
-    for key in ("app_id", "run_id", "seed", "model", "status", "duration_s"):
+    shown["code"] = _code(meta.get("app_version"), meta.get("app_digest"))
+    for key in ("app_id", "code", "run_id", "seed", "model", "status", "duration_s"):
         out.print(f"  {key:<12}{_num(shown.get(key), 6)}", markup=False)
     if meta.get("error"):
         out.print(f"  error       {meta['error'].get('message')}", markup=False)

@@ -176,6 +176,9 @@ class EndpointSteps:
                                   "destination": tracing.get("destination"),
                                   "durable": tracing.get("durable"),
                                   "sessions": tracing.get("sessions")}
+        if isinstance(data.get("identity"), dict):
+            identity = data["identity"]
+            self.report.identity = {k: identity.get(k) for k in ("version", "digest", "label")}
         if not dx.says_healthy(data):
             self.fail("health", expected, dx.Diagnosis(
                 "reports_unhealthy", dx.describe(response),

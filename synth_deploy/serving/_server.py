@@ -188,6 +188,7 @@ def create_app(
     async def health(request: Request) -> Response:
         return JSONResponse({
             "healthy": True, "service": config.app_id, "version": config.version,
+            "identity": config.identity.to_dict(),
             "auth": {"required": auth.enabled, "enabled": auth.enabled},
             "tracing": {"enabled": trace_store is not None, "destination": None,
                         "durable": False, **(trace_destination or {}),
@@ -200,7 +201,8 @@ def create_app(
         base = config.base_task_info
         return JSONResponse({
             "service": {"task": base.task.model_dump(exclude_none=True), "version": config.version,
-                        "name": config.name, "description": config.description},
+                        "name": config.name, "description": config.description,
+                        "identity": config.identity.to_dict()},
             "dataset": {**base.dataset.model_dump(exclude_none=True),
                         "datasets": config.dataset_registry.describe()},
             "rubrics": config.rubrics.to_info().model_dump(exclude_none=True),
@@ -337,7 +339,8 @@ class _Rollouts:
         body = None if result is None else result.__pydantic_serializer__.to_json(result)
         facts = None
         if kept:  # building the session's metadata is wasted work when nobody reads it
-            facts = _rollout_facts(req, request_json, body, error, elapsed, config.app_id, cid)
+            facts = _rollout_facts(req, request_json, body, error, elapsed, config.app_id, cid,
+                                   config.identity.session_fields())
             if req.record.return_trace or on_session is not None:
                 # Read here, not only where it is stored (whose writer does this off the loop)
                 session.expand_exchanges()
@@ -468,11 +471,12 @@ def keyless_refusal(app: Starlette, endpoints: list[Endpoint], auth: ApiKeyAuth
 
 def _rollout_facts(req: RolloutRequest, request_json: bytes, body: bytes | None,
                    error: JSONResponse | None, elapsed: float, app_id: str,
-                   cid: str | None) -> RolloutFacts:
+                   cid: str | None, identity: Mapping[str, str]) -> RolloutFacts:
     """What the stored session says of this rollout (see `describe_session`); ``body``: its
-    answer's, None when it failed."""
-    head = {"app_id": app_id, "run_id": req.run_id, "mode": req.mode, "seed": req.env.seed,
-            "model": req.policy.config.get("model"), "env_name": req.env.env_name,
+    answer's, None when it failed; ``identity``: which code of the app ran it."""
+    head = {"app_id": app_id, **identity, "run_id": req.run_id, "mode": req.mode,
+            "seed": req.env.seed, "model": req.policy.config.get("model"),
+            "env_name": req.env.env_name,
             **session_correlation(cid)}
     failure = None if error is None else json.loads(error.body)["detail"]["error"]
     return RolloutFacts(head, elapsed, request_json, body, failure)

@@ -17,6 +17,7 @@ from synth_deploy.tracing._config import (
     parse_trace_db,
     resolve_trace_db,
 )
+from synth_deploy.tracing._db._columns import IDENTITY_PATHS
 from synth_deploy.tracing._db._schema import SCHEMA_VERSION
 from synth_deploy.tracing._db._select import SessionFilter, since_timestamp
 from synth_deploy.tracing._errors import (
@@ -73,8 +74,9 @@ from synth_deploy.tracing._write._log import (
 # What reads a store (browsing, export, reports, prices, replay) loads on first use: a
 # served app and its writer process only record and store.
 _ON_USE = {
-    "_read._browse": ("SORT_KEYS", "SessionPage", "SessionRow", "browse_sessions",
-                      "filter_choices", "matching_session_ids"),
+    "_read._browse": ("SORT_KEYS", "IdentityGroup", "SessionPage", "SessionRow",
+                      "browse_sessions", "filter_choices", "identity_groups",
+                      "matching_session_ids"),
     "_read._export": ("ExportResult", "export_sft"),
     "_read._tokens": ("TokenExportResult", "export_tokens"),
     "_read._sft": ("flat_tools", "sft_examples"),
@@ -86,12 +88,15 @@ _ON_USE = {
     "_shapes": ("session_from_trace",),
     "_merge": ("MergeResult", "merge_trace_file"),
 }
+# The session metadata keys that say which code of its app made it (version, digest).
+SESSION_IDENTITY_KEYS = tuple(IDENTITY_PATHS)
 __getattr__ = lazy_attributes(__name__, {name: module for module, names in _ON_USE.items()
                                          for name in names})
 
 __all__ = [
     "DEFAULT_TRACE_DB",
     "SCHEMA_VERSION",
+    "SESSION_IDENTITY_KEYS",
     "SORT_KEYS",
     "TOKEN_VAR",
     "TRACES_DB_VAR",
@@ -102,6 +107,7 @@ __all__ = [
     "Event",
     "EventReward",
     "ExportResult",
+    "IdentityGroup",
     "MergeResult",
     "Message",
     "NotATraceDbError",
@@ -153,6 +159,7 @@ __all__ = [
     "export_tokens",
     "flat_tools",
     "filter_choices",
+    "identity_groups",
     "init_trace_db",
     "matching_session_ids",
     "merge_trace_file",

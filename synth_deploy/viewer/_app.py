@@ -11,8 +11,8 @@
     GET /api/openapi.json          this API as an OpenAPI document
 
 FILTER is ``app, model, run, split, mode, status, seed, min_reward, max_reward, since,
-until`` (see `_params.session_filter`). Errors are ``{"error": {"message", "hint"}}`` with
-400 (bad parameter), 404 (no such session) or 500 (the store failed).
+until, app_digest`` (see `_params.session_filter`). Errors are ``{"error": {"message",
+"hint"}}`` with 400 (bad parameter), 404 (no such session) or 500 (the store failed).
 
 Hosts other than loopback names are refused (a web page elsewhere cannot reach the traces by
 pointing a DNS name at 127.0.0.1), and the page may load nothing but its own files.

@@ -8,6 +8,8 @@ the same sessions wherever it is given. The rules:
 - ``model`` is the session's model: the one its policy was given (``metadata.model``, as
   `traces ls` shows it). A session whose LM calls used other models too (a judge, a
   verifier) is not found by those: it is found by its policy's model;
+- ``app_digest`` is the code digest the session's app stated (`IDENTITY_PATHS`), or a
+  prefix of it of at least 4 hex digits (as `traces ls` prints it);
 - ``min_reward``/``max_reward`` bound the session's reward (its last outcome reward, else
   the reward its metrics reported); ``since`` is inclusive, ``until`` exclusive, both
   stored timestamp text (`since_timestamp` makes it).
@@ -21,6 +23,7 @@ derives what its columns lack from the metadata: slower, the same answers.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,9 +31,11 @@ from typing import Any
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db import _schema as schema
+from synth_deploy.tracing._db._columns import IDENTITY_PATHS
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._times import iso
 
+_HEX_PREFIX = re.compile(r"[0-9a-fA-F]{4,16}")
 # A filter's (and a page's) field names → the store's session fields.
 FIELDS = {"app": "app_id", "run": "run_id", "model": "model_name", "status": "status",
           "seed": "seed", "reward": "total_reward", "mode": "mode", "split": "split",
@@ -57,10 +62,15 @@ class SessionFilter:
     max_reward: float | None = None
     since: str | None = None
     until: str | None = None
+    app_digest: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in (None, "ok", "error"):
             raise UsageError(f"status must be 'ok' or 'error', got {self.status!r}")
+        if self.app_digest is not None and not _HEX_PREFIX.fullmatch(self.app_digest):
+            raise UsageError(f"app digest {self.app_digest[:40]!r} is not 4 to 16 hex digits",
+                             hint="give the digest `traces ls --group identity` prints, or "
+                                  "its first digits")
         if (self.min_reward is not None and self.max_reward is not None
                 and self.min_reward > self.max_reward):
             raise UsageError(f"the reward range is empty: min {self.min_reward:g} > max "
@@ -79,7 +89,9 @@ class SessionSql:
         self.indexed = {name for name, column in FIELDS.items()
                         if self.expr[name] == f"s.{column}"} | {"created"}
         self.expr.update(error=schema.metadata_field("$.error.message", "s"),
-                         created="s.created_at")
+                         created="s.created_at",
+                         **{name: schema.metadata_field(path, "s")
+                            for name, path in IDENTITY_PATHS.items()})
         # Before their columns (version 7), mode and split are indexed as expressions.
         if db.schema_version >= schema.INDEXED_METADATA_VERSION:
             self.indexed |= set(schema.FILTERED_METADATA)
@@ -103,6 +115,10 @@ class SessionSql:
                 clauses.append(f"{e[name]} = ?")
                 values.append(value)
                 on_json |= name not in self.indexed
+        if f.app_digest:  # a prefix: the digest's hex digits need no LIKE escaping
+            clauses.append(f"{e['app_digest']} LIKE ?")
+            values.append(f"{f.app_digest}%")
+            on_json = True
         for op, value in ((">=", f.min_reward), ("<=", f.max_reward)):
             if value is not None:
                 clauses.append(f"{self.filtered_reward} {op} ?")

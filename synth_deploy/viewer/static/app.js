@@ -2,8 +2,8 @@
 // Everything from the store is put on the page as text (textContent), never parsed as HTML.
 "use strict";
 
-const FILTERS = ["app", "model", "run", "split", "mode", "status", "seed", "min_reward",
-  "max_reward", "since", "until"];
+const FILTERS = ["app", "app_digest", "model", "run", "split", "mode", "status", "seed",
+  "min_reward", "max_reward", "since", "until"];
 const PAGE = 50;
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04",
   "#db2777"];
@@ -43,6 +43,11 @@ function svg(tag, attrs, ...children) {
 function num(x, digits = 4) {
   if (x === null || x === undefined || Number.isNaN(x)) return "–";
   return String(Number(Number(x).toFixed(digits)));
+}
+// Which code of its app made a session: "v1 3f2a9c1d" (null when it did not say).
+function code(s) {
+  const parts = [s.app_version ? `v${s.app_version}` : null, s.app_digest ? s.app_digest.slice(0, 8) : null];
+  return parts.filter(Boolean).join(" ") || null;
 }
 const pct = (x) => (x === null || x === undefined ? "–" : `${num(100 * x, 2)}%`);
 const count = (n) => Number(n).toLocaleString("en-US");
@@ -169,7 +174,8 @@ function drawTable(page, params, sort, order) {
     return h("tr", { "data-session-id": r.session_id, class: r.status === "error" ? "failed" : null,
       onclick: () => { location.hash = link; } },
       h("td", {}, h("a", { href: link }, r.created_at.slice(0, 19))),
-      h("td", {}, r.app_id ?? "–"), h("td", {}, r.model ?? "–"), h("td", {}, r.run_id ?? "–"),
+      h("td", {}, r.app_id ?? "–", code(r) ? h("span", { class: "muted code" }, ` ${code(r)}`) : null),
+      h("td", {}, r.model ?? "–"), h("td", {}, r.run_id ?? "–"),
       h("td", { class: "num" }, r.seed ?? "–"), h("td", {}, r.mode ?? "–"),
       h("td", {}, r.split ?? "–"),
       h("td", { title: r.error || null }, r.status ?? "–"),
@@ -297,7 +303,7 @@ async function showReplay(sessionId, token) {
     h("h2", {}, "session ", h("code", { id: "replay-id" }, s.session_id)),
     s.error ? h("p", { class: "error", id: "replay-error" }, s.error) : null,
     h("div", { class: "facts" },
-      fact("app", s.app_id), fact("model", s.model), fact("seed", s.seed), fact("run", s.run_id),
+      fact("app", s.app_id), fact("code", code(s), "app code"), fact("model", s.model), fact("seed", s.seed), fact("run", s.run_id),
       fact("mode", s.mode), fact("split", s.split), fact("status", s.status),
       fact("created", s.created_at),
       fact("duration", s.duration_s === null || s.duration_s === undefined ? null : `${num(s.duration_s, 3)} s`),
