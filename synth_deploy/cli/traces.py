@@ -36,6 +36,9 @@ from synth_deploy.errors import UsageError
 traces_app = typer.Typer(help="Inspect rollout traces; export SFT data.",
                          no_args_is_help=True)
 # The one model rule of every filter (synth_deploy.tracing.SessionFilter).
+REWARD_VERSION_HELP = ("The reward each session is judged by: a version `traces rescore` "
+                       "wrote (only the sessions it scored), or original (the recorded one, "
+                       "the default).")
 MODEL_HELP = ("Only sessions whose policy used this model (the session's model, as `traces ls` "
               "shows it; other models its LM calls used, a judge's say, do not count).")
 
@@ -238,17 +241,26 @@ def _print_identity_groups(groups: list[Any], display: str, json_output: bool) -
 @traces_app.command("show")
 def show(session: Annotated[str, typer.Argument(metavar="SESSION",
                                                 help="Session id (or a unique prefix).")],
+         reward_version: Annotated[str | None, typer.Option(
+             "--reward-version", help="The reward to show as the session's: a version "
+                                      "`traces rescore` wrote, or original.")] = None,
          trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
          json_output: JsonOption = False) -> None:
-    """Show one session: metadata, timesteps, messages, events and rewards."""
+    """Show one session: metadata, timesteps, messages, events and rewards (each reward
+    version beside the recorded one)."""
     with handling_errors(json_output), _open(trace_db, env_file) as store:
+        from synth_deploy.tracing import reward_versions_of, session_reward
+
         trace = store.get_session(session)
+        versions = reward_versions_of(store, trace.session_id)
+        chosen = _chosen_reward(versions, reward_version, session_reward(trace))
     from synth_deploy.tracing import summarize
 
     turns = trace.turn_tokens
     tokens = summarize(turns) if turns else None
     if json_output:
-        print_json({**trace.to_dict(), "token_summary": tokens and tokens.to_dict()})
+        print_json({**trace.to_dict(), "token_summary": tokens and tokens.to_dict(),
+                    "reward": chosen, "reward_versions": versions})
         return
     out = console()
     meta = trace.metadata
@@ -296,6 +308,100 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
                   f"turn {_num(r.turn_number)})", markup=False)
     for o in trace.outcome_rewards:
         out.print(f"  [bold]outcome reward {_num(o.total_reward)}[/bold]", markup=True)
+    for v in versions:
+        mark = "[bold]" if v["version"] == chosen["version"] else ""
+        out.print(f"  {mark}reward {_num(v['reward'])} (version {_esc(v['version'])}, "
+                  f"{_esc(v['scorer'].get('function'))} of code "
+                  f"{_esc(_code(v['scorer'].get('app_version'), v['scorer'].get('app_digest')))}"
+                  f", {_esc(v['created_at'][:19])}){mark and '[/bold]'}", markup=True)
+    out.print(f"  reward shown: {_num(chosen['reward'])} ({_esc(chosen['version'])})",
+              markup=True)
+
+
+def _chosen_reward(versions: list[dict[str, Any]], wanted: str | None,
+                   recorded: float | None) -> dict[str, Any]:
+    """The reward `traces show` calls the session's: ``wanted``'s, else the recorded one."""
+    from synth_deploy.tracing import ORIGINAL_REWARD, SessionFilter
+
+    version = SessionFilter(reward_version=wanted).reward_version  # checked, "original": None
+    if version is None:
+        return {"version": ORIGINAL_REWARD, "reward": recorded}
+    for v in versions:
+        if v["version"] == version:
+            return {"version": version, "reward": v["reward"]}
+    have = ", ".join(v["version"] for v in versions) or "none"
+    raise UsageError(f"this session has no reward version {version!r} (it has: {have})",
+                     hint="leave --reward-version out for the recorded reward")
+
+
+@traces_app.command("rescore")
+def rescore(
+    app_ref: Annotated[str, typer.Argument(
+        metavar="APP", help="App id or task app file: its scorer, as its code is now.")],
+    app: Annotated[str | None, typer.Option(
+        "--app", help="Only sessions of this app id (default: APP's own).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="Only this run id.")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Only newer sessions: 24h, 7d, or an ISO date/time (UTC).")] = None,
+    app_digest: Annotated[str | None, typer.Option(
+        "--app-digest", help="Only sessions made by this code of the app.")] = None,
+    version: Annotated[str | None, typer.Option(
+        "--as", help="The version's label (default: the app's code digest; the same label "
+                     "again replaces that version).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Rescore with a scorer the app declares stateful (it needs what the "
+                        "trace does not keep).")] = False,
+    trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Score stored sessions again with the app's current scorer: each result a new reward
+    version beside the recorded one (never over it); says what changed."""
+    with handling_errors(json_output):
+        from synth_deploy.taskapp.registry import load_app
+        from synth_deploy.taskapp.scoring import rescore_app
+        from synth_deploy.tracing import (
+            SessionFilter,
+            open_trace_store,
+            resolve_trace_db,
+            since_timestamp,
+        )
+
+        where = SessionFilter(app=app, model=model, run_id=run_id, app_digest=app_digest,
+                              since=since_timestamp(since) if since else None)
+        config = load_app(app_ref).build_config()
+        # Writes: opened as the writers open it (a store from before versions is migrated).
+        with open_trace_store(resolve_trace_db(trace_db, _env(env_file))) as store, \
+                _export_progress(json_output, "rescoring sessions") as progress:
+            result = rescore_app(config, store, where, version=version, force=force,
+                                 progress=progress)
+    if json_output:
+        print_json(result.to_dict())
+        return
+    out = console()
+    scorer = result.scorer
+    out.print(f"rescored {result.rescored} of {plural(result.matched, 'session')} of "
+              f"{_esc(scorer['app_id'])} as reward version [bold]{_esc(result.version)}"
+              f"[/bold] ({_esc(scorer['function'])}, code "
+              f"{_esc(_code(scorer.get('app_version'), scorer.get('app_digest')))}) in "
+              f"{result.seconds:.2f}s", markup=True, soft_wrap=True)
+    out.print(f"  mean reward {_num(result.mean_before)} recorded -> {_num(result.mean_after)} "
+              f"rescored; {result.changed} changed, {result.unchanged} the "
+              "same" + (f"; {result.replaced} replaced this version's earlier reward"
+                        if result.replaced else ""), markup=False, soft_wrap=True)
+    if result.failed_left_out:
+        out.print(f"  {plural(result.failed_left_out, 'failed rollout')} left out (their "
+                  "episodes did not finish)", markup=False)
+    if result.unscored_count:
+        warn(f"{plural(result.unscored_count, 'session')} could not be rescored (" + ", ".join(
+            f"{n} {reason}" for reason, n in result.unscored_reasons.items()) + "):")
+        for u in result.unscored[:10]:
+            out.print(f"    {_esc(u.session_id[:16])}  {_esc(u.reason)}", markup=True)
+    out.print(f"  export with it: synth-deploy traces export --reward-version "
+              f"{_esc(result.version)} --min-reward R --out sft.jsonl", markup=True,
+              soft_wrap=True)
+    if result.matched and not result.rescored:
+        raise typer.Exit(EXIT_FAILURE)
 
 
 @traces_app.command("stats")
@@ -428,6 +534,8 @@ def export(
                         "file).", show_default=False)] = None,
     resend: Annotated[bool, typer.Option(
         "--resend", help="Send every matching session, even those already sent.")] = False,
+    reward_version: Annotated[str | None, typer.Option(
+        "--reward-version", help=REWARD_VERSION_HELP)] = None,
     trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -438,7 +546,7 @@ def export(
         if fmt == "otlp":
             _export_otlp(endpoint, headers or [], include_content, state, resend, trace_db,
                          env_file, json_output, limit, app=app, model=model, since=since,
-                         min_reward=min_reward)
+                         min_reward=min_reward, reward_version=reward_version)
             return
         if fmt not in ("sft", "tokens"):
             raise UsageError(f"unknown --format {fmt!r}", hint="supported: sft, tokens, otlp")
@@ -446,18 +554,22 @@ def export(
             raise UsageError(f"--format {fmt} needs --out FILE", hint=f"e.g. --out {fmt}.jsonl")
         if fmt == "tokens":
             _export_tokens(out, trace_db, env_file, json_output, min_reward=min_reward,
-                           app=app, model=model, since=since, limit=limit, overwrite=force)
+                           app=app, model=model, since=since, limit=limit, overwrite=force,
+                           reward_version=reward_version)
             return
         with _open(trace_db, env_file) as store, _export_progress(json_output) as progress:
             from synth_deploy.tracing import export_sft
 
             result = export_sft(store, out, min_reward=min_reward, app=app, model=model,
-                                since=since, limit=limit, overwrite=force, progress=progress)
+                                since=since, limit=limit, overwrite=force,
+                                reward_version=reward_version, progress=progress)
     if json_output:
         print_json(result.to_dict())
         return
     console().print(f"wrote {result.examples} example(s) from {result.sessions} session(s) "
-                    f"to {result.path} in {result.seconds:.2f}s", markup=False)
+                    f"to {result.path} in {result.seconds:.2f}s" + (
+                        f" (rewards: version {reward_version})" if reward_version else ""),
+                    markup=False)
     if result.note:
         warn(result.note)
 

@@ -19,6 +19,7 @@ from synth_deploy.taskapp.contracts import (
 if TYPE_CHECKING:
     from synth_deploy.taskapp._environment import EnvironmentSpec
     from synth_deploy.taskapp._outbound import OutboundClient
+    from synth_deploy.taskapp.scoring import Scorer
     from synth_deploy.tracing import SessionTracer
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -181,7 +182,8 @@ class TaskAppConfig:
     ``capture_tokens``: `call_policy` asks for token ids and log-probabilities unless the
     rollout's ``policy.config.capture_tokens`` says otherwise (see `_token_capture`).
     ``identity``: which code this is (`AppIdentity`), set where the app's file is loaded;
-    ``code_files``: what it hashes beside the app's Python files.
+    ``code_files``: what it hashes beside the app's Python files. ``scorer``: how an
+    episode is scored again from its stored trace (`@task_app.scorer`, see `scoring`).
     """
 
     app_id: str
@@ -208,6 +210,7 @@ class TaskAppConfig:
     capture_tokens: bool = False
     code_files: Sequence[str] = ()  # hashed into the app's identity beside its code
     identity: AppIdentity = field(default_factory=AppIdentity)  # version, code digest
+    scorer: Scorer | None = None  # an episode scored from its trace (`traces rescore`)
 
     def __post_init__(self) -> None:
         if not self.app_id or not self.app_id.replace("-", "").replace("_", "").isalnum():

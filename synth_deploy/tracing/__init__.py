@@ -87,6 +87,8 @@ _ON_USE = {
     "_read._rewards": ("Comparison", "RewardSummary", "compare_by_seed", "reward_summary"),
     "_shapes": ("session_from_trace",),
     "_merge": ("MergeResult", "merge_trace_file"),
+    "_rescore": ("ORIGINAL_REWARD", "RescoreResult", "Unscored", "rescore_sessions",
+                 "reward_versions", "reward_versions_of"),
 }
 # The session metadata keys that say which code of its app made it (version, digest).
 SESSION_IDENTITY_KEYS = tuple(IDENTITY_PATHS)
@@ -111,8 +113,10 @@ __all__ = [
     "MergeResult",
     "Message",
     "NotATraceDbError",
+    "ORIGINAL_REWARD",
     "OutcomeReward",
     "ReplayStep",
+    "RescoreResult",
     "ModelPrice",
     "ModelTokens",
     "PRICES_VAR",
@@ -146,6 +150,7 @@ __all__ = [
     "TokenSummary",
     "TraceStore",
     "TurnTokens",
+    "Unscored",
     "browse_sessions",
     "compare_by_seed",
     "continuity_breaks",
@@ -167,6 +172,9 @@ __all__ = [
     "open_trace_store",
     "parse_trace_db",
     "replay",
+    "rescore_sessions",
+    "reward_versions",
+    "reward_versions_of",
     "read_session_log",
     "session_log",
     "write_session_log",

@@ -11,8 +11,9 @@
     GET /api/openapi.json          this API as an OpenAPI document
 
 FILTER is ``app, model, run, split, mode, status, seed, min_reward, max_reward, since,
-until, app_digest`` (see `_params.session_filter`). Errors are ``{"error": {"message",
-"hint"}}`` with 400 (bad parameter), 404 (no such session) or 500 (the store failed).
+until, app_digest, reward_version`` (see `_params.session_filter`). Errors are
+``{"error": {"message", "hint"}}`` with 400 (bad parameter), 404 (no such session) or 500
+(the store failed).
 
 Hosts other than loopback names are refused (a web page elsewhere cannot reach the traces by
 pointing a DNS name at 127.0.0.1), and the page may load nothing but its own files.
@@ -38,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 
 from synth_deploy.errors import SynthDeployError, UsageError
 from synth_deploy.tracing import (
+    ORIGINAL_REWARD,
     SessionNotFoundError,
     TraceStore,
     browse_sessions,
@@ -45,6 +47,8 @@ from synth_deploy.tracing import (
     export_sft,
     filter_choices,
     reward_summary,
+    reward_versions,
+    reward_versions_of,
 )
 from synth_deploy.viewer import _params
 from synth_deploy.viewer._replay import session_replay
@@ -83,7 +87,9 @@ def create_viewer_app(store: TraceStore, *,
         return endpoint
 
     def choices(request: Request) -> Any:
-        return {**filter_choices(store), "store": store.display}
+        versions = [v["version"] for v in reward_versions(store)]
+        return {**filter_choices(store), "store": store.display,
+                "reward_version": [ORIGINAL_REWARD, *sorted(versions)]}
 
     def sessions(request: Request) -> Any:
         sort, descending, offset, limit = _params.page(request.query_params)
@@ -94,7 +100,9 @@ def create_viewer_app(store: TraceStore, *,
         return reward_summary(store, _params.session_filter(request.query_params)).to_dict()
 
     def session(request: Request) -> Any:
-        return session_replay(store.get_session(request.path_params["session_id"]))
+        trace = store.get_session(request.path_params["session_id"])
+        return {**session_replay(trace),
+                "reward_versions": reward_versions_of(store, trace.session_id)}
 
     def compare(request: Request) -> Any:
         q = request.query_params

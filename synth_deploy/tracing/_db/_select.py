@@ -11,8 +11,10 @@ the same sessions wherever it is given. The rules:
 - ``app_digest`` is the code digest the session's app stated (`IDENTITY_PATHS`), or a
   prefix of it of at least 4 hex digits (as `traces ls` prints it);
 - ``min_reward``/``max_reward`` bound the session's reward (its last outcome reward, else
-  the reward its metrics reported); ``since`` is inclusive, ``until`` exclusive, both
-  stored timestamp text (`since_timestamp` makes it).
+  the reward its metrics reported); with ``reward_version`` (a label `traces rescore`
+  wrote), the reward that version gave it instead, and only the sessions it scored;
+  ``since`` is inclusive, ``until`` exclusive, both stored timestamp text
+  (`since_timestamp` makes it).
 
 Fields the store keeps as trusted columns filter on indexes (from schema version 8 one index
 holds all but the run: a filter reads at most that index once); an error message lives in
@@ -36,6 +38,8 @@ from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._times import iso
 
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]{4,16}")
+# A reward version's label: what `traces rescore --as` takes. Safe to spell inside SQL.
+VERSION_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 # A filter's (and a page's) field names → the store's session fields.
 FIELDS = {"app": "app_id", "run": "run_id", "model": "model_name", "status": "status",
           "seed": "seed", "reward": "total_reward", "mode": "mode", "split": "split",
@@ -63,6 +67,7 @@ class SessionFilter:
     since: str | None = None
     until: str | None = None
     app_digest: str | None = None
+    reward_version: str | None = None  # None: the reward the rollout recorded
 
     def __post_init__(self) -> None:
         if self.status not in (None, "ok", "error"):
@@ -71,6 +76,14 @@ class SessionFilter:
             raise UsageError(f"app digest {self.app_digest[:40]!r} is not 4 to 16 hex digits",
                              hint="give the digest `traces ls --group identity` prints, or "
                                   "its first digits")
+        if self.reward_version == "original":  # the recorded reward, by name
+            object.__setattr__(self, "reward_version", None)
+        if self.reward_version is not None and not VERSION_LABEL.fullmatch(self.reward_version):
+            raise UsageError(f"reward version {self.reward_version[:40]!r} is not a version "
+                             "label (letters, digits, '.', '_', '+', '-'; up to 64)",
+                             hint="give a label `traces rescore` printed (`traces show "
+                                  "SESSION` lists a session's), or leave it out for the "
+                                  "recorded reward")
         if (self.min_reward is not None and self.max_reward is not None
                 and self.min_reward > self.max_reward):
             raise UsageError(f"the reward range is empty: min {self.min_reward:g} > max "
@@ -101,6 +114,28 @@ class SessionSql:
         # with every filter's column, is read instead.
         glance = db.schema_version >= schema.GLANCE_INDEX_VERSION
         self.filtered_reward = f"+{self.expr['reward']}" if glance else self.expr["reward"]
+        self.has_reward_versions = db.schema_version >= schema.REWARD_VERSIONS_VERSION
+        self._recorded_reward = self.expr["reward"]
+
+    def reward(self, version: str | None) -> str:
+        """The session's reward as SQL: the recorded one (``version`` None), or the one
+        that version gave it (NULL where it gave none)."""
+        if version is None:
+            return self._recorded_reward
+        if not self.has_reward_versions:
+            raise UsageError(f"reward version {version!r}: this store holds no reward versions "
+                             "(its schema predates them)",
+                             hint="`synth-deploy traces rescore APP` writes them")
+        assert VERSION_LABEL.fullmatch(version)  # SessionFilter checked it: safe as a literal
+        return (f"(SELECT r.reward FROM {schema.REWARD_VERSIONS_TABLE} r WHERE "
+                f"r.session_id = s.session_id AND r.version = '{version}')")
+
+    def judged_by(self, version: str | None) -> SessionSql:
+        """These fields with ``expr["reward"]`` the reward ``version`` gave (None: the
+        recorded one), for the readers that show, sort and sum it; returns itself."""
+        if version is not None:
+            self.expr["reward"] = self.filtered_reward = self.reward(version)
+        return self
 
     def where(self, f: SessionFilter, *, extra: list[str] | None = None,
               params: list[Any] | None = None) -> tuple[str, list[Any], bool]:
@@ -119,9 +154,14 @@ class SessionSql:
             clauses.append(f"{e['app_digest']} LIKE ?")
             values.append(f"{f.app_digest}%")
             on_json = True
+        reward = self.filtered_reward
+        if f.reward_version is not None:  # that version's sessions, by its reward
+            reward = self.reward(f.reward_version)
+            clauses.append(f"{reward} IS NOT NULL")
+            on_json = True
         for op, value in ((">=", f.min_reward), ("<=", f.max_reward)):
             if value is not None:
-                clauses.append(f"{self.filtered_reward} {op} ?")
+                clauses.append(f"{reward} {op} ?")
                 values.append(float(value))
                 on_json |= "reward" not in self.indexed
         # synth-ai writes times as ISO text with a "T" (ours has a space), which sorts after
@@ -155,4 +195,4 @@ def since_timestamp(text: str, *, now: float | None = None) -> str:
     return iso(parsed.timestamp()) or ""
 
 
-__all__ = ["FIELDS", "SessionFilter", "SessionSql", "since_timestamp"]
+__all__ = ["FIELDS", "VERSION_LABEL", "SessionFilter", "SessionSql", "since_timestamp"]

@@ -49,6 +49,7 @@ class SessionRow:
     num_messages: int
     app_version: str | None = None
     app_digest: str | None = None
+    reward_version: str | None = None  # whose reward ``total_reward`` is (None: recorded)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -83,7 +84,8 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
     if limit < 1 or offset < 0:
         raise UsageError(f"bad page: offset {offset}, limit {limit}",
                          hint="offset ≥ 0 and limit ≥ 1")
-    fields = SessionSql(store.database)
+    # The reward shown and sorted by: the recorded one, or the chosen version's.
+    fields = SessionSql(store.database).judged_by(where.reward_version)
     e = fields.expr
     clause, params, indexed = fields.where(where)
     order = "DESC" if descending else "ASC"
@@ -107,11 +109,12 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
                              f"{clause} LIMIT ?)", params + [count_cap + 1])[0]["n"]
         capped = total > count_cap
         total = min(total, count_cap)
-    return SessionPage(rows=[_row(r) for r in rows], offset=offset, limit=limit,
+    return SessionPage(rows=[_row(r, where.reward_version) for r in rows], offset=offset,
+                       limit=limit,
                        total=int(total), total_is_lower_bound=capped)
 
 
-def _row(r: dict[str, Any]) -> SessionRow:
+def _row(r: dict[str, Any], reward_version: str | None = None) -> SessionRow:
     seed = r["seed"]
     return SessionRow(
         session_id=r["session_id"], created_at=str(r["created_at"]), app_id=r["app"],
@@ -121,7 +124,7 @@ def _row(r: dict[str, Any]) -> SessionRow:
         error=None if r["error"] is None else str(r["error"]),
         num_timesteps=r["num_timesteps"], num_events=r["num_events"],
         num_messages=r["num_messages"], app_version=_str(r["app_version"]),
-        app_digest=_str(r["app_digest"]))
+        app_digest=_str(r["app_digest"]), reward_version=reward_version)
 
 
 def _float(value: Any) -> float | None:

@@ -3,7 +3,7 @@
 "use strict";
 
 const FILTERS = ["app", "app_digest", "model", "run", "split", "mode", "status", "seed",
-  "min_reward", "max_reward", "since", "until"];
+  "min_reward", "max_reward", "since", "until", "reward_version"];
 const PAGE = 50;
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04",
   "#db2777"];
@@ -104,6 +104,9 @@ function fillChoices() {
   const form = $("#filters");
   fillSelect(form.elements.app, choices.app);
   fillSelect(form.elements.model, choices.model);
+  // The recorded reward is "original", the select's empty default: not offered twice.
+  fillSelect(form.elements.reward_version, (choices.reward_version || []).filter((v) => v !== "original"));
+  form.elements.reward_version.options[0].textContent = "original";
   for (const name of ["run", "split", "mode"]) {
     $(`#choices-${name}`).replaceChildren(...choices[name].map((v) => h("option", { value: v })));
   }
@@ -308,6 +311,8 @@ async function showReplay(sessionId, token) {
       fact("created", s.created_at),
       fact("duration", s.duration_s === null || s.duration_s === undefined ? null : `${num(s.duration_s, 3)} s`),
       fact("reward", outcome ? num(outcome.total_reward) : "–", "outcome reward"),
+      (s.reward_versions || []).map((v) => fact(`reward_version_${v.version}`, num(v.reward),
+        `reward ${v.version} (${v.scorer.function})`)),
       s.has_achievements ? fact("achievements", outcome ? outcome.achievements_count : null) : null,
       fact("event_reward", num(s.totals.event_reward), "event rewards Σ"),
       fact("turns", s.totals.turns), fact("lm_calls", s.totals.lm_calls, "LM calls"),
@@ -519,7 +524,7 @@ async function main() {
     fillChoices();
   } catch (err) {
     showError(err);
-    choices = { app: [], model: [], run: [], split: [], mode: [], sessions: 0, store: "" };
+    choices = { app: [], model: [], run: [], split: [], mode: [], reward_version: [], sessions: 0, store: "" };
   }
   await render();
 }
