@@ -51,6 +51,7 @@ from synth_deploy.serving._request_guards import (
 from synth_deploy.serving._responses import error_response, validation_errors
 from synth_deploy.serving._rollout_endpoint import RolloutEndpoint
 from synth_deploy.serving._routes import Endpoint, guarded_routes
+from synth_deploy.serving._trace_context import TraceContextScope
 from synth_deploy.serving.containers._durable import AsyncRollouts
 from synth_deploy.serving.containers._wire import containers_endpoints
 from synth_deploy.serving.openenv._wire import openenv_endpoints, openenv_sessions
@@ -255,7 +256,7 @@ def create_app(
                             stats=stats, trace=trace_store, app_id=config.app_id,
                             records=rollout_records)
     endpoints = [  # /rollout first: the hot path matches at once
-        Endpoint("/rollout", "POST", rollout, "Run one episode", asgi=True,
+        Endpoint("/rollout", "POST", TraceContextScope(rollout), "Run one episode", asgi=True,
                  ok=schema_ref("RolloutResponse"), errors=(404, 413, 415, 422, 502, 504),
                  openapi={"requestBody": {"required": True,
                                           **json_body(schema_ref("RolloutRequest"))}}),

@@ -64,6 +64,12 @@ from synth_deploy.tracing._tokens import (
     valid_ids,
     valid_logprobs,
 )
+from synth_deploy.tracing._trace_context import (
+    TRACEPARENT,
+    TraceParent,
+    incoming_trace_context,
+    incoming_trace_parent,
+)
 from synth_deploy.tracing._write._log import (
     SessionLog,
     read_session_log,
@@ -101,6 +107,7 @@ __all__ = [
     "SESSION_IDENTITY_KEYS",
     "SORT_KEYS",
     "TOKEN_VAR",
+    "TRACEPARENT",
     "TRACES_DB_VAR",
     "Comparison",
     "ContinuityBreak",
@@ -145,6 +152,7 @@ __all__ = [
     "TraceDbUnreachableError",
     "TraceDbUrlError",
     "TraceFormatError",
+    "TraceParent",
     "TraceStats",
     "TokenExportResult",
     "TokenSummary",
@@ -165,6 +173,8 @@ __all__ = [
     "flat_tools",
     "filter_choices",
     "identity_groups",
+    "incoming_trace_context",
+    "incoming_trace_parent",
     "init_trace_db",
     "matching_session_ids",
     "merge_trace_file",
