@@ -544,9 +544,13 @@ def export(
     OpenTelemetry spans (--format otlp: one trace per rollout, resumable, idempotent)."""
     with handling_errors(json_output):
         if fmt == "otlp":
+            if reward_version is not None:  # spans carry what the rollout recorded
+                raise UsageError("--reward-version is for --format sft and tokens: spans "
+                                 "carry the reward each rollout recorded",
+                                 hint="leave --reward-version out of the OTLP export")
             _export_otlp(endpoint, headers or [], include_content, state, resend, trace_db,
                          env_file, json_output, limit, app=app, model=model, since=since,
-                         min_reward=min_reward, reward_version=reward_version)
+                         min_reward=min_reward)
             return
         if fmt not in ("sft", "tokens"):
             raise UsageError(f"unknown --format {fmt!r}", hint="supported: sft, tokens, otlp")

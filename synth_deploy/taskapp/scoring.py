@@ -75,6 +75,9 @@ def scorer_decorator(stateless: bool, reason: str | None,
         if not callable(fn):
             raise UsageError(f"@task_app.scorer decorates a function, got "
                              f"{type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn):
+            raise UsageError(f"scorer {fn.__qualname__} is async: a scorer reads the stored "
+                             "trace and returns the reward", hint="make it a plain def")
         declare(Scorer(fn, stateless=stateless, reason=reason))
         return fn
 

@@ -11,10 +11,13 @@ import textwrap
 from pathlib import Path
 
 import httpx
+import pytest
 from processes import refused_in_process, run_cli
 from rollouts import fire, rollout_body
 
+from synth_deploy.errors import UsageError
 from synth_deploy.serving import create_app
+from synth_deploy.taskapp import TaskApp
 from synth_deploy.tracing import open_trace_store
 
 MATH = Path(__file__).resolve().parents[2] / "apps" / "math"
@@ -51,6 +54,8 @@ def test_a_changed_scorer_gives_a_hundred_stored_rollouts_a_new_version(
         server = serve(create_app(math_config, api_keys=[api_key], trace_store=store))
         bodies = [rollout_body(f"run-{seed}", seed, mock_policy.url + "/v1")
                   for seed in range(100)]
+        for body in bodies:  # token ids too, for the token export
+            body["policy"]["config"]["capture_tokens"] = True
         assert {status for _, status in asyncio.run(fire(server.url, api_key, bodies))} \
             == {200}
     before = recorded(db)
@@ -102,6 +107,18 @@ def test_a_changed_scorer_gives_a_hundred_stored_rollouts_a_new_version(
                    "--reward-version", digest, "--min-reward", "1").returncode == 0
     assert {json.loads(line)["metadata"]["session_id"] for line in
             strict.read_text().splitlines()} == {s for s, r in versions.items() if r >= 1}
+
+    tokens = tmp_path / "tokens.jsonl"
+    assert run_cli(tmp_path, "traces", "export", "--format", "tokens", "--trace-db", str(db),
+                   "--out", str(tokens), "--reward-version", digest, "--min-reward",
+                   "0.25").returncode == 0
+    rows = [json.loads(line) for line in tokens.read_text().splitlines()]
+    assert {r["session_id"]: (r["reward"], r["reward_version"]) for r in rows} == {
+        s: (r, digest) for s, r in versions.items() if r >= 0.25}
+    otlp = run_cli(tmp_path, "traces", "export", "--format", "otlp", "--trace-db", str(db),
+                   "--endpoint", "http://127.0.0.1:9", "--reward-version", digest)
+    assert otlp.returncode == 2 and "spans carry the reward each rollout recorded" in \
+        otlp.stderr
 
     # `traces show` lists the versions and shows the one chosen.
     sid = next(s for s, r in original.items() if r == 0.0)
@@ -220,3 +237,15 @@ def test_a_store_from_before_versions_is_migrated_by_a_rescore_and_read_as_it_wa
         assert store.schema_version == 12
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM reward_versions").fetchone() == (0,)
+
+
+def test_a_scorer_is_declared_as_a_plain_function_and_a_stateful_one_says_why():
+    app = TaskApp("scorer-shapes", name="Shapes", description="Declares scorers.")
+    with pytest.raises(UsageError, match="is async"):
+        @app.scorer
+        async def later(session):
+            return 1.0
+    with pytest.raises(UsageError, match="needs its reason"):
+        app.scorer(stateless=False)
+    with pytest.raises(UsageError, match="decorates a function"):
+        app.scorer(stateless=True)(3)

@@ -118,6 +118,8 @@ def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | Non
     episodes = tokens = sampled = 0
     with replaced_whole(path) as fh:
         for row in _rows(db, selection, skipped, reward):
+            if where.reward_version is not None:  # whose reward the row's is
+                row["reward_version"] = where.reward_version
             if limit is not None and episodes >= limit:
                 break
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
