@@ -101,8 +101,11 @@ def rescore_sessions(store: TraceStore, where: SessionFilter, score: Score, *, v
     sql = SessionSql(db)
     ok_where = dataclasses.replace(where, status="ok")
     clause, params, _ = sql.where(ok_where)
-    count = lambda c, p: int(db.query(  # noqa: E731
-        f"SELECT COUNT(*) AS n FROM session_traces s{c}", p)[0]["n"])
+
+    def count(selected: str, values: list[Any]) -> int:
+        return int(db.query(f"SELECT COUNT(*) AS n FROM session_traces s{selected}",
+                            values)[0]["n"])
+
     matched = count(clause, params) if where.status != "error" else 0
     failed_clause, failed_params, _ = sql.where(dataclasses.replace(where, status="error"))
     failed = count(failed_clause, failed_params) if where.status != "ok" else 0

@@ -126,7 +126,8 @@ class SessionSql:
             raise UsageError(f"reward version {version!r}: this store holds no reward versions "
                              "(its schema predates them)",
                              hint="`synth-deploy traces rescore APP` writes them")
-        assert VERSION_LABEL.fullmatch(version)  # SessionFilter checked it: safe as a literal
+        if not VERSION_LABEL.fullmatch(version):  # spelled as a literal below: checked
+            raise UsageError(f"reward version {version[:40]!r} is not a version label")
         return (f"(SELECT r.reward FROM {schema.REWARD_VERSIONS_TABLE} r WHERE "
                 f"r.session_id = s.session_id AND r.version = '{version}')")
 
