@@ -4,7 +4,8 @@
     GET /static/{file}             its script and style, shipped in the package
     GET /api/choices               values for the filters, the store's size and time span
     GET /api/sessions?FILTER&sort=&order=&offset=&limit=   one page of the table
-    GET /api/summary?FILTER        reward distribution, reward over time, scores, error rate
+    GET /api/summary?FILTER        reward distribution, reward over time, scores, error rate,
+                                   and which code of each app made the sessions
     GET /api/sessions/{id}         one session, turn by turn
     GET /api/compare?by=model|run&a=&b=&FILTER             per-seed rewards of two sides
     GET /api/export.jsonl?FILTER   SFT JSONL of the filtered sessions (the CLI's export)
@@ -46,6 +47,7 @@ from synth_deploy.tracing import (
     compare_by_seed,
     export_sft,
     filter_choices,
+    identity_groups,
     reward_summary,
     reward_versions,
     reward_versions_of,
@@ -97,7 +99,10 @@ def create_viewer_app(store: TraceStore, *,
                                descending=descending, offset=offset, limit=limit).to_dict()
 
     def summary(request: Request) -> Any:
-        return reward_summary(store, _params.session_filter(request.query_params)).to_dict()
+        where = _params.session_filter(request.query_params)
+        # With the sessions' figures, which code of each app made them (newest first).
+        return {**reward_summary(store, where).to_dict(),
+                "identities": [g.to_dict() for g in identity_groups(store, where, limit=20)]}
 
     def session(request: Request) -> Any:
         trace = store.get_session(request.path_params["session_id"])

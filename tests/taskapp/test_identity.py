@@ -191,3 +191,6 @@ def test_two_versions_served_one_after_the_other_are_told_apart(tmp_path, api_ke
         one = httpx.get(viewer.url + f"/api/sessions/{page['rows'][0]['session_id']}",
                         timeout=30).json()
         assert (one["app_version"], one["app_digest"]) == ("1", second.digest)
+        summary = httpx.get(viewer.url + "/api/summary", timeout=30).json()
+        assert [(g["app_digest"], g["sessions"]) for g in summary["identities"]] == [
+            (second.digest, 2), (first.digest, 3)]

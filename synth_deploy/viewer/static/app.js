@@ -209,6 +209,12 @@ function drawGlance(s) {
       h("td", {}, e.reward_type || "(untyped)"), h("td", { class: "num" }, num(e.mean)),
       h("td", { class: "muted" }, `${count(e.events)} events`)))
       : [h("tr", {}, h("td", { class: "muted" }, "no event rewards recorded"))]));
+  fill($("#glance-identities"),
+    ...((s.identities || []).length ? s.identities.map((g) => h("tr", {},
+      h("td", {}, g.app_id ?? "–"), h("td", {}, code(g) ?? "(not recorded)"),
+      h("td", { class: "num" }, num(g.mean_reward)),
+      h("td", { class: "muted" }, `${count(g.sessions)} sessions`)))
+      : [h("tr", {}, h("td", { class: "muted" }, "no sessions"))]));
   const sampled = (every) => (every > 1 ? `(1 in ${count(every)} sessions)` : "");
   $("#curve-sampled").textContent = sampled(s.sampled_every);
   $("#events-sampled").textContent = sampled(s.events_sampled_every);
