@@ -9,6 +9,8 @@ is offered when no answer can be read), and scores it:
 
 The same problems are an environment (`MathEnvironment`: reset with a seed, step with
 ``{"answer": <integer>}``), served on OpenEnv's wire at ``/openenv`` for OpenEnv's clients.
+Its scorer (`score`) gives a stored episode its reward again from the trace, so a changed
+rule applies to rollouts already run (``synth-deploy traces rescore math``).
 
 Serve it with ``synth-deploy serve math``; deploy it with ``synth-deploy deploy math`` or
 plain ``modal deploy apps/math/task_app.py``.
@@ -158,6 +160,18 @@ async def rollout(request: RolloutRequest, ctx: RolloutContext) -> dict:
         "pipeline_metadata": {"prompt": SYSTEM_PROMPT,
                               "model": request.policy.config.get("model")},
     }
+
+
+# -- the reward again, from a stored episode (`synth-deploy traces rescore math`) ----------------
+
+@task_app.scorer(stateless=True)  # the seed says the problem; the trace keeps every reply
+def score(session) -> float | None:
+    replies = [m.content for m in session.messages if m.message_type == "assistant"]
+    if not replies:  # an OpenEnv episode answers through its tool: nothing to read here
+        return None
+    seed = session.metadata.get("seed")
+    problem = make_problem(seed if seed is not None else 0)
+    return float(parse_answer(str(replies[-1])).value == problem.answer)
 
 
 # -- the same problems as an environment (OpenEnv's wire: /openenv) --------------------------------

@@ -242,6 +242,8 @@ def _render(report: Any) -> None:
     out.print(Text(key, style="dim"))
     if (traces := report.traces_line()) is not None:
         out.print(Text(traces, style="dim"), soft_wrap=True)
+    if (identity := report.identity_line()) is not None:
+        out.print(Text(identity, style="dim"), soft_wrap=True)
     verdict = Text("healthy" if report.healthy else "unhealthy",
                    style="bold green" if report.healthy else "bold red")
     took = (f"{report.duration_ms / 1000:.1f} s, {report.attempts} attempts"

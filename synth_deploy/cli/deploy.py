@@ -49,6 +49,10 @@ def _render_plan(plan: Any) -> None:
               f"[bold]{escape(d['modal_app'])}[/bold] ({escape(d['source'])})")
     out.print(f"  expected URL  {d['expected_url']}", markup=False)
     out.print(f"  environment   {d['modal_environment'] or '(your default)'}", markup=False)
+    if d.get("identity"):
+        code = d["identity"]
+        out.print(f"  code          version {code['version'] or '-'}, digest {code['digest']} "
+                  f"({len(code['files'])} file(s): {', '.join(code['files'])})", markup=False)
     out.print("[bold]Image[/bold]")
     for step in d["image"]["steps"]:
         out.print(f"  {step}", markup=False)

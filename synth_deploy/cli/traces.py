@@ -36,6 +36,9 @@ from synth_deploy.errors import UsageError
 traces_app = typer.Typer(help="Inspect rollout traces; export SFT data.",
                          no_args_is_help=True)
 # The one model rule of every filter (synth_deploy.tracing.SessionFilter).
+REWARD_VERSION_HELP = ("The reward each session is judged by: a version `traces rescore` "
+                       "wrote (only the sessions it scored), or original (the recorded one, "
+                       "the default).")
 MODEL_HELP = ("Only sessions whose policy used this model (the session's model, as `traces ls` "
               "shows it; other models its LM calls used, a judge's say, do not count).")
 
@@ -125,14 +128,35 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
        app: Annotated[str | None, typer.Option("--app", help="Only this app id.")] = None,
        status: Annotated[str | None, typer.Option("--status", help="ok or error.")] = None,
        model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
+       app_digest: Annotated[str | None, typer.Option(
+           "--app-digest", help="Only sessions made by this code of their app (its digest, or "
+                                "its first digits, as the code column shows it).")] = None,
+       group: Annotated[str | None, typer.Option(
+           "--group", help="identity: one row per app and code version (the sessions each "
+                           "made, errors, mean reward, first and last) instead of "
+                           "sessions.")] = None,
        trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
        json_output: JsonOption = False) -> None:
-    """List the newest sessions."""
-    with handling_errors(json_output), _open(trace_db, env_file) as store:
-        rows = store.list_sessions(limit=limit, app=app, status=status, model=model)
-        # Counted only when the limit may hide some: then the title says how many are stored.
-        stored = (store.count_sessions(app=app, status=status, model=model)
-                  if len(rows) == limit else len(rows))
+    """List the newest sessions (or, with --group identity, which code made them)."""
+    with handling_errors(json_output):
+        if group not in (None, "identity"):
+            raise UsageError(f"cannot group by {group!r}", hint="use --group identity")
+        with _open(trace_db, env_file) as store:
+            if group == "identity":
+                from synth_deploy.tracing import SessionFilter, identity_groups
+
+                groups = identity_groups(store, SessionFilter(
+                    app=app, status=status, model=model, app_digest=app_digest), limit=limit)
+            else:
+                rows = store.list_sessions(limit=limit, app=app, status=status, model=model,
+                                           app_digest=app_digest)
+                # Counted only when the limit may hide some: then the title says how many.
+                stored = (store.count_sessions(app=app, status=status, model=model,
+                                               app_digest=app_digest)
+                          if len(rows) == limit else len(rows))
+    if group == "identity":
+        _print_identity_groups(groups, store.display, json_output)
+        return
     if json_output:
         print_json([r.to_dict() for r in rows])
         return
@@ -141,18 +165,24 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     title = (f"newest {len(rows)} of {stored} sessions in {_esc(store.display)} (--limit N "
              "shows more)" if stored > len(rows)
              else f"{len(rows)} session(s) in {_esc(store.display)}")
-    # An app or model every row shares is said once, above the table: a column of the same
-    # name over and over would take the room the others need to stay whole.
+    # An app, code or model every row shares is said once, above the table: a column of the
+    # same value over and over would take the room the others need to stay whole.
     shared = {}
-    for name, values in (("app", {r.app_id for r in rows}), ("model", {r.model for r in rows})):
+    for name, values in (("app", {r.app_id for r in rows}),
+                         ("code", {_code(r.app_version, r.app_digest) for r in rows}),
+                         ("model", {r.model for r in rows})):
         if len(values) == 1 and None not in values:
             shared[name] = values.pop()
+    # Sessions stored before apps said which code they ran (or by another writer): no column.
+    unknown = {"code"} if all(r.app_digest is None and r.app_version is None
+                              for r in rows) else set()
     # 16 characters: ids are time-ordered (11 are the millisecond), the other 5 tell apart
     # the sessions a busy millisecond holds, so `traces show` takes what is printed. Neither
     # it nor the time is ever cut: at 60 columns the time goes rather than lose its seconds.
     columns = {"session": Column("session", min_width=16),
                "created (UTC)": Column("created (UTC)", optional=True, min_width=14),
                "app": Column("app", wrap=True, prefer_width=12),
+               "code": Column("code", min_width=8),
                "seed": Column("seed", justify="right"),
                "model": Column("model", wrap=True, min_width=8, prefer_width=20),
                "status": Column("status"),
@@ -160,11 +190,12 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
                "steps": Column("steps", justify="right", optional=True),
                "events": Column("events", justify="right", optional=True),
                "msgs": Column("msgs", justify="right", optional=True)}
-    for name in shared:
+    for name in {*shared, *unknown}:
         del columns[name]
     cells = [[_esc(cell[name]) for name in columns] for cell in ({
         "session": r.session_id[:16], "created (UTC)": r.created_at[5:19].replace("T", " "),
-        "app": r.app_id or "-", "seed": _num(r.seed), "model": r.model or "-",
+        "app": r.app_id or "-", "code": _code(r.app_version, r.app_digest) or "-",
+        "seed": _num(r.seed), "model": r.model or "-",
         "status": r.status or "-", "reward": _num(r.total_reward), "steps": r.num_timesteps,
         "events": r.num_events, "msgs": r.num_messages} for r in rows)]
     out = console()
@@ -178,26 +209,65 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
                            padding=(0, 1, 0, 0)))
 
 
+def _code(version: str | None, digest: str | None) -> str | None:
+    """Which code of its app made a session, as the tables show it: ``v1 3f2a9c1d``."""
+    if digest is None and version is None:
+        return None
+    return " ".join(p for p in (version and f"v{version}", digest and digest[:8]) if p)
+
+
+def _print_identity_groups(groups: list[Any], display: str, json_output: bool) -> None:
+    if json_output:
+        print_json([g.to_dict() for g in groups])
+        return
+    from rich import box
+
+    columns = [Column("app", wrap=True, prefer_width=12), Column("version"),
+               Column("digest", min_width=16), Column("sessions", justify="right"),
+               Column("errors", justify="right"), Column("mean reward", justify="right"),
+               Column("first (UTC)", optional=True, min_width=14),
+               Column("last (UTC)", min_width=14)]
+    cells = [[_esc(v) for v in (g.app_id or "-", g.app_version or "-",
+                                g.app_digest or "(not recorded)", g.sessions, g.errors,
+                                _num(g.mean_reward), (g.first_at or "-")[5:19],
+                                (g.last_at or "-")[5:19])] for g in groups]
+    out = console()
+    out.print(f"{plural(len(groups), 'app code version')} in {_esc(display)} "
+              "(`traces ls --app-digest D` lists one's sessions)", markup=True)
+    out.print(fitted_table(columns, cells, width=out.width, box=box.SIMPLE_HEAD,
+                           show_edge=False, pad_edge=False, padding=(0, 1, 0, 0)))
+
+
 @traces_app.command("show")
 def show(session: Annotated[str, typer.Argument(metavar="SESSION",
                                                 help="Session id (or a unique prefix).")],
+         reward_version: Annotated[str | None, typer.Option(
+             "--reward-version", help="The reward to show as the session's: a version "
+                                      "`traces rescore` wrote, or original.")] = None,
          trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
          json_output: JsonOption = False) -> None:
-    """Show one session: metadata, timesteps, messages, events and rewards."""
+    """Show one session: metadata, timesteps, messages, events and rewards (each reward
+    version beside the recorded one)."""
     with handling_errors(json_output), _open(trace_db, env_file) as store:
+        from synth_deploy.tracing import reward_versions_of, session_reward
+
         trace = store.get_session(session)
+        versions = reward_versions_of(store, trace.session_id)
+        chosen = _chosen_reward(versions, reward_version, session_reward(trace))
     from synth_deploy.tracing import summarize
 
     turns = trace.turn_tokens
     tokens = summarize(turns) if turns else None
     if json_output:
-        print_json({**trace.to_dict(), "token_summary": tokens and tokens.to_dict()})
+        print_json({**trace.to_dict(), "token_summary": tokens and tokens.to_dict(),
+                    "reward": chosen, "reward_versions": versions})
         return
     out = console()
     meta = trace.metadata
     out.print(f"[bold]session {_esc(trace.session_id)}[/bold]", markup=True)
     shown = {**meta, "app_id": meta.get("app_id") or meta.get("env_name")}  # synth-ai: env
-    for key in ("app_id", "run_id", "seed", "model", "status", "duration_s"):
+    shown["code"] = _code(meta.get("app_version"), meta.get("app_digest"))
+    for key in ("app_id", "code", "run_id", "seed", "model", "status", "duration_s"):
         out.print(f"  {key:<12}{_num(shown.get(key), 6)}", markup=False)
     if meta.get("error"):
         out.print(f"  error       {meta['error'].get('message')}", markup=False)
@@ -238,6 +308,100 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
                   f"turn {_num(r.turn_number)})", markup=False)
     for o in trace.outcome_rewards:
         out.print(f"  [bold]outcome reward {_num(o.total_reward)}[/bold]", markup=True)
+    for v in versions:
+        mark = "[bold]" if v["version"] == chosen["version"] else ""
+        out.print(f"  {mark}reward {_num(v['reward'])} (version {_esc(v['version'])}, "
+                  f"{_esc(v['scorer'].get('function'))} of code "
+                  f"{_esc(_code(v['scorer'].get('app_version'), v['scorer'].get('app_digest')))}"
+                  f", {_esc(v['created_at'][:19])}){mark and '[/bold]'}", markup=True)
+    out.print(f"  reward shown: {_num(chosen['reward'])} ({_esc(chosen['version'])})",
+              markup=True)
+
+
+def _chosen_reward(versions: list[dict[str, Any]], wanted: str | None,
+                   recorded: float | None) -> dict[str, Any]:
+    """The reward `traces show` calls the session's: ``wanted``'s, else the recorded one."""
+    from synth_deploy.tracing import ORIGINAL_REWARD, SessionFilter
+
+    version = SessionFilter(reward_version=wanted).reward_version  # checked, "original": None
+    if version is None:
+        return {"version": ORIGINAL_REWARD, "reward": recorded}
+    for v in versions:
+        if v["version"] == version:
+            return {"version": version, "reward": v["reward"]}
+    have = ", ".join(v["version"] for v in versions) or "none"
+    raise UsageError(f"this session has no reward version {version!r} (it has: {have})",
+                     hint="leave --reward-version out for the recorded reward")
+
+
+@traces_app.command("rescore")
+def rescore(
+    app_ref: Annotated[str, typer.Argument(
+        metavar="APP", help="App id or task app file: its scorer, as its code is now.")],
+    app: Annotated[str | None, typer.Option(
+        "--app", help="Only sessions of this app id (default: APP's own).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help=MODEL_HELP)] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="Only this run id.")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Only newer sessions: 24h, 7d, or an ISO date/time (UTC).")] = None,
+    app_digest: Annotated[str | None, typer.Option(
+        "--app-digest", help="Only sessions made by this code of the app.")] = None,
+    version: Annotated[str | None, typer.Option(
+        "--as", help="The version's label (default: the app's code digest; the same label "
+                     "again replaces that version).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Rescore with a scorer the app declares stateful (it needs what the "
+                        "trace does not keep).")] = False,
+    trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Score stored sessions again with the app's current scorer: each result a new reward
+    version beside the recorded one (never over it); says what changed."""
+    with handling_errors(json_output):
+        from synth_deploy.taskapp.registry import load_app
+        from synth_deploy.taskapp.scoring import rescore_app
+        from synth_deploy.tracing import (
+            SessionFilter,
+            open_trace_store,
+            resolve_trace_db,
+            since_timestamp,
+        )
+
+        where = SessionFilter(app=app, model=model, run_id=run_id, app_digest=app_digest,
+                              since=since_timestamp(since) if since else None)
+        config = load_app(app_ref).build_config()
+        # Writes: opened as the writers open it (a store from before versions is migrated).
+        with open_trace_store(resolve_trace_db(trace_db, _env(env_file))) as store, \
+                _export_progress(json_output, "rescoring sessions") as progress:
+            result = rescore_app(config, store, where, version=version, force=force,
+                                 progress=progress)
+    if json_output:
+        print_json(result.to_dict())
+        return
+    out = console()
+    scorer = result.scorer
+    out.print(f"rescored {result.rescored} of {plural(result.matched, 'session')} of "
+              f"{_esc(scorer['app_id'])} as reward version [bold]{_esc(result.version)}"
+              f"[/bold] ({_esc(scorer['function'])}, code "
+              f"{_esc(_code(scorer.get('app_version'), scorer.get('app_digest')))}) in "
+              f"{result.seconds:.2f}s", markup=True, soft_wrap=True)
+    out.print(f"  mean reward {_num(result.mean_before)} recorded -> {_num(result.mean_after)} "
+              f"rescored; {result.changed} changed, {result.unchanged} the "
+              "same" + (f"; {result.replaced} replaced this version's earlier reward"
+                        if result.replaced else ""), markup=False, soft_wrap=True)
+    if result.failed_left_out:
+        out.print(f"  {plural(result.failed_left_out, 'failed rollout')} left out (their "
+                  "episodes did not finish)", markup=False)
+    if result.unscored_count:
+        warn(f"{plural(result.unscored_count, 'session')} could not be rescored (" + ", ".join(
+            f"{n} {reason}" for reason, n in result.unscored_reasons.items()) + "):")
+        for u in result.unscored[:10]:
+            out.print(f"    {_esc(u.session_id[:16])}  {_esc(u.reason)}", markup=True)
+    out.print(f"  export with it: synth-deploy traces export --reward-version "
+              f"{_esc(result.version)} --min-reward R --out sft.jsonl", markup=True,
+              soft_wrap=True)
+    if result.matched and not result.rescored:
+        raise typer.Exit(EXIT_FAILURE)
 
 
 @traces_app.command("stats")
@@ -385,6 +549,8 @@ def export(
                         "file).", show_default=False)] = None,
     resend: Annotated[bool, typer.Option(
         "--resend", help="Send every matching session, even those already sent.")] = False,
+    reward_version: Annotated[str | None, typer.Option(
+        "--reward-version", help=REWARD_VERSION_HELP)] = None,
     trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -393,6 +559,10 @@ def export(
     OpenTelemetry spans (--format otlp: one trace per rollout, resumable, idempotent)."""
     with handling_errors(json_output):
         if fmt == "otlp":
+            if reward_version is not None:  # spans carry what the rollout recorded
+                raise UsageError("--reward-version is for --format sft and tokens: spans "
+                                 "carry the reward each rollout recorded",
+                                 hint="leave --reward-version out of the OTLP export")
             _export_otlp(endpoint, headers or [], include_content, state, resend, trace_db,
                          env_file, json_output, limit, app=app, model=model, since=since,
                          min_reward=min_reward)
@@ -403,18 +573,22 @@ def export(
             raise UsageError(f"--format {fmt} needs --out FILE", hint=f"e.g. --out {fmt}.jsonl")
         if fmt == "tokens":
             _export_tokens(out, trace_db, env_file, json_output, min_reward=min_reward,
-                           app=app, model=model, since=since, limit=limit, overwrite=force)
+                           app=app, model=model, since=since, limit=limit, overwrite=force,
+                           reward_version=reward_version)
             return
         with _open(trace_db, env_file) as store, _export_progress(json_output) as progress:
             from synth_deploy.tracing import export_sft
 
             result = export_sft(store, out, min_reward=min_reward, app=app, model=model,
-                                since=since, limit=limit, overwrite=force, progress=progress)
+                                since=since, limit=limit, overwrite=force,
+                                reward_version=reward_version, progress=progress)
     if json_output:
         print_json(result.to_dict())
         return
     console().print(f"wrote {result.examples} example(s) from {result.sessions} session(s) "
-                    f"to {result.path} in {result.seconds:.2f}s", markup=False)
+                    f"to {result.path} in {result.seconds:.2f}s" + (
+                        f" (rewards: version {reward_version})" if reward_version else ""),
+                    markup=False)
     if result.note:
         warn(result.note)
 

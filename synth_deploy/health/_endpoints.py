@@ -171,6 +171,9 @@ class EndpointSteps:
                 f"and this check the same ENVIRONMENT_API_KEY and restart the server"), latency)
             return False
         self._read_traces(data)
+        if isinstance(data.get("identity"), dict):
+            identity = data["identity"]
+            self.report.identity = {k: identity.get(k) for k in ("version", "digest", "label")}
         if not dx.says_healthy(data):
             self.fail("health", expected, dx.Diagnosis(
                 "reports_unhealthy", dx.describe(response),

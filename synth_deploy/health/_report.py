@@ -27,6 +27,9 @@ JSON shape (`synth-deploy check --json`, ``HealthReport.to_dict()``)::
                  "destination": "Modal Volume synth-math-traces: ...",  # null: unknown
                  "durable": true,             # outlives the machine that answered
                  "sessions": 12},             # stored by the container that answered
+      "identity": {"version": "1",            # which code answers (its /health): the
+                   "digest": "3f2a9c1d2e4b5a6f",  # declared version, the code's digest
+                   "label": "1+3f2a9c1d2e4b5a6f"},  # (null: the app did not say)
       "checks": [
         {
           "name": "health",                   # url, dns, tcp, tls, root, health, auth, info,
@@ -105,6 +108,7 @@ class HealthReport:
     duration_ms: float = 0.0
     attempts: int = 1
     traces: dict[str, Any] | None = None  # /health's "tracing", when the app says it
+    identity: dict[str, Any] | None = None  # /health's "identity": which code is served
 
     @property
     def healthy(self) -> bool:
@@ -157,7 +161,17 @@ class HealthReport:
             "failure": failure.to_dict() if failure else None,
             "checks": [c.to_dict() for c in self.checks],
             "traces": self.traces,
+            "identity": self.identity,
         }
+
+    def identity_line(self) -> str | None:
+        """Which code of the app answers, for humans (None when /health did not say)."""
+        identity = self.identity
+        if not identity or not (identity.get("digest") or identity.get("version")):
+            return None
+        return (f"code: version {identity.get('version') or '-'}, digest "
+                f"{identity.get('digest') or '(none: the app has no file)'} (stored with "
+                "every session; `traces ls --group identity`)")
 
     def traces_line(self) -> str | None:
         """Where the app's traces go, for humans (None when /health did not say)."""

@@ -48,6 +48,7 @@ class DeployPlan:
     modal_environment: str | None = None
     function_name: str = FUNCTION_NAME
     warnings: tuple[str, ...] = ()  # what the settings promise beyond what was measured
+    identity: Any = None  # the app's `AppIdentity`: which code the containers will run
 
     @property
     def api_key(self) -> str:
@@ -85,6 +86,7 @@ class DeployPlan:
             "resources": self.settings.resources(),
             "tracing": self.tracing,
             "trace_volume": self.trace_volume,
+            "identity": None if self.identity is None else self.identity.to_dict(),
             "warnings": list(self.warnings),
         }
 
@@ -183,6 +185,9 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         remote_tracing=remote,
         trace_volume=volume,
         modal_environment=modal_environment or env.get(MODAL_ENV_VAR),
+        # The digest the deployed app will report (/health, each session), worked out here
+        # from the same files its image carries.
+        identity=entry.build_config().identity,
     )
 
 

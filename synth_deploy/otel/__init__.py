@@ -27,7 +27,8 @@ from synth_deploy.otel._setting import (
 __getattr__ = lazy_attributes(__name__, {
     "OtlpExportError": "_export", "OtlpExportOptions": "_export",
     "OtlpExportResult": "_export", "default_state_path": "_export", "export_otlp": "_export",
-    "LiveExporter": "_live", "LiveExportStats": "_live"})
+    "LiveExporter": "_live", "LiveExportStats": "_live",
+    "rollout_span_id": "_ids", "session_trace_id": "_ids"})
 
 OTEL_EXTRA_HINT = ("install the OpenTelemetry packages: pip install 'synth-deploy[otel]' "
                    "(in a Modal image: ModalSettings(pip_packages=("
@@ -53,8 +54,9 @@ def session_spans(session, *, service_name: str | None = None,
 
 
 def trace_id_of(session_id: str) -> int:
-    """The trace id a session's spans carry (derived from the session id)."""
-    from synth_deploy.otel._spans import trace_id_of as derive
+    """The trace id the spans of a session that came with no trace context carry (derived
+    from the session id; `session_trace_id` says it for any session)."""
+    from synth_deploy.otel._ids import trace_id_of as derive
 
     return derive(session_id)
 
@@ -75,6 +77,8 @@ __all__ = [
     "otlp_setting",
     "otlp_setting_from_env",
     "parse_headers",
+    "rollout_span_id",
     "session_spans",
+    "session_trace_id",
     "trace_id_of",
 ]

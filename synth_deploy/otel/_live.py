@@ -54,12 +54,13 @@ class LiveExporter:
     """
 
     def __init__(self, setting: OtlpSetting, *, exporter: Any = None) -> None:
-        from synth_deploy.otel._spans import SpanMaker, span_count, trace_id_of
+        from synth_deploy.otel._ids import session_trace_id
+        from synth_deploy.otel._spans import SpanMaker, span_count
 
         self.setting = setting
         # As OTel's TraceIdRatioBased sampler decides: the trace id's low 64 bits under a bound.
         self._bound = round(setting.sample_ratio * (1 << 64))
-        self._trace_id = trace_id_of
+        self._trace_id = session_trace_id
         self._span_count = span_count
         self._maker = SpanMaker(service_name=setting.service_name,
                                 capture_content=setting.capture_content)
@@ -85,8 +86,10 @@ class LiveExporter:
 
     def offer(self, session: SessionTrace) -> None:
         """Queue ``session`` for sending; never blocks, never raises."""
+        trace_id = self._trace_id
         if self._bound < (1 << 64) and \
-                self._trace_id(session.session_id) & 0xFFFFFFFFFFFFFFFF >= self._bound:
+                trace_id(session.session_id, session.metadata) & 0xFFFFFFFFFFFFFFFF \
+                >= self._bound:
             self._count(sampled_out=1)
             return
         try:

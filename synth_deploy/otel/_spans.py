@@ -11,13 +11,15 @@
 
 Every id is derived from the session: the trace id from its session id, each span id from
 the session id and what the span stands for. Sending a session twice sends the same spans,
-so a receiver that keys spans by id (MLflow, Phoenix, Tempo...) keeps one copy.
+so a receiver that keys spans by id (MLflow, Phoenix, Tempo...) keeps one copy. A rollout
+that came with W3C trace context (its request's ``traceparent``, kept in the session's
+metadata) is in its caller's trace instead: the trace id is the caller's, and the root span's
+parent is the caller's span.
 Importing this module imports the OpenTelemetry SDK (the ``otel`` extra).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,6 +31,13 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from synth_deploy import __version__
+from synth_deploy.otel._ids import (
+    rollout_span_id,
+    session_trace_id,
+    session_trace_parent,
+    span_id_of,
+    trace_id_of,
+)
 from synth_deploy.tracing import (
     Event,
     EventReward,
@@ -48,21 +57,6 @@ _PROVIDERS = {"openai.com": "openai", "groq.com": "groq", "anthropic.com": "anth
               "mistral.ai": "mistral_ai", "deepseek.com": "deepseek", "x.ai": "x_ai",
               "googleapis.com": "gcp.gemini"}
 _ROLES = {"tool_result": "tool", "tool_use": "assistant"}
-
-
-def trace_id_of(session_id: str) -> int:
-    """The 128-bit trace id of a session (never zero)."""
-    return _id(f"trace/{session_id}", 16)
-
-
-def span_id_of(session_id: str, *what: object) -> int:
-    """The 64-bit id of the span that stands for ``what`` in a session (never zero)."""
-    return _id("/".join(["span", session_id, *map(str, what)]), 8)
-
-
-def _id(text: str, size: int) -> int:
-    value = int.from_bytes(hashlib.sha256(text.encode()).digest()[:size], "big")
-    return value or 1
 
 
 def span_count(session: SessionTrace) -> int:
@@ -92,9 +86,12 @@ class SpanMaker:
         """The spans of one session, root first."""
         sid = session.session_id
         meta = session.metadata if isinstance(session.metadata, Mapping) else {}
-        trace_id = trace_id_of(sid)
+        trace_id = session_trace_id(sid, meta)
+        caller = session_trace_parent(meta)
+        root_parent = None if caller is None else SpanContext(
+            trace_id, int(caller.parent_id, 16), True, TraceFlags(int(caller.flags, 16)))
         resource = self._resource(_text(meta.get("app_id") or meta.get("env_name")))
-        root_ctx = SpanContext(trace_id, span_id_of(sid, "rollout"), False, _SAMPLED)
+        root_ctx = SpanContext(trace_id, rollout_span_id(sid), False, _SAMPLED)
         ledger = ledger_of(session)
         start = _ns(session.created_at) or _first_time(session)
         end = max(start + int(ledger.wall_s * _NS), _last_time(session, start))
@@ -120,7 +117,8 @@ class SpanMaker:
 
         out: list[ReadableSpan] = []
         status, error_attrs = _status(meta)
-        out.append(span(f"rollout {_text(meta.get('app_id')) or 'task app'}", root_ctx, None,
+        out.append(span(f"rollout {_text(meta.get('app_id')) or 'task app'}", root_ctx,
+                        root_parent,
                         start, end, {**_rollout_attributes(sid, meta, session), **error_attrs,
                                      **_ledger_attributes(ledger)},
                         events=[_reward_event(r, end) for r in rewards_by_step.get(None, [])],

@@ -61,6 +61,7 @@ class CoreRoutes:
         config, stats = self.config, self.stats
         return JSONResponse({
             "healthy": True, "service": config.app_id, "version": config.version,
+            "identity": config.identity.to_dict(),
             "auth": {"required": self.auth.enabled, "enabled": self.auth.enabled},
             "tracing": {"enabled": self.traced, "destination": None, "durable": False,
                         **self.trace_destination, "sessions": stats.traced},
@@ -73,7 +74,8 @@ class CoreRoutes:
         base = config.base_task_info
         return JSONResponse({
             "service": {"task": base.task.model_dump(exclude_none=True), "version": config.version,
-                        "name": config.name, "description": config.description},
+                        "name": config.name, "description": config.description,
+                        "identity": config.identity.to_dict()},
             "dataset": {**base.dataset.model_dump(exclude_none=True),
                         "datasets": config.dataset_registry.describe()},
             "rubrics": config.rubrics.to_info().model_dump(exclude_none=True),

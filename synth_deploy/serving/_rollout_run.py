@@ -229,7 +229,7 @@ class RolloutRun:
         writer applies them, off the loop."""
         failure, result = outcome.failure, outcome.result
         facts = RolloutFacts(
-            rollout_head(req, self.config.app_id, cid), elapsed, request_json, outcome.body,
+            rollout_head(req, self.config, cid), elapsed, request_json, outcome.body,
             None if failure is None else failure.error(),
             "cancelled" if failure is not None and failure.cancelled else "error")
         if not (req.record.return_trace or self.on_session is not None):
@@ -329,11 +329,13 @@ def stopped(reason: str, run_id: str) -> RolloutFailure:
                           {"run_id": run_id})
 
 
-def rollout_head(req: RolloutRequest, app_id: str, cid: str | None = None) -> dict[str, Any]:
-    """Which rollout a stored session is: the head of its metadata (`RolloutFacts.head`)."""
-    return {"app_id": app_id, "run_id": req.run_id, "mode": req.mode, "seed": req.env.seed,
-            "model": req.policy.config.get("model"), "env_name": req.env.env_name,
-            **session_correlation(cid)}
+def rollout_head(req: RolloutRequest, config: TaskAppConfig, cid: str | None = None
+                 ) -> dict[str, Any]:
+    """Which rollout a stored session is, by which code of the app: the head of its
+    metadata (`RolloutFacts.head`)."""
+    return {"app_id": config.app_id, **config.identity.session_fields(), "run_id": req.run_id,
+            "mode": req.mode, "seed": req.env.seed, "model": req.policy.config.get("model"),
+            "env_name": req.env.env_name, **session_correlation(cid)}
 
 
 def _request_secrets(req: RolloutRequest) -> list[str]:

@@ -32,6 +32,7 @@ from synth_deploy.serving._request_guards import BodyTooLarge, http_error, read_
 from synth_deploy.serving._rollout_endpoint import RolloutEndpoint
 from synth_deploy.serving._rollout_run import RolloutRun, maybe_await
 from synth_deploy.serving._routes import Endpoint, declared_routes, public_routes
+from synth_deploy.serving._trace_context import TraceContextScope
 from synth_deploy.serving.containers._durable import AsyncRollouts
 from synth_deploy.serving.containers._wire import ContainersWire
 from synth_deploy.serving.openenv._wire import KEYED_PREFIX, openenv_endpoints, openenv_sessions
@@ -133,8 +134,9 @@ def create_app(
                       traced=trace_store is not None, trace_destination=trace_destination,
                       routes=app.routes)
     endpoints = [  # /rollout first: the hot path matches at once
-        Endpoint("/rollout", "POST", RolloutEndpoint(config, rollouts=rollouts, limits=limits,
-                                                     stats=stats),
+        # A request's W3C traceparent is the parent of its rollout's spans and policy calls.
+        Endpoint("/rollout", "POST", TraceContextScope(
+            RolloutEndpoint(config, rollouts=rollouts, limits=limits, stats=stats)),
                  "Run one episode", asgi=True, ok=schema_ref("RolloutResponse"),
                  errors=(404, 413, 415, 422, 502, 504),
                  openapi={"requestBody": {"required": True,

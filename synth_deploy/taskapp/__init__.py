@@ -7,7 +7,8 @@ others). The rest of the SDK is in public modules named for what they hold, as S
 are: `contracts` (every wire model of synth-ai's protocol), `config` (`TaskAppConfig`, what a
 `TaskApp` builds), `registry` (finding and loading app files), `policy` (the policy call's
 errors and URL rules), `tools` (chat and tool-call messages), `workers` (`worker_object`'s
-pool), `scaffold` (`synth-deploy init`). The engine that serves what is declared here is
+pool), `scaffold` (`synth-deploy init`), `scoring` (`@task_app.scorer`: an episode scored
+again from its trace, `traces rescore`). The engine that serves what is declared here is
 `synth_deploy.serving`.
 
 Declaring is light; `call_policy` and `worker_object` load their clients on first use.

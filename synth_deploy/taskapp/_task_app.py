@@ -12,6 +12,9 @@
     @task_app.environment                 # or: reset/step, and the kit derives the rollout
     class Game: ...                       # (see `_environment`); served on OpenEnv's wire too
 
+    @task_app.scorer(stateless=True)      # optional: a stored episode scored again
+    def score(session): ...               # (`synth-deploy traces rescore`, see `scoring`)
+
     app = modal_app(__file__)             # the `modal deploy` entry
 
 Declaring registers it (by id, for `synth-deploy serve ID`); `build_config()` turns the
@@ -35,6 +38,7 @@ from synth_deploy.taskapp.config import (
 )
 from synth_deploy.taskapp.contracts import LimitsInfo, TaskDescriptor, TaskInfo
 from synth_deploy.taskapp.registry import TaskAppEntry, add_entry, caller_file
+from synth_deploy.taskapp.scoring import ScoreFunction, Scorer, scorer_decorator
 
 
 class TaskApp:
@@ -60,6 +64,7 @@ class TaskApp:
         self._instances: Callable[[Sequence[int]], Iterable[TaskInfo]] | None = None
         self._taskset: Callable[[], Mapping[str, Any]] | None = None
         self._environment: EnvironmentSpec | None = None
+        self._scorer: Scorer | None = None
         self.entry: TaskAppEntry = add_entry(TaskAppEntry(
             app_id, self.build_config, description, modal, caller_file(1)))
 
@@ -90,6 +95,19 @@ class TaskApp:
                                       max_turns=max_turns, max_sessions=max_sessions,
                                       observation_cls=observation_cls, state_cls=state_cls,
                                       noop=noop))
+
+    def scorer(self, fn: ScoreFunction | None = None, *, stateless: bool = True,
+               reason: str | None = None) -> Any:
+        """Decorator: how an episode is scored from its stored trace, ``(session) -> reward``
+        (a `synth_deploy.tracing.SessionTrace`; None when it cannot say), for `synth-deploy
+        traces rescore`. ``stateless=False`` (with the ``reason``: what the trace does not
+        keep) makes a rescore refuse unless forced. Use bare (``@task_app.scorer``) or
+        called (``@task_app.scorer(stateless=False, reason="...")``)."""
+        def declare(scorer: Scorer) -> None:
+            self._scorer = scorer
+
+        decorate = scorer_decorator(stateless, reason, declare)
+        return decorate(fn) if fn is not None else decorate
 
     def instances(self, fn: Callable[[Sequence[int]], Iterable[TaskInfo]]
                   ) -> Callable[[Sequence[int]], Iterable[TaskInfo]]:
@@ -123,7 +141,7 @@ class TaskApp:
             environment=self._environment,
             provide_task_instances=self._instances or (
                 lambda seeds: [self.instance(seed) for seed in seeds]),
-            describe_taskset=self._taskset, rubrics=self.rubrics,
+            describe_taskset=self._taskset, rubrics=self.rubrics, scorer=self._scorer,
             dataset_registry=TaskDatasetRegistry(self.datasets), **self.settings)
 
     def __repr__(self) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from synth_deploy.taskapp._identity import AppIdentity
 from synth_deploy.taskapp.contracts import (
     DatasetInfo,
     RolloutRequest,
@@ -18,6 +19,7 @@ from synth_deploy.taskapp.contracts import (
 if TYPE_CHECKING:
     from synth_deploy.taskapp._environment import EnvironmentSpec
     from synth_deploy.taskapp._outbound import OutboundClient
+    from synth_deploy.taskapp.scoring import Scorer
     from synth_deploy.tracing import SessionTracer
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -179,6 +181,9 @@ class TaskAppConfig:
     an environment session on OpenEnv's wire (closed after that long unused).
     ``capture_tokens``: `call_policy` asks for token ids and log-probabilities unless the
     rollout's ``policy.config.capture_tokens`` says otherwise (see `_token_capture`).
+    ``identity``: which code this is (`AppIdentity`), set where the app's file is loaded;
+    ``code_files``: what it hashes beside the app's Python files. ``scorer``: how an
+    episode is scored again from its stored trace (`@task_app.scorer`, see `scoring`).
     """
 
     app_id: str
@@ -203,10 +208,15 @@ class TaskAppConfig:
     environment: EnvironmentSpec | None = None  # served on OpenEnv's wire when declared
     session_idle_seconds: float = DEFAULT_SESSION_IDLE_SECONDS
     capture_tokens: bool = False
+    code_files: Sequence[str] = ()  # hashed into the app's identity beside its code
+    identity: AppIdentity = field(default_factory=AppIdentity)  # version, code digest
+    scorer: Scorer | None = None  # an episode scored from its trace (`traces rescore`)
 
     def __post_init__(self) -> None:
         if not self.app_id or not self.app_id.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"app_id must be letters, digits, '-' or '_', got {self.app_id!r}")
+        if self.identity == AppIdentity():  # no file hashed (yet): the declared version alone
+            self.identity = AppIdentity(version=self.version)
 
 
 __all__ = [

@@ -147,6 +147,12 @@ async def call_policy(
             raise BadRequest("policy.config.api_key must be printable ASCII",
                              code="invalid_api_key_value", field="policy.config.api_key")
         headers["Authorization"] = f"Bearer {api_key}"
+    if (parent := ctx.tracer.trace_parent) is not None:
+        # The rollout came with W3C trace context: the policy's spans join that trace, as
+        # children of the rollout's span.
+        from synth_deploy.otel import rollout_span_id
+
+        headers["traceparent"] = parent.child(rollout_span_id(ctx.tracer.session_id))
     url = chat_completions_url(inference_url)
     started = time.perf_counter()
     resp = await _post_with_retry(ctx.http, url, content, headers)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from synth_deploy.errors import AppNotFoundError, TaskAppError, UsageError
+from synth_deploy.taskapp._identity import AppIdentity, app_identity
 from synth_deploy.taskapp.config import TaskAppConfig
 
 
@@ -59,6 +60,10 @@ class TaskAppEntry:
         if not isinstance(config, TaskAppConfig):
             raise TaskAppError(f"task app {self.app_id!r}: config_factory returned "
                                f"{type(config).__name__}, expected TaskAppConfig")
+        if self.source is not None and config.identity.digest is None:
+            # Worked out here, once per config: the server, the store and `check` read it.
+            config.identity = app_identity(self.source, version=config.version,
+                                           code_files=config.code_files)
         return config
 
 
@@ -317,12 +322,14 @@ def _user_frame(exc: BaseException, source: Path | None) -> str:
 
 __all__ = [
     "AppFileProblem",
+    "AppIdentity",
     "AppInfo",
     "BUNDLED_APPS_DIR",
     "Discovery",
     "TaskAppEntry",
     "SCAFFOLD_FILE",
     "app_files",
+    "app_identity",
     "discover_apps",
     "load_app",
     "register_task_app",

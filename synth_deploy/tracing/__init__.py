@@ -17,6 +17,7 @@ from synth_deploy.tracing._config import (
     parse_trace_db,
     resolve_trace_db,
 )
+from synth_deploy.tracing._db._columns import IDENTITY_PATHS
 from synth_deploy.tracing._db._schema import SCHEMA_VERSION
 from synth_deploy.tracing._db._select import SessionFilter, since_timestamp
 from synth_deploy.tracing._errors import (
@@ -64,6 +65,12 @@ from synth_deploy.tracing._tokens import (
     valid_ids,
     valid_logprobs,
 )
+from synth_deploy.tracing._trace_context import (
+    TRACEPARENT,
+    TraceParent,
+    incoming_trace_context,
+    incoming_trace_parent,
+)
 from synth_deploy.tracing._write._log import (
     SessionLog,
     pending_limit,
@@ -75,8 +82,9 @@ from synth_deploy.tracing._write._log import (
 # What reads a store (browsing, export, reports, prices, replay) loads on first use: a
 # served app and its writer process only record and store.
 _ON_USE = {
-    "_read._browse": ("SORT_KEYS", "SessionPage", "SessionRow", "browse_sessions",
-                      "filter_choices", "matching_session_ids"),
+    "_read._browse": ("SORT_KEYS", "IdentityGroup", "SessionPage", "SessionRow",
+                      "browse_sessions", "filter_choices", "identity_groups",
+                      "matching_session_ids"),
     "_read._export": ("ExportResult", "export_sft"),
     "_read._tokens": ("TokenExportResult", "export_tokens"),
     "_read._sft": ("flat_tools", "sft_examples"),
@@ -87,15 +95,21 @@ _ON_USE = {
     "_read._rewards": ("Comparison", "RewardSummary", "compare_by_seed", "reward_summary"),
     "_shapes": ("session_from_trace",),
     "_merge": ("MergeResult", "merge_trace_file"),
+    "_rescore": ("ORIGINAL_REWARD", "RescoreResult", "Unscored", "rescore_sessions",
+                 "reward_versions", "reward_versions_of"),
 }
+# The session metadata keys that say which code of its app made it (version, digest).
+SESSION_IDENTITY_KEYS = tuple(IDENTITY_PATHS)
 __getattr__ = lazy_attributes(__name__, {name: module for module, names in _ON_USE.items()
                                          for name in names})
 
 __all__ = [
     "DEFAULT_TRACE_DB",
     "SCHEMA_VERSION",
+    "SESSION_IDENTITY_KEYS",
     "SORT_KEYS",
     "TOKEN_VAR",
+    "TRACEPARENT",
     "TRACES_DB_VAR",
     "Comparison",
     "ContinuityBreak",
@@ -104,11 +118,14 @@ __all__ = [
     "Event",
     "EventReward",
     "ExportResult",
+    "IdentityGroup",
     "MergeResult",
     "Message",
     "NotATraceDbError",
+    "ORIGINAL_REWARD",
     "OutcomeReward",
     "ReplayStep",
+    "RescoreResult",
     "ModelPrice",
     "ModelTokens",
     "PRICES_VAR",
@@ -137,11 +154,13 @@ __all__ = [
     "TraceDbUnreachableError",
     "TraceDbUrlError",
     "TraceFormatError",
+    "TraceParent",
     "TraceStats",
     "TokenExportResult",
     "TokenSummary",
     "TraceStore",
     "TurnTokens",
+    "Unscored",
     "browse_sessions",
     "compare_by_seed",
     "continuity_breaks",
@@ -155,6 +174,9 @@ __all__ = [
     "export_tokens",
     "flat_tools",
     "filter_choices",
+    "identity_groups",
+    "incoming_trace_context",
+    "incoming_trace_parent",
     "init_trace_db",
     "matching_session_ids",
     "merge_trace_file",
@@ -162,6 +184,9 @@ __all__ = [
     "open_trace_store",
     "parse_trace_db",
     "replay",
+    "rescore_sessions",
+    "reward_versions",
+    "reward_versions_of",
     "read_session_log",
     "session_log",
     "pending_limit",

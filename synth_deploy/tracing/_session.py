@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from synth_deploy.tracing._tokens import TurnTokens
+from synth_deploy.tracing._trace_context import TRACEPARENT, incoming_trace_parent
 
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
 
@@ -235,6 +236,11 @@ class SessionTracer:
         from (timesteps, rewards, LM calls' tokens and times) is recorded as ever."""
         self._session = SessionTrace(session_id=session_id or _new_id(),
                                      metadata=dict(metadata or {}))
+        # Made for a request that came with W3C trace context: the session is its child
+        # (kept in its metadata for the store and the spans; `call_policy` sends it on).
+        self.trace_parent = incoming_trace_parent()
+        if self.trace_parent is not None:
+            self._session.metadata.setdefault(TRACEPARENT, self.trace_parent.header())
         self.kept = kept
         self._current: Timestep | None = None
         # The chat messages the current timestep holds, in order (`record_exchange`'s

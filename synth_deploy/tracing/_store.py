@@ -58,6 +58,8 @@ class SessionSummary:
     num_timesteps: int
     num_events: int
     num_messages: int
+    app_version: str | None = None  # which code of the app made it (`AppIdentity`)
+    app_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -257,27 +259,30 @@ class TraceStore:
     # -- reads ----------------------------------------------------------------------------
 
     def count_sessions(self, *, app: str | None = None, status: str | None = None,
-                       model: str | None = None) -> int:
+                       model: str | None = None, app_digest: str | None = None) -> int:
         """How many sessions are stored (those that pass the filters given)."""
         where, params, _ = SessionSql(self.database).where(
-            SessionFilter(app=app, status=status, model=model))
+            SessionFilter(app=app, status=status, model=model, app_digest=app_digest))
         return int(self._database.query(f"SELECT COUNT(*) AS n FROM session_traces s{where}",
                                        params)[0]["n"])
 
     def list_sessions(self, *, limit: int | None = 20, app: str | None = None,
                       status: str | None = None, since: str | None = None,
                       min_reward: float | None = None, model: str | None = None,
+                      app_digest: str | None = None,
                       newest_first: bool = True) -> list[SessionSummary]:
         """The sessions that pass the filters (`SessionFilter`'s rules; ``since``: stored
         timestamp text, as `since_timestamp` makes it), newest first unless told."""
         sql = SessionSql(self.database)
         where, params, _ = sql.where(SessionFilter(app=app, status=status, since=since,
-                                                   min_reward=min_reward, model=model))
+                                                   min_reward=min_reward, model=model,
+                                                   app_digest=app_digest))
         e = sql.expr
         query = (f"SELECT s.session_id, s.created_at, {e['app']} AS app_id, {e['run']} AS "
                  f"run_id, {e['seed']} AS seed, {e['model']} AS model_name, {e['status']} AS "
                  f"status, {e['reward']} AS total_reward, s.num_timesteps, s.num_events, "
-                 f"s.num_messages FROM session_traces s{where} ORDER BY s.created_at "
+                 f"s.num_messages, {e['app_version']} AS app_version, {e['app_digest']} AS "
+                 f"app_digest FROM session_traces s{where} ORDER BY s.created_at "
                  f"{'DESC' if newest_first else 'ASC'}, s.session_id")
         if limit is not None:
             query += f" LIMIT {int(limit)}"
@@ -286,7 +291,8 @@ class TraceStore:
             app_id=r["app_id"],
             run_id=r["run_id"], seed=r["seed"], model=r["model_name"], status=r["status"],
             total_reward=r["total_reward"], num_timesteps=r["num_timesteps"],
-            num_events=r["num_events"], num_messages=r["num_messages"])
+            num_events=r["num_events"], num_messages=r["num_messages"],
+            app_version=_text(r["app_version"]), app_digest=_text(r["app_digest"]))
             for r in self._database.query(query, params)]
 
     def get_session(self, session_id: str) -> SessionTrace:
@@ -355,6 +361,10 @@ class TraceStore:
 
     def __repr__(self) -> str:
         return f"TraceStore({self.display!r}, schema_version={self.schema_version})"
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def open_trace_store(setting: TraceDbSetting | str | os.PathLike[str], *,

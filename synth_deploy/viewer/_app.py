@@ -4,15 +4,17 @@
     GET /static/{file}             its script and style, shipped in the package
     GET /api/choices               values for the filters, the store's size and time span
     GET /api/sessions?FILTER&sort=&order=&offset=&limit=   one page of the table
-    GET /api/summary?FILTER        reward distribution, reward over time, scores, error rate
+    GET /api/summary?FILTER        reward distribution, reward over time, scores, error rate,
+                                   and which code of each app made the sessions
     GET /api/sessions/{id}         one session, turn by turn
     GET /api/compare?by=model|run&a=&b=&FILTER             per-seed rewards of two sides
     GET /api/export.jsonl?FILTER   SFT JSONL of the filtered sessions (the CLI's export)
     GET /api/openapi.json          this API as an OpenAPI document
 
 FILTER is ``app, model, run, split, mode, status, seed, min_reward, max_reward, since,
-until`` (see `_params.session_filter`). Errors are ``{"error": {"message", "hint"}}`` with
-400 (bad parameter), 404 (no such session) or 500 (the store failed).
+until, app_digest, reward_version`` (see `_params.session_filter`). Errors are
+``{"error": {"message", "hint"}}`` with 400 (bad parameter), 404 (no such session) or 500
+(the store failed).
 
 Hosts other than loopback names are refused (a web page elsewhere cannot reach the traces by
 pointing a DNS name at 127.0.0.1), and the page may load nothing but its own files.
@@ -38,13 +40,17 @@ from starlette.staticfiles import StaticFiles
 
 from synth_deploy.errors import SynthDeployError, UsageError
 from synth_deploy.tracing import (
+    ORIGINAL_REWARD,
     SessionNotFoundError,
     TraceStore,
     browse_sessions,
     compare_by_seed,
     export_sft,
     filter_choices,
+    identity_groups,
     reward_summary,
+    reward_versions,
+    reward_versions_of,
 )
 from synth_deploy.viewer import _params
 from synth_deploy.viewer._replay import session_replay
@@ -83,7 +89,9 @@ def create_viewer_app(store: TraceStore, *,
         return endpoint
 
     def choices(request: Request) -> Any:
-        return {**filter_choices(store), "store": store.display}
+        versions = [v["version"] for v in reward_versions(store)]
+        return {**filter_choices(store), "store": store.display,
+                "reward_version": [ORIGINAL_REWARD, *sorted(versions)]}
 
     def sessions(request: Request) -> Any:
         sort, descending, offset, limit = _params.page(request.query_params)
@@ -91,10 +99,15 @@ def create_viewer_app(store: TraceStore, *,
                                descending=descending, offset=offset, limit=limit).to_dict()
 
     def summary(request: Request) -> Any:
-        return reward_summary(store, _params.session_filter(request.query_params)).to_dict()
+        where = _params.session_filter(request.query_params)
+        # With the sessions' figures, which code of each app made them (newest first).
+        return {**reward_summary(store, where).to_dict(),
+                "identities": [g.to_dict() for g in identity_groups(store, where, limit=20)]}
 
     def session(request: Request) -> Any:
-        return session_replay(store.get_session(request.path_params["session_id"]))
+        trace = store.get_session(request.path_params["session_id"])
+        return {**session_replay(trace),
+                "reward_versions": reward_versions_of(store, trace.session_id)}
 
     def compare(request: Request) -> Any:
         q = request.query_params

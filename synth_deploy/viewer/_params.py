@@ -13,7 +13,7 @@ MAX_PAGE = 500
 _INTEGER = re.compile(r"-?[0-9]+")
 # Parameter → SessionFilter field, for the plain text ones.
 _TEXT = {"app": "app", "model": "model", "run": "run_id", "split": "split", "mode": "mode",
-         "status": "status"}
+         "status": "status", "app_digest": "app_digest", "reward_version": "reward_version"}
 _INT64 = {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}
 # Each query parameter as the viewer's OpenAPI document declares it (`_openapi`).
 FILTER_PARAMETERS: dict[str, dict[str, object]] = {
@@ -32,7 +32,10 @@ PAGE_PARAMETERS: dict[str, dict[str, object]] = {
 
 
 def session_filter(params: Mapping[str, str]) -> SessionFilter:
-    """``app, model, run, split, mode, status, seed, min_reward, max_reward, since, until``.
+    """``app, model, run, split, mode, status, seed, min_reward, max_reward, since, until,
+    app_digest`` (which code of the app: its digest or first digits), ``reward_version``
+    (whose reward the sessions are judged and shown by: a `traces rescore` version, or
+    ``original``).
 
     ``since``/``until`` take what ``--since`` takes (``24h``, ``7d``, ``2025-01-31``,
     ``2025-01-31T12:00``); a bare date in ``until`` includes that whole day.

@@ -65,6 +65,8 @@ def _header(session: SessionTrace) -> dict[str, Any]:
         "session_id": session.session_id,
         "created_at": _iso(session.created_at),
         "app_id": meta.get("app_id") or meta.get("env_name"),
+        "app_version": meta.get("app_version"),  # which code of the app made it
+        "app_digest": meta.get("app_digest"),
         "run_id": meta.get("run_id"),
         "model": meta.get("model"),
         "seed": meta.get("seed"),

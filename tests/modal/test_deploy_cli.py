@@ -134,6 +134,12 @@ def test_dry_run_prints_the_plan_and_sends_nothing(standin):
     assert "ENVIRONMENT_API_KEY = **** (sha256:" in out and standin["key"] not in out
     assert "pip_install fastapi==" in out
     assert "traces go to the Modal Volume synth-math-staging-traces" in out
+    # Which code the containers will run, as their /health and sessions will say it.
+    from synth_deploy.taskapp.registry import load_app
+
+    identity = load_app("math").build_config().identity
+    assert f"code          version 1, digest {identity.digest} (2 file(s): math_problems.py, " \
+        "task_app.py)" in out
     assert not (standin["state"] / "pids").exists()
     assert "TASK_APP_URL" not in (standin["dir"] / ".env").read_text()
 

@@ -102,8 +102,9 @@ def test_the_openapi_document_names_every_json_endpoint_and_parameter(viewer, kn
     assert set(doc["paths"]) == {p for p in routes if p.startswith("/api/")} - {
         "/api/openapi.json"}
     names = {p["name"] for p in doc["paths"]["/api/sessions"]["get"]["parameters"]}
-    assert names == {"app", "model", "run", "split", "mode", "status", "seed", "min_reward",
-                     "max_reward", "since", "until", "sort", "order", "offset", "limit"}
+    assert names == {"app", "app_digest", "model", "run", "split", "mode", "status", "seed",
+                     "min_reward", "max_reward", "since", "until", "reward_version", "sort",
+                     "order", "offset", "limit"}
 
 
 def test_summary_endpoint(viewer, known):

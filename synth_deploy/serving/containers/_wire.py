@@ -54,6 +54,7 @@ from synth_deploy.serving._request_guards import (
 )
 from synth_deploy.serving._responses import error_response, validation_errors
 from synth_deploy.serving._routes import AsgiEndpoint, Endpoint
+from synth_deploy.serving._trace_context import TraceContextScope
 from synth_deploy.serving.containers._client import PREFIX
 from synth_deploy.serving.containers._durable import AsyncRollouts, Refused, request_digest
 from synth_deploy.taskapp.config import TaskAppConfig
@@ -115,7 +116,8 @@ class ContainersWire:
 
     def endpoints(self) -> list[Endpoint]:
         one = PREFIX + "/rollouts/{rollout_id}"
-        submit = AsgiEndpoint(self.submit)
+        # A submission's traceparent is its rollout's parent trace (the task inherits it).
+        submit = TraceContextScope(AsgiEndpoint(self.submit))
         return [
             Endpoint(PREFIX + "/rollouts", "POST", submit, "synth-containers: run a rollout, "
                      "sync or async (202)", asgi=True, errors=(409, 413, 415, 422, 503)),

@@ -80,8 +80,10 @@ class EnvSessions:
 
     def __init__(self, spec: EnvironmentSpec, *, app_id: str, capacity: int, idle_s: float,
                  failures: AppFailures, trace_store: Any = None,
-                 on_session: Callable[[SessionTrace], None] | None = None) -> None:
+                 on_session: Callable[[SessionTrace], None] | None = None,
+                 identity: Mapping[str, str] | None = None) -> None:
         self.spec, self.app_id, self.failures = spec, app_id, failures
+        self.identity = dict(identity or {})  # which code of the app: in every session
         self.capacity, self.idle_s = capacity, idle_s
         self.trace_store, self.on_session = trace_store, on_session
         self.sessions: dict[str, EnvSession] = {}
@@ -274,7 +276,8 @@ class EnvSessions:
         trace = tracer.finish()
         rewards = [s.reward or 0.0 for s in episode.steps]
         trace.metadata = {
-            "app_id": self.app_id, "run_id": episode.episode_id, "mode": "openenv",
+            "app_id": self.app_id, **self.identity, "run_id": episode.episode_id,
+            "mode": "openenv",
             "seed": episode.seed, "model": None, "env_name": self.spec.name,
             "transport": f"openenv-{session.transport}", "openenv_session": session.id,
             **trace.metadata, "duration_s": round(time.perf_counter() - episode.started, 6),

@@ -86,6 +86,7 @@ def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailu
     declared = config.environment.max_sessions  # the environment's own cap, if lower
     capacity = min(capacity, declared) if declared is not None else capacity
     return EnvSessions(config.environment, app_id=config.app_id, capacity=capacity,
+                       identity=config.identity.session_fields(),
                        idle_s=config.session_idle_seconds, failures=failures,
                        trace_store=trace_store, on_session=on_session)
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# Which code of its app made a session (`synth_deploy.taskapp.AppIdentity`): read from its
+# metadata, where the server puts them; a session another writer stored has neither.
+IDENTITY_PATHS = {"app_version": "$.app_version", "app_digest": "$.app_digest"}
 METADATA_PATHS = {"mode": "$.mode", "split": "$.request.env.config.split",
                   "duration_s": "$.duration_s"}
 EVENT_UID_VERSION = 2  # the first schema with events.event_uid
@@ -33,4 +36,4 @@ def cost_usd(row: dict[str, Any]) -> float | None:
     return cost / 100.0
 
 
-__all__ = ["METADATA_PATHS", "cost_usd", "cost_usd_sql"]
+__all__ = ["IDENTITY_PATHS", "METADATA_PATHS", "cost_usd", "cost_usd_sql"]

@@ -22,6 +22,9 @@ Version 10 drops the version 3 trigger that copied each new outcome reward into 
 row (see `REWARD_OWNER_VERSION`). Version 11 adds `JOURNAL_TABLE`, where a busy writer child
 puts whole sessions before their rows are built (`synth_deploy.tracing._write._journal`),
 and `AMENDMENTS_TABLE`, what a lost answer says of a session whose row is not there yet.
+Version 12 adds `REWARD_VERSIONS_TABLE`: a session's reward again, as a scorer gave it from
+the stored trace (`traces rescore`), one row per session and version beside the original,
+which is never rewritten.
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -38,7 +41,7 @@ from typing import Any
 from synth_deploy.tracing._db._columns import METADATA_PATHS
 from synth_deploy.tracing._db._totals import migration as totals_migration
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -308,6 +311,23 @@ _V9_STATEMENTS = (
 )
 
 
+# Version 12: rewards given again from the stored traces, keyed by session and version (a
+# label, the scorer's code digest unless named), with the scorer that gave them; the
+# session's own reward and outcome rows are never rewritten. The key serves a session's
+# versions and a version's reward of one session (what a filter reads); the version index
+# lists the versions (one seek each).
+REWARD_VERSIONS_VERSION = 12
+REWARD_VERSIONS_TABLE = "reward_versions"
+_V12_STATEMENTS = (
+    f"""CREATE TABLE IF NOT EXISTS {REWARD_VERSIONS_TABLE} (
+        session_id VARCHAR NOT NULL, version VARCHAR NOT NULL, reward FLOAT NOT NULL,
+        scorer TEXT NOT NULL, created_at DATETIME NOT NULL,
+        PRIMARY KEY (session_id, version))""",
+    f"CREATE INDEX IF NOT EXISTS idx_reward_versions_version ON {REWARD_VERSIONS_TABLE} "
+    "(version)",
+)
+
+
 def detect_version(tables: Sequence[str], versions: Sequence[int]) -> int | None:
     """0 for an empty database, 1 for synth-ai's layout, N from the version table; None when
     the database holds tables that are not a trace store."""
@@ -408,6 +428,10 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
         steps.append((JOURNAL_VERSION, "a journal of whole sessions, their rows built later; "
                       "lost answers kept for sessions stored later",
                       [(sql, ()) for sql in _v11_statements()]))
+    if current < REWARD_VERSIONS_VERSION:
+        steps.append((REWARD_VERSIONS_VERSION, "rewards given again from stored traces, "
+                      "by version, beside the originals",
+                      [(sql, ()) for sql in _V12_STATEMENTS]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -416,7 +440,8 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
 
 
 __all__ = ["AMENDMENTS_TABLE", "FILTERED_METADATA", "GLANCE_INDEX", "GLANCE_INDEX_VERSION",
-           "INDEXED_METADATA_VERSION", "JOURNAL_TABLE", "JOURNAL_VERSION", "SCHEMA_VERSION",
+           "INDEXED_METADATA_VERSION", "JOURNAL_TABLE", "JOURNAL_VERSION",
+           "REWARD_VERSIONS_TABLE", "REWARD_VERSIONS_VERSION", "SCHEMA_VERSION",
            "SESSION_FIELDS", "TOKENS_COLUMNS",
            "TOKENS_TABLE", "TOKENS_VERSION",
            "V2_COLUMNS", "V7_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field",

@@ -48,6 +48,9 @@ class SessionRow:
     num_timesteps: int
     num_events: int
     num_messages: int
+    app_version: str | None = None
+    app_digest: str | None = None
+    reward_version: str | None = None  # whose reward ``total_reward`` is (None: recorded)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -82,7 +85,8 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
     if limit < 1 or offset < 0:
         raise UsageError(f"bad page: offset {offset}, limit {limit}",
                          hint="offset ≥ 0 and limit ≥ 1")
-    fields = SessionSql(store.database)
+    # The reward shown and sorted by: the recorded one, or the chosen version's.
+    fields = SessionSql(store.database).judged_by(where.reward_version)
     e = fields.expr
     clause, params, indexed = fields.where(where)
     order = "DESC" if descending else "ASC"
@@ -92,7 +96,8 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
         f"{e['model']} AS model, {e['seed']} AS seed, {e['status']} AS status, "
         f"{e['reward']} AS reward, {e['mode']} AS mode, {e['split']} AS split, "
         f"{e['duration_s']} AS duration_s, {e['error']} AS error, s.num_timesteps, "
-        f"s.num_events, s.num_messages FROM session_traces s WHERE s.rowid IN "
+        f"s.num_events, s.num_messages, {e['app_version']} AS app_version, "
+        f"{e['app_digest']} AS app_digest FROM session_traces s WHERE s.rowid IN "
         f"(SELECT s.rowid FROM session_traces s{clause} ORDER BY {order_by} LIMIT ? OFFSET ?) "
         f"ORDER BY {order_by}",
         params + [int(limit), int(offset)])
@@ -105,11 +110,12 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
                              f"{clause} LIMIT ?)", params + [count_cap + 1])[0]["n"]
         capped = total > count_cap
         total = min(total, count_cap)
-    return SessionPage(rows=[_row(r) for r in rows], offset=offset, limit=limit,
+    return SessionPage(rows=[_row(r, where.reward_version) for r in rows], offset=offset,
+                       limit=limit,
                        total=int(total), total_is_lower_bound=capped)
 
 
-def _row(r: dict[str, Any]) -> SessionRow:
+def _row(r: dict[str, Any], reward_version: str | None = None) -> SessionRow:
     seed = r["seed"]
     return SessionRow(
         session_id=r["session_id"], created_at=str(zoned(r["created_at"])), app_id=r["app"],
@@ -118,7 +124,8 @@ def _row(r: dict[str, Any]) -> SessionRow:
         split=r["split"], duration_s=_float(r["duration_s"]),
         error=None if r["error"] is None else str(r["error"]),
         num_timesteps=r["num_timesteps"], num_events=r["num_events"],
-        num_messages=r["num_messages"])
+        num_messages=r["num_messages"], app_version=_str(r["app_version"]),
+        app_digest=_str(r["app_digest"]), reward_version=reward_version)
 
 
 def _float(value: Any) -> float | None:
@@ -161,6 +168,48 @@ def filter_choices(store: TraceStore, *, sample: int = SAMPLE_FOR_CHOICES) -> di
     return choices
 
 
+@dataclass(frozen=True)
+class IdentityGroup:
+    """The sessions one code of one app made (`AppIdentity`: its version and digest)."""
+
+    app_id: str | None
+    app_version: str | None
+    app_digest: str | None
+    sessions: int
+    errors: int
+    mean_reward: float | None
+    first_at: str | None
+    last_at: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def identity_groups(store: TraceStore, where: SessionFilter = SessionFilter(), *,
+                    limit: int = 100) -> list[IdentityGroup]:
+    """The sessions ``where`` selects, grouped by app and by the code that made them
+    (newest code first); sessions stored before identities were recorded, or by another
+    writer, form their app's group without a digest."""
+    fields = SessionSql(store.database)
+    e = fields.expr
+    clause, params, _ = fields.where(where)
+    rows = fields.query(
+        f"SELECT {e['app']} AS app, {e['app_version']} AS version, {e['app_digest']} AS "
+        f"digest, COUNT(*) AS n, SUM({e['status']} = 'error') AS errors, AVG({e['reward']}) "
+        f"AS mean, MIN(s.created_at) AS first_at, MAX(s.created_at) AS last_at "
+        f"FROM session_traces s{clause} GROUP BY app, version, digest "
+        f"ORDER BY app, last_at DESC LIMIT ?", params + [int(limit)])
+    return [IdentityGroup(app_id=r["app"], app_version=_str(r["version"]),
+                          app_digest=_str(r["digest"]), sessions=int(r["n"]),
+                          errors=int(r["errors"] or 0), mean_reward=_float(r["mean"]),
+                          first_at=_str(r["first_at"]), last_at=_str(r["last_at"]))
+            for r in rows]
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def _distinct_by_index(fields: SessionSql, column: str, cap: int = 500) -> list[str]:
     # One index seek per value: a million rows with a dozen apps cost a dozen seeks.
     found: list[str] = []
@@ -188,9 +237,11 @@ def _distinct_in_sample(fields: SessionSql, expr: str, sample: int) -> list[str]
 __all__ = [
     "COUNT_CAP",
     "SORT_KEYS",
+    "IdentityGroup",
     "SessionPage",
     "SessionRow",
     "browse_sessions",
     "filter_choices",
+    "identity_groups",
     "matching_session_ids",
 ]

@@ -106,7 +106,8 @@ def replaced_whole(path: Path) -> Iterator[TextIO]:
 
 def export_target(out: str | Path, *, limit: int | None, overwrite: bool,
                   where: SessionFilter | None, app: str | None, model: str | None,
-                  min_reward: float | None, since: str | None) -> tuple[Path, SessionFilter]:
+                  min_reward: float | None, since: str | None,
+                  reward_version: str | None = None) -> tuple[Path, SessionFilter]:
     """An export's checked target file and its filter (``where``, else the keyword filters):
     a limit below 1 or a file already there (unless ``overwrite``) is a usage error."""
     if limit is not None and limit < 1:
@@ -117,16 +118,20 @@ def export_target(out: str | Path, *, limit: int | None, overwrite: bool,
                          hint="choose another --out or pass --force to replace it")
     if where is None:
         where = SessionFilter(app=app, model=model, min_reward=min_reward,
-                              since=since_timestamp(since) if since else None)
+                              since=since_timestamp(since) if since else None,
+                              reward_version=reward_version)
     return path, where
 
 
 def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None = None,
                app: str | None = None, model: str | None = None, since: str | None = None,
                limit: int | None = None, overwrite: bool = False,
-               where: SessionFilter | None = None,
+               where: SessionFilter | None = None, reward_version: str | None = None,
                progress: Progress | None = None) -> ExportResult:
     """Write SFT JSONL from the sessions that pass the filters; ``limit`` caps examples.
+
+    ``reward_version``: the reward each example carries, and ``min_reward`` bounds, is the
+    one that version (`traces rescore`) gave its session; only the sessions it scored.
 
     ``where`` (the viewer's filter) selects the sessions instead of the keyword filters.
     ``progress(done, total)`` is called after each page of sessions.
@@ -136,10 +141,12 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     """
     started = time.perf_counter()
     path, where = export_target(out, limit=limit, overwrite=overwrite, where=where, app=app,
-                                model=model, min_reward=min_reward, since=since)
+                                model=model, min_reward=min_reward, since=since,
+                                reward_version=reward_version)
     # Failed rollouts are never exported.
+    sql = SessionSql(store.database)
     selection = None if where.status == "error" else \
-        SessionSql(store.database).where(dataclasses.replace(where, status="ok"))[:2]
+        sql.where(dataclasses.replace(where, status="ok"))[:2]
     total = 0
     if progress is not None and selection is not None:
         total = int(store.database.query(
@@ -147,7 +154,8 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     written = sessions = skipped = 0
     skipped_turns: Counter[str] = Counter()
     with replaced_whole(path) as fh:
-        for page in _pages(store, selection):
+        for page in _pages(store, selection, sql.reward(where.reward_version),
+                           where.reward_version):
             for rollout, turns in page:
                 if limit is not None and written >= limit:
                     break
@@ -172,13 +180,14 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
 Page = list[tuple[Rollout, list[Turn]]]
 
 
-def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterator[Page]:
-    """The selected sessions, a page at a time, each with its turns."""
+def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None, reward: str,
+           reward_version: str | None) -> Iterator[Page]:
+    """The selected sessions, a page at a time, each with its turns; ``reward``: the
+    session's reward as SQL (the recorded one, or ``reward_version``'s)."""
     if selection is None:
         return
     clause, params = selection
     rows_of = store.database.rows
-    reward = store.database.fields["total_reward"]  # the session's, as the store keeps it
     after: list[Any] = []
     while True:
         keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
@@ -192,11 +201,13 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None) -> Iterat
             f"ORDER BY s.created_at, s.rowid LIMIT {PAGE_SESSIONS}", params + after)
         if not rows:
             return
-        yield _page(store.database, rows, cost_usd_sql(None, store.schema_version))
+        yield _page(store.database, rows, cost_usd_sql(None, store.schema_version),
+                    reward_version)
         after = [rows[-1][2], rows[-1][0]]  # created_at, rowid
 
 
-def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
+def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str,
+          reward_version: str | None = None) -> Page:
     """``rows``: the page's sessions as (rowid, session id, created at, fields, reward)."""
     query, rows_of = db.query, db.rows
     ids = [r[1] for r in rows]
@@ -244,7 +255,8 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str) -> Page:
         ordered = sorted(found.items(), key=lambda item: item[1][0]) if len(found) > 1 \
             else found.items()
         page.append((Rollout(sid, app_id, run_id, seed, model, reward,
-                             ledger_from_calls(lm_calls[sid], wall_s=wall_s).to_dict()),
+                             ledger_from_calls(lm_calls[sid], wall_s=wall_s).to_dict(),
+                             reward_version),
                      [Turn(step_id, turn, chat, _offered(tools, sid, key))
                       for key, (_, step_id, turn, chat) in ordered]))
     return page

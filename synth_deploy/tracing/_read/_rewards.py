@@ -57,8 +57,9 @@ class RewardSummary:
 
 def reward_summary(store: TraceStore, where: SessionFilter = SessionFilter(), *,
                    buckets: int = 40, sample_above: int = SAMPLE_ABOVE) -> RewardSummary:
-    """Distribution, reward over time, event scores and error rate of ``where``'s sessions."""
-    fields = SessionSql(store.database)
+    """Distribution, reward over time, event scores and error rate of ``where``'s sessions
+    (by ``where.reward_version``'s reward when it names one)."""
+    fields = SessionSql(store.database).judged_by(where.reward_version)
     q = fields.query
     clause, params, _ = fields.where(where)
     totals = _totals(fields, clause, params)
@@ -204,7 +205,7 @@ def compare_by_seed(store: TraceStore, a: str, b: str, *, by: Literal["model", "
     if not a or not b:
         raise UsageError("choose two sides to compare", hint=f"give both {by}s")
     where = dataclasses.replace(where, **{"model" if by == "model" else "run_id": None})
-    fields = SessionSql(store.database)
+    fields = SessionSql(store.database).judged_by(where.reward_version)
     e = fields.expr
     key, reward = e[by], e["reward"]
     clause, params, _ = fields.where(where, extra=[f"{key} IN (?, ?)", f"{e['seed']} IS NOT NULL"],

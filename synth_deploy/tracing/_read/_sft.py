@@ -50,6 +50,7 @@ class Rollout:
     model: Any = None
     reward: float | None = None
     ledger: dict[str, Any] | None = None  # `CostLedger.to_dict()`
+    reward_version: str | None = None  # whose reward ``reward`` is (None: the recorded one)
 
 
 @dataclass(slots=True)
@@ -81,6 +82,8 @@ def examples(rollout: Rollout, turns: Iterable[Turn],
             "session_id": rollout.session_id, "app_id": rollout.app_id,
             "run_id": rollout.run_id, "seed": rollout.seed, "model": rollout.model,
             "turn": turn.turn, "step_id": turn.step_id, "reward": rollout.reward}
+        if rollout.reward_version is not None:
+            example["metadata"]["reward_version"] = rollout.reward_version
         if rollout.ledger is not None:
             example["metadata"]["ledger"] = rollout.ledger
         yield example

@@ -100,20 +100,27 @@ def episode_row(turns: list[TurnTokens]) -> dict[str, Any]:
 def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | None = None,
                   app: str | None = None, model: str | None = None, since: str | None = None,
                   limit: int | None = None, overwrite: bool = False,
-                  where: SessionFilter | None = None) -> TokenExportResult:
+                  where: SessionFilter | None = None,
+                  reward_version: str | None = None) -> TokenExportResult:
     """Write one JSONL row per episode (see the module docstring); ``limit`` caps rows.
     Written beside its target and renamed into place; an existing file is kept unless
-    ``overwrite``."""
+    ``overwrite``. ``reward_version``: each row's reward is that version's (`traces
+    rescore`), and only the sessions it scored are written."""
     started = time.perf_counter()
     path, where = export_target(out, limit=limit, overwrite=overwrite, where=where, app=app,
-                                model=model, min_reward=min_reward, since=since)
+                                model=model, min_reward=min_reward, since=since,
+                                reward_version=reward_version)
     db = store.database
+    sql = SessionSql(db)
     selection = None if where.status == "error" or store.schema_version < TOKENS_VERSION \
-        else SessionSql(db).where(dataclasses.replace(where, status="ok"))[:2]
+        else sql.where(dataclasses.replace(where, status="ok"))[:2]
+    reward = sql.reward(where.reward_version)
     skipped: Counter[str] = Counter()
     episodes = tokens = sampled = 0
     with replaced_whole(path) as fh:
-        for row in _rows(db, selection, skipped):
+        for row in _rows(db, selection, skipped, reward):
+            if where.reward_version is not None:  # whose reward the row's is
+                row["reward_version"] = where.reward_version
             if limit is not None and episodes >= limit:
                 break
             fh.write(_json_line(row) + "\n")
@@ -140,7 +147,8 @@ def _finite(value: Any) -> Any:
     return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
-def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str]) -> Any:
+def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str],
+          reward: str = "s.total_reward") -> Any:
     if selection is None:
         return
     clause, params = selection
@@ -150,7 +158,8 @@ def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str
         where = clause + (" AND " if clause and keyset else " WHERE " if keyset else "") + keyset
         sessions = db.query(
             "SELECT s.rowid AS rid, s.session_id, s.created_at, s.metadata, "
-            f"s.total_reward FROM session_traces s{where} ORDER BY s.created_at, s.rowid "
+            f"{reward} AS total_reward FROM session_traces s{where} "
+            "ORDER BY s.created_at, s.rowid "
             f"LIMIT {PAGE_SESSIONS}", params + after)
         if not sessions:
             return

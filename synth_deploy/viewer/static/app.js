@@ -2,8 +2,8 @@
 // Everything from the store is put on the page as text (textContent), never parsed as HTML.
 "use strict";
 
-const FILTERS = ["app", "model", "run", "split", "mode", "status", "seed", "min_reward",
-  "max_reward", "since", "until"];
+const FILTERS = ["app", "app_digest", "model", "run", "split", "mode", "status", "seed",
+  "min_reward", "max_reward", "since", "until", "reward_version"];
 const PAGE = 50;
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04",
   "#db2777"];
@@ -43,6 +43,11 @@ function svg(tag, attrs, ...children) {
 function num(x, digits = 4) {
   if (x === null || x === undefined || Number.isNaN(x)) return "–";
   return String(Number(Number(x).toFixed(digits)));
+}
+// Which code of its app made a session: "v1 3f2a9c1d" (null when it did not say).
+function code(s) {
+  const parts = [s.app_version ? `v${s.app_version}` : null, s.app_digest ? s.app_digest.slice(0, 8) : null];
+  return parts.filter(Boolean).join(" ") || null;
 }
 const pct = (x) => (x === null || x === undefined ? "–" : `${num(100 * x, 2)}%`);
 const count = (n) => Number(n).toLocaleString("en-US");
@@ -99,6 +104,9 @@ function fillChoices() {
   const form = $("#filters");
   fillSelect(form.elements.app, choices.app);
   fillSelect(form.elements.model, choices.model);
+  // The recorded reward is "original", the select's empty default: not offered twice.
+  fillSelect(form.elements.reward_version, (choices.reward_version || []).filter((v) => v !== "original"));
+  form.elements.reward_version.options[0].textContent = "original";
   for (const name of ["run", "split", "mode"]) {
     $(`#choices-${name}`).replaceChildren(...choices[name].map((v) => h("option", { value: v })));
   }
@@ -169,7 +177,8 @@ function drawTable(page, params, sort, order) {
     return h("tr", { "data-session-id": r.session_id, class: r.status === "error" ? "failed" : null,
       onclick: () => { location.hash = link; } },
       h("td", {}, h("a", { href: link }, r.created_at.slice(0, 19).replace("T", " "))),
-      h("td", {}, r.app_id ?? "–"), h("td", {}, r.model ?? "–"), h("td", {}, r.run_id ?? "–"),
+      h("td", {}, r.app_id ?? "–", code(r) ? h("span", { class: "muted code" }, ` ${code(r)}`) : null),
+      h("td", {}, r.model ?? "–"), h("td", {}, r.run_id ?? "–"),
       h("td", { class: "num" }, r.seed ?? "–"), h("td", {}, r.mode ?? "–"),
       h("td", {}, r.split ?? "–"),
       h("td", { title: r.error || null }, r.status ?? "–"),
@@ -200,6 +209,12 @@ function drawGlance(s) {
       h("td", {}, e.reward_type || "(untyped)"), h("td", { class: "num" }, num(e.mean)),
       h("td", { class: "muted" }, `${count(e.events)} events`)))
       : [h("tr", {}, h("td", { class: "muted" }, "no event rewards recorded"))]));
+  fill($("#glance-identities"),
+    ...((s.identities || []).length ? s.identities.map((g) => h("tr", {},
+      h("td", {}, g.app_id ?? "–"), h("td", {}, code(g) ?? "(not recorded)"),
+      h("td", { class: "num" }, num(g.mean_reward)),
+      h("td", { class: "muted" }, `${count(g.sessions)} sessions`)))
+      : [h("tr", {}, h("td", { class: "muted" }, "no sessions"))]));
   const sampled = (every) => (every > 1 ? `(1 in ${count(every)} sessions)` : "");
   $("#curve-sampled").textContent = sampled(s.sampled_every);
   $("#events-sampled").textContent = sampled(s.events_sampled_every);
@@ -297,11 +312,13 @@ async function showReplay(sessionId, token) {
     h("h2", {}, "session ", h("code", { id: "replay-id" }, s.session_id)),
     s.error ? h("p", { class: "error", id: "replay-error" }, s.error) : null,
     h("div", { class: "facts" },
-      fact("app", s.app_id), fact("model", s.model), fact("seed", s.seed), fact("run", s.run_id),
+      fact("app", s.app_id), fact("code", code(s), "app code"), fact("model", s.model), fact("seed", s.seed), fact("run", s.run_id),
       fact("mode", s.mode), fact("split", s.split), fact("status", s.status),
       fact("created", s.created_at),
       fact("duration", s.duration_s === null || s.duration_s === undefined ? null : `${num(s.duration_s, 3)} s`),
       fact("reward", outcome ? num(outcome.total_reward) : "–", "outcome reward"),
+      (s.reward_versions || []).map((v) => fact(`reward_version_${v.version}`, num(v.reward),
+        `reward ${v.version} (${v.scorer.function})`)),
       s.has_achievements ? fact("achievements", outcome ? outcome.achievements_count : null) : null,
       fact("event_reward", num(s.totals.event_reward), "event rewards Σ"),
       fact("turns", s.totals.turns), fact("lm_calls", s.totals.lm_calls, "LM calls"),
@@ -513,7 +530,7 @@ async function main() {
     fillChoices();
   } catch (err) {
     showError(err);
-    choices = { app: [], model: [], run: [], split: [], mode: [], sessions: 0, store: "" };
+    choices = { app: [], model: [], run: [], split: [], mode: [], reward_version: [], sessions: 0, store: "" };
   }
   await render();
 }
