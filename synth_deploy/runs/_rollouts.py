@@ -81,6 +81,10 @@ class RolloutOutcome:
     ledger: CostLedger | None = None  # tokens in/out, LM, environment and wall time
     path: RolloutPath | None = None  # how it reached the app
 
+    def warn(self, text: str) -> None:
+        """Add ``text`` to the outcome's warning (a rollout may earn several)."""
+        self.warning = text if not self.warning else f"{self.warning}; {text}"
+
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "run_id": self.run_id, "ok": self.ok, "status": self.status,
                 "path": self.path.to_dict() if self.path is not None else None,
@@ -311,17 +315,35 @@ def _outcome(seed: int, run_id: str, status_code: int, data: Any, text: str,
         return RolloutOutcome(seed, run_id, False, status, latency,
                               error=_error_message(status, text, data))
     metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
-    reward = metrics.get("outcome_reward")
-    if reward is None:
-        reward = metrics.get("reward_mean", metrics.get("mean_return"))
+    reward = recorded_reward(metrics)
     details = metrics.get("details") if isinstance(metrics.get("details"), dict) else {}
     trace = data.get("trace") if isinstance(data.get("trace"), dict) else None
     ledger = rollout_ledger(details.get("ledger"), trace)
     details = {k: v for k, v in details.items() if k != "ledger"}
-    return RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
-                          outcome_score=metrics.get("outcome_score"),
-                          events_score=metrics.get("events_score"), details=details,
-                          trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger)
+    outcome = RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
+                             outcome_score=metrics.get("outcome_score"),
+                             events_score=metrics.get("events_score"), details=details,
+                             trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger)
+    if reward is None:
+        outcome.warn(NO_REWARD)
+    if details.get("turn_cap") is not None:
+        outcome.warn(str(details.get("ended") or f"cut at max_turns={details['turn_cap']}"))
+    return outcome
+
+
+NO_REWARD = ("no reward recorded: the rollout returned no outcome_reward or episode_rewards "
+             "and recorded none (ctx.tracer.record_outcome_reward); a trainer reads 0 for it")
+
+
+def recorded_reward(metrics: dict[str, Any]) -> float | None:
+    """A rollout's reward as its metrics state it; None when it recorded none (the
+    protocol's ``reward_mean`` then reads 0.0, a default rather than a reward)."""
+    if (reward := metrics.get("outcome_reward")) is not None:
+        return reward
+    if not (metrics.get("episode_rewards") or metrics.get("episode_returns")) and not (
+            metrics.get("reward_mean") or metrics.get("mean_return")):
+        return None
+    return metrics.get("reward_mean", metrics.get("mean_return"))
 
 
 def rollout_ledger(stated: Any, trace: dict[str, Any] | None) -> CostLedger | None:
@@ -418,6 +440,6 @@ def transport_error(exc: httpx.HTTPError) -> str:
     return f"{type(exc).__name__}: {why}"
 
 
-__all__ = ["PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions", "RunReport",
-           "path_notes", "rollout_ledger", "rollout_path", "rollout_request", "rollout_tokens",
-           "run_ledger", "run_rollouts", "submit_and_poll"]
+__all__ = ["NO_REWARD", "PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions",
+           "RunReport", "path_notes", "recorded_reward", "rollout_ledger", "rollout_path",
+           "rollout_request", "rollout_tokens", "run_ledger", "run_rollouts", "submit_and_poll"]

@@ -236,7 +236,7 @@ def store_returned_traces(target: RunTarget, outcomes: Sequence[RolloutOutcome])
                 session.metadata.setdefault(key, value)
             target.trace_store.write_session_sync(session)
         except SynthDeployError as exc:
-            outcome.warning = f"its trace was not stored: {exc.message}"
+            outcome.warn(f"its trace was not stored: {exc.message}")
 
 
 __all__ = [
