@@ -22,6 +22,7 @@ import httpx
 from synth_deploy.env import redact
 from synth_deploy.serving import answered_status
 from synth_deploy.serving import containers as durable
+from synth_deploy.taskapp.contracts import NO_REWARD, recorded_reward
 from synth_deploy.tls import client_ssl_context
 
 if TYPE_CHECKING:
@@ -331,21 +332,6 @@ def _outcome(seed: int, run_id: str, status_code: int, data: Any, text: str,
     return outcome
 
 
-NO_REWARD = ("no reward recorded: the rollout returned no outcome_reward or episode_rewards "
-             "and recorded none (ctx.tracer.record_outcome_reward); a trainer reads 0 for it")
-
-
-def recorded_reward(metrics: dict[str, Any]) -> float | None:
-    """A rollout's reward as its metrics state it; None when it recorded none (the
-    protocol's ``reward_mean`` then reads 0.0, a default rather than a reward)."""
-    if (reward := metrics.get("outcome_reward")) is not None:
-        return reward
-    if not (metrics.get("episode_rewards") or metrics.get("episode_returns")) and not (
-            metrics.get("reward_mean") or metrics.get("mean_return")):
-        return None
-    return metrics.get("reward_mean", metrics.get("mean_return"))
-
-
 def rollout_ledger(stated: Any, trace: dict[str, Any] | None) -> CostLedger | None:
     """A rollout's cost ledger: what our server put in ``details.ledger``, else one read off
     the trace it returned (any shape synth-ai apps return), else None."""
@@ -440,6 +426,6 @@ def transport_error(exc: httpx.HTTPError) -> str:
     return f"{type(exc).__name__}: {why}"
 
 
-__all__ = ["NO_REWARD", "PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions",
-           "RunReport", "path_notes", "recorded_reward", "rollout_ledger", "rollout_path",
+__all__ = ["PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions",
+           "RunReport", "path_notes", "rollout_ledger", "rollout_path",
            "rollout_request", "rollout_tokens", "run_ledger", "run_rollouts", "submit_and_poll"]

@@ -260,13 +260,19 @@ def test_a_server_that_ignores_the_fields_still_plays_and_says_why_there_are_no_
     assert result["skipped"] == {"no token data": 1}
 
 
-def test_without_capture_asked_nothing_is_requested_or_kept(serve, crafter_traced, api_key):
+def test_without_capture_asked_nothing_is_requested_or_kept(serve, crafter_traced, api_key,
+                                                            tmp_path):
     policy = serve(vllm_policy(FIVE_TURNS))
-    server, _ = crafter_traced
+    server, db = crafter_traced
     body = play(server, api_key, policy.url + "/v1", capture=None, turns=1)
     [asked] = policy.app.state.requests
     assert "return_token_ids" not in asked and "logprobs" not in asked
     assert session_from_trace(body["trace"]).turn_tokens == []
+    # The export names why it wrote nothing: no ids were asked for, not the filters.
+    result = export(db, tmp_path / "t.jsonl")
+    assert result["episodes"] == 0 and result["skipped"] == {"no token ids asked for": 1}
+    assert "capture_tokens" in result["note"] and "filters" not in result["note"]
+    assert "passes the filters" in export(db, tmp_path / "u.jsonl", "--app", "nope")["note"]
 
 
 def test_the_mock_policy_answers_in_vllms_shape_with_continuity_kept(

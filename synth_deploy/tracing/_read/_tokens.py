@@ -37,6 +37,7 @@ from synth_deploy.tracing._store import TraceStore
 from synth_deploy.tracing._tokens import TurnTokens, continuity_breaks
 
 PAGE_SESSIONS = 200
+NOT_ASKED = "no token ids asked for"
 NO_TOKENS = "no token data"
 NO_LOGPROBS = "no logprobs"
 BROKEN = "continuity broke"
@@ -56,6 +57,10 @@ class TokenExportResult:
     @property
     def note(self) -> str | None:
         parts = []
+        if n := self.skipped.get(NOT_ASKED):
+            parts.append(f"{n} session(s) left out: no policy call asked for token ids (set "
+                         "capture_tokens = true in policy.config, [rollout] policy_config of "
+                         "an RL config, with a server that returns them)")
         if n := self.skipped.get(BROKEN):
             parts.append(f"{n} session(s) left out: a turn's prompt does not begin with the "
                          "previous turn's ids (the chat template re-renders history; see "
@@ -150,8 +155,9 @@ def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str
             "GROUP BY session_id, timestep_id", ids)}
         for s in sessions:
             rows = calls[s["session_id"]]
-            if not rows:
-                continue  # no LM call asked for tokens: not an episode to train on
+            if not rows:  # no LM call asked for tokens: not an episode to train on
+                skipped[NOT_ASKED] += 1
+                continue
             decoded = turn_tokens(rows)
             turns = [decoded[r["event_id"]] for r in rows]
             if not all(t.observed for t in turns):
