@@ -36,6 +36,7 @@ class PolicyTarget:
     inference_url: str
     model: str
     api_key: str | None = None
+    capture_tokens: bool = False  # ask for token ids (the built-in mock returns them)
 
     def __repr__(self) -> str:
         return f"PolicyTarget(inference_url={self.inference_url!r}, model={self.model!r})"
@@ -173,6 +174,8 @@ def rollout_request(seed: int, policy: PolicyTarget, options: RunOptions = RunOp
     config: dict[str, Any] = {"model": policy.model, "inference_url": policy.inference_url}
     if policy.api_key:
         config["api_key"] = policy.api_key
+    if policy.capture_tokens:
+        config["capture_tokens"] = True
     env_config: dict[str, Any] = {"split": options.split} if options.split else {}
     return {
         "run_id": f"{options.mode}-{seed}-{uuid.uuid4().hex[:8]}",

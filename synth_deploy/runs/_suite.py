@@ -133,7 +133,8 @@ def serve_mock_policy(stack: ExitStack) -> tuple[PolicyTarget, Any]:
     from synth_deploy.serving import BackgroundServer
 
     server = stack.enter_context(BackgroundServer(create_mock_policy_app()))
-    return PolicyTarget(server.url + "/v1", MOCK_MODEL), server
+    # It answers in vLLM's shape: a run through it exercises the token path as well.
+    return PolicyTarget(server.url + "/v1", MOCK_MODEL, capture_tokens=True), server
 
 
 @contextmanager
