@@ -208,13 +208,16 @@ def usage_from_counts(input_tokens: int | None, output_tokens: int | None,
 _COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
-def _count(usage: dict[str, Any], name: str) -> int | None:
-    """``usage[name]`` as a token count: None unless a whole number from 0 to what SQLite's
-    INTEGER holds (a policy server may answer NaN, ``1e400`` or a 400-digit integer)."""
-    value = usage.get(name)
+def token_count(value: Any) -> int | None:
+    """``value`` as a token count: None unless a number from 0 to what SQLite's INTEGER
+    holds (a policy server may answer NaN, ``1e400`` or a 400-digit integer)."""
     if type(value) not in (int, float) or not 0 <= value < 2**63:  # NaN fails too
         return None
     return int(value)
+
+
+def _count(usage: dict[str, Any], name: str) -> int | None:
+    return token_count(usage.get(name))
 
 
 _MESSAGE_TYPES = {"tool": "tool_result", "function": "tool_result"}
