@@ -471,6 +471,27 @@ def test_a_logprob_that_is_not_a_finite_number_at_most_zero_is_no_token_data(
     assert all(math.isfinite(lp) and lp <= 0 for lp in row["logprobs"])
 
 
+@pytest.mark.parametrize("text", ["1" + "0" * 400, "1e400", "NaN", "-5"])
+def test_a_usage_count_that_is_no_count_is_recorded_as_none(
+        serve, crafter_traced, api_key, tmp_path, text):
+    # Once a 500: int() of infinity or NaN, or an integer SQLite cannot hold.
+    def alter(answer):
+        answer["usage"]["prompt_tokens"] = HOSTILE
+
+    def encode(answer):
+        return json.dumps(answer).replace(f'"{HOSTILE}"', text).encode()
+
+    policy = serve(vllm_policy(FIVE_TURNS, alter=alter, encode=encode))
+    server, db = crafter_traced
+    body = play(server, api_key, policy.url + "/v1", turns=2)  # 200, not 500
+    calls = [e for e in session_from_trace(body["trace"]).events if e.event_type == "cais"]
+    assert len(calls) == 2 and all(e.input_tokens is None for e in calls)
+    assert all(e.output_tokens and e.usage["prompt_tokens"] is None for e in calls)
+    stats = CliRunner().invoke(cli_app, ["traces", "stats", "--trace-db", str(db), "--json"])
+    assert stats.exit_code == 0, stats.output
+    assert _strict_json(stats.stdout)["sessions"] == 1
+
+
 def test_the_token_export_is_strict_json_even_from_a_store_written_before_the_check(
         serve, crafter_traced, api_key, tmp_path):
     policy = serve(vllm_policy(FIVE_TURNS))
