@@ -44,15 +44,23 @@ def presented_keys(headers: RequestHeaders) -> list[bytes]:
         raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]  # type: ignore[union-attr]
     keys: list[bytes] = []
     for name, value in raw:
-        if name == b"x-api-key":
-            keys.append(value.strip())
-        elif name == b"x-api-keys":
-            keys.extend(k.strip() for k in value.split(b","))
-        elif name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() == b"bearer":
-                keys.append(token.strip())
+        reader = _KEY_HEADERS.get(name)
+        if reader is not None:
+            keys.extend(reader(value))
     return [k for k in keys if k]
+
+
+def _bearer(value: bytes) -> list[bytes]:
+    scheme, _, token = value.partition(b" ")
+    return [token.strip()] if scheme.lower() == b"bearer" else []
+
+
+# Each header that may carry a key, and the keys it carries.
+_KEY_HEADERS = {
+    b"x-api-key": lambda value: [value.strip()],
+    b"x-api-keys": lambda value: [k.strip() for k in value.split(b",")],
+    b"authorization": _bearer,
+}
 
 
 KeyRule = Literal["required", "ephemeral", "open"]

@@ -34,17 +34,25 @@ def correlation_id(policy_config: dict[str, Any]) -> str | None:
         parts = urlsplit(url)
     except ValueError:
         return None
-    segments = [s for s in parts.path.split("/") if s]
+    return _path_id(parts.path) or _query_id(parts.query)
+
+
+def _path_id(path: str) -> str | None:
+    """A ``trace_``/``cid_`` segment just before ``/chat/completions``."""
+    segments = [s for s in path.split("/") if s]
     if len(segments) >= 3 and segments[-2:] == ["chat", "completions"] \
             and segments[-3].startswith(_PATH_PREFIXES):
         return segments[-3].strip()
-    if parts.query:
-        query = parse_qs(parts.query)
-        for key in _QUERY_KEYS:
-            for value in query.get(key, ()):
-                if value.strip():
-                    return value.strip()
     return None
+
+
+def _query_id(query: str) -> str | None:
+    """The first non-blank ``cid``/``trace_correlation_id``/``trace`` query parameter."""
+    if not query:
+        return None
+    values = parse_qs(query)
+    return next((v.strip() for key in _QUERY_KEYS for v in values.get(key, ()) if v.strip()),
+                None)
 
 
 def session_correlation(cid: str | None) -> dict[str, Any]:
@@ -65,17 +73,16 @@ def correlate(response: dict[str, Any], cid: str | None, inference_url: Any) -> 
     pipeline = response.get("pipeline_metadata")
     if pipeline is None or isinstance(pipeline, dict):  # a copy: the rollout's dict is its own
         pipeline = response["pipeline_metadata"] = dict(pipeline or {})
+    fill = pipeline.setdefault if isinstance(pipeline, dict) else lambda key, value: None
     if isinstance(inference_url, str) and inference_url:
         if not response.get("inference_url"):
             response["inference_url"] = inference_url
-        if isinstance(pipeline, dict):
-            pipeline.setdefault("inference_url", inference_url)
+        fill("inference_url", inference_url)
     cid = response.get("trace_correlation_id") or cid
     if not cid:
         return
     response["trace_correlation_id"] = cid
-    if isinstance(pipeline, dict):
-        pipeline.setdefault("trace_correlation_id", cid)
+    fill("trace_correlation_id", cid)
     correlate_trace(response.get("trace"), cid)
 
 

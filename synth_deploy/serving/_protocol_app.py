@@ -58,16 +58,7 @@ class LeanProtocolPaths:
             if self._gate is not None and await self._gate(scope, receive, send):
                 return  # before routing and any middleware: wherever the app is served
         try:
-            if (scope["type"] == "http" and scope["path"] in self._core_paths
-                    and not self.user_middleware  # type: ignore[attr-defined]
-                    and not self.root_path):
-                scope["app"] = self
-                if scope["path"] == "/rollout" and scope["method"] == "POST":
-                    await self._rollout_app(scope, receive, send)
-                else:
-                    await self._core_app(scope, receive, send)
-                return
-            await super().__call__(scope, receive, send)  # type: ignore[misc]
+            await self._route(scope)(scope, receive, send)
         except Exception as exc:
             # Answered already (a 500, or a cut response); raised on, the server would log
             # its raw traceback once per request, secrets and all.
@@ -75,6 +66,17 @@ class LeanProtocolPaths:
                 raise
             self._failures.error(exc, "%s %s failed", scope.get("method", "WEBSOCKET"),
                                  scope["path"])
+
+    def _route(self, scope: Any) -> Any:
+        """Where ``scope`` goes: the lean path for a protocol endpoint while the app has no
+        middleware of the user's, else the app's full path."""
+        if scope["type"] != "http" or scope["path"] not in self._core_paths \
+                or self.user_middleware or self.root_path:  # type: ignore[attr-defined]
+            return super().__call__  # type: ignore[misc]
+        scope["app"] = self
+        if scope["path"] == "/rollout" and scope["method"] == "POST":
+            return self._rollout_app
+        return self._core_app
 
 
 class ProtocolApp(LeanProtocolPaths, Starlette):

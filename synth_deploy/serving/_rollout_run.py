@@ -392,14 +392,18 @@ def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str,
             metrics["events_score"] = sum(event_values) / len(event_values)
     if not metrics.get("num_steps"):
         metrics["num_steps"] = len(session.timesteps)
-    if session.timesteps:
-        # Where synth-ai's eval runner looks first for a rollout's tokens (no trace needed).
-        tokens = [e.total_tokens for step in session.timesteps for e in step.events
-                  if e.total_tokens is not None]
-        details = metrics.get("details") or {}
-        if tokens and isinstance(details, dict) and "tokens" not in details:
-            metrics["details"] = {**details, "tokens": sum(tokens)}
+    _fill_tokens(metrics, session)
     return metrics
+
+
+def _fill_tokens(metrics: dict[str, Any], session: SessionTrace) -> None:
+    """``details.tokens``: where synth-ai's eval runner looks first for a rollout's tokens
+    (no trace needed)."""
+    tokens = [e.total_tokens for step in session.timesteps for e in step.events
+              if e.total_tokens is not None]
+    details = metrics.get("details") or {}
+    if tokens and isinstance(details, dict) and "tokens" not in details:
+        metrics["details"] = {**details, "tokens": sum(tokens)}
 
 
 def _fill_rewards(metrics: dict[str, Any], session: SessionTrace) -> None:
