@@ -1,6 +1,7 @@
 """The RL TOML schema: synth-ai 0.4.x's ``RLConfig`` (``sdk/api/train/configs/rl.py``), the
 keys of the RL examples shipped in its wheel, and its deprecated spellings (``judge`` is now
-``verifier``; the loader warns about each)."""
+``verifier``; the loader warns about each). Its numbers take what synth-ai's take: a value
+outside the expected range loads with a warning (`ranges`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from synth_deploy.train._configs.sections import (
     AlgorithmConfig,
     ComputeConfig,
     Count,
+    Every,
     Index,
     LoraConfig,
     NonNegative,
@@ -45,7 +47,7 @@ class WeightSyncConfig(Section):
     targets: list[str] | None = None
     mode: str | None = None
     direct: bool | None = None
-    verify_every_k: Count | None = None
+    verify_every_k: Every | None = None
     weight_sync_interval: Count | None = None  # synth-ai's crafter example sets it here
 
 
