@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from synth_deploy.train._configs.sections import (
     AlgorithmConfig,
@@ -116,7 +116,8 @@ class VerifierOptionsConfig(Section):
     model: str | None = None
     rubric_id: str | None = None
     rubric_overrides: dict[str, Any] | None = None
-    timeout_s: Positive | None = None
+    # A bound, not a warning: synth-ai's verifier schema (verifier_schemas.py) refuses it too.
+    timeout_s: float | None = Field(default=None, gt=0)
     metadata: dict[str, Any] | None = None
     tracks: list[str] | None = None
     weights: dict[str, NonNegative] | None = None
