@@ -191,7 +191,8 @@ def _ours(path: Path, kind: str) -> dict[str, Any]:
         payload = rl_payload(config, "https://app.example") if kind == "rl" else \
             sft_payload(config)
     except Exception as exc:  # noqa: BLE001 - a refusal is a verdict to compare
-        return {"error": str(exc).splitlines()[-1].strip()[:160]}
+        said = [x.strip() for x in str(exc).splitlines() if not x.strip().startswith("hint:")]
+        return {"error": (said[1] if len(said) > 1 else said[0])[:160]}  # the first problem
     return {"payload": payload, "warnings": config.warnings}
 
 
