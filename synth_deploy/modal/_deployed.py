@@ -120,12 +120,14 @@ def deployed_apps(env: Env, *, modal_environment: str | None = None, every: bool
 
 
 def _parse_list(lines: list[str]) -> list[DeployedApp]:
-    text = "\n".join(lines)
-    start = text.find("[")  # a warning may come first
-    try:
-        rows = json.loads(text[start:]) if start >= 0 else None
-    except json.JSONDecodeError:
-        rows = None
+    rows = None
+    for start, line in enumerate(lines):  # a warning may come first, brackets and all
+        if line.lstrip().startswith("["):
+            try:
+                rows = json.loads("\n".join(lines[start:]))
+                break
+            except json.JSONDecodeError:
+                continue
     if not isinstance(rows, list):
         raise DeployError("`modal app list --json` printed no JSON list",
                           hint="is the modal package current? (pip install -U modal)")
