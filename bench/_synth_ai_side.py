@@ -140,9 +140,39 @@ def validate_sft(path: str) -> list[str]:
     return collect_sft_jsonl_errors(Path(path))
 
 
+def example_tomls(folder: str) -> list[str]:
+    """Every TOML synth-ai ships: its package's .toml files, and the ```toml blocks of its
+    config models' docstrings (written under ``folder``)."""
+    import re
+
+    import synth_ai
+
+    root = Path(synth_ai.__file__).parent
+    found = sorted(str(p) for p in root.rglob("*.toml"))
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    for module in sorted((root / "sdk" / "api" / "train" / "configs").glob("*.py")):
+        for i, block in enumerate(re.findall(r"```toml\n(.*?)```", module.read_text(), re.S)):
+            lines = block.splitlines()
+            indent = min((len(x) - len(x.lstrip()) for x in lines if x.strip()), default=0)
+            path = out / f"docstring_{module.stem}_{i}.toml"
+            path.write_text("\n".join(x[indent:] for x in lines) + "\n")
+            found.append(str(path))
+    return found
+
+
+def write_tomls(files: list[dict[str, Any]]) -> list[str]:
+    """Each ``{"path", "data"}`` written as TOML (synth-ai's venv has a TOML writer)."""
+    import tomli_w
+
+    for file in files:
+        Path(file["path"]).write_bytes(tomli_w.dumps(file["data"]).encode())
+    return [file["path"] for file in files]
+
+
 OPERATIONS = {f.__name__: f for f in (rollout, client_rollouts, validate_config, rl_payload,
-                                      sft_payload,
-                                      shipped_configs, write_sessions, validate_sft)}
+                                      sft_payload, shipped_configs, example_tomls, write_tomls,
+                                      write_sessions, validate_sft)}
 
 
 def main() -> None:
@@ -153,7 +183,9 @@ def main() -> None:
         try:
             results.append(OPERATIONS[op["op"]](**op.get("args", {})))
         except Exception as exc:
-            results.append({"error": f"{type(exc).__name__}: {exc}",
+            said = " ".join(str(part) for part in (exc, getattr(exc, "detail", None),
+                                                   getattr(exc, "hint", None)) if part)
+            results.append({"error": f"{type(exc).__name__}: {said}",
                             "trace": traceback.format_exc()[-800:]})
     out.write(json.dumps(results, default=str) + "\n")
 

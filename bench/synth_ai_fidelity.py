@@ -4,17 +4,22 @@ run in CI (synth-ai resolves only with versions as of its release):
     python -m venv /tmp/sai && /tmp/sai/bin/pip install uv
     /tmp/sai/bin/uv pip install --python /tmp/sai/bin/python \\
         --exclude-newer 2025-12-31T12:00:00Z synth-ai==0.4.4
-    python bench/synth_ai_fidelity.py /tmp/sai/bin/python
+    python bench/synth_ai_fidelity.py /tmp/sai/bin/python [--only configs]
 
 Prints one line per check, ok or FAIL with what differs, and exits 1 on any FAIL:
 
   rollout   our math app, asked by a trainer (``?cid=``, trace requested), passes
             `validate_rollout_response_for_rl` and `verify_trace_correlation_id_in_response`,
             and synth-ai's eval runner counts its tokens
-  configs   our example TOMLs pass `validate_rl_config` / `validate_sft_config`; the example
-            TOMLs shipped in synth-ai's wheel load here
-  payloads  `rl_payload` / `sft_payload` equal `build_rl_payload` / `build_sft_payload` for
-            every TOML synth-ai builds (``tags.source`` aside: README, deliberate differences)
+  configs   our apps' TOMLs (and what `init` writes) pass `validate_rl_config` /
+            `validate_sft_config`
+  payloads  on every TOML of ours (apps, `init`, test fixtures) and every TOML synth-ai
+            ships (its package's files, its config models' docstring examples):
+            `rl_payload` / `sft_payload` equal `build_rl_payload` / `build_sft_payload`
+            (``tags.source`` aside: README, deliberate differences), or both refuse; one
+            synth-ai builds and we refuse is a FAIL, one only we build is a note
+  ranges    the same, on the math app's configs with each number of our schemas set to
+            0, -1 and 2**31 (1.5 for a float): we load what synth-ai builds
   traces    a file synth-ai's SessionTracer wrote: `traces where/ls/stats/show/export` leave it
             byte for byte; after `traces init`, what synth-ai writes is listed and exported
   sft       our SFT export and upload copy (OpenAI tools included) pass synth-ai's validator
@@ -138,46 +143,156 @@ def check_long_rollouts(python: str) -> None:
         print(f"info {name}: {by_name[name]}")
 
 
-def check_configs_and_payloads(python: str) -> None:
-    ours = [ROOT / "apps" / "math" / "configs" / name for name in ("rl.toml", "sft.toml")]
-    fixtures = sorted((ROOT / "tests" / "train" / "configs").rglob("*.toml"))
-    (shipped,) = synth_ai(python, {"op": "shipped_configs"})
-    for path, verdict in zip(ours, synth_ai(python, *(
-            {"op": "validate_config", "args": {"path": str(p), "kind": p.stem[:3].rstrip(".")}}
-            for p in ours)), strict=True):
-        report(f"configs: synth-ai validates {path.relative_to(ROOT)}", "error" not in verdict,
+def check_configs_and_payloads(python: str, folder: Path) -> None:
+    ours = _our_tomls(folder / "ours")
+    examples = synth_ai(python, {"op": "example_tomls", "args": {
+        "folder": str(folder / "synth-ai")}})[0]
+    apps = [p for p in ours if "tests" not in p.parts]
+    for path, verdict in zip(apps, synth_ai(python, *(
+            {"op": "validate_config", "args": {"path": str(p), "kind": _kind(p)}}
+            for p in apps)), strict=True):
+        report(f"configs: synth-ai validates {_shown(path)}", "error" not in verdict,
                verdict.get("error", ""))
-    for path in shipped:
-        try:
-            config = load_config(path)
-            report(f"configs: loads synth-ai's {Path(path).name}", True,
-                   f"{config.kind}, {len(config.warnings)} warning(s)")
-        except Exception as exc:  # noqa: BLE001 - a bench reports every failure and goes on
-            report(f"configs: loads synth-ai's {Path(path).name}", False, exc)
-    candidates = [Path(p) for p in [*map(str, ours), *map(str, fixtures), *shipped]]
-    kinds = {p: load_config(p).kind for p in candidates if _loads(p)}
+    _compare_builders("payloads", [*ours, *map(Path, examples)], python)
+    _compare_builders("ranges", _range_probes(python, folder / "probes"), python)
+
+
+def _our_tomls(folder: Path) -> list[Path]:
+    """Every training TOML of ours: the apps' configs, what `init` writes, the test
+    fixtures."""
+    from synth_deploy.taskapp.scaffold import scaffold_app
+
+    folder.mkdir(parents=True, exist_ok=True)
+    scaffold_app("fidelity", folder)
+    return [*sorted((ROOT / "apps").glob("*/configs/*.toml")), folder / "fidelity" / "rl.toml",
+            *sorted((ROOT / "tests" / "train" / "configs").rglob("*.toml"))]
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def _kind(path: Path) -> str:
+    """RL or SFT, as our loader tells them (for a config it refuses: from its sections)."""
+    try:
+        return load_config(path).kind
+    except Exception:  # noqa: BLE001 - refused configs are compared below
+        import tomllib
+
+        raw = tomllib.loads(path.read_text())
+        algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
+        offline = raw.get("type") == "sft" or algorithm.get("type") == "offline"
+        return "sft" if offline or "job" in raw else "rl"
+
+
+def _ours(path: Path, kind: str) -> dict[str, Any]:
+    try:
+        config = load_config(path, kind)
+        payload = rl_payload(config, "https://app.example") if kind == "rl" else \
+            sft_payload(config)
+    except Exception as exc:  # noqa: BLE001 - a refusal is a verdict to compare
+        said = [x.strip() for x in str(exc).splitlines() if not x.strip().startswith("hint:")]
+        return {"error": (said[1] if len(said) > 1 else said[0])[:160]}  # the first problem
+    return {"payload": payload, "warnings": config.warnings}
+
+
+def _compare_builders(what: str, paths: list[Path], python: str) -> None:
+    """synth-ai's builder and ours on each TOML: both build the same payload (tags.source
+    aside) or both refuse. A TOML synth-ai builds and we refuse is a FAIL; one we build and
+    synth-ai refuses is said (our loader is lenient on purpose where synth-ai refuses a
+    missing section; the line shows whether we warned)."""
+    kinds = [_kind(p) for p in paths]
     theirs = synth_ai(python, *(
         {"op": "rl_payload", "args": {"path": str(p), "task_url": "https://app.example"}}
         if kind == "rl" else {"op": "sft_payload", "args": {"path": str(p)}}
-        for p, kind in kinds.items()))
-    for (path, kind), their in zip(kinds.items(), theirs, strict=True):
-        if "error" in their:
-            print(f"skip payloads: synth-ai does not build {path.name} "
-                  f"({their['error'][:100]})")
+        for p, kind in zip(paths, kinds, strict=True)))
+    agreed = lenient = 0
+    for path, kind, their in zip(paths, kinds, theirs, strict=True):
+        mine, name = _ours(path, kind), f"{what}: {_shown(path)} ({kind})"
+        if "error" in their and "error" in mine:
+            agreed += 1
             continue
-        config = load_config(path)
-        mine = rl_payload(config, "https://app.example") if kind == "rl" else \
-            sft_payload(config)
-        diff = [d for d in differences(mine, their) if not d.startswith(".tags.source")]
-        report(f"payloads: {path.name} ({kind}) field for field", not diff, "; ".join(diff))
+        if "error" in mine:
+            report(name, False, f"synth-ai builds it, we refuse: {mine['error']}")
+        elif "error" in their:
+            lenient += 1
+            warned = f"{len(mine['warnings'])} warning(s)" if mine["warnings"] else "no warning"
+            said = " ".join(their["error"].split())[:240]
+            print(f"note {name}: we build it ({warned}), synth-ai refuses: {said}")
+        else:
+            diff = [d for d in differences(mine["payload"], their)
+                    if not d.startswith(".tags.source")]
+            agreed += not diff
+            report(name, not diff, "; ".join(diff))
+    print(f"{what}: {len(paths)} TOMLs, {agreed} agree (the same payload, or both refuse), "
+          f"{lenient} built here only")
 
 
-def _loads(path: Path) -> bool:
-    try:
-        load_config(path)
-        return True
-    except Exception:  # noqa: BLE001 - configs synth-deploy refuses are reported above
-        return False
+# Values no trainer would take, probed in every number of our schemas: each must load here
+# wherever synth-ai's builder takes it.
+_PROBES = {int: (0, -1, 2**31), float: (0.0, -1.0, 1.5)}
+_BASES = {"rl": ROOT / "apps" / "math" / "configs" / "rl.toml",
+          "sft": ROOT / "apps" / "math" / "configs" / "sft.toml"}
+
+
+def _range_probes(python: str, folder: Path) -> list[Path]:
+    """A copy of the math app's RL and SFT configs for each number of our schemas set to
+    each of `_PROBES` (in a table the base has: a new [policy] beside its [model] would
+    change what the config is, not test a range)."""
+    import copy
+    import shutil
+    import tomllib
+
+    from synth_deploy.train import RLConfig, SFTConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for kind, schema in (("rl", RLConfig), ("sft", SFTConfig)):
+        base = tomllib.loads(_BASES[kind].read_text())
+        if kind == "sft":  # the dataset, beside the probes as beside the base
+            job = base["job"]
+            shutil.copy(_BASES[kind].parent / (job.get("data") or job["data_path"]), folder)
+        for path, number, shape in _numbers(schema):
+            if path[0] not in base:
+                continue
+            for value in _PROBES[number]:
+                data = copy.deepcopy(base)
+                table = data
+                for part in path[:-1]:
+                    table = table.setdefault(part, {})
+                if not isinstance(table, dict):
+                    continue
+                table[path[-1]] = [value] if shape == "list" else \
+                    {"probe": value} if shape == "dict" else value
+                name = f"{kind}-{'.'.join(path)}={value}.toml"
+                files.append({"path": str(folder / name), "data": data})
+    return [Path(p) for p in synth_ai(python, {"op": "write_tomls", "args": {
+        "files": files}})[0]]
+
+
+def _numbers(schema: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], type,
+                                                                   str]]:
+    """(path, int or float, "value"/"list"/"dict") of every number field of ``schema``."""
+    import typing
+
+    from pydantic import BaseModel
+
+    found = []
+    for name, info in schema.model_fields.items():
+        stack, shape = [info.annotation], "value"
+        while stack:
+            ann = stack.pop()
+            origin = typing.get_origin(ann)
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                found += _numbers(ann, (*path, name))
+            elif ann in (int, float):
+                found.append(((*path, name), ann, shape))
+            elif origin in (list, dict):
+                shape = "list" if origin is list else "dict"
+                stack.append(typing.get_args(ann)[-1])
+            elif origin is not None:  # Annotated, Optional, Union
+                stack += [a for a in typing.get_args(ann) if not isinstance(a, str)]
+    return found
 
 
 def check_traces(python: str, folder: Path) -> None:
@@ -239,16 +354,20 @@ def check_sft(python: str, folder: Path) -> None:
                "; ".join(errors) if errors else "no errors")
 
 
+CHECKS = {"rollout": lambda python, tmp: check_rollout(python),
+          "long": lambda python, tmp: check_long_rollouts(python),
+          "configs": check_configs_and_payloads, "traces": check_traces, "sft": check_sft}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("python", help="the python of a venv with synth-ai==0.4.4")
+    parser.add_argument("--only", choices=CHECKS, action="append",
+                        help="run these checks only (repeatable; default: all)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        check_rollout(args.python)
-        check_long_rollouts(args.python)
-        check_configs_and_payloads(args.python)
-        check_traces(args.python, Path(tmp))
-        check_sft(args.python, Path(tmp))
+        for name in args.only or CHECKS:
+            CHECKS[name](args.python, Path(tmp))
     print(f"\n{len(failures)} failure(s)" + (f": {', '.join(failures)}" if failures else ""))
     raise SystemExit(1 if failures else 0)
 

@@ -9,10 +9,12 @@ from typing import Annotated, Any
 import typer
 
 from synth_deploy.cli._common import (
+    Column,
     EnvFilesOption,
     JsonOption,
     console,
     escape,
+    fitted_table,
     handling_errors,
     print_json,
     resolve_env,
@@ -136,8 +138,6 @@ def deployed(
         console().print("no deployed apps named synth-<app id> (--all: every app)"
                         if not every else "no apps in this Modal environment")
         return
-    from synth_deploy.cli._common import Column, fitted_table
-
     rows = [[escape(a.name), escape(a.state), str(a.containers), escape(a.created_at or "-"),
              escape(a.stopped_at or "-"), escape(a.modal_app_id)] for a in apps]
     out = console()

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from synth_deploy.env import ENVIRONMENT_API_KEY, Env
+from synth_deploy.env import Env, is_secret_name
 from synth_deploy.errors import DeployError
 from synth_deploy.modal._credentials import require_modal_token
 from synth_deploy.modal._modal_cli import ModalCLI
@@ -45,20 +45,30 @@ class DeployedTarget:
 
 def deployed_target(app: str, env: Env, modal_environment: str | None = None
                     ) -> DeployedTarget:
-    """``app`` as a Modal app: a task app id or file here gives its plan's name, environment,
-    secrets and traces (as `deploy` would resolve them); anything else is a Modal app name."""
-    from synth_deploy.errors import AppNotFoundError
-    from synth_deploy.modal._plan import build_plan
+    """``app`` as a Modal app: a task app id or file here gives the name, environment and
+    traces `deploy` gives it (its secrets are not needed: stopping or reading logs takes
+    none); anything else is a Modal app name. The secrets to redact: every secret in ``env``
+    and those of the app's plan, when it can be made here."""
+    from synth_deploy.errors import AppNotFoundError, SynthDeployError
+    from synth_deploy.modal._plan import MODAL_ENV_VAR, build_plan, trace_destination
+    from synth_deploy.modal._settings import ModalSettings
     from synth_deploy.taskapp.registry import load_app
 
-    key = tuple(v for v in (env.get(ENVIRONMENT_API_KEY),) if v)
+    modal_environment = modal_environment or env.get(MODAL_ENV_VAR)
+    secrets = tuple(v for k, v in env.values.items() if v and is_secret_name(k))
     try:
-        plan = build_plan(load_app(app), env, modal_environment=modal_environment)
+        entry = load_app(app)
     except AppNotFoundError:
-        return DeployedTarget(app, modal_environment, key)
-    return DeployedTarget(plan.app_name, plan.modal_environment,
-                          tuple(plan.secret_values()) + key, plan.app_id, plan.tracing,
-                          plan.trace_volume)
+        return DeployedTarget(app, modal_environment, secrets)
+    settings = entry.modal if isinstance(entry.modal, ModalSettings) else ModalSettings()
+    name = settings.app_name(entry.app_id)
+    destination = trace_destination(settings, name, env)
+    try:
+        secrets += tuple(build_plan(entry, env).secret_values())
+    except SynthDeployError:  # a secret not set here: nothing of it to hide
+        pass
+    return DeployedTarget(name, modal_environment, secrets, entry.app_id, destination.describe,
+                          destination.volume)
 
 
 @dataclass(frozen=True)
@@ -99,10 +109,10 @@ def deployed_apps(env: Env, *, modal_environment: str | None = None, every: bool
     from synth_deploy.modal._plan import MODAL_ENV_VAR
 
     modal_environment = modal_environment or env.get(MODAL_ENV_VAR)
-    key = tuple(v for v in (env.get(ENVIRONMENT_API_KEY),) if v)
+    secrets = tuple(v for k, v in env.values.items() if v and is_secret_name(k))
     run = _modal(env, cli, ["app", "list", "--json",
                             *(["-e", modal_environment] if modal_environment else [])],
-                 secrets=key, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+                 secrets=secrets, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
     if run.returncode != 0:
         raise run.error("modal app list")
     apps = [app for app in _parse_list(run.output) if every or app.kits]
@@ -110,12 +120,14 @@ def deployed_apps(env: Env, *, modal_environment: str | None = None, every: bool
 
 
 def _parse_list(lines: list[str]) -> list[DeployedApp]:
-    text = "\n".join(lines)
-    start = text.find("[")  # a warning may come first
-    try:
-        rows = json.loads(text[start:]) if start >= 0 else None
-    except json.JSONDecodeError:
-        rows = None
+    rows = None
+    for start, line in enumerate(lines):  # a warning may come first, brackets and all
+        if line.lstrip().startswith("["):
+            try:
+                rows = json.loads("\n".join(lines[start:]))
+                break
+            except json.JSONDecodeError:
+                continue
     if not isinstance(rows, list):
         raise DeployError("`modal app list --json` printed no JSON list",
                           hint="is the modal package current? (pip install -U modal)")

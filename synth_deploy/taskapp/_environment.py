@@ -458,8 +458,9 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
             raise TaskAppError(f"noop={dict(noop)!r} is not a valid {action_cls.__name__}: "
                                + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'action'}: "
                                            f"{e['msg']}" for e in exc.errors(include_url=False)),
-                               hint=f"give noop the fields of an {action_cls.__name__} the "
-                                    "environment accepts on any turn") from None
+                               hint=f"give noop the fields of a {action_cls.__name__} "
+                                    "(the action) the environment accepts on any turn"
+                               ) from None
     name = tool_name or _snake(action_cls.__name__)
     description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
     declared = _declared_models(env_cls)

@@ -89,6 +89,10 @@ def test_stopping_an_app_modal_does_not_have_names_the_fix(standin):
     assert missing.exit_code != 0
     assert "Modal has no app named 'synth-nothing'" in missing.output
     assert "synth-deploy deployed" in missing.output
+    # The app's own key is not needed to name it, nor to stop it.
+    (standin["dir"] / ".env").unlink()
+    by_id = cli("stop", "math", "--yes")
+    assert "Modal has no app named 'synth-math'" in by_id.output, by_id.output
 
 
 def test_listing_is_bounded_when_modal_never_answers(standin, monkeypatch):

@@ -195,20 +195,46 @@ def test_discovery_is_bounded_in_depth_and_folders(tmp_path):
 
 
 @pytest.mark.parametrize("section, line, said", [
-    ("training", "batch_size = -16", "training.batch_size: must be at least 1, got -16"),
+    ("training", "batch_size = -16", "training.batch_size: expected at least 1 (a count), "
+     "got -16"),
     ("rollout", "max_concurrent_rollouts = -8",
-     "rollout.max_concurrent_rollouts: must be at least 1, got -8"),
+     "rollout.max_concurrent_rollouts: expected at least 1 (a count), got -8"),
     ("compute", "gpu_count = 9223372036854775807",
-     "compute.gpu_count: must be at most 2147483647, got 9223372036854775807"),
-    ("training", "learning_rate = 0.0", "training.learning_rate: must be greater than 0"),
+     "compute.gpu_count: expected at most 2147483647 (a count), got 9223372036854775807"),
+    ("training", "learning_rate = 0.0", "training.learning_rate: expected greater than 0"),
+    ("evaluation", "seeds = [1, -2]", "evaluation.seeds.1: expected at least 0"),
+    ("policy", "top_p = 1.5", "policy.top_p: expected at most 1 (a probability)"),
+    ("training.weight_sync", "verify_every_k = -1",
+     "training.weight_sync.verify_every_k: expected at least 0"),
+])
+def test_rl_values_out_of_range_load_as_synth_ai_loads_them_and_are_named(tmp_path, section,
+                                                                         line, said):
+    # synth-ai 0.4.4's schema sets no range on them: it builds them into the payload as
+    # written, and so do we, saying which key is off.
+    path = write(tmp_path, RL_HEAD + f"[{section}]\n{line}\n")
+    warned = [w for w in load_config(path).warnings if said in w]
+    assert len(warned) == 1, load_config(path).warnings
+    assert "the backend decides" in warned[0]
+
+
+@pytest.mark.parametrize("section, line", [
+    ("training.weight_sync", "verify_every_k = 0"),  # 0: never; synth-ai sends it
+    ("policy", "top_k = -1"),  # vLLM's "off"
+    ("evaluation", "seeds = [0, 1]"),
+])
+def test_rl_values_a_trainer_takes_load_without_a_word(tmp_path, section, line):
+    warnings = load_config(write(tmp_path, RL_HEAD + f"[{section}]\n{line}\n")).warnings
+    assert not [w for w in warnings if "expected" in w], warnings
+
+
+@pytest.mark.parametrize("section, line, said", [
     ("training", "learning_rate = inf", "training.learning_rate: expected a finite number, "
      "got inf"),
     ("training", "reward_positive = nan", "training.reward_positive: expected a finite number"),
     ("rollout", "env_config = { limit = -inf }", "rollout.env_config.limit: expected a finite"),
-    ("evaluation", "seeds = [1, -2]", "evaluation.seeds.1: must be at least 0, got -2"),
-    ("policy", "top_p = 1.5", "policy.top_p: must be at most 1"),
 ])
-def test_rl_values_out_of_range_name_their_key(tmp_path, section, line, said):
+def test_rl_values_json_cannot_carry_are_refused_naming_their_key(tmp_path, section, line,
+                                                                 said):
     path = write(tmp_path, RL_HEAD + f"[{section}]\n{line}\n")
     with pytest.raises(UsageError) as info:
         load_config(path)
@@ -222,3 +248,11 @@ def test_a_deeply_nested_array_is_a_usage_error(tmp_path, levels):
     with pytest.raises(UsageError) as info:
         load_config(path)
     assert "nested" in info.value.message and str(path) in info.value.message
+
+
+def test_a_verifier_timeout_synth_ai_refuses_is_refused_here_too(tmp_path):
+    # synth-ai 0.4.4's verifier schema bounds it (gt=0), so its builder refuses the config.
+    path = write(tmp_path, RL_HEAD + "[verifier.options]\ntimeout_s = 0.0\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert "verifier.options.timeout_s: must be greater than 0, got 0.0" in info.value.message

@@ -66,10 +66,26 @@ def test_the_example_configs_shipped_in_synth_ais_wheel_load():
     assert fft.model.algorithm.method == "supervised_finetune"
 
 
+def test_what_synth_ais_train_refuses_for_want_of_a_section_is_said(tmp_path):
+    # synth-ai 0.4.4's own docstring example has no [compute] and it refuses it; the kit
+    # loads it (the backend may fill it in) and says so.
+    said = load_config(write(tmp_path, RL_HEAD + "[compute]\ngpu_type = \"H100\"\n"
+                             "gpu_count = 0\n")).warnings
+    assert any("without variety" in w for w in said), said
+    assert any("without [compute] gpu_count (a gpu_count of 0 counts as missing)" in w
+               for w in said), said
+    assert any("without [compute.topology]" in w for w in said), said
+    math = load_config(Path(__file__).resolve().parents[2] / "apps" / "math" / "configs"
+                       / "rl.toml")
+    assert not [w for w in math.warnings if "refuses" in w], math.warnings
+
+
 def test_synth_ais_policy_spelling_loads_and_typos_still_get_a_did_you_mean(tmp_path):
     cfg = load_config(write(tmp_path, RL_HEAD + '[policy]\nmodel_name = "Qwen/Qwen3-4B"\n'
                             'trainer_mode = "lora"\nlabel = "x"\ntemperature = 0.5\n'))
-    assert cfg.model.policy_section.base_model == "Qwen/Qwen3-4B" and cfg.warnings == []
+    assert cfg.model.policy_section.base_model == "Qwen/Qwen3-4B"
+    assert not [w for w in cfg.warnings if "[policy]" in w or "model section" in w], \
+        cfg.warnings
     path = write(tmp_path, RL_HEAD + '[policy]\nmodel_nme = "x"\n[training]\n'
                  'step_reward_mode = "off"\n[data]\nsplt = "train"\n', "typo.toml")
     with pytest.raises(UsageError) as info:

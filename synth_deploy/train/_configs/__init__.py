@@ -1,7 +1,8 @@
 """RL and SFT training configs (TOML): schemas, loading with clear errors, discovery.
 
 ``file`` holds `TrainConfig` (one config file, read and checked) and the discovery walk;
-``rl`` and ``sft`` the two schemas; ``sections`` the tables both share; ``compat`` the
+``rl`` and ``sft`` the two schemas; ``sections`` the tables both share; ``ranges`` the
+ranges their numbers are expected in (warned about, as synth-ai admits more); ``compat`` the
 warnings for what synth-ai 0.4.x would read differently.
 """
 

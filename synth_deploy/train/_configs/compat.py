@@ -12,6 +12,14 @@ from typing import Any
 
 _FLAT_REWARDS = ("step_rewards_enabled", "step_rewards_mode", "step_rewards_indicator_lambda",
                  "step_rewards_beta", "step_rewards_strategy", "event_rewards_kind")
+# What synth-ai 0.4.4's `train` requires of an RL config's sections (validate_rl_config):
+# [rollout] always, [training] and [evaluation] when present, the model's naming keys.
+_REQUIRED_RL = {
+    "rollout": ("env_name", "policy_name"),
+    "training": ("num_epochs", "iterations_per_epoch", "max_turns", "batch_size",
+                 "group_size", "learning_rate"),
+    "evaluation": ("instances", "every_n_iters", "seeds"),
+}
 # (section path, key) -> what synth-ai's `train` says instead.
 _REFUSED = {
     ("verifier", "type"): "drop it",
@@ -30,6 +38,15 @@ def compat_warnings(data: dict[str, Any], kind: str) -> list[str]:
     """One line for each way ``data`` (the TOML, renamed spellings already moved) departs
     from what synth-ai 0.4.x reads."""
     notes: list[str] = []
+    algorithm = _table(data, "algorithm")
+    if algorithm and not algorithm.get("variety"):
+        notes.append("synth-ai 0.4.4's `train` refuses an [algorithm] without variety "
+                     f"(e.g. {'gspo' if kind == 'rl' else 'fft or lora'})")
+    compute = _table(data, "compute")
+    missing = [k for k in ("gpu_type", "gpu_count") if not compute.get(k)]  # 0 is missing
+    if missing:
+        notes.append(f"synth-ai 0.4.4's `train` refuses a config without [compute] "
+                     f"{' and '.join(missing)} (a gpu_count of 0 counts as missing)")
     policy = _table(data, "policy")
     if policy and not (policy.get("model_name") or policy.get("source")):
         for key in ("base", "model"):
@@ -41,6 +58,21 @@ def compat_warnings(data: dict[str, Any], kind: str) -> list[str]:
             notes.append("hyperparameters.weight_decay is not sent: synth-ai's SFT job has no "
                          "weight decay field (the backend uses its own)")
         return notes
+    if compute and not (compute.get("topology") or _table(data, "topology")):
+        notes.append("synth-ai 0.4.4's `train` refuses an RL config without [compute.topology] "
+                     "(gpus_for_vllm, gpus_for_training...)")
+    for section, keys in _REQUIRED_RL.items():
+        table = _table(data, section)
+        missing = [k for k in keys if not table.get(k) and table.get(k) != 0]
+        if (table or section == "rollout") and missing:
+            notes.append(f"synth-ai 0.4.4's `train` refuses [{section}] without "
+                         f"{', '.join(missing)}")
+    named = _table(data, "policy") or _table(data, "model")
+    if named:
+        missing = [k for k in ("trainer_mode", "label") if not named.get(k)]
+        if missing:
+            notes.append(f"synth-ai 0.4.4's `train` refuses a model section without "
+                         f"{' and '.join(missing)}")
     training = _table(data, "training")
     flat = [f"training.{key}" for key in _FLAT_REWARDS if key in training]
     if flat:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from synth_deploy.errors import UsageError
 from synth_deploy.train._configs.compat import compat_warnings
+from synth_deploy.train._configs.ranges import range_warnings
 from synth_deploy.train._configs.rl import RLConfig
 from synth_deploy.train._configs.sft import SFTConfig
 
@@ -189,6 +190,7 @@ def load_config(path: str | os.PathLike[str], kind: str = "auto") -> TrainConfig
             + "\n".join(f"  {p.name}: {line}" for line in problems),
             hint="fix the keys listed; see the example configs in apps/math/configs/",
         ) from None
+    warnings += [f"{p.name}: {note}" for note in range_warnings(model)]
     return TrainConfig(path=p, kind=kind, model=model, raw=raw, warnings=warnings)
 
 

@@ -1,17 +1,19 @@
 """The RL TOML schema: synth-ai 0.4.x's ``RLConfig`` (``sdk/api/train/configs/rl.py``), the
 keys of the RL examples shipped in its wheel, and its deprecated spellings (``judge`` is now
-``verifier``; the loader warns about each)."""
+``verifier``; the loader warns about each). Its numbers take what synth-ai's take: a value
+outside the expected range loads with a warning (`ranges`)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from synth_deploy.train._configs.sections import (
     AlgorithmConfig,
     ComputeConfig,
     Count,
+    Every,
     Index,
     LoraConfig,
     NonNegative,
@@ -45,7 +47,7 @@ class WeightSyncConfig(Section):
     targets: list[str] | None = None
     mode: str | None = None
     direct: bool | None = None
-    verify_every_k: Count | None = None
+    verify_every_k: Every | None = None
     weight_sync_interval: Count | None = None  # synth-ai's crafter example sets it here
 
 
@@ -114,7 +116,8 @@ class VerifierOptionsConfig(Section):
     model: str | None = None
     rubric_id: str | None = None
     rubric_overrides: dict[str, Any] | None = None
-    timeout_s: Positive | None = None
+    # A bound, not a warning: synth-ai's verifier schema (verifier_schemas.py) refuses it too.
+    timeout_s: float | None = Field(default=None, gt=0)
     metadata: dict[str, Any] | None = None
     tracks: list[str] | None = None
     weights: dict[str, NonNegative] | None = None

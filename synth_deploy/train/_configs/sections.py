@@ -8,20 +8,20 @@ rather than a setting the trainer silently ignores.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
-# Ranges a trainer can take: a count is at least 1 and fits the 32-bit integer a backend
-# stores it in; a rate is positive; a probability is between 0 and 1. (A float is finite
-# everywhere: `read_toml` refuses inf and nan in any value.)
-_MOST = 2**31 - 1
-Count = Annotated[int, Field(ge=1, le=_MOST)]
-Index = Annotated[int, Field(ge=0, le=_MOST)]  # a seed, a first seed
-Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
-Probability = Annotated[float, Field(ge=0, le=1)]
+from synth_deploy.train._configs.ranges import (
+    Count,
+    Every,
+    Index,
+    NonNegative,
+    Port,
+    Positive,
+    Probability,
+    TopK,
+)
 
 
 class Section(BaseModel):
@@ -72,7 +72,7 @@ class PolicyConfig(Section):
     max_tokens: Count | None = None
     temperature: NonNegative | None = None
     top_p: Probability | None = None
-    top_k: Count | None = None
+    top_k: TopK | None = None
     repetition_penalty: Positive | None = None
     stop_sequences: list[str] | None = None
     inference_url: str | None = None
@@ -98,5 +98,5 @@ class PolicyConfig(Section):
         return self.source or self.base_model
 
 
-__all__ = ["AlgorithmConfig", "ComputeConfig", "Count", "Index", "LoraConfig", "NonNegative",
-           "PolicyConfig", "Port", "Positive", "Probability", "Section"]
+__all__ = ["AlgorithmConfig", "ComputeConfig", "Count", "Every", "Index", "LoraConfig",
+           "NonNegative", "PolicyConfig", "Port", "Positive", "Probability", "Section"]

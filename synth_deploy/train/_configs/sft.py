@@ -23,7 +23,7 @@ class JobConfig(Section):
     model: str
     data: str | None = None
     data_path: str | None = None
-    poll_seconds: float | None = None
+    poll_seconds: int | None = Field(default=None, strict=False)  # synth-ai's: 10.0, not 1.5
 
     @property
     def dataset(self) -> str | None:
