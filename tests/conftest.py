@@ -59,6 +59,54 @@ def serve() -> Iterator[Callable[..., BackgroundServer]]:
         server.stop()
 
 
+class BareServer:
+    """Plain uvicorn (h11, none of the kit's protocol) serving an ASGI app on a thread: the
+    app as Modal serves it (`@modal.asgi_app`: Modal's own front end, then the app itself),
+    so what the kit's protocol answers before the app does not answer here."""
+
+    def __init__(self, app) -> None:
+        import threading
+
+        import uvicorn
+
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                     http="h11", log_level="warning",
+                                                     lifespan="on"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self.url = ""
+
+    def start(self) -> BareServer:
+        import time
+
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._server.started:
+            assert self._thread.is_alive() and time.monotonic() < deadline, "did not start"
+            time.sleep(0.01)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+
+@pytest.fixture
+def serve_bare() -> Iterator[Callable[..., BareServer]]:
+    """serve_bare(asgi_app) -> a started `BareServer`; all are stopped at teardown."""
+    started: list[BareServer] = []
+
+    def _serve(app) -> BareServer:
+        server = BareServer(app).start()
+        started.append(server)
+        return server
+
+    yield _serve
+    for server in reversed(started):
+        server.stop()
+
+
 @pytest.fixture
 def mock_policy(serve) -> BackgroundServer:
     """The kit's mock policy served on a free port; its URL + "/v1" is an inference_url."""

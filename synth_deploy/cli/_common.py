@@ -30,6 +30,9 @@ EnvFilesOption = Annotated[
     typer.Option("--env-file", help="A .env file to load (repeatable; later files win).",
                  show_default=False, metavar="FILE"),
 ]
+ApiKeyOption = Annotated[str | None, typer.Option(
+    "--api-key", help="The key to send. Default: ENVIRONMENT_API_KEY from the environment "
+                      "or .env.", show_default=False)]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document for machines.")]
 TraceDbOption = Annotated[str | None, typer.Option(
     "--trace-db", help="Trace database URL or SQLite path (default: $SYNTH_TRACES_DB, else "
@@ -229,11 +232,18 @@ def handling_errors(json_output: bool = False) -> Iterator[None]:
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-def resolve_env(env_files: list[Path] | None):
-    """The `Env` for ``--env-file`` (see `synth_deploy.env` for precedence)."""
-    from synth_deploy.env import load_env
+def resolve_env(env_files: list[Path] | None, *, api_key: str | None = None):
+    """The `Env` for ``--env-file`` (see `synth_deploy.env` for precedence); ``--api-key``,
+    when given, is its ENVIRONMENT_API_KEY."""
+    from dataclasses import replace
 
-    return load_env(env_files or ())
+    from synth_deploy.env import ENVIRONMENT_API_KEY, load_env
+
+    env = load_env(env_files or ())
+    if not api_key:
+        return env
+    return replace(env, values={**env.values, ENVIRONMENT_API_KEY: api_key},
+                   sources={**env.sources, ENVIRONMENT_API_KEY: "--api-key"})
 
 
 def resolve_traces(trace_db: str | None, no_trace: bool, env):

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from synth_deploy.cli._common import (
+    ApiKeyOption,
     EnvFilesOption,
     JsonOption,
     console,
@@ -42,9 +43,7 @@ def check_command(
         metavar="URL", help="The task app's base URL (local, tunnel or Modal). Default: "
                             "TASK_APP_URL from the environment or .env.",
         show_default=False)] = None,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", help="The key to send. Default: ENVIRONMENT_API_KEY from the environment "
-                          "or .env.", show_default=False)] = None,
+    api_key: ApiKeyOption = None,
     env_file: EnvFilesOption = None,
     wait: Annotated[float | None, typer.Option(
         "--wait", min=0, metavar="SECONDS",

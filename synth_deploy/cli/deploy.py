@@ -114,8 +114,88 @@ def logs(
                  cli=_cli(modal_cli), on_line=lambda line: print(line, flush=True))
 
 
+def deployed(
+    every: Annotated[bool, typer.Option("--all", help="Every app in the Modal environment, "
+                                        "not only those named as deploy names them "
+                                        "(synth-<app id>).")] = False,
+    env_file: EnvFilesOption = None,
+    modal_env: ModalEnvOption = None,
+    json_output: JsonOption = False,
+    modal_cli: ModalCLIOption = None,
+) -> None:
+    """The task apps deployed to Modal (`modal app list`): state, running containers."""
+    with handling_errors(json_output):
+        from synth_deploy.modal import deployed_apps
+
+        apps = deployed_apps(resolve_env(env_file), modal_environment=modal_env, every=every,
+                             cli=_cli(modal_cli))
+    if json_output:
+        print_json({"apps": [a.to_dict() for a in apps]})
+        return
+    if not apps:
+        console().print("no deployed apps named synth-<app id> (--all: every app)"
+                        if not every else "no apps in this Modal environment")
+        return
+    from synth_deploy.cli._common import Column, fitted_table
+
+    rows = [[escape(a.name), escape(a.state), str(a.containers), escape(a.created_at or "-"),
+             escape(a.stopped_at or "-"), escape(a.modal_app_id)] for a in apps]
+    out = console()
+    out.print(fitted_table([Column("app"), Column("state"), Column("containers", justify="right"),
+                            Column("created"), Column("stopped", optional=True),
+                            Column("modal app id", optional=True)], rows, width=out.width))
+
+
+def stop(
+    app_ref: Annotated[str, typer.Argument(metavar="APP", help="App id or task app file (its "
+                                           "Modal app, as deployed), or a Modal app name.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Stop without asking (needed "
+                                      "without a terminal).")] = False,
+    env_file: EnvFilesOption = None,
+    modal_env: ModalEnvOption = None,
+    json_output: JsonOption = False,
+    modal_cli: ModalCLIOption = None,
+) -> None:
+    """Stop a deployed app (`modal app stop`): its containers end at once, rollouts in flight
+    are cut; its trace Volume is kept."""
+    with handling_errors(json_output):
+        import sys
+
+        from synth_deploy.errors import UsageError
+        from synth_deploy.modal import stop_app
+
+        def confirm(found, consequences) -> None:
+            if yes:
+                return
+            if json_output or not sys.stdin.isatty():
+                raise UsageError(f"stopping {found.name} ends its {found.containers} running "
+                                 "container(s) and the rollouts in them: nothing was stopped",
+                                 hint="pass --yes to stop it")
+            err = console(stderr=True)
+            err.print(f"Stopping [bold]{escape(found.name)}[/bold]:")
+            for line in consequences:
+                err.print(f"  - {escape(line)}", soft_wrap=True, highlight=False)
+            typer.confirm("Stop it?", abort=True)
+
+        result = stop_app(app_ref, resolve_env(env_file), modal_environment=modal_env,
+                          cli=_cli(modal_cli), confirm=confirm)
+    if json_output:
+        print_json(result.to_dict())
+        return
+    out = console()
+    if result.already_stopped:
+        out.print(f"{escape(result.name)} was already stopped", highlight=False)
+        return
+    out.print(f"[green]stopped[/green] {escape(result.name)} ({escape(result.modal_app_id)})",
+              highlight=False)
+    for line in result.consequences:
+        out.print(f"  - {escape(line)}", soft_wrap=True, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command("logs")(logs)
+    app.command("deployed")(deployed)
+    app.command("stop")(stop)
     @app.command("deploy")
     def deploy_command(
         app_ref: Annotated[str, typer.Argument(metavar="APP", help="App id or task app file.")],

@@ -8,6 +8,7 @@ import typer
 
 from synth_deploy.cli._common import (
     EXIT_FAILURE,
+    ApiKeyOption,
     Column,
     EnvFilesOption,
     JsonOption,
@@ -37,6 +38,9 @@ InferenceUrlOption = Annotated[str | None, typer.Option(
     help="OpenAI-compatible base URL of a real policy (replaces the mock).")]
 ModelOption = Annotated[str | None, typer.Option(help="Model name sent to the policy.")]
 MaxTimeOption = Annotated[float, typer.Option(help="Per-rollout bound in seconds.")]
+StopAfterOption = Annotated[int, typer.Option(
+    "--stop-after", min=0, help="Stop the run after this many failed rollouts in a row "
+    "(0: never); a failure the app marks retryable is retried once first.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +56,8 @@ def mock_policy(
     """Serve the built-in mock policy until Ctrl+C.
 
     An OpenAI-compatible POST /v1/chat/completions (tool calls drawn from the offered tools'
-    schemas, answers to arithmetic): for curl, a trainer, or an app's --inference-url.
+    schemas, answers to arithmetic) and GET /v1/models: for curl, a trainer, or an app's
+    --inference-url.
     """
     with handling_errors():
         import signal
@@ -83,6 +88,8 @@ def smoke(
     inference_url: InferenceUrlOption = None,
     model: ModelOption = None,
     max_time: MaxTimeOption = 300.0,
+    stop_after: StopAfterOption = 10,
+    api_key: ApiKeyOption = None,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -92,14 +99,17 @@ def smoke(
     """Run rollouts against a task app.
 
     Serves the app here when given an id, uses the built-in mock policy unless
-    --inference-url is given, and prints a per-seed table and a summary.
+    --inference-url is given, and prints a per-seed table and a summary. Columns: reward
+    (the rollout's), outcome (its outcome score: the reward unless the app gives a judged
+    score), events (the mean of the event rewards its steps recorded; - when none).
     """
     with handling_errors(json_output):
         from synth_deploy.runs import RunOptions
 
-        env = resolve_env(env_file)
+        env = _target_env(app_or_url, env_file, api_key)
         _run_and_report(app_or_url, parse_seeds(seeds), env,
-                        RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time),
+                        RunOptions(mode="rl", concurrency=concurrency, max_time_s=max_time,
+                                   stop_after_failures=stop_after or None),
                         policy=_policy(policy, inference_url, model, env),
                         traces=resolve_traces(trace_db, no_trace, env), json_output=json_output,
                         prices=_prices(prices, env))
@@ -118,6 +128,8 @@ def evaluate(
     policy: PolicyOption = "mock",
     concurrency: ConcurrencyOption = 8,
     max_time: MaxTimeOption = 300.0,
+    stop_after: StopAfterOption = 10,
+    api_key: ApiKeyOption = None,
     env_file: EnvFilesOption = None,
     trace_db: TraceDbOption = None,
     no_trace: NoTraceOption = False,
@@ -131,7 +143,7 @@ def evaluate(
     with handling_errors(json_output):
         from synth_deploy.runs import RunOptions, default_seeds, default_split
 
-        env = resolve_env(env_file)
+        env = _target_env(app_or_url, env_file, api_key)
         target_policy = _policy(policy, inference_url, model, env)
         note = None
         if seeds is not None:
@@ -146,9 +158,22 @@ def evaluate(
             seed_list = parse_seeds("0-9")
         _run_and_report(app_or_url, seed_list, env,
                         RunOptions(mode="eval", concurrency=concurrency, max_time_s=max_time,
-                                   split=split),
+                                   split=split, stop_after_failures=stop_after or None),
                         policy=target_policy, traces=resolve_traces(trace_db, no_trace, env),
                         json_output=json_output, prices=_prices(prices, env), note=note)
+
+
+def _target_env(app_or_url: str, env_file, api_key: str | None):
+    """The `Env` of a run: ``--api-key`` is the key of the app at a URL (one served here
+    gets its own)."""
+    from synth_deploy.errors import UsageError
+    from synth_deploy.runs import is_url
+
+    if api_key and not is_url(app_or_url):
+        raise UsageError(f"--api-key is the key of a task app at a URL; {app_or_url!r} is "
+                         "served here with a key of its own",
+                         hint="drop --api-key, or pass the running app's URL")
+    return resolve_env(env_file, api_key=api_key)
 
 
 def _policy(policy: str, inference_url: str | None, model: str | None, env):
@@ -250,8 +275,15 @@ def _render_report(report, where: str, prices=None) -> None:
     if failed:
         out.print(f"[red]{plural(len(failed), 'failed rollout')}:[/red]")
         for o in failed:
-            out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.error)}", soft_wrap=True,
-                      highlight=False)
+            who = "" if o.kind is None else \
+                f" [{o.kind}{', retryable' if o.retryable else ''}]"
+            tries = f" after {o.attempts} attempts" if o.attempts > 1 else ""
+            out.print(f"  seed {o.seed} ({o.run_id}){escape(who)}{tries}: {escape(o.error)}",
+                      soft_wrap=True, highlight=False)
+        kinds = ", ".join(f"{kind} {n}" for kind, n in report.failure_kinds.items())
+        out.print(f"  by kind: {kinds}", highlight=False)
+    if report.stopped:
+        out.print(f"[red]{escape(report.stopped)}[/red]", soft_wrap=True)
     warned = [o for o in report.outcomes if o.warning]
     if warned:
         out.print(f"[yellow]{plural(len(warned), 'warning')}:[/yellow]")

@@ -108,13 +108,14 @@ def init(name: Annotated[str, typer.Argument(metavar="NAME",
 
         for file in scaffold_app(name):
             console().print(f"wrote {escape(str(file))}")
-        console().print(f"next: synth-deploy smoke {escape(name)}/task_app.py")
+        console().print(f"next: synth-deploy smoke {escape(name)}")
 
 
 def apps(json_output: JsonOption = False) -> None:
     """List the task apps found here.
 
-    Looks under ./apps and the kit's bundled examples, without importing them. Files that
+    Looks under ./apps, the folders `init` makes here (./NAME/task_app.py) and the kit's
+    bundled examples, without importing them. Files that
     cannot be read (a syntax error...) are listed with file:line (on stderr, or under
     "problems" with --json), and exit 1.
     """
@@ -128,7 +129,7 @@ def apps(json_output: JsonOption = False) -> None:
             raise typer.Exit(EXIT_FAILURE)
         return
     if not found.apps:
-        console().print("no task apps found under ./apps")
+        console().print("no task apps found under ./apps or ./*/task_app.py")
     else:
         rows = [[escape(a.app_id), escape(a.description), escape(a.path)] for a in found.apps]
         console().print(fitted_table(

@@ -193,7 +193,7 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     for name in {*shared, *unknown}:
         del columns[name]
     cells = [[_esc(cell[name]) for name in columns] for cell in ({
-        "session": r.session_id[:16], "created (UTC)": r.created_at[5:19],
+        "session": r.session_id[:16], "created (UTC)": r.created_at[5:19].replace("T", " "),
         "app": r.app_id or "-", "code": _code(r.app_version, r.app_digest) or "-",
         "seed": _num(r.seed), "model": r.model or "-",
         "status": r.status or "-", "reward": _num(r.total_reward), "steps": r.num_timesteps,
@@ -468,7 +468,9 @@ def pull(
     """Fetch a deployed app's traces from its Modal Volume into the local store.
 
     Downloads only what changed since the last pull; a session already stored is never
-    added twice. Then `traces ls/stats/export/view` read them as local traces.
+    added twice. Then `traces ls/stats/export/view` read them as local traces. A file that
+    cannot be read is named, the rest merged, and the exit code is 1; the next pull tries it
+    again.
     """
     with handling_errors(json_output):
         import shlex
@@ -484,6 +486,7 @@ def pull(
                                  on_file=progress)
     if json_output:
         print_json(result.to_dict())
+        _exit_if_unread(result)
         return
     out = console()
     for c in result.containers:
@@ -493,14 +496,26 @@ def pull(
     out.print(f"pulled {plural(len(result.files), 'file')} of "
               f"{plural(len(result.containers), 'container')} from the Volume "
               f"{_esc(result.volume)}: {result.added} session(s) added, {result.skipped} "
-              f"already in {_esc(result.trace_db)}", highlight=False)
+              f"already in {_esc(result.trace_db)}"
+              + (f"; {plural(len(result.unread), 'file')} not merged (below)"
+                 if result.unread else ""), highlight=False)
     if result.amended:
         out.print(f"  {plural(result.amended, 'session')} marked as errors: the container "
                   "found, after copying them, that their clients never got the answer",
                   highlight=False)
-    if not result.files:
+    if not result.files and not result.unread:
         warn(f"no trace files in {result.volume}/{result.folder} yet: has the app answered a "
              "rollout, and had time to commit?")
+    for unread in result.unread:
+        print_error(f"{result.volume}:{unread.path} was not merged: {unread.reason}",
+                    f"{unread.hint}; inspect it: {unread.inspect} (this pull's copy: "
+                    f"{unread.copy})")
+    _exit_if_unread(result)
+
+
+def _exit_if_unread(result) -> None:
+    if result.unread:
+        raise typer.Exit(EXIT_FAILURE)
 
 
 @traces_app.command("export")

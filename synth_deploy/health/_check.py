@@ -114,6 +114,7 @@ def _run(report: HealthReport, api_key: str | None, key_source: str | None,
         steps.task_info_seeds()
         if options.rollout is not None:
             steps.rollout(options.rollout)
+            steps.recount_traces()  # the check's own rollout is a session too
         else:
             report.checks.append(CheckResult("rollout", "skip", actual="not asked (--rollout)"))
 

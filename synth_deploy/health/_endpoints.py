@@ -170,12 +170,7 @@ class EndpointSteps:
                 f"the key sent ({self.key_label}) is not one the app accepts: give the server "
                 f"and this check the same ENVIRONMENT_API_KEY and restart the server"), latency)
             return False
-        if isinstance(data.get("tracing"), dict):
-            tracing = data["tracing"]
-            self.report.traces = {"enabled": bool(tracing.get("enabled")),
-                                  "destination": tracing.get("destination"),
-                                  "durable": tracing.get("durable"),
-                                  "sessions": tracing.get("sessions")}
+        self._read_traces(data)
         if isinstance(data.get("identity"), dict):
             identity = data["identity"]
             self.report.identity = {k: identity.get(k) for k in ("version", "digest", "label")}
@@ -187,6 +182,23 @@ class EndpointSteps:
             return True
         self.passed("health", expected, dx.describe(response), latency)
         return True
+
+    def _read_traces(self, health: Any) -> None:
+        if isinstance(health, dict) and isinstance(health.get("tracing"), dict):
+            tracing = health["tracing"]
+            self.report.traces = {"enabled": bool(tracing.get("enabled")),
+                                  "destination": tracing.get("destination"),
+                                  "durable": tracing.get("durable"),
+                                  "sessions": tracing.get("sessions")}
+
+    def recount_traces(self) -> None:
+        """The traces /health describes, read again: the sessions stored so far include the
+        check's own rollout (the count read before it would be one short)."""
+        if self.report.traces is None:
+            return
+        response, _, failure = self.request("GET", "/health", key=self.api_key)
+        if failure is None and response.status_code == 200:
+            self._read_traces(dx.body_json(response))
 
     def auth(self) -> None:
         """Rollouts without a key and with a wrong key must be refused. ``/health`` is asked

@@ -20,12 +20,15 @@ The modules, one concept each:
     _credentials   has_modal_token   is there a Modal token, answered locally
     _reachability  require_modal_reachable   does Modal's API answer, within a deadline
     _deployment    deploy            plan ▸ validate ▸ modal deploy ▸ URL ▸ healthy ▸ .env
+    _deployed      stop_app          the kit's deployed apps, listed and stopped
     _trace_volume  VolumeSnapshots   a container's new traces, copied to the Volume each interval
     _trace_pull    pull_traces       the Volume's traces, merged into a local store
 """
 
+from synth_deploy.modal._container import container_memory
 from synth_deploy.modal._container import web as container_app
 from synth_deploy.modal._credentials import has_modal_token, require_modal_token
+from synth_deploy.modal._deployed import DeployedApp, StopResult, deployed_apps, stop_app
 from synth_deploy.modal._deployment import (
     DeployOptions,
     DeployResult,
@@ -59,9 +62,11 @@ from synth_deploy.modal._trace_pull import (
     FilePull,
     PullResult,
     TraceVolume,
+    UnreadFile,
     pull_traces,
 )
 from synth_deploy.modal._trace_volume import (
+    CONTAINER_MEMORY_VAR,
     DEFAULT_TRACE_COMMIT_S,
     TRACE_VOLUME_MOUNT,
     VolumeSnapshots,
@@ -69,6 +74,7 @@ from synth_deploy.modal._trace_volume import (
 )
 
 __all__ = [
+    "CONTAINER_MEMORY_VAR",
     "DEFAULT_TRACE_COMMIT_S",
     "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
@@ -78,6 +84,7 @@ __all__ = [
     "DeployOptions",
     "DeployPlan",
     "DeployResult",
+    "DeployedApp",
     "FilePull",
     "ImageRecipe",
     "LocalDir",
@@ -87,16 +94,20 @@ __all__ = [
     "ModalSettings",
     "PullResult",
     "SecretSource",
+    "StopResult",
     "TRACE_VOLUME_MOUNT",
     "TraceVolume",
+    "UnreadFile",
     "VolumeSnapshots",
     "build_modal_app",
     "app_logs",
     "build_plan",
     "container_app",
+    "container_memory",
     "default_trace_volume",
     "dependency_closure",
     "deploy",
+    "deployed_apps",
     "find_web_url",
     "has_modal_token",
     "modal_api_endpoints",
@@ -106,6 +117,7 @@ __all__ = [
     "require_modal_reachable",
     "require_modal_token",
     "serve_dev",
+    "stop_app",
     "validate_locally",
     "web_function",
 ]

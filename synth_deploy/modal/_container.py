@@ -22,6 +22,7 @@ from synth_deploy.env import Env, load_env
 from synth_deploy.errors import TaskAppError, TraceStoreError
 from synth_deploy.handoff import TASK_APP_VAR
 from synth_deploy.modal._trace_volume import (
+    CONTAINER_MEMORY_VAR,
     DEFAULT_TRACE_COMMIT_S,
     TRACE_COMMIT_VAR,
     TRACE_VOLUME_DIR_VAR,
@@ -30,6 +31,7 @@ from synth_deploy.modal._trace_volume import (
     modal_volume_commit,
     with_snapshots,
 )
+from synth_deploy.tracing import pending_limit
 
 if TYPE_CHECKING:
     from synth_deploy.tracing import TraceDbSetting
@@ -79,7 +81,8 @@ def web() -> Any:
     traces = resolve_trace_db(None, env) if tracing_enabled(env) else None
     snapshots = _volume_snapshots(env, traces)
     if traces is not None and snapshots is not None:  # read at home, from the Volume
-        traces = replace(traces, session_log=True)
+        traces = replace(traces, session_log=True,
+                         session_log_limit=pending_limit(container_memory(env)))
     settings = ServeSettings.resolve(str(_app_file(ref)), env, key_rule="required",
                                      traces=traces,
                                      trace_destination=_destination(env, traces, snapshots))
@@ -92,6 +95,30 @@ def web() -> Any:
         logger.warning("traces are not recorded in this container: %s", exc)
         return LocalRunner(replace(settings, traces=None, trace_destination=None)).build()
     return app if snapshots is None else with_snapshots(app, snapshots)
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# cgroup v2's limit, then v1's; v1 says "no limit" with a number near 2**63.
+_CGROUP_LIMITS = ("memory.max", "memory/memory.limit_in_bytes")
+_NO_LIMIT_FROM = 1 << 60
+
+
+def container_memory(env: Env, cgroup: Path = CGROUP_ROOT) -> int | None:
+    """The container's memory in bytes: the lower of what its Modal ``memory`` setting asks
+    for (`CONTAINER_MEMORY_VAR`, MiB) and its cgroup's limit, where either is known."""
+    known = []
+    setting = env.get(CONTAINER_MEMORY_VAR) or ""
+    if setting.isdigit() and int(setting) > 0:
+        known.append(int(setting) << 20)
+    for name in _CGROUP_LIMITS:
+        try:
+            text = (cgroup / name).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit() and 0 < int(text) < _NO_LIMIT_FROM:
+            known.append(int(text))
+        break  # the first file present is the hierarchy in use ("max": no limit)
+    return min(known, default=None)
 
 
 def _volume_snapshots(env: Env, traces: TraceDbSetting | None) -> VolumeSnapshots | None:
@@ -114,6 +141,8 @@ def _destination(env: Env, traces: TraceDbSetting | None,
         return {"destination": traces.display, "durable": True}
     if snapshots is None:
         return {"destination": "this container's disk (lost with it)", "durable": False}
+    held = (traces.session_log_limit or pending_limit(None)) >> 20
     return {"destination": f"Modal Volume {env.get(TRACE_VOLUME_VAR)}: {snapshots.pattern}, "
-                           f"new sessions committed every {snapshots.every_s:g}s and at drain",
+                           f"new sessions committed every {snapshots.every_s:g}s and at drain; "
+                           f"up to {held} MiB held while copies fail",
             "durable": True}

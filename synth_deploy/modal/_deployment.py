@@ -264,16 +264,10 @@ def app_logs(app: str, env: Env, *, follow: bool = False, tail: int | None = Non
     """A deployed app's logs, from Modal (`modal app logs`), line by line to ``on_line``
     (the app's keys redacted). ``app``: a task app id or file (its Modal app name is the
     deploy's), else a Modal app name as is. ``follow``: stream until interrupted."""
-    from synth_deploy.errors import AppNotFoundError
-    from synth_deploy.taskapp.registry import load_app
+    from synth_deploy.modal._deployed import deployed_target
 
-    secrets: tuple[str, ...] = tuple(v for v in (env.get("ENVIRONMENT_API_KEY"),) if v)
-    try:
-        plan = build_plan(load_app(app), env, modal_environment=modal_environment)
-        name, modal_environment, secrets = (plan.app_name, plan.modal_environment,
-                                            tuple(plan.secret_values()))
-    except AppNotFoundError:
-        name = app  # not an app here: a Modal app's own name
+    target = deployed_target(app, env, modal_environment)
+    name, modal_environment, secrets = target.name, target.modal_environment, target.secrets
     require_modal_token(env)
     require_modal_reachable(env, connect_timeout_s)  # `modal` would retry in silence
     args = ["app", "logs", name, *(["-f"] if follow else []),

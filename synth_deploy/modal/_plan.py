@@ -18,6 +18,7 @@ from synth_deploy.modal._image import ImageRecipe, app_remote_file
 from synth_deploy.modal._secrets import SecretSource, resolve_secrets
 from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
 from synth_deploy.modal._trace_volume import (
+    CONTAINER_MEMORY_VAR,
     TRACE_COMMIT_VAR,
     TRACE_VOLUME_DIR_VAR,
     TRACE_VOLUME_MOUNT,
@@ -166,6 +167,8 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
                              "mounted there", hint="mount your Volume at another path")
         volume_env = {TRACE_VOLUME_VAR: volume, TRACE_COMMIT_VAR: f"{settings.trace_commit_s:g}",
                       TRACE_VOLUME_DIR_VAR: f"{TRACE_VOLUME_MOUNT}/{app_name}"}
+        if settings.memory is not None:
+            volume_env[CONTAINER_MEMORY_VAR] = str(settings.memory)
     return DeployPlan(
         app_id=entry.app_id,
         source=source,

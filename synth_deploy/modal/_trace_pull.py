@@ -14,8 +14,10 @@ a run: a few new beside many merged) run `FETCHES_AT_ONCE` calls at a time, ahea
 merge. A ledger beside the downloads records each file once merged (with a session of it, so
 that a store made afresh gets every file again): a second pull downloads and reads nothing
 it merged before, a pull cut short starts again from the first file it had not finished, and
-a session merged before is skipped in any case (`merge_trace_file`). Modal is reached only
-through `ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
+a session merged before is skipped in any case (`merge_trace_file`). A file that cannot be
+read (`UnreadFile`: damaged, or from a newer kit) stops nothing: it is left out of the
+ledger, its copy kept, the other files merged, and the next pull tries it again. Modal is
+reached only through `ModalCLI`, a bounded child process (tests pass a stand-in `modal`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shlex
 import shutil
 import threading
 from collections.abc import Callable
@@ -38,6 +41,13 @@ from synth_deploy.modal._modal_cli import ModalCLI, ModalCLIError
 from synth_deploy.modal._plan import deployed_trace_destination
 from synth_deploy.modal._reachability import DEFAULT_CONNECT_TIMEOUT_S, require_modal_reachable
 from synth_deploy.modal._trace_volume import default_trace_volume, trace_file_container
+from synth_deploy.tracing import (
+    NotATraceDbError,
+    SchemaTooNewError,
+    TraceDbMissingError,
+    TraceFormatError,
+    merge_trace_file,
+)
 
 DEFAULT_PULL_TIMEOUT_S = 300.0
 LEDGER_NAME = "pulled.json"
@@ -47,6 +57,9 @@ ONE_FETCH_FROM = 4
 # most this many copies wait on disk): each call is mostly its start and its connection.
 FETCHES_AT_ONCE = 4
 _FETCHING = ".fetching"  # where a folder fetch lands, beside the ledger
+# What reading one file raises when that file is at fault: it is skipped and named. The
+# store's own failures (a full disk, a locked database) stop the pull.
+_FILE_FAULTS = (NotATraceDbError, SchemaTooNewError, TraceDbMissingError, TraceFormatError)
 
 
 @dataclass(frozen=True)
@@ -85,11 +98,25 @@ class ContainerPull:
 
 
 @dataclass(frozen=True)
+class UnreadFile:
+    """A file a pull could not read: not merged, not in the ledger (the next pull tries it
+    again), its copy kept for a look."""
+
+    path: str  # in the Volume
+    container: str
+    reason: str
+    hint: str
+    inspect: str  # the command that fetches it as the Volume holds it
+    copy: str  # where this pull's copy of it is kept
+
+
+@dataclass(frozen=True)
 class PullResult:
     volume: str
     folder: str
     trace_db: str
     files: list[FilePull] = field(default_factory=list)
+    unread: list[UnreadFile] = field(default_factory=list)
 
     @property
     def added(self) -> int:
@@ -123,7 +150,8 @@ class PullResult:
                 "files": len(self.files), "downloaded": sum(1 for f in self.files if f.bytes),
                 "sessions_added": self.added, "sessions_skipped": self.skipped,
                 "sessions_amended": self.amended,
-                "bytes": self.bytes, "containers": [asdict(c) for c in self.containers]}
+                "bytes": self.bytes, "containers": [asdict(c) for c in self.containers],
+                "unread": [asdict(u) for u in self.unread]}
 
 
 class TraceVolume:
@@ -201,7 +229,8 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
     `ModalSettings` give them), else a Modal app's own name (Volume ``<app>-traces``);
     ``volume`` names the Volume outright. ``download_dir`` keeps the files and the ledger
     between pulls (default: ``pulled/`` beside a local store, ``traces/pulled`` for a
-    remote one); ``on_file(done, total)`` hears each file finished. Raises `DeployError`
+    remote one); ``on_file(done, total)`` hears each file finished; a file that cannot be
+    read is in the result's ``unread``, the others merged. Raises `DeployError`
     with the fix when Modal is not reachable, has no token, or has no such Volume, and when
     the app records nowhere a pull can reach.
     """
@@ -246,10 +275,13 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
                     os.replace(early, local)
                 else:
                     singles.wait(file)
-                result.files.append(_merge_one(store, trace_volume.name, file, local,
-                                               ledger))
-                _write_ledger(ledger_path, ledger)
-                local.unlink()  # its sessions are in the store: the copy would double the disk
+                try:
+                    result.files.append(_merge_one(store, file, local, ledger))
+                except _FILE_FAULTS as exc:
+                    result.unread.append(_unread(trace_volume.name, file, local, exc))
+                else:
+                    _write_ledger(ledger_path, ledger)
+                    local.unlink()  # its sessions are in the store: a copy would double the disk
             if on_file is not None:
                 on_file(done, len(files))
     finally:
@@ -305,24 +337,26 @@ def _stamp(file: VolumeFile) -> dict[str, Any]:
     return {"size": file.size, "modified": file.modified}
 
 
-def _merge_one(store: Any, volume: str, file: VolumeFile, local: Path,
+def _merge_one(store: Any, file: VolumeFile, local: Path,
                ledger: dict[str, Any]) -> FilePull:
     """Merge ``local`` (the copy of ``file``); the ledger records it with one of its
     sessions."""
-    from synth_deploy.tracing import merge_trace_file
-
     fetched = local.stat().st_size
-    try:
-        merged = merge_trace_file(store, local)
-    except TraceStoreError as exc:
-        raise TraceStoreError(
-            f"{volume}:{file.path} is not a trace file we can read ({exc.message})",
-            hint=f"the files before it were merged; pull again once the container has "
-                 f"committed it whole, or remove it (modal volume rm {volume} "
-                 f"{file.path})") from exc
+    merged = merge_trace_file(store, local)
     # What a later pull reports as already here: the sessions this file brought.
     ledger[file.path] = {**_stamp(file), "added": merged.added, "probe": merged.probe}
     return FilePull(file.container, fetched, merged.added, merged.skipped, merged.amended)
+
+
+def _unread(volume: str, file: VolumeFile, local: Path, exc: TraceStoreError) -> UnreadFile:
+    if isinstance(exc, SchemaTooNewError):  # good data: a newer kit reads it
+        hint = f"{exc.hint}, then pull again: the file stays on the Volume and merges then"
+    else:
+        hint = ("the other files were merged; the next pull tries this one again (a file "
+                "fetched while it was written merges then)")
+    inspect = shlex.join(["modal", "volume", "get", volume, file.path, local.name])
+    reason = exc.message.replace(str(local), "its copy")  # the path is said once, as `copy`
+    return UnreadFile(file.path, file.container, reason, hint, inspect, str(local))
 
 
 def _still_merged(entry: Any, file: VolumeFile, store: Any) -> bool:
@@ -363,4 +397,4 @@ def _volume_of(app: str, env: Env, volume: str | None) -> tuple[str, str]:
 
 
 __all__ = ["DEFAULT_PULL_TIMEOUT_S", "ContainerPull", "FilePull", "PullResult", "TraceVolume",
-           "VolumeFile", "pull_traces"]
+           "UnreadFile", "VolumeFile", "pull_traces"]

@@ -50,6 +50,9 @@ TRACE_VOLUME_MOUNT = "/synth-traces"
 TRACE_VOLUME_VAR = "SYNTH_TRACE_VOLUME"  # the Volume's name
 TRACE_VOLUME_DIR_VAR = "SYNTH_TRACE_VOLUME_DIR"  # where this app's files go on it
 TRACE_COMMIT_VAR = "SYNTH_TRACE_COMMIT_S"
+# The container's memory (MiB) as its `ModalSettings.memory` asks for it: its session log
+# holds a share of it (`synth_deploy.tracing.pending_limit`).
+CONTAINER_MEMORY_VAR = "SYNTH_CONTAINER_MEMORY_MIB"
 DEFAULT_TRACE_COMMIT_S = 10.0
 SNAPSHOT_SUFFIX = ".db"
 LOG_SUFFIX = ".log"
@@ -309,7 +312,7 @@ def with_snapshots(app: Any, snapshots: VolumeSnapshots) -> Any:
     return traced_app
 
 
-__all__ = ["DEFAULT_TRACE_COMMIT_S", "LOG_SUFFIX", "SNAPSHOT_SUFFIX", "TRACE_COMMIT_VAR",
-           "TRACE_VOLUME_DIR_VAR", "TRACE_VOLUME_MOUNT", "TRACE_VOLUME_VAR",
+__all__ = ["CONTAINER_MEMORY_VAR", "DEFAULT_TRACE_COMMIT_S", "LOG_SUFFIX", "SNAPSHOT_SUFFIX",
+           "TRACE_COMMIT_VAR", "TRACE_VOLUME_DIR_VAR", "TRACE_VOLUME_MOUNT", "TRACE_VOLUME_VAR",
            "VolumeSnapshots", "default_trace_volume", "modal_volume_commit", "segment_name",
            "trace_file_container", "with_snapshots"]

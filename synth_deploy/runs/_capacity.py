@@ -218,7 +218,10 @@ async def ramp_capacity(target: RunTarget, options: LoadOptions, body_for: BodyF
         started = time.perf_counter()
         outcomes = await run_rollouts(
             target.url, target.api_key, seeds, target.policy,
-            RunOptions(mode="rl", concurrency=concurrency, max_time_s=options.budget_s),
+            # Measured as they come: a failure is where the app gives way, never retried
+            # or cut short.
+            RunOptions(mode="rl", concurrency=concurrency, max_time_s=options.budget_s,
+                       retries=0, stop_after_failures=None),
             return_trace=target.trace_store is not None, on_outcome=on_outcome, bodies=bodies)
         level = LoadLevel(concurrency, outcomes, time.perf_counter() - started,
                           options.budget_s, options.error_rate_limit)

@@ -80,6 +80,7 @@ class DeterminismResult:
     rewards: tuple[float | None, float | None] = (None, None)
     error: str | None = None
     policy_deterministic: bool = True  # the mock at temperature 0; a real endpoint may not be
+    seed_ignored: str | None = None  # the episode's note: its environment's reset takes no seed
 
     @property
     def deterministic(self) -> bool:
@@ -89,7 +90,8 @@ class DeterminismResult:
         return {"seed": self.seed, "deterministic": self.deterministic,
                 "task_info_difference": self.task_info_difference,
                 "rollout_difference": self.rollout_difference, "rewards": list(self.rewards),
-                "policy_deterministic": self.policy_deterministic, "error": self.error}
+                "policy_deterministic": self.policy_deterministic,
+                "seed_ignored": self.seed_ignored, "error": self.error}
 
 
 def _comparable(answer: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +145,9 @@ async def check_determinism(base_url: str, api_key: str, seed: int,
                                   else f"{type(exc).__name__}: {exc}", hidden)
             return result
     result.rewards = (_reward(answers[0]), _reward(answers[1]))
+    details = (answers[0].get("metrics") or {}).get("details")
+    if isinstance(details, dict) and isinstance(details.get("seed_ignored"), str):
+        result.seed_ignored = details["seed_ignored"]
     result.rollout_difference = first_difference(_comparable(answers[0]),
                                                  _comparable(answers[1]))
     return result

@@ -1,11 +1,11 @@
 """The built-in mock policy: an OpenAI-compatible chat completions server for smoke runs.
 
 It answers any ``POST …/chat/completions`` (so ``http://host:port/v1`` works as an
-``inference_url``, with or without ``?cid=``). It is a deterministic "noisy solver": when the
-last user message holds an arithmetic expression it evaluates it and answers
-``Answer: N``, wrong on purpose for about one prompt in six; otherwise it guesses from the
-numbers it sees. Rewards through it are therefore mixed, like a real small model's, and the
-same prompt always gets the same answer.
+``inference_url``, with or without ``?cid=``), and ``GET …/models`` with its one model. It
+is a deterministic "noisy solver": when the last user message holds an arithmetic expression
+it evaluates it and answers ``Answer: N``, wrong on purpose for about one prompt in six;
+otherwise it guesses from the numbers it sees. Rewards through it are therefore mixed, like
+a real small model's, and the same prompt always gets the same answer.
 
 Asked to sample (``temperature`` > 0, as a trainer does), it answers like a sampled model
 instead: each prompt has its own difficulty, and each sample is wrong with a probability that
@@ -128,9 +128,28 @@ async def _chat_completions(request: Request) -> JSONResponse:
     })
 
 
+_STARTED = int(time.time())
+
+
+async def _models(request: Request) -> JSONResponse:
+    """OpenAI's ``GET …/models`` (which OpenAI clients ask first) and ``…/models/{id}``:
+    the one model it serves."""
+    model = {"id": MOCK_MODEL, "object": "model", "created": _STARTED,
+             "owned_by": "synth-deploy"}
+    path = request.url.path.rstrip("/")
+    if path.endswith("/models"):
+        return JSONResponse({"object": "list", "data": [model]})
+    if path.endswith(f"/models/{MOCK_MODEL}"):
+        return JSONResponse(model)
+    return JSONResponse({"error": {"message": f"no such route or model: GET {path} (the mock "
+                                              f"policy serves {MOCK_MODEL})",
+                                   "type": "invalid_request_error"}}, status_code=404)
+
+
 def create_mock_policy_app() -> Any:
     """A Starlette app serving the mock policy; ``app.state.requests`` counts calls."""
-    app = Starlette(routes=[Route("/{path:path}", _chat_completions, methods=["POST"])])
+    app = Starlette(routes=[Route("/{path:path}", _chat_completions, methods=["POST"]),
+                            Route("/{path:path}", _models, methods=["GET"])])
     app.state.requests = 0
     app.state.correlation_ids = []
     return app

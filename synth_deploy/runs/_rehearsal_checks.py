@@ -48,6 +48,8 @@ def step_check(step: StepResult) -> RehearsalCheck:
                f"concurrency {step.concurrency} · {run} · {tokens}")
     details = [f"{count}× {cause}" for cause, count in step.causes()]
     if step.failures:
+        kinds = ", ".join(f"{kind} {n}" for kind, n in step.failure_kinds().items())
+        details.append(f"by kind: {kinds}")
         return RehearsalCheck("training step", "fail", finding, details=details,
                               fix="fix the causes listed: the trainer gets no reward from a "
                                   "failed rollout", data=step.to_dict())
@@ -150,6 +152,12 @@ def determinism_check(result: DeterminismResult) -> RehearsalCheck:
                 "determinism", "warn", finding, data=data,
                 fix="may be the policy (a real endpoint need not be deterministic at "
                     "temperature 0); rerun with the mock policy to tell")
+        if result.seed_ignored:  # no RNG of theirs can be seeded from a seed never passed
+            return RehearsalCheck(
+                "determinism", "fail", f"{finding} ({result.seed_ignored})", data=data,
+                fix="the environment's reset() takes no seed, so nothing it draws can follow "
+                    "the seed: add a `seed` parameter to reset() and seed its RNG from it "
+                    "(the kit passes the seed to a reset() that accepts one)")
         return RehearsalCheck(
             "determinism", "fail", finding, data=data,
             fix="the environment draws randomness that is not derived from the seed: seed "

@@ -48,6 +48,12 @@ class RunOptions:
     concurrency: int = 8  # rollouts in flight
     max_time_s: float = 300.0  # each rollout's safety.max_time_s
     split: str | None = None  # env.config.split sent with each seed
+    # A failed rollout whose failure says a retry may help is sent again (a new run id),
+    # this many times at most; others are final.
+    retries: int = 1
+    # The run stops (seeds not started are not run) after this many failures in a row:
+    # a dead policy or environment fails every seed alike. None: never.
+    stop_after_failures: int | None = 10
 
 
 @dataclass(frozen=True)
@@ -80,9 +86,15 @@ class RolloutOutcome:
     warning: str | None = None  # e.g. its returned trace could not be stored
     ledger: CostLedger | None = None  # tokens in/out, LM, environment and wall time
     path: RolloutPath | None = None  # how it reached the app
+    # A failure's: who failed (the server's classification: policy, network, environment,
+    # client, store, kit) and whether sending it again may help.
+    kind: str | None = None
+    retryable: bool | None = None
+    attempts: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "run_id": self.run_id, "ok": self.ok, "status": self.status,
+                "kind": self.kind, "retryable": self.retryable, "attempts": self.attempts,
                 "path": self.path.to_dict() if self.path is not None else None,
                 "latency_s": round(self.latency_s, 4), "reward": self.reward,
                 "outcome_score": self.outcome_score, "events_score": self.events_score,
@@ -109,10 +121,16 @@ class RunReport:
     outcomes: list[RolloutOutcome]
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    stopped: str | None = None  # why the run stopped before its last seed, when it did
 
     @property
     def errors(self) -> int:
         return sum(not o.ok for o in self.outcomes)
+
+    @property
+    def failure_kinds(self) -> dict[str, int]:
+        """Failed rollouts by who failed (`RolloutOutcome.kind`), most first."""
+        return failure_breakdown(self.outcomes)
 
     @property
     def mean_reward(self) -> float | None:
@@ -145,7 +163,8 @@ class RunReport:
     def summary(self) -> dict[str, Any]:
         return {
             "rollouts": len(self.outcomes), "ok": len(self.outcomes) - self.errors,
-            "errors": self.errors, "mean_reward": self.mean_reward,
+            "errors": self.errors, "failure_kinds": self.failure_kinds,
+            "stopped": self.stopped, "mean_reward": self.mean_reward,
             "mean_outcome_score": self._mean("outcome_score"),
             "mean_events_score": self._mean("events_score"),
             "latency_p50_s": self.latency_p50_s, "latency_p95_s": self.latency_p95_s,
@@ -179,6 +198,34 @@ def rollout_request(seed: int, policy: PolicyTarget, options: RunOptions = RunOp
     }
 
 
+class FailureStreak:
+    """Failures in a row, in the order rollouts end: past ``limit`` the run stops (`why`)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.run: list[RolloutOutcome] = []
+        self.why: str | None = None
+
+    def add(self, outcome: RolloutOutcome) -> None:
+        if outcome.ok:
+            self.run.clear()
+            return
+        self.run.append(outcome)
+        if self.why is None and self.limit is not None and len(self.run) >= self.limit:
+            kinds = ", ".join(f"{kind} {n}" for kind, n in failure_breakdown(self.run).items())
+            self.why = f"stopped after {len(self.run)} failed rollouts in a row ({kinds})"
+
+
+def failure_breakdown(outcomes: Sequence[RolloutOutcome]) -> dict[str, int]:
+    """Failed ``outcomes`` by kind (``unclassified`` when the app did not say), most first."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        if not outcome.ok:
+            kind = outcome.kind or "unclassified"
+            counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
 async def run_rollouts(
     base_url: str,
     api_key: str,
@@ -190,10 +237,14 @@ async def run_rollouts(
     on_outcome: Callable[[RolloutOutcome], None] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     bodies: Sequence[dict[str, Any]] | None = None,
+    streak: FailureStreak | None = None,
 ) -> list[RolloutOutcome]:
     """Run one rollout per seed, at most ``options.concurrency`` at a time; outcomes in seed
     order. ``bodies[i]``, when given, is sent for ``seeds[i]`` as it is (a trainer's request:
-    `rehearse`); otherwise each body is `rollout_request(seed, ...)`."""
+    `rehearse`); otherwise each body is `rollout_request(seed, ...)`. A retryable failure is
+    sent again up to ``options.retries`` times; once ``streak`` (by default, one of
+    ``options.stop_after_failures``) stops the run, seeds not started are left out."""
+    streak = streak or FailureStreak(options.stop_after_failures)
     concurrency, max_time_s = options.concurrency, options.max_time_s
     limit = asyncio.Semaphore(max(1, concurrency))
     secrets = [api_key] + ([policy.api_key] if policy.api_key else [])
@@ -206,31 +257,44 @@ async def run_rollouts(
                                  follow_redirects=True, verify=client_ssl_context()) as client:
         path = await rollout_path(client)
 
-        async def one(index: int, seed: int) -> RolloutOutcome:
+        async def attempt(seed: int, body: dict[str, Any]) -> RolloutOutcome:
+            started = time.perf_counter()
+            try:
+                if path.name == "async":
+                    status, data = await submit_and_poll(client, body, max_time_s)
+                    return _outcome(seed, body["run_id"], status, data, "",
+                                    time.perf_counter() - started)
+                resp = await client.post("/rollout", json=body)
+                return _outcome(seed, body["run_id"], resp.status_code, _json_or_none(resp),
+                                resp.text, time.perf_counter() - started)
+            except httpx.HTTPError as exc:  # no answer: the network's, worth another try
+                return RolloutOutcome(seed, body["run_id"], False, None,
+                                      time.perf_counter() - started,
+                                      error=redact(transport_error(exc), secrets),
+                                      kind="network", retryable=True)
+
+        async def one(index: int, seed: int) -> RolloutOutcome | None:
             body = bodies[index] if bodies is not None else rollout_request(
                 seed, policy, options, return_trace=return_trace)
             async with limit:
-                started = time.perf_counter()
-                try:
-                    if path.name == "async":
-                        status, data = await submit_and_poll(client, body, max_time_s)
-                        outcome = _outcome(seed, body["run_id"], status, data, "",
-                                           time.perf_counter() - started)
-                    else:
-                        resp = await client.post("/rollout", json=body)
-                        data = _json_or_none(resp)
-                        outcome = _outcome(seed, body["run_id"], resp.status_code, data,
-                                           resp.text, time.perf_counter() - started)
-                except httpx.HTTPError as exc:
-                    outcome = RolloutOutcome(seed, body["run_id"], False, None,
-                                             time.perf_counter() - started,
-                                             error=redact(transport_error(exc), secrets))
+                if streak.why is not None:
+                    return None  # the run has stopped: this seed is not run
+                outcome = await attempt(seed, body)
+                while not outcome.ok and outcome.retryable and \
+                        outcome.attempts <= options.retries and streak.why is None:
+                    # A new id: under the same one an app answers the failure it stored.
+                    retried = await attempt(seed, {**body, "run_id": f"{body['run_id']}-"
+                                                               f"r{outcome.attempts}"})
+                    retried.attempts = outcome.attempts + 1
+                    outcome = retried
             outcome.path = path
+            streak.add(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)
             return outcome
 
-        return list(await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds))))
+        ran = await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds)))
+        return [outcome for outcome in ran if outcome is not None]
 
 
 async def rollout_path(client: httpx.AsyncClient) -> RolloutPath:
@@ -308,8 +372,10 @@ def _outcome(seed: int, run_id: str, status_code: int, data: Any, text: str,
              latency: float) -> RolloutOutcome:
     status = answered_status(status_code, data)
     if status != 200 or not isinstance(data, dict):
+        kind, retryable = failure_kind(status, data)
         return RolloutOutcome(seed, run_id, False, status, latency,
-                              error=_error_message(status, text, data))
+                              error=_error_message(status, text, data), kind=kind,
+                              retryable=retryable)
     metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
     reward = metrics.get("outcome_reward")
     if reward is None:
@@ -391,6 +457,25 @@ _PROXY_STATUS = {
 }
 
 
+def failure_kind(status: int, data: Any) -> tuple[str | None, bool | None]:
+    """Who failed a rollout answered ``status`` with ``data``, and whether a retry may help:
+    as the app classified it (``detail.error.kind``/``retryable``, or a synth-containers
+    document's ``error``); else from the status alone, for apps that do not say (a proxy's
+    5xx and a 429 are the network's and retryable, a 4xx the client's; other answers are
+    left unclassified)."""
+    error: Any = None
+    if isinstance(data, dict):
+        detail = data.get("detail")
+        error = detail.get("error") if isinstance(detail, dict) else data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("kind"), str):
+        return error["kind"], bool(error.get("retryable"))
+    if status in _PROXY_STATUS or status in (429, 503):
+        return "network", True
+    if 400 <= status < 500:
+        return "client", False
+    return None, None
+
+
 def _error_message(status: int, text: str, data: Any) -> str:
     if isinstance(data, dict):
         detail = data.get("detail")
@@ -418,6 +503,7 @@ def transport_error(exc: httpx.HTTPError) -> str:
     return f"{type(exc).__name__}: {why}"
 
 
-__all__ = ["PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions", "RunReport",
+__all__ = ["FailureStreak", "PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions",
+           "RunReport", "failure_breakdown", "failure_kind",
            "path_notes", "rollout_ledger", "rollout_path", "rollout_request", "rollout_tokens",
            "run_ledger", "run_rollouts", "submit_and_poll"]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from synth_deploy.env import ENVIRONMENT_API_KEY, Env, missing_key_hint
 from synth_deploy.errors import AppNotFoundError, UsageError
 from synth_deploy.runs._rollouts import (
+    FailureStreak,
     PolicyTarget,
     RolloutOutcome,
     RunOptions,
@@ -202,13 +203,22 @@ def run_seeds(target: RunTarget, seeds: Sequence[int], options: RunOptions = Run
     # server stores them itself.
     store_here = target.trace_store is not None
     started = time.perf_counter()
+    streak = FailureStreak(options.stop_after_failures)
     outcomes = asyncio.run(run_rollouts(target.url, target.api_key, seeds, target.policy,
                                         options, return_trace=store_here,
-                                        on_outcome=on_outcome))
+                                        on_outcome=on_outcome, streak=streak))
     elapsed = time.perf_counter() - started
     store_returned_traces(target, outcomes)
+    stopped = None
+    if streak.why is not None:
+        left = len(seeds) - len(outcomes)
+        stopped = f"{streak.why}; {plural_seeds(left)} not run"
     return RunReport(target.url, options.mode, concurrency, outcomes, elapsed,
-                     notes + path_notes(outcomes))
+                     notes + path_notes(outcomes), stopped=stopped)
+
+
+def plural_seeds(n: int) -> str:
+    return f"{n} seed{'' if n == 1 else 's'}"
 
 
 def store_returned_traces(target: RunTarget, outcomes: Sequence[RolloutOutcome]) -> None:

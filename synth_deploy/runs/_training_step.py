@@ -14,7 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from synth_deploy.runs._rollouts import RolloutOutcome, RunOptions, run_ledger, run_rollouts
+from synth_deploy.runs._rollouts import (
+    RolloutOutcome,
+    RunOptions,
+    failure_breakdown,
+    run_ledger,
+    run_rollouts,
+)
 from synth_deploy.runs._suite import RunTarget, store_returned_traces
 from synth_deploy.runs._trainer_plan import TrainerPlan, fold_run_ids, trainer_request
 
@@ -91,6 +97,10 @@ class StepResult:
     def max_latency_s(self) -> float | None:
         return max((o.latency_s for o in self.outcomes), default=None)
 
+    def failure_kinds(self) -> dict[str, int]:
+        """Failed rollouts by who failed, most first."""
+        return failure_breakdown(self.outcomes)
+
     def causes(self, limit: int = 5) -> list[tuple[str, int]]:
         """The most common failure messages (run ids folded), with their counts."""
         counted = Counter(fold_run_ids(o.error or f"HTTP {o.status}")
@@ -104,6 +114,7 @@ class StepResult:
                 "zero_variance_groups": self.zero_variance_groups,
                 "groups_without_rewards": self.groups_without_rewards,
                 "causes": [{"error": e, "count": n} for e, n in self.causes()],
+                "failure_kinds": self.failure_kinds(),
                 "wall_s": round(self.wall_s, 3), "concurrency": self.concurrency,
                 "projected_run_s": None if self.projected_run_s is None
                 else round(self.projected_run_s, 1),
@@ -125,7 +136,10 @@ async def run_training_step(target: RunTarget, plan: TrainerPlan, *, tag: str, s
     started = time.perf_counter()
     outcomes = await run_rollouts(
         target.url, target.api_key, [seed for _, seed in pairs], target.policy,
-        RunOptions(mode="rl", concurrency=concurrency, max_time_s=budget_s),
+        # Every rollout of the step, as a trainer gets it: its retryable failures retried
+        # once, none left out.
+        RunOptions(mode="rl", concurrency=concurrency, max_time_s=budget_s,
+                   stop_after_failures=None),
         return_trace=True, on_outcome=on_outcome, bodies=bodies)
     wall_s = time.perf_counter() - started
     store_returned_traces(target, outcomes)

@@ -2,10 +2,12 @@
 
     from synth_deploy.serving import LocalRunner, ServeSettings
 
-By role, as uvicorn's protocols/ and loops/ are: the app and its route table (`_server`,
-`_routes`), rollouts (`_rollout_endpoint`), admission (`_admission`), connections, auth,
-the vendor proxy, the one local runner every command uses (`_runner`), and one folder per
-protocol beyond synth-ai's `/rollout` (`openenv/`, `containers/`).
+By role, as uvicorn's protocols/ and loops/ are: the app's assembly (`_server`) and route
+table (`_routes`), the key gate (`_key_gate`), the core routes (`_core_routes`), the rollout
+run (`_rollout_run`: a typed outcome each protocol renders) and `/rollout`'s endpoint
+(`_rollout_endpoint`), admission (`_admission`), connections, auth, the vendor proxy, the one
+local runner every command uses (`_runner`), and one folder per protocol beyond synth-ai's
+`/rollout` (`openenv/`, `containers/`).
 
 Limits and keys (`_admission`, `_auth`) are light; the app, the runner and the server (fastapi,
 uvicorn) load on first use, so `synth-deploy --help` and `deploy --dry-run` pay for no server.

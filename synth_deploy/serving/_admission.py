@@ -23,7 +23,6 @@ cutoffs, and what a client may hold of its connections (`ConnectionLimits`, enfo
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -152,8 +151,8 @@ class RolloutStats:
         self._said = (errors, refused)
         if not durations and not self.in_flight and not new_refused:
             return None
-        parts = [f"{len(durations)} rollouts in {interval_s:g}s "
-                 f"({len(durations) / interval_s:.1f}/s)"]
+        parts = [f"{len(durations)} rollout{'' if len(durations) == 1 else 's'} in "
+                 f"{interval_s:.3g}s ({len(durations) / max(interval_s, 1e-3):.1f}/s)"]
         if durations:
             p50 = durations[len(durations) // 2]
             p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))]
@@ -185,32 +184,26 @@ def answered_status(status_code: int, body: Any) -> int:
 class InFlight:
     """One rollout in flight, as `EarlyHeads` keeps it: its early head and heartbeat (sent by
     a task of its own once due), and whether its client is still there. Once the rollout has
-    run a sweep's interval, a task waits for the client's disconnect: one that leaves while
-    the rollout is ``running`` cancels it (its slot comes back), and ``left`` says so."""
+    run a sweep's interval, a task waits for the client's disconnect: a client that leaves
+    asks ``stop`` (the rollout's `RolloutStop`) to stop it, and ``left`` says so."""
 
-    __slots__ = ("started", "send", "receive", "rollout", "task", "listener", "head_sent",
-                 "left", "running", "stored", "write_failed")
+    __slots__ = ("started", "send", "receive", "stop", "task", "listener", "head_sent", "left")
 
-    def __init__(self, started: float, send: Any, receive: Any) -> None:
+    def __init__(self, started: float, send: Any, receive: Any, stop: Any) -> None:
         self.started = started
         self.send, self.receive = send, receive
-        self.rollout = asyncio.current_task()
+        self.stop = stop
         self.task: asyncio.Task[None] | None = None
         self.listener: asyncio.Task[None] | None = None
         self.head_sent = False
         self.left = False
-        self.running = True  # False once the rollout's result is final (being stored)
-        # The session stored as answered ``ok`` (or whose write failed: it may land late),
-        # for the record to be corrected if that is not what the client got.
-        self.stored: str | None = None
-        self.write_failed = False
 
     async def listen(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":
             pass  # the body was read: nothing else comes before the disconnect
         self.left = True
-        if self.running and self.rollout is not None:
-            self.rollout.cancel()
+        if self.stop is not None:
+            self.stop.request("client_disconnected")
 
 
 def _client_gone(receive: Any) -> bool:
@@ -250,23 +243,28 @@ class EarlyHeads:
         self._running: dict[int, InFlight] = {}
         self._sweeping: asyncio.AbstractEventLoop | None = None  # the loop a sweep runs on
 
-    def watch(self, send: Any, receive: Any) -> InFlight:
+    def watch(self, send: Any, receive: Any, stop: Any = None) -> InFlight:
+        """Register a rollout starting now; ``stop``: what stops it if its client leaves
+        (an object with ``request(reason)``), None when nothing need be stopped."""
         loop = asyncio.get_running_loop()
-        pulse = InFlight(loop.time(), send, receive)
+        pulse = InFlight(loop.time(), send, receive, stop)
         self._running[id(pulse)] = pulse
         if self._sweeping is not loop:
             self._sweeping = loop
             loop.call_later(self.interval, self._sweep, loop)
         return pulse
 
-    async def answer(self, pulse: InFlight, response: Any, scope: Any, receive: Any) -> bool:
+    async def answer(self, pulse: InFlight, response: Any, scope: Any, receive: Any,
+                     late_body: bytes | None = None) -> bool:
         """Send ``response`` (a Starlette response with its body) for ``pulse``'s rollout;
-        False when its client had left before the last byte was handed to the server."""
+        False when its client had left before the last byte was handed to the server.
+        ``late_body``: what to send instead of the body once the 200 head has gone, for a
+        response of another status (its error document saying that status)."""
         del self._running[id(pulse)]
         if pulse.listener is None and _client_gone(receive):
             pulse.left = True  # a short rollout, no listener: its client left meanwhile
         try:
-            await self._send(pulse, response, scope, receive)
+            await self._send(pulse, response, scope, receive, late_body)
             # Read before the listener runs again: once the response is complete, the
             # server answers its receive with a disconnect whatever the client did.
             return not pulse.left
@@ -274,7 +272,8 @@ class EarlyHeads:
             if pulse.listener is not None:
                 pulse.listener.cancel()
 
-    async def _send(self, pulse: InFlight, response: Any, scope: Any, receive: Any) -> None:
+    async def _send(self, pulse: InFlight, response: Any, scope: Any, receive: Any,
+                    late_body: bytes | None) -> None:
         if pulse.task is not None:
             pulse.task.cancel()
             try:
@@ -284,13 +283,7 @@ class EarlyHeads:
         if not pulse.head_sent:
             await response(scope, receive, pulse.send)
             return
-        body = response.body
-        if response.status_code != 200:
-            document = json.loads(body)
-            error = document.get("detail", {}).get("error")
-            if isinstance(error, dict):
-                error["status"] = response.status_code
-            body = json.dumps(document).encode()
+        body = response.body if response.status_code == 200 or late_body is None else late_body
         await pulse.send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Router
 
 from synth_deploy.serving._failures import AppFailures
+from synth_deploy.serving._key_gate import KeyGate
 from synth_deploy.serving._request_guards import guarded
 from synth_deploy.serving.openenv._wire import KEYED_PREFIX, unkey
 from synth_deploy.taskapp.config import TaskAppConfig
@@ -35,11 +36,13 @@ class LeanProtocolPaths:
     _core_app: Any = None
     _rollout_app: Any = None
     _failures: AppFailures | None = None
+    _gate: KeyGate | None = None
 
-    def serve_core_routes(self, routes: list[BaseRoute], failures: AppFailures) -> None:
-        """Serve ``routes`` on the lean path; what escapes any route is logged by
-        ``failures``."""
-        self._failures = failures
+    def serve_core_routes(self, routes: list[BaseRoute], failures: AppFailures,
+                          gate: KeyGate) -> None:
+        """Serve ``routes`` on the lean path, every request behind ``gate``; what escapes
+        any route is logged by ``failures``."""
+        self._failures, self._gate = failures, gate
         self.router.routes.extend(routes)  # type: ignore[attr-defined]
         self._core_paths = frozenset(route.path for route in routes)  # type: ignore[attr-defined]
         self._core_app = guarded(Router(routes=routes))
@@ -49,8 +52,11 @@ class LeanProtocolPaths:
             r.endpoint for r in routes if r.path == "/rollout")  # type: ignore[attr-defined]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "lifespan" and scope["path"].startswith(KEYED_PREFIX):
-            unkey(scope)  # OpenEnv's base URL with the key in it: gone before any log
+        if scope["type"] != "lifespan":
+            if scope["path"].startswith(KEYED_PREFIX):
+                unkey(scope)  # OpenEnv's base URL with the key in it: gone before any log
+            if self._gate is not None and await self._gate(scope, receive, send):
+                return  # before routing and any middleware: wherever the app is served
         try:
             if (scope["type"] == "http" and scope["path"] in self._core_paths
                     and not self.user_middleware  # type: ignore[attr-defined]

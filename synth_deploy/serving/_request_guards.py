@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from synth_deploy.errors import BadRequest
 from synth_deploy.serving._responses import error_response
+from synth_deploy.taskapp.config import TaskAppConfig
 
 logger = logging.getLogger("synth_deploy.taskapp")
 
@@ -104,6 +105,15 @@ def requested_seeds(request: Request, limit: int) -> list[int]:
                              hint="leave the parameter out for the taskset; "
                                   "seeds=A,B takes no spaces or empty parts")
     return [int(text) for _, text in raw]
+
+
+def unknown_seed(config: TaskAppConfig, seed: int | None, field: str, *,
+                 status: int = 422) -> BadRequest | None:
+    """The refusal of a ``seed`` the app's datasets do not have (None: it has it, or no seed
+    was given), naming the request's ``field``: 422 for a rollout's, 404 for a lookup's."""
+    if seed is None or (why := config.dataset_registry.unknown_seed(seed)) is None:
+        return None
+    return BadRequest(why, status=status, code="unknown_seed", field=field)
 
 
 def bad_request_response(exc: BadRequest, **extra: Any) -> Response:

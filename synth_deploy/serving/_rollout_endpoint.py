@@ -8,30 +8,26 @@ size and shape, the seed; then the rollout, holding its slot until its answer is
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from synth_deploy.errors import BadRequest
-from synth_deploy.serving._admission import (
-    EarlyHeads,
-    InFlight,
-    RolloutLimits,
-    RolloutStats,
-    at_capacity,
-)
+from synth_deploy.serving._admission import EarlyHeads, RolloutLimits, RolloutStats, at_capacity
 from synth_deploy.serving._request_guards import (
     BodyTooLarge,
     bad_request_response,
     read_body,
     server_error,
+    unknown_seed,
     unsupported_media_type,
 )
 from synth_deploy.serving._responses import error_response, validation_errors
+from synth_deploy.serving._rollout_run import RolloutOutcome, RolloutRun, RolloutStop
 from synth_deploy.taskapp.config import TaskAppConfig
 from synth_deploy.taskapp.contracts import RolloutRequest
 
@@ -41,23 +37,27 @@ logger = logging.getLogger("synth_deploy.taskapp")
 _REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
 
 
+class _EncodedJSON(Response):
+    """A 200 whose body is JSON already encoded. Its two headers are spelled out: `Response`
+    works them out for any media type and extra headers, half the cost of building one."""
 
-RunRollout = Callable[[RolloutRequest, bytes, InFlight], Awaitable[Response]]
-# Corrects a stored session's record: (session id, run id, what the client got instead).
-AnswerLost = Callable[[str, str, str], Awaitable[None]]
+    media_type = "application/json"
+
+    def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
+        self.raw_headers = [(b"content-length", b"%d" % len(self.body)),
+                            (b"content-type", b"application/json")]
 
 
 class RolloutEndpoint:
-    """The ``/rollout`` route's ASGI app. ``run``: runs a validated request (its body given
-    too) to its response; ``lost``: records that a rollout stored as ``ok`` was not
-    answered so (its client left before the answer's last byte, or its trace write failed
-    and the answer said that)."""
+    """The ``/rollout`` route's ASGI app: runs each validated request through ``rollouts``
+    and answers its outcome; a rollout stored as ``ok`` whose answer did not reach its client
+    as that (it left before the last byte, or the trace write failed and the answer said so)
+    has its stored record corrected."""
 
-    def __init__(self, config: TaskAppConfig, *, run: RunRollout, lost: AnswerLost,
+    def __init__(self, config: TaskAppConfig, *, rollouts: RolloutRun,
                  limits: RolloutLimits, stats: RolloutStats) -> None:
         self.config = config
-        self.run = run
-        self.lost = lost
+        self.rollouts = rollouts
         self.stats = stats
         self.heads = EarlyHeads(limits)
 
@@ -87,16 +87,24 @@ class RolloutEndpoint:
             await checked(scope, receive, send)
             return
         req, body = checked
-        pulse = self.heads.watch(send, receive)
+        pulse = self.heads.watch(send, receive, RolloutStop(asyncio.current_task()))
+        late_body = None
         try:
-            response = await self.run(req, body, pulse)
-        except Exception as exc:  # the kit's own failure: the app's are answered by `run`
+            outcome: RolloutOutcome | None = await self.rollouts.run(req, body, pulse.stop)
+            if outcome.failure is None:
+                response: Response = _EncodedJSON(outcome.body)
+            else:
+                response, late_body = outcome.failure.response(), \
+                    outcome.failure.body_after_head()
+        except Exception as exc:  # the kit's own failure: the app's are in the outcome
             logger.exception("POST /rollout failed")
-            response = await server_error(request, exc)
-        delivered = await self.heads.answer(pulse, response, scope, receive)
-        if pulse.stored is not None and (pulse.write_failed or not delivered):
-            await self.lost(pulse.stored, req.run_id, "trace_write_failed"
-                            if pulse.write_failed else "client_disconnected")
+            outcome, response = None, await server_error(request, exc)
+        delivered = await self.heads.answer(pulse, response, scope, receive, late_body)
+        if outcome is not None and outcome.session_id is not None and (
+                outcome.write_failed or not delivered):
+            await self.rollouts.answer_lost(
+                outcome.session_id, req.run_id,
+                "trace_write_failed" if outcome.write_failed else "client_disconnected")
 
     async def _checked(self, request: Request) -> Response | tuple[RolloutRequest, bytes]:
         """The request validated (with its body), or the response that refuses it."""
@@ -115,11 +123,8 @@ class RolloutEndpoint:
             summary = "; ".join(f"{e['path']}: {e['message']}" for e in errors[:5])
             return error_response(422, "invalid_request", f"invalid rollout request: {summary}",
                                   errors=errors)
-        seed = req.env.seed
-        if seed is not None and \
-                (why := self.config.dataset_registry.unknown_seed(seed)) is not None:
-            return bad_request_response(BadRequest(why, code="unknown_seed", field="env.seed"),
-                                        run_id=req.run_id)
+        if (refused := unknown_seed(self.config, req.env.seed, "env.seed")) is not None:
+            return bad_request_response(refused, run_id=req.run_id)
         return req, body
 
 

@@ -1,13 +1,13 @@
 """Routes declared with their access: an endpoint answers only a client with the key unless
-it is declared public, and the OpenAPI document is written from the same declarations.
+it is declared public (the key gate reads the declarations: `_key_gate`), and the OpenAPI
+document is written from the same declarations.
 
     endpoints = [Endpoint("/health", "GET", health, "Health", ok=OBJECT),
                  Endpoint("/", "GET", root, "Liveness", ok=OBJECT, public=True)]
-    app.router.routes += guarded_routes(endpoints, denied)
+    app.router.routes += declared_routes(endpoints)
 
-``denied(scope)`` is the key check (a response refusing the request, or None). A handler
-takes a `Request` and returns a `Response`; with ``asgi=True`` it is an ASGI app (the hot
-path, ``/rollout``) and is guarded the same way, before it sees anything.
+A handler takes a `Request` and returns a `Response`; with ``asgi=True`` it is an ASGI app
+(the hot path, ``/rollout``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket
 
-Denied = Callable[[Any], Response | None]  # an ASGI scope -> a refusal, or None
-_POLICY_VIOLATION = 1008  # a WebSocket close code: the server refused the client
 OBJECT: Mapping[str, Any] = MappingProxyType({"type": "object"})  # any JSON object
 
 
@@ -69,53 +64,30 @@ class DeclaredWebSocketRoute(WebSocketRoute):
         self.declaration = endpoint
 
 
-def guarded_routes(endpoints: list[Endpoint], denied: Denied
-                   ) -> list[DeclaredRoute | DeclaredWebSocketRoute]:
-    """The routes of ``endpoints``, each behind ``denied`` unless declared public."""
-    return [(DeclaredWebSocketRoute if e.websocket else DeclaredRoute)(e, _guarded(e, denied))
+class AsgiEndpoint:
+    """A bound method taking (scope, receive, send) as an ASGI endpoint: Starlette takes any
+    function or method for a request handler, an object for an ASGI app."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Callable[[Any, Any, Any], Any]) -> None:
+        self.call = call
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.call(scope, receive, send)
+
+
+def declared_routes(endpoints: list[Endpoint]) -> list[DeclaredRoute | DeclaredWebSocketRoute]:
+    """The routes of ``endpoints``, each keeping its declaration. Who may call them is the
+    key gate's to say (`_key_gate`), at the app's entry, from the same declarations."""
+    return [(DeclaredWebSocketRoute if e.websocket else DeclaredRoute)(e, e.handler)
             for e in endpoints]
 
 
-def _guarded(endpoint: Endpoint, denied: Denied) -> Any:
-    handler = endpoint.handler
-    if endpoint.public:
-        return handler
-    if endpoint.asgi:
-        return _GuardedApp(handler, denied)
-    if endpoint.websocket:
-        async def guarded_socket(websocket: WebSocket) -> None:
-            if (refusal := denied(websocket.scope)) is not None:
-                # Refused at the handshake: the handler never runs, nothing is held.
-                if "websocket.http.response" in websocket.scope.get("extensions", {}):
-                    await websocket.send_denial_response(refusal)
-                else:
-                    await websocket.close(_POLICY_VIOLATION)
-                return
-            await handler(websocket)
-        return guarded_socket
-
-    async def guarded(request: Request) -> Response:
-        refusal = denied(request.scope)
-        return refusal if refusal is not None else await handler(request)
-    guarded.__name__ = getattr(handler, "__name__", "endpoint")
-    return guarded
+def public_routes(endpoints: list[Endpoint]) -> list[tuple[str, str]]:
+    """The (method, path) pairs of ``endpoints`` declared public."""
+    return [(method, e.path) for e in endpoints if e.public for method in e.method_list]
 
 
-class _GuardedApp:
-    """An ASGI endpoint behind the key check (an object: Starlette would take a function
-    for a request handler)."""
-
-    __slots__ = ("app", "denied")
-
-    def __init__(self, app: Any, denied: Denied) -> None:
-        self.app, self.denied = app, denied
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (refusal := self.denied(scope)) is not None:
-            await refusal(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-__all__ = ["DeclaredRoute", "DeclaredWebSocketRoute", "Denied", "Endpoint", "OBJECT",
-           "guarded_routes"]
+__all__ = ["AsgiEndpoint", "DeclaredRoute", "DeclaredWebSocketRoute", "Endpoint", "OBJECT",
+           "declared_routes", "public_routes"]

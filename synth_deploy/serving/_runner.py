@@ -207,6 +207,7 @@ class LocalRunner:
         self._entry: TaskAppEntry | None = None
         self._server: BackgroundServer | None = None
         self._restore_env: contextlib.ExitStack | None = None
+        self._summarized_at = time.monotonic()  # the end of the last summary's window
 
     @property
     def entry(self) -> TaskAppEntry:
@@ -318,15 +319,28 @@ class LocalRunner:
         def ready() -> None:
             gc.freeze()  # and what the app's startup made
             if s.summary_every_s:
+                self._summarized_at = time.monotonic()
                 asyncio.get_running_loop().create_task(self._summaries(s.summary_every_s))
             if on_ready is not None:
                 on_ready()
+
+        stats = app.state.stats
+
+        def pending() -> str | None:
+            n = stats.in_flight
+            return f"{n} rollout{'' if n == 1 else 's'} in flight" if n else None
+
+        def drained() -> None:  # the last window's rollouts, said before the process ends
+            if s.summary_every_s and (line := stats.summary(
+                    time.monotonic() - self._summarized_at)) is not None:
+                logging.getLogger("uvicorn.error").info("%s", line)
 
         try:
             PromptStopServer(uvicorn.Config(**_uvicorn_config(
                 app, host=s.host, port=s.port, log_level=s.log_level,
                 graceful_timeout_s=s.graceful_timeout_s, limits=s.limits,
-                access_log=s.access_log)), on_started=ready).run()
+                access_log=s.access_log)), on_started=ready, pending=pending,
+                on_drained=drained).run()
         finally:
             if self.store is not None:
                 self.store.close()
@@ -338,6 +352,7 @@ class LocalRunner:
         say = logging.getLogger("uvicorn.error")  # beside uvicorn's own lines
         while True:
             await asyncio.sleep(every_s)
+            self._summarized_at = time.monotonic()
             if (line := stats.summary(every_s)) is not None:
                 say.info("%s", line)
 

@@ -26,9 +26,11 @@ Methods may be sync (run on a worker thread) or async (run on the loop). Beside 
 - ``state()``: a dict for OpenEnv's ``/state`` (the kit adds ``episode_id``, ``step_count``);
 - ``outcome(steps)``: the episode's `Outcome` (default: the sum of the step rewards);
 - ``close()``; ``noop`` (the action a turn takes after a second reply without a valid call;
-  without it such a turn ends the episode); ``no_call_message``; ``history_turns`` (earlier
-  turns shown to the policy, as text; default all); ``timestep_metadata`` (a dict each
-  traced step carries, read after reset; default: the requested seed);
+  without it such a turn ends the episode); ``seed_ignored`` (read after reset: why the
+  seed did not reach the environment, noted in the episode's details); ``no_call_message``;
+  ``history_turns`` (earlier turns shown to the policy, as text; default all);
+  ``timestep_metadata`` (a dict each traced step carries, read after reset; default: the
+  requested seed);
 - ``max_sessions`` (class attribute): instances alive at once in the process, below the
   server's capacity (1 for an environment that is not safe to run twice in one process):
   /rollout's episodes and OpenEnv's sessions together; an episode waits its turn, a session
@@ -339,7 +341,8 @@ def text_of(content: Any) -> str:
 
 def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str | None = None,
                  max_turns: int = 20, max_sessions: int | None = None,
-                 observation_cls: Any = None, state_cls: Any = None) -> type:
+                 observation_cls: Any = None, state_cls: Any = None,
+                 noop: Mapping[str, Any] | None = None) -> type:
     """An environment class wrapping OpenEnv's ``env_cls`` (an ``Environment``: reset/step/
     state, pydantic ``Action`` and ``Observation``) and ``action_cls``, duck-typed: OpenEnv is
     needed by the wrapped class, never by the kit. Served as OpenEnv's server serves it:
@@ -357,7 +360,10 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
 
     An observation is its fields but ``reward``, ``done`` and ``metadata`` (as OpenEnv
     serializes it), the latter going to the step's info. An episode the environment never
-    ends is cut after ``max_turns`` steps (``env.config.max_turns``)."""
+    ends is cut after ``max_turns`` steps (``env.config.max_turns``). ``noop``: an action's
+    fields, played on a turn whose two replies hold no valid action (without it such a turn
+    ends the episode). A ``reset`` that takes no seed is noted in each episode's details
+    (``seed_ignored``): the same seed cannot repeat its episode."""
     concurrent = bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False))
     label = getattr(env_cls, "__name__", "the environment")
     if max_sessions is not None and max_sessions > 1 and not concurrent:
@@ -371,6 +377,17 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
     if mcp:  # either action, told apart by its "type" (as OpenEnv's server tells them)
         schema = {"anyOf": [_without(dict(c.model_json_schema()), ("metadata",))
                             for c in mcp.values()]}
+    if noop is not None:  # refused now, not on the turn that needs it
+        from pydantic import ValidationError
+
+        try:
+            (mcp.get(noop.get("type"), action_cls) if mcp else action_cls).model_validate(noop)
+        except ValidationError as exc:
+            raise TaskAppError(f"noop={dict(noop)!r} is not a valid {action_cls.__name__}: "
+                               + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'action'}: "
+                                           f"{e['msg']}" for e in exc.errors(include_url=False)),
+                               hint=f"give noop the fields of an {action_cls.__name__} the "
+                                    "environment accepts on any turn") from None
     name = tool_name or _snake(action_cls.__name__)
     description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
     declared = _declared_models(env_cls)
@@ -387,6 +404,7 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
         def __init__(self) -> None:
             self.env = env_cls()
             self.turns, self.limit = 0, max_turns
+            self.seed_ignored: str | None = None
             self._listed: list[dict[str, Any]] | None = None
 
         def reset(self, seed: int | None, *, episode_id: str, config: dict[str, Any]) -> Step:
@@ -395,7 +413,10 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
             self.turns = 0
             asked = {**({"seed": seed} if seed is not None else {}), "episode_id": episode_id,
                      **options}
-            return self._step(self.env.reset(**accepted(self.env.reset, asked)))
+            given = accepted(self.env.reset, asked)
+            self.seed_ignored = (f"{label}.reset() takes no seed, so seed {seed} was not "
+                                 "passed" if seed is not None and "seed" not in given else None)
+            return self._step(self.env.reset(**given))
 
         def step(self, action: dict[str, Any]) -> Step:
             from pydantic import ValidationError
@@ -470,6 +491,8 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
                                                    default=_plain)))
 
     OpenEnvEnvironment.max_sessions = max_sessions if concurrent else 1
+    if noop is not None:
+        OpenEnvEnvironment.noop = dict(noop)
     if not mcp:
         OpenEnvEnvironment.mcp = None  # /mcp answers as for an environment without tools
     OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = getattr(

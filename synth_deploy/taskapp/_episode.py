@@ -165,7 +165,10 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
         observation, done = result.observation, result.done
         if missed and noop is None:
             ended = (f"no valid action at turn {turn}, twice ({attempt.problem}): the episode "
-                     "was cut (give the environment a `noop` to play on instead)")
+                     f"was cut (to play on instead, give the environment an action for such a "
+                     f"turn: a `noop = {{...}}` class attribute holding {tool_name}'s "
+                     "arguments, or `task_app.openenv(..., noop={...})` with an action's "
+                     "fields)")
         elif result.truncated:
             ended = f"truncated at turn {turn}"
         else:
@@ -180,7 +183,9 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     inference_url = policy.config.get("inference_url")
     metrics = dict(outcome.metrics)
     details = metrics.get("details")
-    metrics["details"] = {"ended": ended,
+    seed_ignored = getattr(env, "seed_ignored", None)
+    metrics["details"] = {"ended": ended, **({"seed_ignored": seed_ignored} if seed_ignored
+                                             else {}),
                           **(dict(details) if isinstance(details, Mapping) else {})}
     return {
         "metrics": metrics,

@@ -85,14 +85,16 @@ class TaskApp:
     def openenv(self, env_cls: Callable[[], Any], action_cls: Any, *,
                 tool_name: str | None = None, max_turns: int = 20,
                 max_sessions: int | None = None, observation_cls: Any = None,
-                state_cls: Any = None) -> None:
+                state_cls: Any = None, noop: Mapping[str, Any] | None = None) -> None:
         """Declare an OpenEnv ``Environment`` class (with its ``Action`` class) as this app's
         environment: served, traced and trained on like any other (see `from_openenv`).
         ``max_sessions``: sessions held at once, for a class that supports concurrent
-        sessions (one at a time otherwise)."""
+        sessions (one at a time otherwise). ``noop``: an action's fields, played on a turn
+        whose replies hold no valid action (without it, such a turn ends the episode)."""
         self.environment(from_openenv(env_cls, action_cls, tool_name=tool_name,
                                       max_turns=max_turns, max_sessions=max_sessions,
-                                      observation_cls=observation_cls, state_cls=state_cls))
+                                      observation_cls=observation_cls, state_cls=state_cls,
+                                      noop=noop))
 
     def scorer(self, fn: ScoreFunction | None = None, *, stateless: bool = True,
                reason: str | None = None) -> Any:

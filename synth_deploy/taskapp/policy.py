@@ -48,7 +48,24 @@ MAX_ANSWER_BYTES = 16 * 2**20  # a chat completion is kilobytes; with logprobs, 
 
 
 class PolicyError(TaskAppError):
-    """The policy endpoint could not be called or answered badly (the server answers 502)."""
+    """The policy endpoint could not be called or answered badly (the server answers 502).
+
+    ``status``: the HTTP status it answered, None when it gave no answer (refused, reset,
+    timed out: the network's failure). ``retryable``: whether the same call may succeed if
+    sent again (no answer, 429, 5xx), as opposed to an answer that will not change (4xx, a
+    body that is not a chat completion)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def answered(self) -> bool:
+        return self.status is not None
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status == 429 or self.status >= 500
 
 
 @functools.lru_cache(maxsize=1024)  # every call of a run parses the same URL
@@ -148,7 +165,8 @@ async def call_policy(
     if resp.status_code >= 300:
         _log_answer(ctx, url, resp)
         redirect = " (a redirect; redirects are not followed)" if resp.status_code < 400 else ""
-        raise PolicyError(f"policy at {_origin(url)} answered HTTP {resp.status_code}{redirect}")
+        raise PolicyError(f"policy at {_origin(url)} answered HTTP {resp.status_code}{redirect}",
+                          status=resp.status_code)
     try:
         data = resp.json()
         message = data["choices"][0]["message"]
@@ -158,7 +176,8 @@ async def call_policy(
         raise PolicyError(f"policy at {_origin(url)} answered HTTP {resp.status_code} with "
                           f"something that is not an OpenAI chat completion "
                           f"({resp.headers.get('content-type', 'no content type')}, "
-                          f"{len(resp.content)} bytes{_why(exc)})") from exc
+                          f"{len(resp.content)} bytes{_why(exc)})",
+                          status=resp.status_code) from exc
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
     event = ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
                                       provider=_host(url), usage=usage,
@@ -232,7 +251,7 @@ async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
         except AnswerTooLarge:
             raise PolicyError(f"policy at {_origin(url)} answered more than "
                               f"{MAX_ANSWER_BYTES // 2**20} MiB; the answer was not "
-                              "read") from None
+                              "read", status=200) from None
         except TimeoutError as exc:  # aiohttp's timeouts are connection errors too
             raise PolicyError(f"policy at {_origin(url)} did not answer: "
                               f"{_failure(exc)}") from exc

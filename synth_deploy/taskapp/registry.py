@@ -1,8 +1,9 @@
 """Registering task apps and finding them again by id or by file path.
 
-Discovery reads the ``apps/`` folders without importing anything: it parses each file and
-looks for ``TaskApp("...")`` and ``register_task_app(app_id="...")`` calls, so `synth-deploy
-apps` stays fast and a broken app cannot break the listing. A file that cannot be read (a
+Discovery reads ``./apps/``, the folders `synth-deploy init` makes here (``./NAME/task_app.py``)
+and the kit's bundled examples without importing anything: it parses each file and looks for
+``TaskApp("...")`` and ``register_task_app(app_id="...")`` calls, so `synth-deploy apps` stays
+fast and a broken app cannot break the listing. A file that cannot be read (a
 syntax error, bad encoding) is reported with file:line and the error, never skipped in
 silence: the apps it declares are unknown until it is fixed. Loading imports only the one
 file asked for.
@@ -137,33 +138,45 @@ def registered_apps() -> list[TaskAppEntry]:
     return sorted(_REGISTRY.values(), key=lambda e: e.app_id)
 
 
-def app_search_paths(cwd: Path | None = None) -> list[Path]:
-    """Where apps are looked for: ``./apps`` first, then the kit's bundled examples."""
-    paths = [(cwd or Path.cwd()) / "apps", BUNDLED_APPS_DIR]
-    seen: list[Path] = []
-    for p in paths:
-        if p.is_dir() and p.resolve() not in seen:
-            seen.append(p.resolve())
-    return seen
+SCAFFOLD_FILE = "task_app.py"  # what `synth-deploy init NAME` writes: NAME/task_app.py
+
+
+def app_files(search_paths: Iterable[Path] | None = None, *,
+              cwd: Path | None = None) -> list[Path]:
+    """The files discovery reads, in the order their apps win: each search path's
+    ``*/*.py`` and ``*.py``. Without search paths: ``./apps``, then the folders `init`
+    makes in the current folder (``./NAME/task_app.py``), then the kit's bundled examples."""
+    if search_paths is not None:
+        return [f for root in search_paths for f in _files_under(Path(root))]
+    here = cwd or Path.cwd()
+    files = [*_files_under(here / "apps"), *sorted(here.glob(f"*/{SCAFFOLD_FILE}")),
+             *_files_under(BUNDLED_APPS_DIR)]
+    unique: dict[Path, Path] = {}
+    for file in files:  # run from inside apps/, its folders are init folders too
+        unique.setdefault(file.resolve(), file)
+    return list(unique.values())
+
+
+def _files_under(root: Path) -> list[Path]:
+    return sorted(root.glob("*/*.py")) + sorted(root.glob("*.py"))
 
 
 def scan_apps(search_paths: Iterable[Path] | None = None, *,
               mentioning: str | None = None) -> Discovery:
-    """Apps under the search paths, found by reading (not importing) their files, and every
-    file that could not be read. ``mentioning``: parse only the files that hold this app id
-    as a string (looking one app up need not parse every file)."""
+    """Apps in `app_files`, found by reading (not importing) them, and every file that
+    could not be read. ``mentioning``: parse only the files that hold this app id as a
+    string (looking one app up need not parse every file)."""
     found: dict[str, AppInfo] = {}
     problems: list[AppFileProblem] = []
     quoted = (f'"{mentioning}"', f"'{mentioning}'") if mentioning is not None else ()
-    for root in search_paths if search_paths is not None else app_search_paths():
-        for path in sorted(Path(root).glob("*/*.py")) + sorted(Path(root).glob("*.py")):
-            if quoted and not _mentions(path, quoted):
-                continue
-            apps, problem = _scan_file(path)
-            for info in apps:
-                found.setdefault(info.app_id, info)  # earlier search paths win
-            if problem is not None:
-                problems.append(problem)
+    for path in app_files(search_paths):
+        if quoted and not _mentions(path, quoted):
+            continue
+        apps, problem = _scan_file(path)
+        for info in apps:
+            found.setdefault(info.app_id, info)  # earlier files win
+        if problem is not None:
+            problems.append(problem)
     return Discovery(sorted(found.values(), key=lambda i: i.app_id), problems)
 
 
@@ -197,7 +210,8 @@ def load_app(ref: str, search_paths: Iterable[Path] | None = None) -> TaskAppEnt
         ids = [a.app_id for a in scan.apps]
         close = difflib.get_close_matches(ref, ids, n=1)
         hint = f"did you mean {close[0]!r}?" if close else (
-            f"known apps: {', '.join(ids)}" if ids else "no apps found under ./apps")
+            f"known apps: {', '.join(ids)}" if ids else
+            f"no apps found under ./apps or ./*/{SCAFFOLD_FILE}")
         message = f"no task app with id {ref!r}"
         if scan.problems:
             # The app may be declared in a file that cannot be read: say which, and why.
@@ -313,8 +327,9 @@ __all__ = [
     "BUNDLED_APPS_DIR",
     "Discovery",
     "TaskAppEntry",
+    "SCAFFOLD_FILE",
+    "app_files",
     "app_identity",
-    "app_search_paths",
     "discover_apps",
     "load_app",
     "register_task_app",

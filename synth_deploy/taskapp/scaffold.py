@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from synth_deploy.errors import UsageError
+from synth_deploy.taskapp.registry import SCAFFOLD_FILE
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 
@@ -53,8 +54,9 @@ class Guess:
 app = modal_app(__file__)  # `synth-deploy deploy {path}` (or `modal deploy`) deploys this
 '''
 
-RL_TOML = '''# A training run over the {app_id} task app (synth-ai's RL schema: `synth-deploy train`
-# submits it; `synth-deploy rehearse --config {path} --app {app_dir}` tries it first).
+RL_TOML = '''# A training run over the {app_id} task app, in synth-ai's RL schema.
+# Try it first:   synth-deploy rehearse --config {path} --app {app_id}
+# Then submit it: synth-deploy train --config {path}
 
 [algorithm]
 type = "online"                 # online RL: rollouts are played while training
@@ -122,15 +124,42 @@ app = "{app_id}"
 
 README = '''# {title}
 
-    synth-deploy smoke {path}                       # 10 episodes with the mock policy
-    synth-deploy serve {path}                       # serve it (needs ENVIRONMENT_API_KEY:
-                                                    # synth-deploy setup)
-    synth-deploy rehearse --config {rl} --app {path}   # one training step, before GPUs
-    synth-deploy deploy {path}                      # to Modal
+From the folder that holds `{app_id}/` (the app's id finds it there):
+
+    # 10 episodes with the mock policy
+    synth-deploy smoke {app_id}
+    # serve it (the key: synth-deploy setup)
+    synth-deploy serve {app_id}
+    # one training step as the trainer runs it, before renting GPUs
+    synth-deploy rehearse --config {rl} --app {app_id}
+    # to Modal
+    synth-deploy deploy {app_id}
 
 `task_app.py` holds the environment (`reset`, `step`, the `tool` its actions call);
 `rl.toml` the training run, each field explained.
 '''
+_COMMENTED = re.compile(r"^(?P<code>[^#\s].*?)\s{2,}(?P<comment>#.*)$")
+_CONTINUED = re.compile(r"^\s+(?P<comment>#.*)$")
+
+
+def _aligned(text: str) -> str:
+    """``text`` with its end-of-line comments (and the comment lines that continue them)
+    in one column, whatever length the app's name gave the lines."""
+    lines = text.splitlines()
+    codes = [m["code"] for line in lines if (m := _COMMENTED.match(line))]
+    if not codes:
+        return text
+    column = max(len(code) for code in codes) + 2
+    out, continuing = [], False
+    for line in lines:
+        if m := _COMMENTED.match(line):
+            line, continuing = m["code"].ljust(column) + m["comment"], True
+        elif continuing and (m := _CONTINUED.match(line)):
+            line = " " * column + m["comment"]
+        else:
+            continuing = False
+        out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def scaffold_app(name: str, parent: Path | str = ".") -> list[Path]:
@@ -145,10 +174,10 @@ def scaffold_app(name: str, parent: Path | str = ".") -> list[Path]:
         raise UsageError(f"{folder} exists already: nothing was written",
                          hint="choose another name, or remove the folder first")
     title = name.replace("-", " ").replace("_", " ").title()
-    path, rl = f"{name}/task_app.py", f"{name}/rl.toml"
-    files = {folder / "task_app.py": TASK_APP.format(title=title, app_id=name, path=path),
-             folder / "rl.toml": RL_TOML.format(app_id=name, path=rl, app_dir=path),
-             folder / "README.md": README.format(title=title, path=path, rl=rl)}
+    path, rl = f"{name}/{SCAFFOLD_FILE}", f"{name}/rl.toml"
+    files = {folder / SCAFFOLD_FILE: TASK_APP.format(title=title, app_id=name, path=path),
+             folder / "rl.toml": _aligned(RL_TOML.format(app_id=name, path=rl)),
+             folder / "README.md": README.format(title=title, app_id=name, rl=rl)}
     folder.mkdir(parents=True)
     for file, text in files.items():
         file.write_text(text)

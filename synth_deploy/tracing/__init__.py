@@ -55,6 +55,7 @@ from synth_deploy.tracing._store import (
     TraceStore,
     open_trace_store,
 )
+from synth_deploy.tracing._times import utc_text, zoned
 from synth_deploy.tracing._tokens import (
     ContinuityBreak,
     TokenSummary,
@@ -72,6 +73,7 @@ from synth_deploy.tracing._trace_context import (
 )
 from synth_deploy.tracing._write._log import (
     SessionLog,
+    pending_limit,
     read_session_log,
     session_log,
     write_session_log,
@@ -187,6 +189,7 @@ __all__ = [
     "reward_versions_of",
     "read_session_log",
     "session_log",
+    "pending_limit",
     "write_session_log",
     "resolve_trace_db",
     "resolve_price_table",
@@ -195,6 +198,8 @@ __all__ = [
     "session_from_trace",
     "sft_examples",
     "since_timestamp",
+    "utc_text",
+    "zoned",
     "summarize",
     "valid_ids",
     "valid_logprobs",

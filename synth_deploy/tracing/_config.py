@@ -33,6 +33,7 @@ class TraceDbSetting:
     memory with no writer child and no rows, for a copier that takes it from there: a Modal
     container's store, whose sessions `traces pull` builds at home from the files its
     `VolumeSnapshots` writes. A reader of the file itself does not see them.
+    ``session_log_limit``: the bytes that log may hold (`pending_limit`; None: its default).
     """
 
     url: str
@@ -43,6 +44,7 @@ class TraceDbSetting:
     auth_token: str | None = field(default=None, repr=False)
     token_source: str | None = None
     session_log: bool = False
+    session_log_limit: int | None = None
 
     @property
     def display(self) -> str:

@@ -29,6 +29,7 @@ class RolloutFacts(NamedTuple):
     request_json: bytes  # the body as the client sent it (keys and all)
     response_json: bytes | None  # the body of its 200; None when it failed
     error: dict[str, Any] | None  # the failed rollout's error, as its answer said it
+    failed_as: str = "error"  # a failed rollout's session status: "error", or "cancelled"
 
 
 def describe_session(session: SessionTrace, facts: RolloutFacts) -> None:
@@ -56,7 +57,7 @@ def rollout_description(facts: RolloutFacts) -> tuple[dict[str, Any], dict[str, 
         outcome["status"] = "ok"
         outcome["metrics"] = _stored_metrics(from_json(facts.response_json)["metrics"])
     else:
-        outcome["status"] = "error"
+        outcome["status"] = facts.failed_as
         if facts.error is not None:
             outcome["error"] = facts.error
     return facts.head, outcome

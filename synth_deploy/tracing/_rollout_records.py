@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from synth_deploy.tracing._times import iso
+from synth_deploy.tracing._times import iso, zoned
 
 if TYPE_CHECKING:
     from synth_deploy.tracing._store import TraceStore
@@ -41,7 +41,7 @@ class RolloutRecord:
     digest: str  # of the request that started it: another request under its id is refused
     status: str
     owner: str
-    created_at: str
+    created_at: str  # ISO 8601 with its zone, as every time is given (`zoned`)
     updated_at: str
     result: dict[str, Any] | None = None
 
@@ -126,7 +126,7 @@ class RolloutRecords:
 def _record(row: dict[str, Any]) -> RolloutRecord:
     result = json.loads(row["result"]) if row["result"] else None
     return RolloutRecord(row["rollout_id"], row["digest"], row["status"], row["owner"],
-                         str(row["created_at"]), str(row["updated_at"]), result)
+                         str(zoned(row["created_at"])), str(zoned(row["updated_at"])), result)
 
 
 __all__ = ["RolloutClaim", "RolloutFinish", "RolloutRecord", "RolloutRecords"]

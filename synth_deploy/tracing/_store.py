@@ -33,6 +33,7 @@ from synth_deploy.tracing._db._stats import TraceStats, store_stats
 from synth_deploy.tracing._errors import NotATraceDbError, SessionNotFoundError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session, lost_answer
 from synth_deploy.tracing._session import SessionTrace
+from synth_deploy.tracing._times import zoned
 from synth_deploy.tracing._write import _journal
 from synth_deploy.tracing._write._log import session_log
 from synth_deploy.tracing._write._thread import ThreadWriter
@@ -92,8 +93,8 @@ class TraceStore:
         self._children_lock = threading.Lock()
         local_file = not setting.is_remote and not read_only and not self._database.in_memory
         # A store whose readers are elsewhere hands each session to its log instead.
-        self._log = session_log(setting.path) if setting.session_log and local_file \
-            and setting.path is not None else None
+        self._log = session_log(setting.path, setting.session_log_limit) \
+            if setting.session_log and local_file and setting.path is not None else None
         self._children_allowed = writer_process and local_file and self._log is None
 
     @property
@@ -286,7 +287,8 @@ class TraceStore:
         if limit is not None:
             query += f" LIMIT {int(limit)}"
         return [SessionSummary(
-            session_id=r["session_id"], created_at=str(r["created_at"]), app_id=r["app_id"],
+            session_id=r["session_id"], created_at=str(zoned(r["created_at"])),
+            app_id=r["app_id"],
             run_id=r["run_id"], seed=r["seed"], model=r["model_name"], status=r["status"],
             total_reward=r["total_reward"], num_timesteps=r["num_timesteps"],
             num_events=r["num_events"], num_messages=r["num_messages"],

@@ -1,5 +1,9 @@
 """Timestamps as the trace tables hold them: the sortable UTC text synth-ai's SQLAlchemy
-DATETIME columns use (``2025-01-31 12:00:00.000000``), read back as epoch seconds."""
+DATETIME columns use (``2025-01-31 12:00:00.000000``), read back as epoch seconds.
+
+A time leaves the store in one form, whoever reads it (`traces ls --json`, the viewer, a
+stored rollout's record) and whether it was read from the store or is live: ISO 8601 with
+its zone, ``2025-01-31T12:00:00.000000+00:00`` (`utc_text`, `zoned`)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,25 @@ def iso(ts: float | None) -> str | None:
     return f"{second[1]}.{micros:06d}"
 
 
+def utc_text(ts: float) -> str:
+    """Epoch seconds → ISO 8601 with its zone: the one form a time is given in."""
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def zoned(text: Any) -> str | None:
+    """A time as a store holds it (synth-ai's UTC text without a zone, or any ISO 8601
+    form) → `utc_text`'s form; text that is no time is given as stored."""
+    if text is None:
+        return None
+    if isinstance(text, int | float):
+        return utc_text(text)
+    try:
+        parsed = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return str(text)
+    return (parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)).isoformat()
+
+
 def epoch(text: Any) -> float | None:
     if text is None:
         return None
@@ -43,4 +66,4 @@ def epoch(text: Any) -> float | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
-__all__ = ["epoch", "iso"]
+__all__ = ["epoch", "iso", "utc_text", "zoned"]

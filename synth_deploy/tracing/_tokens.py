@@ -16,6 +16,7 @@ ids are stored about once.
 
 from __future__ import annotations
 
+import math
 import sys
 from array import array
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any
 Packed = tuple[Any, ...]
 OBSERVED = "observed_provider"  # the policy server returned them
 ABSENT = "unavailable"          # it did not: ``absent_reason`` says what was missing
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
 
 
 @dataclass
@@ -96,14 +98,27 @@ def valid_ids(ids: Any, name: str) -> list[int]:
 
 
 def valid_logprobs(values: Any, count: int) -> list[float]:
-    """``values`` as floats, `ValueError` unless numbers, one per completion id (or none)."""
-    if not isinstance(values, list | tuple) or not all(
-            type(v) in (int, float) for v in values):
+    """``values`` as floats, one per completion id (or none); `ValueError` naming the first
+    that is not a log-probability: a finite number at most 0 that a float32 (what the store
+    keeps) holds. A policy server is whatever a key holder chose, and NaN, infinity (1e400
+    reads as one) or a positive value would reach a trainer's loss as data."""
+    if not isinstance(values, list | tuple):
         raise ValueError("completion_logprobs is not an array of numbers")
+    for i, v in enumerate(values):
+        # NaN fails every comparison; an int compares exactly, however long.
+        if type(v) not in (int, float) or not -FLOAT32_MAX <= v <= 0:
+            raise ValueError(f"completion_logprobs[{i}] is {_shown(v)}, not a "
+                             "log-probability (a finite number from -3.4e38 to 0)")
     if values and len(values) != count:
         raise ValueError(f"completion_logprobs has {len(values)} values for {count} "
                          "completion ids; they must align one to one")
     return [float(v) for v in values]
+
+
+def _shown(value: Any) -> str:
+    if type(value) is int and not -10**20 < value < 10**20:  # 1e400 written as an integer
+        return "an integer of over 20 digits"  # repr refuses past 4,300
+    return repr(value)[:40] if type(value) in (int, float) else type(value).__name__
 
 
 class PackedTurn(TurnTokens):
@@ -250,6 +265,22 @@ def unpack_logprobs(data: bytes | None) -> list[float]:
 
 
 
+# A float32's high byte (little-endian: its last) with the sign bit set.
+_NEGATIVE_HIGH_BYTES = bytes(range(0x80, 0x100))
+
+
+def _log_probabilities(packed: bytes, values: list[float]) -> bool:
+    """Whether ``values`` (unpacked from the float32s ``packed``) are all finite and at
+    most 0 (`valid_logprobs`'s rule), at C speed: every export and page reads them. Finite
+    float32s cannot overflow a sum, so an infinite or NaN sum means one is not finite; and
+    a set sign bit in each is at most 0."""
+    if not values:
+        return True
+    if not math.isfinite(sum(values)):
+        return False
+    return not packed[3::4].translate(None, _NEGATIVE_HIGH_BYTES) or max(values) <= 0
+
+
 def pack_turns(turns: list[TurnTokens]) -> list[Packed]:
     """A session's turns, in order, each prompt as what it adds to the turn before."""
     packed = []
@@ -272,6 +303,13 @@ def unpack_turns(packed: list[Packed]) -> list[TurnTokens]:
             turn.prompt_ids = context[:shared] + unpack_ids(rest)
             turn.completion_ids = unpack_ids(completion)
             turn.completion_logprobs = unpack_logprobs(logprobs)
+            if not _log_probabilities(logprobs or b"", turn.completion_logprobs):
+                # A store an older kit wrote may hold what a policy server sent: NaN, inf.
+                try:
+                    valid_logprobs(turn.completion_logprobs, len(turn.completion_ids))
+                except ValueError as exc:
+                    turn.completion_logprobs = []
+                    turn.absent_reason = f"logprobs not kept: the stored {exc}"
             context = turn.prompt_ids + turn.completion_ids
         turns.append(turn)
     return turns

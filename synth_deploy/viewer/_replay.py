@@ -14,7 +14,6 @@ trace cannot make the browser call a remote address).
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 from typing import Any
 
 from synth_deploy.tracing import (
@@ -26,6 +25,7 @@ from synth_deploy.tracing import (
     SessionTrace,
     replay,
     summarize,
+    utc_text,
 )
 
 SHOWN_IDS = 2000  # per LM call: the page draws ids, not a whole long prompt
@@ -258,9 +258,7 @@ def _reward(r: EventReward) -> dict[str, Any]:
 
 
 def _iso(ts: float | None) -> str | None:
-    if not ts:
-        return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return utc_text(ts) if ts else None  # the one form a time is given in
 
 
 __all__ = ["content_parts", "session_replay"]

@@ -15,17 +15,20 @@ from synth_deploy.env import load_env, mask
 from synth_deploy.errors import TaskAppError, UsageError
 from synth_deploy.health import CheckOptions, RolloutOptions, check
 from synth_deploy.modal import (
+    CONTAINER_MEMORY_VAR,
     SERVING_PACKAGES,
     SOURCE_EXCLUDED_PACKAGES,
     DeployOptions,
     ModalSettings,
     build_modal_app,
     build_plan,
+    container_memory,
     dependency_closure,
     find_web_url,
     web_function,
 )
 from synth_deploy.taskapp.registry import load_app
+from synth_deploy.tracing import pending_limit, session_log
 
 MATH_DIR = Path(__file__).resolve().parents[2] / "apps" / "math"
 
@@ -85,7 +88,7 @@ def test_math_app_builds_with_its_function_resources_and_secrets(api_key):
     # No remote store: the traces go to the app's Volume, mounted, named in the env.
     assert {"SYNTH_DEPLOY_TASK_APP": "task_app/task_app.py", "SYNTH_TRACE_VOLUME":
             "synth-math-traces", "SYNTH_TRACE_VOLUME_DIR": "/synth-traces/synth-math",
-            "SYNTH_TRACE_COMMIT_S": "10"} in envs
+            "SYNTH_TRACE_COMMIT_S": "10", "SYNTH_CONTAINER_MEMORY_MIB": "512"} in envs
     assert {p: modal_inspect.volume_name(v) for p, v in spec.volumes.items()} == {
         "/synth-traces": "synth-math-traces"}
 
@@ -279,3 +282,50 @@ def test_the_head_and_heartbeat_settings_reach_the_container(api_key):
     plan = build_plan(entry, _env(api_key))
     assert plan.env[HEAD_AFTER_VAR] == "5" and plan.env[HEARTBEAT_VAR] == "2.5"
     assert HEAD_AFTER_VAR not in build_plan(load_app("math"), _env(api_key)).env
+
+
+def test_the_session_log_holds_a_quarter_of_the_containers_memory(
+        api_key, serve, monkeypatch, tmp_path):
+    # The math app asks Modal for 512 MiB: its log refuses sessions past 128 MiB held, long
+    # before the container runs out of memory (the limit used to be 256 MiB, whatever it had).
+    plan = build_plan(load_app("math"), _env(api_key))
+    assert plan.env[CONTAINER_MEMORY_VAR] == "512"
+    assert CONTAINER_MEMORY_VAR not in build_plan(_math(trace_volume=True), _env(api_key)).env
+    app = build_modal_app(plan)
+    monkeypatch.chdir(tmp_path)
+    for name, value in plan.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SYNTH_DEPLOY_TASK_APP", str(MATH_DIR / "task_app.py"))
+    monkeypatch.setenv("SYNTH_TRACE_VOLUME_DIR", str(tmp_path / "volume"))  # no mount here
+    monkeypatch.setenv("ENVIRONMENT_API_KEY", api_key)
+    server = serve(web_function(app).local())
+    # 128 MiB, unless this machine's cgroup gives less than 512 MiB (then a quarter of that).
+    held = pending_limit(container_memory(_env(api_key, **{CONTAINER_MEMORY_VAR: "512"})))
+    assert held <= 128 << 20
+    health = httpx.get(server.url + "/health", headers={"X-API-Key": api_key}, timeout=5).json()
+    assert f"up to {held >> 20} MiB held while copies fail" in health["tracing"]["destination"]
+    assert session_log(tmp_path / "traces" / "v3" / "synth_ai.db").limit_bytes == held
+
+
+@pytest.mark.parametrize(("setting", "files", "memory"), [
+    ("512", {}, 512 << 20),                                       # no cgroup to read
+    ("512", {"memory.max": "max\n"}, 512 << 20),                  # v2, no limit
+    ("512", {"memory.max": f"{256 << 20}\n"}, 256 << 20),         # v2, the lower one
+    ("", {"memory.max": f"{1 << 30}\n"}, 1 << 30),                # no setting, v2 limit
+    ("", {"memory/memory.limit_in_bytes": "9223372036854771712\n"}, None),  # v1, no limit
+    ("", {"memory/memory.limit_in_bytes": f"{300 << 20}\n"}, 300 << 20),
+    ("", {}, None),
+])
+def test_a_containers_memory_is_its_setting_or_its_cgroups_limit(tmp_path, setting, files,
+                                                                  memory):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = load_env(environ={CONTAINER_MEMORY_VAR: setting} if setting else {})
+    assert container_memory(env, cgroup=tmp_path) == memory
+
+
+def test_the_log_limit_is_a_quarter_of_memory_within_its_bounds():
+    assert pending_limit(512 << 20) == 128 << 20
+    assert pending_limit(None) == pending_limit(64 << 30) == 256 << 20  # unknown, or plenty
+    assert pending_limit(32 << 20) == 16 << 20  # a floor: a log that holds nothing loses all

@@ -16,12 +16,13 @@ from dataclasses import replace
 
 from sessions import make_session
 from standins.modal_helpers import COMMAND as STANDIN
+from trace_files import make_schema_too_new
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
 from synth_deploy.env import load_env
 from synth_deploy.modal import ModalCLI, VolumeSnapshots, pull_traces
-from synth_deploy.tracing import open_trace_store, parse_trace_db
+from synth_deploy.tracing import SessionLog, open_trace_store, parse_trace_db, write_session_log
 
 
 def _pull(*args: str):
@@ -37,25 +38,105 @@ def _container_file(state, volume: str, app: str, task: str, first: int, count: 
     return path
 
 
-def test_a_pull_cut_short_resumes_where_it_stopped(standin, tmp_path):
-    state, home = standin["state"], tmp_path / "home.db"
-    _container_file(state, "synth-x-traces", "synth-x", "ta-1", 0, 4)
-    broken = state / "volumes" / "synth-x-traces" / "synth-x" / "ta-2.db"
-    broken.write_bytes(b"not a database, cut mid-upload")
-    first = _pull("synth-x", "--trace-db", str(home), "--json")
-    assert first.exit_code != 0, first.output
-    assert "synth-x-traces:synth-x/ta-2.db is not a trace file" in first.output
-    assert "modal volume rm synth-x-traces synth-x/ta-2.db" in first.output
+def _segment(state, task: str, n: int, first: int, count: int):
+    path = _container_file(state, "synth-x-traces", "synth-x", task, first, count)
+    return path.rename(path.with_name(f"{task}.{n}.db"))
+
+
+def _log_file(state, name: str, first: int, count: int):
+    path = state / "volumes" / "synth-x-traces" / "synth-x" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = SessionLog()
+    for i in range(first, first + count):
+        assert log.append(make_session(i))
+    write_session_log(path, log.take())
+    return path
+
+
+def _stored(home) -> int:
     with open_trace_store(home, read_only=True) as store:
-        assert store.count_sessions() == 4  # the first file's sessions stayed
-    broken.unlink()
-    _container_file(state, "synth-x-traces", "synth-x", "ta-2", 4, 3)
-    second = _pull("synth-x", "--trace-db", str(home), "--json")
-    assert second.exit_code == 0, second.output
-    report = json.loads(second.stdout)
-    by_container = {c["container"]: c for c in report["containers"]}
-    assert by_container["ta-1"]["bytes"] == 0 and by_container["ta-1"]["skipped"] == 4
-    assert by_container["ta-2"]["added"] == 3 and report["sessions_added"] == 3
+        return store.count_sessions()
+
+
+def test_a_damaged_segment_between_good_ones_is_skipped_named_and_merged_once_replaced(
+        standin, tmp_path):
+    state, home = standin["state"], tmp_path / "home.db"
+    _segment(state, "ta-1", 1, 0, 4)
+    damaged = _segment(state, "ta-1", 2, 4, 3)
+    _segment(state, "ta-1", 3, 7, 2)
+    _segment(state, "ta-2", 1, 9, 5)  # another container's, sorted after it
+    whole = damaged.read_bytes()
+    damaged.write_bytes(whole[:len(whole) // 2])  # cut mid-upload
+
+    first = _pull("synth-x", "--trace-db", str(home))
+    assert first.exit_code == 1, first.output
+    assert "synth-x-traces:synth-x/ta-1.2.db was not merged" in first.output
+    assert "was not merged: its copy is corrupt or not a SQLite database" in first.output
+    assert "1 file not merged (below)" in first.output
+    assert "inspect it: modal volume get synth-x-traces synth-x/ta-1.2.db ta-1.2.db" in \
+        first.output
+    assert "the next pull tries this one again" in first.output
+    assert "modal volume rm" not in first.output and "Traceback" not in first.output
+    assert "ta-2: 5 new" in first.output  # the files after it were merged
+    assert _stored(home) == 4 + 2 + 5
+    copy = tmp_path / "pulled" / "synth-x-traces" / "synth-x" / "ta-1.2.db"
+    assert copy.read_bytes() == damaged.read_bytes()  # kept for a look
+
+    again = _pull("synth-x", "--trace-db", str(home), "--json")  # still damaged: named again
+    assert again.exit_code == 1, again.output
+    report = json.loads(again.stdout)
+    assert [u["path"] for u in report["unread"]] == ["synth-x/ta-1.2.db"]
+    assert (report["downloaded"], report["sessions_added"]) == (0, 0)
+
+    damaged.write_bytes(whole)  # the whole file, as the container wrote it
+    last = _pull("synth-x", "--trace-db", str(home), "--json")
+    assert last.exit_code == 0, last.output
+    report = json.loads(last.stdout)
+    assert (report["downloaded"], report["sessions_added"], report["unread"]) == (1, 3, [])
+    assert _stored(home) == 14
+    assert not copy.exists()
+
+
+def test_a_file_from_a_newer_kit_says_upgrade_and_never_suggests_removing_it(
+        standin, tmp_path):
+    state, home = standin["state"], tmp_path / "home.db"
+    folder = state / "volumes" / "synth-x-traces" / "synth-x"
+    _segment(state, "ta-1", 1, 0, 2)
+    folder.joinpath("ta-1.2.db").parent.mkdir(parents=True, exist_ok=True)
+    make_schema_too_new(folder / "ta-1.2.db")
+    newer_log = _log_file(state, "ta-1.3.log", 2, 2)
+    newer_log.write_bytes(newer_log.read_bytes().replace(b"session log 1\n",
+                                                         b"session log 2\n", 1))
+    _log_file(state, "ta-1.4.log", 4, 3)
+
+    result = _pull("synth-x", "--trace-db", str(home), "--json")
+    assert result.exit_code == 1, result.output
+    unread = {u["path"]: u for u in json.loads(result.stdout)["unread"]}
+    assert sorted(unread) == ["synth-x/ta-1.2.db", "synth-x/ta-1.3.log"]
+    assert "newer than this synth-deploy" in unread["synth-x/ta-1.2.db"]["reason"]
+    assert "format 2, newer than this synth-deploy reads" in \
+        unread["synth-x/ta-1.3.log"]["reason"]
+    for u in unread.values():
+        assert u["hint"].startswith("upgrade synth-deploy (pip install -U synth-deploy), "
+                                    "then pull again")
+        assert "rm" not in u["hint"].split() and "remove" not in u["hint"]
+    assert _stored(home) == 2 + 3
+
+
+def test_a_log_whose_session_id_is_not_utf8_is_an_error_for_that_file(standin, tmp_path):
+    state, home = standin["state"], tmp_path / "home.db"
+    bad = _log_file(state, "ta-1.1.log", 0, 2)
+    data = bytearray(bad.read_bytes())
+    # The first record's session id: after the file's magic line and the record's header.
+    data[data.index(b"\n") + 1 + 12] = 0xFF
+    bad.write_bytes(bytes(data))
+    _log_file(state, "ta-1.2.log", 2, 2)
+    result = _pull("synth-x", "--trace-db", str(home))
+    assert result.exit_code == 1, result.output
+    assert "synth-x/ta-1.1.log was not merged" in result.output
+    assert "record 1 (byte 27) has a session id that is not UTF-8" in result.output
+    assert "Traceback" not in result.output and "UnicodeDecodeError" not in result.output
+    assert _stored(home) == 2
 
 
 def test_human_output_names_each_container_and_the_total(standin, tmp_path):

@@ -97,6 +97,20 @@ def test_eval_against_a_url_stores_the_returned_traces(tmp_path, math_server, ap
     assert sorted(s["seed"] for s in stored) == [1, 2, 3, 4, 5]
 
 
+def test_smoke_and_eval_take_the_keyed_apps_key_as_api_key(tmp_path, math_server, api_key):
+    # No ENVIRONMENT_API_KEY anywhere: the flag is the key, as `check --api-key` takes it.
+    for command in ("smoke", "eval"):
+        result = run_cli(tmp_path, command, math_server.url, "--seeds", "0-1", "--api-key",
+                         api_key, "--json", "--no-trace")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["summary"]["ok"] == 2, command
+        assert api_key not in result.stdout + result.stderr
+    wrong = run_cli(tmp_path, "smoke", math_server.url, "--seeds", "0", "--api-key",
+                    "sk_env_wrong", "--json", "--no-trace", ENVIRONMENT_API_KEY=api_key)
+    assert wrong.returncode == 1  # the flag wins over the environment's key
+    assert "does not match" in json.loads(wrong.stdout)["rollouts"][0]["error"]
+
+
 def test_a_dead_policy_fails_every_rollout_with_exit_1(tmp_path):
     result = run_cli(tmp_path, "smoke", "math", "--seeds", "0-2", "--inference-url",
                      "http://127.0.0.1:9/v1", "--model", "m", "--json", "--no-trace")
@@ -131,6 +145,7 @@ def test_the_load_table_shows_slow_rollouts_per_second_not_zero():
     (["smoke", "http://127.0.0.1:abc"], "has an invalid port"),
     (["eval", "http://[::1", "--split", "test"], "is not a URL"),
     (["smoke", "nosuchapp"], "no task app with id"),
+    (["smoke", "math", "--api-key", "k"], "served here with a key of its own"),
     (["eval", "math", "--split", "validation"], "no default seeds for split"),
 ])
 def test_bad_input_is_a_usage_error_with_the_fix(tmp_path, args, message):
@@ -217,6 +232,15 @@ def test_the_mock_policy_serves_on_its_own_for_curl_or_a_trainer(tmp_path):
                 time.sleep(0.2)
         assert answer.status_code == 200
         assert "Answer:" in answer.json()["choices"][0]["message"]["content"]
+        # OpenAI clients list the models first.
+        listed = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+        assert listed.status_code == 200, listed.text
+        assert [m["id"] for m in listed.json()["data"]] == ["synth-deploy/mock-policy"]
+        assert listed.json()["object"] == "list"
+        one = httpx.get(f"http://127.0.0.1:{port}/v1/models/synth-deploy/mock-policy", timeout=5)
+        assert one.json()["id"] == "synth-deploy/mock-policy"
+        other = httpx.get(f"http://127.0.0.1:{port}/v1/models/gpt-4", timeout=5)
+        assert other.status_code == 404 and "synth-deploy/mock-policy" in other.text
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)

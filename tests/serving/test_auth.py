@@ -1,4 +1,6 @@
-"""The auth matrix on every authenticated endpoint, against real uvicorn."""
+"""The auth matrix on every authenticated endpoint, against real uvicorn: served by the kit's
+own protocol (which refuses a keyless request before the app runs) and as the bare ASGI app
+Modal serves (where the app's own key gate is all there is)."""
 
 from __future__ import annotations
 
@@ -45,9 +47,23 @@ def test_every_route_is_declared_and_only_the_liveness_probe_is_public():
                                             "/proxy/groq/v1/chat/completions"}
 
 
-@pytest.fixture
-def server(serve, api_key):
-    return serve(create_app(proxy_config("http://127.0.0.1:9"), api_keys=[api_key, "alias-key-2"]))
+@pytest.fixture(params=["protocol", "bare_asgi"])
+def server(request, serve, serve_bare, api_key):
+    app = create_app(proxy_config("http://127.0.0.1:9"), api_keys=[api_key, "alias-key-2"])
+    return (serve if request.param == "protocol" else serve_bare)(app)
+
+
+# Paths no route has, and methods no route takes: a keyless client learns nothing of either.
+UNROUTED = [("GET", "/nope"), ("DELETE", "/rollout"), ("GET", "/containers/rollouts/x"),
+            ("POST", "/"), ("OPTIONS", "/health"), ("PUT", "/openenv/state"),
+            ("GET", "/admin/../health")]
+
+
+@pytest.mark.parametrize(("method", "path"), UNROUTED)
+def test_a_keyless_request_for_any_path_but_the_public_ones_is_401(server, method, path):
+    resp = httpx.request(method, server.url + path, timeout=10)
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["detail"]["error"]["code"] == "missing_api_key"
 
 
 def call(server, method, path, body, headers=None):

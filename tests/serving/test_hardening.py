@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from toy_apps import proxy_config, raising_rollout, toy_config
 
@@ -41,16 +41,6 @@ def internal(serve):
 
 
 @pytest.fixture
-def redirecting(serve, internal):
-    """A "policy" whose chat endpoint 302s to the internal endpoint (what an attacker hosts)."""
-
-    async def chat(request):
-        return RedirectResponse(internal.url + "/latest/meta-data", status_code=302)
-
-    return serve(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
-
-
-@pytest.fixture
 def policy_app(serve, api_key):
     """A toy app whose rollout makes one policy call (the math app's shape, minus the math)."""
 
@@ -74,18 +64,7 @@ def error_of(resp: httpx.Response) -> dict:
     return resp.json()["detail"]["error"]
 
 
-# -- the policy call: redirects, bodies, link-local --------------------------------------------
-
-def test_a_redirect_to_an_internal_endpoint_is_not_followed(policy_app, redirecting, internal,
-                                                            api_key):
-    resp = rollout(policy_app, api_key, redirecting.url + "/v1")
-    assert resp.status_code == 502, resp.text
-    error = error_of(resp)
-    assert error["code"] == "policy_failed"
-    assert f"127.0.0.1:{redirecting.port}" in error["message"] and "302" in error["message"]
-    assert internal.hits == []  # never fetched, so nothing to leak
-    assert METADATA_SECRET not in resp.text
-
+# -- the policy call: bodies, link-local (redirects: tests/taskapp/test_outbound.py) --------
 
 def test_an_upstream_body_reaches_the_log_not_the_client(policy_app, internal, api_key,
                                                          caplog):
@@ -273,11 +252,11 @@ def uvicorn_errors(caplog):
     ("PATCH", "/info", {"GET", "HEAD"}),
     ("GET", "/done", {"POST"}),
 ])
-@pytest.mark.parametrize("with_key", [True, False])
 def test_a_wrong_method_is_405_with_allow_and_no_traceback(math_server, api_key, method, path,
-                                                           allowed, with_key, uvicorn_errors):
-    headers = {"X-API-Key": api_key} if with_key else {}
-    resp = httpx.request(method, math_server.url + path, headers=headers, timeout=5)
+                                                           allowed, uvicorn_errors):
+    # Keyless, the same request is a 401 (tests/serving/test_auth.py): no route is mapped.
+    resp = httpx.request(method, math_server.url + path, headers={"X-API-Key": api_key},
+                         timeout=5)
     assert resp.status_code == 405, resp.text
     assert set(resp.headers["allow"].split(", ")) == allowed
     assert error_of(resp)["code"] == "method_not_allowed"
@@ -296,10 +275,11 @@ def test_an_apps_own_router_answers_a_wrong_method_the_same_way(serve, api_key,
         return {"top": []}
 
     app = serve(create_app(toy_config(routers=[router]), api_keys=[api_key]))
-    resp = httpx.delete(app.url + "/leaderboard", timeout=5)
+    keyed = {"X-API-Key": api_key}
+    resp = httpx.delete(app.url + "/leaderboard", headers=keyed, timeout=5)
     assert resp.status_code == 405 and resp.headers["allow"] == "GET"
     assert error_of(resp)["code"] == "method_not_allowed"
-    assert httpx.get(app.url + "/leaderboard", timeout=5).json() == {"top": []}
+    assert httpx.get(app.url + "/leaderboard", headers=keyed, timeout=5).json() == {"top": []}
     assert [r for r in uvicorn_errors.records if r.levelno >= logging.ERROR] == []
 
 
@@ -342,7 +322,8 @@ def test_an_apps_own_failing_route_is_logged_the_same_way(serve, api_key, uvicor
     app = serve(create_app(toy_config(routers=[router]), api_keys=[api_key]))
     with uvicorn_errors.at_level(logging.ERROR):
         for _ in range(3):
-            assert httpx.get(app.url + "/leaderboard", timeout=5).status_code == 500
+            assert httpx.get(app.url + "/leaderboard", headers={"X-API-Key": api_key},
+                             timeout=5).status_code == 500
     logged = [r.getMessage() for r in uvicorn_errors.records]
     assert len(logged) == 1 and logged[0].startswith("GET /leaderboard failed"), logged
     assert api_key not in uvicorn_errors.text
@@ -455,20 +436,26 @@ def test_task_info_caps_the_seeds_of_one_request(math_server, api_key):
 
 
 def test_a_slow_synchronous_instances_function_does_not_stall_the_server(serve, api_key):
+    entered, release = threading.Event(), threading.Event()
+
     def slow_instances(seeds):
-        time.sleep(1.5)
+        entered.set()
+        release.wait(10)  # held until the other request has been answered
         return [TaskInfo(task=TaskDescriptor(id="toy", name="Toy")) for _ in seeds]
 
     app = serve(create_app(toy_config(provide_task_instances=slow_instances),
                            api_keys=[api_key]))
     slow = threading.Thread(target=httpx.get, args=(app.url + "/task_info",), kwargs=dict(
-        params={"seed": 1}, headers={"X-API-Key": api_key}, timeout=10))
+        params={"seed": 1}, headers={"X-API-Key": api_key}, timeout=15))
     slow.start()
-    time.sleep(0.3)  # the slow request is inside the instances function now
-    started = time.monotonic()
-    assert httpx.get(app.url + "/", timeout=10).status_code == 200
-    waited = time.monotonic() - started
-    slow.join()
+    assert entered.wait(10)  # the slow request is inside the instances function now
+    try:
+        started = time.monotonic()
+        assert httpx.get(app.url + "/", timeout=10).status_code == 200
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        slow.join()
     assert waited < 0.8, f"/ waited {waited:.2f}s behind a synchronous instances call"
 
 

@@ -48,3 +48,20 @@ def test_check_reports_where_the_traces_go(tmp_path, api_key):
     assert report.healthy and report.to_dict()["traces"] == {
         "enabled": True, "destination": str(db), "durable": True, "sessions": 0}
     assert f"traces: {db} (0 sessions in this process)" in result.output.replace("\n", "")
+
+
+def test_check_rollouts_session_is_in_its_count_as_in_health(tmp_path, api_key, mock_policy):
+    from synth_deploy.health import CheckOptions, RolloutOptions
+
+    db = tmp_path / "t.db"
+    settings = ServeSettings(app="math", env=Env(), keys=ServerKeys((api_key,), "test"),
+                             traces=parse_trace_db(str(db)))
+    with LocalRunner(settings).start() as runner:
+        for i in range(3):  # sessions stored before the check
+            httpx.post(runner.url + "/rollout", json=rollout_body(f"r{i}", i,
+                                                                  mock_policy.url + "/v1"),
+                       headers={"X-API-Key": api_key}, timeout=30).raise_for_status()
+        report = check(runner.url, api_key, CheckOptions(
+            rollout=RolloutOptions(inference_url=mock_policy.url + "/v1")))
+        assert report.healthy, report.to_dict()
+        assert report.traces["sessions"] == _health(runner.url, api_key)["sessions"] == 4

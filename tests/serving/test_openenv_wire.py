@@ -368,7 +368,8 @@ def test_sessions_blocked_in_a_sync_step_all_run_at_once(serve, api_key):
 
 def test_an_app_without_an_environment_serves_no_openenv_routes(serve, api_key):
     server = serve(create_app(toy_config(), api_keys=[api_key]))
-    assert httpx.get(server.url + "/openenv/health", timeout=5).status_code == 404
+    assert httpx.get(server.url + "/openenv/health", headers={"X-API-Key": api_key},
+                     timeout=5).status_code == 404
 
 
 # An environment shaped as OpenEnv's are (its `openenv init` template, an echo), written here

@@ -1,5 +1,5 @@
 """A stand-in for Modal's `modal` CLI (`modal deploy|serve FILE [--name N] [-e ENV]`, `modal app
-logs NAME`), for tests.
+logs|list|stop`, `modal volume ls|get`), for tests.
 
 It does what the real one does up to the network: checks for a token, connects to the API
 server named by MODAL_SERVER_URL (when set) and, like Modal's client, keeps retrying in
@@ -11,11 +11,12 @@ function's secrets and env as its environment, serves the web function on 127.0.
 prints Modal 1.6's deploy output with that URL and exits, leaving the "container" running
 (its pid is written to ``$STANDIN_MODAL_STATE_DIR/pids``; the test stops it).
 
-``STANDIN_MODAL_MODE``: ok (default) · hang (never answers) · no-url (success output without
-a web URL) · fail (crashes, printing the app's API key as a careless tool might).
+``STANDIN_MODAL_MODE``: ok (default) · hang (never answers; `modal app` too) · no-url (success
+output without a web URL) · fail (crashes, printing the app's API key as a careless tool
+might).
 ``STANDIN_MODAL_SECRETS`` (JSON {name: {VAR: value}}) plays the named secrets stored in Modal.
 ``STANDIN_MODAL_CONTAINERS`` (default 1): how many containers each web function starts; each
-is a line of ``$STANDIN_MODAL_STATE_DIR/containers.jsonl`` ({pid, url, task_id}) and the first
+is a line of ``$STANDIN_MODAL_STATE_DIR/containers.jsonl`` ({pid, url, task_id, app}); the first
 one's URL is printed. The function's Volumes are played by modal_volume.py: each container
 "mounts" its own view at ROOT/<mount path> (a variable of the function's env that names a
 path under a mount is pointed there, as the stand-in cannot use the absolute path), and
@@ -25,6 +26,16 @@ Each call's arguments are a line of ``$STANDIN_MODAL_STATE_DIR/calls.jsonl``. A 
 `get` takes ``STANDIN_MODAL_GET_S`` seconds (default 0: a connection's round trips) and
 is a line of ``gets.jsonl`` there ({remote, start, end}, wall-clock seconds).
 `modal serve` prints the same and then stays in the foreground until SIGINT/SIGTERM.
+
+A deploy is recorded in ``$STANDIN_MODAL_STATE_DIR/apps.json`` ({name: {app_id, env,
+created_at, stopped_at}}), as Modal keeps its deployed apps. `modal app list --json [-e ENV]`
+prints them as Modal 1.6 does (a JSON array of {app_id, description, state, tasks,
+created_at, stopped_at}: description is the app's name, tasks its running containers as a
+string, times local ISO with a space). `modal app stop NAME [-y] [-e ENV]` does what Modal's
+does: an unknown name is its NotFoundError, a stopped app "App is already stopped.", no
+``-y`` without a terminal is refused; with ``-y`` the app's containers are killed at once
+(SIGKILL: Modal "immediately terminates" them, no drain) and the app is stopped. Its Volumes
+are left as they are: a Volume is not the app's.
 """
 
 from __future__ import annotations
@@ -121,6 +132,7 @@ def deploy(args: argparse.Namespace) -> int:
             _out(f"└── 🔨 Created function {fn_name}.")
     if args.command == "serve":
         return _serve_until_signalled()
+    _record_app(name, args.env)
     _out(f"✓ App deployed in {time.monotonic() - started:.3f}s! 🎉")
     _out("")
     env = f"/{args.env}" if args.env else "/main"
@@ -195,7 +207,8 @@ def _start_container(function, app_name: str, index: int = 0) -> str:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port_file.read_text().strip()}"
     with open(state / "containers.jsonl", "a") as fh:
-        fh.write(json.dumps({"pid": proc.pid, "url": url, "task_id": task_id}) + "\n")
+        fh.write(json.dumps({"pid": proc.pid, "url": url, "task_id": task_id,
+                             "app": app_name}) + "\n")
     return url
 
 
@@ -256,9 +269,6 @@ def volume(args: argparse.Namespace) -> int:
 def app_logs(args: argparse.Namespace) -> int:
     """`modal app logs NAME [-f] [--tail N] [-e ENV]`: the "container"'s output, as Modal
     keeps a deployed app's; an app never deployed is Modal's NotFoundError."""
-    if not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")):
-        return _token_missing()
-    _connect_to_api()
     state = Path(os.environ["STANDIN_MODAL_STATE_DIR"])
     logs = sorted(state.glob(f"container-{args.name}-*/container.log"))
     if not logs:
@@ -269,6 +279,85 @@ def app_logs(args: argparse.Namespace) -> int:
     for line in lines[-(args.tail or 100):]:
         _out(line)
     return _serve_until_signalled() if args.follow else 0
+
+
+def _apps_file() -> Path:
+    return Path(os.environ["STANDIN_MODAL_STATE_DIR"]) / "apps.json"
+
+
+def _apps() -> dict:
+    path = _apps_file()
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _record_app(name: str, env: str | None) -> None:
+    apps = _apps()
+    apps[name] = {"app_id": "ap-" + os.urandom(11).hex()[:22], "env": env or "main",
+                  "created_at": time.time(), "stopped_at": None}
+    _apps_file().write_text(json.dumps(apps))
+
+
+def _running_containers(name: str) -> list[int]:
+    path = Path(os.environ["STANDIN_MODAL_STATE_DIR"]) / "containers.jsonl"
+    pids = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        container = json.loads(line)
+        if container.get("app") != name:
+            continue
+        try:
+            os.kill(container["pid"], 0)
+        except ProcessLookupError:
+            continue
+        pids.append(container["pid"])
+    return pids
+
+
+def _when(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts).astimezone().isoformat(sep=" ", timespec="seconds") \
+        if ts else None
+
+
+def app_list(args: argparse.Namespace) -> int:
+    rows = []
+    for name, app in _apps().items():
+        if app["env"] != (args.env or "main"):
+            continue
+        rows.append({"app_id": app["app_id"], "description": name,
+                     "state": "stopped" if app["stopped_at"] else "deployed",
+                     "tasks": str(len(_running_containers(name))),
+                     "created_at": _when(app["created_at"]),
+                     "stopped_at": _when(app["stopped_at"])})
+    if args.json:
+        _out(json.dumps(rows, indent=2))  # rich's print_json: indented
+    else:
+        for row in rows:
+            _out(f"{row['app_id']}  {row['description']}  {row['state']}  {row['tasks']}")
+    return 0
+
+
+def app_stop(args: argparse.Namespace) -> int:
+    apps, env = _apps(), args.env or "main"
+    app = apps.get(args.name)
+    if app is None or app["env"] != env:
+        _out(f"Error: No App with name '{args.name}' found in the '{env}' environment.")
+        return 1
+    if app["stopped_at"]:
+        sys.stderr.write(f"App is already stopped. (Stopped at {_when(app['stopped_at'])} by "
+                         "'standin').\n")
+        return 1
+    pids = _running_containers(args.name)
+    if not args.yes:
+        _out(f"Are you sure you want to stop App '{args.name}' in the '{env}' environment? "
+             f"This will immediately terminate {len(pids)} running "
+             f"container{'s' if len(pids) != 1 else ''}. [y/N]: ")
+        sys.stderr.write("Aborted: no interactive terminal detected. Rerun with --yes (-y) to "
+                         "skip confirmation.\n")
+        return 1
+    for pid in pids:
+        os.killpg(pid, signal.SIGKILL)  # each container leads its own session
+    app["stopped_at"] = time.time()
+    _apps_file().write_text(json.dumps(apps))
+    return 0
 
 
 def main() -> int:
@@ -297,13 +386,27 @@ def main() -> int:
     logs.add_argument("-f", "--follow", action="store_true")
     logs.add_argument("--tail", type=int)
     logs.add_argument("-e", "--env")
+    listing = app.add_parser("list")
+    listing.add_argument("--json", action="store_true")
+    listing.add_argument("-e", "--env")
+    stop = app.add_parser("stop")
+    stop.add_argument("name")
+    stop.add_argument("-y", "--yes", action="store_true")
+    stop.add_argument("-e", "--env")
     args = parser.parse_args()
     if state := os.environ.get("STANDIN_MODAL_STATE_DIR"):
         with open(Path(state) / "calls.jsonl", "a") as fh:
             fh.write(json.dumps(sys.argv[1:]) + "\n")
     if args.command == "volume":
         return volume(args)
-    return app_logs(args) if args.command == "app" else deploy(args)
+    if args.command == "app":
+        if not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")):
+            return _token_missing()
+        _connect_to_api()
+        if os.environ.get("STANDIN_MODAL_MODE") == "hang":
+            time.sleep(3600)
+        return {"logs": app_logs, "list": app_list, "stop": app_stop}[args.app_command](args)
+    return deploy(args)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ The replies come from a script, as `scripted_policy`'s do. ``app.state.sent`` ke
 each answer held: ``(prompt_token_ids, token_ids, logprobs)``. ``alter(answer)``, when given,
 changes each answer before it goes (a server that answers a field wrong). ``strict=True``
 refuses any field OpenAI's API does not know, as OpenAI does (HTTP 400,
-``invalid_request_error``, "Unrecognized request argument supplied: NAME").
+``invalid_request_error``, "Unrecognized request argument supplied: NAME"). ``encode(answer)``,
+when given, writes each answer's bytes (a broken server's JSON: a bare ``NaN``, ``1e400``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from standins.scripted_policy import Reply
@@ -43,7 +44,8 @@ OPENAI_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "to
 def vllm_policy(script: Sequence[Reply], *, re_render: bool = False,
                 model: str = "Qwen/Qwen3-0.6B",
                 alter: Callable[[dict[str, Any]], None] | None = None,
-                strict: bool = False) -> Starlette:
+                strict: bool = False,
+                encode: Callable[[dict[str, Any]], bytes] | None = None) -> Starlette:
     sent: list[tuple[list[int], list[int], list[float]]] = []
     requests: list[dict[str, Any]] = []
 
@@ -85,6 +87,8 @@ def vllm_policy(script: Sequence[Reply], *, re_render: bool = False,
             choice["token_ids"] = completion
         if alter is not None:
             alter(answer)
+        if encode is not None:
+            return Response(encode(answer), media_type="application/json")
         return JSONResponse(answer)
 
     app = Starlette(routes=[Route("/{path:path}", completions, methods=["POST"])])

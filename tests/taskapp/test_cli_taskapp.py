@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -75,8 +76,14 @@ def test_sigterm_drains_in_flight_rollouts_then_exits(tmp_path, api_key):
         assert time.monotonic() - term_at < 5, "shutdown waited far past the drain"
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/", timeout=1)
+        stderr = proc.stderr.read()
     finally:
         stop(proc)
+    # What the drain waits for, while it waits; then the last window's rollout, summed up.
+    waiting = next(x for x in stderr.splitlines() if "draining: waiting for" in x)
+    assert "1 rollout in flight" in waiting and "Ctrl+C stops now" in waiting, stderr
+    after = stderr.split(waiting, 1)[1]
+    assert re.search(r"1 rollout in [\d.]+s \([\d.]+/s\) · p50 1\.\d+s", after), stderr
 
 
 def wait_for_in_flight(url: str, api_key: str, count: int, within_s: float = 10) -> None:
@@ -248,16 +255,22 @@ def test_init_writes_an_app_that_smokes_and_an_rl_toml_that_loads(tmp_path):
 
     result = run_cli(tmp_path, "init", "guess", timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "next: synth-deploy smoke guess/task_app.py" in result.stdout
+    assert "next: synth-deploy smoke guess" in result.stdout
     rl = (tmp_path / "guess" / "rl.toml").read_text()
     # Every field worth a question says what it is, on its own line.
     for field in ("task_url", "gpus_for_vllm", "max_concurrent_rollouts", "group_size",
                   "trainer_mode", "weight_sync_interval"):
         line = next(x for x in rl.splitlines() if x.startswith(field))
         assert "#" in line, line
+    # One comment column, whatever the name's length did to the lines.
+    assert len({x.find("#") for x in rl.splitlines() if x.find("#") > 0}) == 1, rl
+    readme = (tmp_path / "guess" / "README.md").read_text()
+    assert "synth-deploy smoke guess\n" in readme and "--app guess\n" in readme
     assert load_config(tmp_path / "guess" / "rl.toml") is not None
-    smoked = run_cli(tmp_path, "smoke", "guess/task_app.py", "--json", "--no-trace",
-                     timeout=120)
+    listed = json.loads(run_cli(tmp_path, "apps", "--json").stdout)["apps"]
+    guess = [a["path"] for a in listed if a["app_id"] == "guess"]
+    assert guess == [str(tmp_path / "guess" / "task_app.py")], listed
+    smoked = run_cli(tmp_path, "smoke", "guess", "--json", "--no-trace", timeout=120)
     assert smoked.returncode == 0, smoked.stderr
     report = json.loads(smoked.stdout)
     assert report["summary"]["errors"] == 0 and report["summary"]["rollouts"] == 10

@@ -124,6 +124,32 @@ def test_a_redirect_is_an_answer_never_followed(serve, api_key):
     assert upstream.app.state.counts["secret_hits"] == 0
 
 
+def test_the_policy_call_never_follows_a_redirect(serve, api_key):
+    # A "policy" whose chat endpoint 302s to an internal endpoint (what an attacker hosts):
+    # the rollout fails as the policy's (502, status and host named), the target never hit.
+    upstream = serve(upstream_app())
+
+    async def chat(request):
+        return RedirectResponse(upstream.url + "/secret", status_code=302)
+
+    policy = serve(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+
+    async def rollout_fn(request, ctx):
+        await call_policy(ctx, [{"role": "user", "content": "hi"}])
+        return {"metrics": {"episode_rewards": [1.0]}}
+
+    app = serve(create_app(toy_config(rollout_fn), api_keys=[api_key]))
+    resp = httpx.post(app.url + "/rollout", headers={"X-API-Key": api_key}, timeout=20,
+                      json={"run_id": "redirect-1", "env": {"seed": 1}, "policy": {
+                          "config": {"model": "m", "inference_url": policy.url + "/v1"}}})
+    assert resp.status_code == 502, resp.text
+    error = resp.json()["detail"]["error"]
+    assert error["code"] == "policy_failed" and error["kind"] == "policy"
+    assert f"127.0.0.1:{policy.port}" in error["message"] and "302" in error["message"]
+    assert "redirects are not followed" in error["message"]
+    assert upstream.app.state.counts["secret_hits"] == 0
+
+
 @pytest.fixture
 def silent_then_hang_up():
     """A TCP server that reads a request, then says nothing for ``silence_s``, or (at

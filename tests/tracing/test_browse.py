@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from known_traces import APPS, EPISODE, MODELS, build_known_store, mean
+from sessions import make_session
 from trace_files import make_synth_ai_db, statements_run
 
 from synth_deploy.errors import UsageError
@@ -296,3 +297,38 @@ def test_large_sets_sample_the_curve_and_event_scores_but_count_exactly(tmp_path
     [score] = sampled.event_scores
     assert 5 <= score["events"] <= 40
     assert score["mean"] == pytest.approx(exact.event_scores[0]["mean"], abs=0.15)
+
+
+def test_every_time_read_from_the_store_has_its_zone(tmp_path):
+    # The store keeps synth-ai's UTC text without a zone (with or without a fraction); every
+    # reader gives it as live answers give times: ISO 8601, +00:00.
+    from typer.testing import CliRunner
+
+    from synth_deploy.cli import app as cli_app
+    from synth_deploy.tracing import utc_text
+
+    path = tmp_path / "t.db"
+    sessions = [make_session(i) for i in range(3)]
+    with open_trace_store(str(path)) as store:
+        store.write_sessions_sync(sessions)
+    with sqlite3.connect(path) as conn:  # as synth-ai wrote it: whole seconds
+        conn.execute("UPDATE session_traces SET created_at = '2026-12-07 03:19:51' WHERE "
+                     "session_id = ?", (sessions[0].session_id,))
+    expected = {s.session_id: utc_text(s.created_at) for s in sessions[1:]}
+    expected[sessions[0].session_id] = "2026-12-07T03:19:51+00:00"
+
+    def run(*args: str):
+        result = CliRunner().invoke(cli_app, ["traces", *args, "--trace-db", str(path),
+                                              "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    assert {r["session_id"]: r["created_at"] for r in run("ls")} == expected
+    stats = run("stats")
+    assert (stats["first_at"], stats["last_at"]) == (min(expected.values()),
+                                                     max(expected.values()))
+    with open_trace_store(str(path), read_only=True) as store:
+        page = browse_sessions(store, limit=10)
+        assert {r.session_id: r.created_at for r in page.rows} == expected
+        choices = filter_choices(store)
+        assert choices["first_at"].endswith("+00:00") and choices["last_at"].endswith("+00:00")

@@ -6,7 +6,9 @@ exported one row per episode; the vLLM-shaped and re-rendering stand-ins are rea
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+import struct
 import sys
 from pathlib import Path
 
@@ -358,6 +360,94 @@ def test_token_data_of_the_wrong_shape_is_recorded_as_missing_and_the_rollout_pl
     assert reason in turns[0].absent_reason and not turns[0].completion_logprobs
     result = export(db, tmp_path / "t.jsonl")
     assert result["episodes"] == 0 and result["skipped"] == {skipped: 1}
+
+
+@pytest.mark.parametrize(("stored", "kept"), [
+    ([-0.5, -2.0], True), ([0.0, -0.0], True), ([-0.5, float("nan")], False),
+    ([-0.5, float("-inf")], False), ([-0.5, float("inf")], False), ([-0.5, 1e-30], False),
+    ([-0.5, 3.0], False), ([-0.5, -1e300], False)])
+def test_stored_logprobs_are_read_back_only_as_log_probabilities(tmp_path, stored, kept):
+    # What an older kit stored unchecked (a TurnTokens made in Python is not checked either)
+    # is read back as "no logprobs", with the reason.
+    session = _session([TurnTokens([1, 2], [3, 4], stored, model="m")])
+    with open_trace_store(parse_trace_db(str(tmp_path / "t.db"))) as store:
+        store.write_sessions_sync([session])
+        [turn] = store.get_session(session.session_id).turn_tokens
+    assert turn.observed and turn.completion_ids == [3, 4]
+    if kept:
+        assert turn.completion_logprobs == pytest.approx(stored) and not turn.absent_reason
+    else:
+        assert turn.completion_logprobs == []
+        assert turn.absent_reason.startswith(
+            "logprobs not kept: the stored completion_logprobs[1] is ")
+
+
+HOSTILE = "@hostile-logprob@"
+
+
+def _first_session(db: Path) -> str:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT e.session_id FROM events e JOIN lm_call_tokens t ON "
+                            "t.event_id = e.id ORDER BY t.event_id").fetchone()[0]
+
+
+def _strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+# What a broken or hostile policy server may write for a logprob, as its JSON's own text:
+# beyond a double (1e400 reads as infinity; as an integer, no float holds it), not numbers,
+# positive, beyond a float32.
+@pytest.mark.parametrize("text", ["1e400", "-1e400", "1" + "0" * 400, "-1" + "0" * 400, "NaN",
+                                  "Infinity", "-Infinity", "1e6", "1e308", "0.5", "-1e300"])
+def test_a_logprob_that_is_not_a_finite_number_at_most_zero_is_no_token_data(
+        serve, crafter_traced, api_key, tmp_path, text):
+    def alter(answer):
+        answer["choices"][0]["logprobs"]["content"][1]["logprob"] = HOSTILE
+
+    def encode(answer):
+        return json.dumps(answer).replace(f'"{HOSTILE}"', text).encode()
+
+    policy = serve(vllm_policy(FIVE_TURNS, alter=alter, encode=encode))
+    server, db = crafter_traced
+    body = play(server, api_key, policy.url + "/v1", turns=2)  # 200, not 500
+    turns = session_from_trace(body["trace"]).turn_tokens
+    assert [t.observed for t in turns] == [True, True]
+    assert all(not t.completion_logprobs for t in turns)
+    assert "logprobs not kept: the policy server's completion_logprobs[1] is" in \
+        turns[0].absent_reason
+    play(server, api_key, serve(vllm_policy(FIVE_TURNS)).url + "/v1", turns=2)  # a good one
+    out = tmp_path / "t.jsonl"
+    result = export(db, out)
+    assert result["episodes"] == 1 and result["skipped"] == {"no logprobs": 1}
+    [row] = [_strict_json(line) for line in out.read_text().splitlines()]
+    assert all(math.isfinite(lp) and lp <= 0 for lp in row["logprobs"])
+
+
+def test_the_token_export_is_strict_json_even_from_a_store_written_before_the_check(
+        serve, crafter_traced, api_key, tmp_path):
+    policy = serve(vllm_policy(FIVE_TURNS))
+    server, db = crafter_traced
+    play(server, api_key, policy.url + "/v1", turns=2)
+    play(server, api_key, policy.url + "/v1", turns=2)
+    # An older kit stored whatever the server sent: one session's logprob is infinite.
+    with sqlite3.connect(db) as conn:
+        (event_id, packed), *_ = conn.execute(
+            "SELECT event_id, completion_logprobs FROM lm_call_tokens ORDER BY event_id")
+        conn.execute("UPDATE lm_call_tokens SET completion_logprobs = ? WHERE event_id = ?",
+                     (struct.pack("<f", float("inf")) + packed[4:], event_id))
+        conn.execute("UPDATE session_traces SET total_reward = 9e999")  # reads as infinity
+    out = tmp_path / "t.jsonl"
+    result = export(db, out)
+    assert result["episodes"] == 1 and result["skipped"] == {"no logprobs": 1}
+    [row] = [_strict_json(line) for line in out.read_text().splitlines()]
+    assert all(math.isfinite(lp) and lp <= 0 for lp in row["logprobs"])
+    assert row["reward"] is None  # JSON has no spelling for it
+    shown = CliRunner().invoke(cli_app, ["traces", "show", "--trace-db", str(db), "--json",
+                                         _first_session(db)])
+    assert "logprobs not kept: the stored completion_logprobs[0] is inf" in shown.stdout
 
 
 def test_the_viewer_shows_each_calls_ids_and_logprobs_and_where_continuity_broke(

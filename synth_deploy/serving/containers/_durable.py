@@ -28,21 +28,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-from starlette.responses import Response
 
 from synth_deploy.serving._admission import RolloutStats, at_capacity
-from synth_deploy.taskapp.contracts import RolloutRequest
+from synth_deploy.serving._rollout_run import (
+    KIT,
+    RolloutFailure,
+    RolloutOutcome,
+    RolloutStop,
+    stopped,
+)
+from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse
 from synth_deploy.tracing import (
     RolloutClaim,
-    RolloutFacts,
     RolloutFinish,
     RolloutRecord,
     RolloutRecords,
-    SessionTracer,
-    describe_session,
 )
 
-RunRollout = Callable[[RolloutRequest, bytes], Awaitable[Response]]
+RunRollout = Callable[[RolloutRequest, bytes, RolloutStop], Awaitable[RolloutOutcome]]
 DEFAULT_LEASE_S = 300.0
 TERMINAL = ("completed", "failed", "cancelled", "interrupted")
 # synth-containers' success_status for each status (its wire.py), and ours for `interrupted`.
@@ -76,8 +79,8 @@ class _Live:
     """A rollout this server runs (or ran): its document, events and lease."""
 
     __slots__ = ("rollout_id", "digest", "mode", "created_at", "updated_at", "status", "answer",
-                 "http_status", "events", "changed", "task", "ttl_s", "expires",
-                 "cancel_reason", "req", "request_json")
+                 "http_status", "events", "changed", "task", "ttl_s", "expires", "stop", "req",
+                 "request_json")
 
     def __init__(self, rollout_id: str, digest: str, mode: str, req: RolloutRequest,
                  request_json: bytes, ttl_s: float, now: float) -> None:
@@ -92,7 +95,7 @@ class _Live:
         self.task: asyncio.Task[None] | None = None
         self.ttl_s = ttl_s
         self.expires = time.monotonic() + ttl_s
-        self.cancel_reason: str | None = None
+        self.stop = RolloutStop()  # its task is set once the rollout's task takes it
 
     @property
     def done(self) -> bool:
@@ -169,16 +172,14 @@ class _RecordBatches:
 class AsyncRollouts:
     """The rollouts submitted to one served app (see the module docstring).
 
-    ``run`` runs a validated request to the kit's answer (the `/rollout` path: its bound,
-    its trace); ``records``: where records are kept past this process (None: memory only);
-    ``trace``: the sink the `/rollout` path writes to, for the sessions of rollouts
-    cancelled before they could write their own.
+    ``run`` runs a validated request to its outcome (`RolloutRun.run`: its bound, its
+    trace, its stop); ``records``: where records are kept past this process (None: memory
+    only).
     """
 
     def __init__(self, run: RunRollout, *, stats: RolloutStats, records: RolloutRecords | None,
-                 trace: Any = None, app_id: str = "", default_ttl_s: float = DEFAULT_LEASE_S
-                 ) -> None:
-        self.run, self.stats, self.records, self.trace = run, stats, records, trace
+                 app_id: str = "", default_ttl_s: float = DEFAULT_LEASE_S) -> None:
+        self.run, self.stats, self.records = run, stats, records
         self._batches = None if records is None else _RecordBatches(records)
         self.app_id = app_id
         self.default_ttl_s = default_ttl_s
@@ -292,9 +293,8 @@ class AsyncRollouts:
         return live.document()
 
     def _cancel(self, live: _Live, reason: str) -> None:
-        if not live.done and live.cancel_reason is None and live.task is not None:
-            live.cancel_reason = reason
-            live.task.cancel()
+        if not live.done:
+            live.stop.request(reason)  # nothing once its outcome is final
 
     async def wait(self, live: _Live, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for news of ``live``; True when there was some."""
@@ -307,76 +307,59 @@ class AsyncRollouts:
         return True
 
     async def _execute(self, live: _Live) -> None:
-        started = time.perf_counter()
-        try:
-            response = await self.run(live.req, live.request_json)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if live.cancel_reason is None or task is None:
+        stop = live.stop
+        stop.task = asyncio.current_task()
+        if stop.reason is not None:  # stopped before its task began: it never runs
+            outcome = RolloutOutcome(live.rollout_id, failure=stopped(stop.reason,
+                                                                      live.rollout_id))
+        else:
+            try:
+                outcome = await self.run(live.req, live.request_json, stop)
+            except asyncio.CancelledError:
                 # The server is stopping: the record stays `running`, which the next
                 # server answers as interrupted.
                 self.stats.release()
                 raise
-            task.uncancel()
-            await self._cancelled(live, time.perf_counter() - started)
+            except Exception as exc:  # the kit's own failure: the app's are in the outcome
+                outcome = RolloutOutcome(live.rollout_id, failure=RolloutFailure(
+                    500, "server_error", f"{type(exc).__name__} while running the rollout",
+                    KIT, True))
+        failure = outcome.failure
+        if failure is None:
+            assert outcome.result is not None
+            await self._finish(live, "completed", 200,
+                               _completed_fields(outcome.result, self.app_id))
             return
-        except Exception as exc:  # the kit's own failure: the app's are answered by `run`
-            response = None
-            answer = {"error": {"code": "server_error", "status": 500,
-                                "message": f"{type(exc).__name__} while running the rollout"}}
-            await self._finish(live, "failed", 500, answer)
-            return
-        body = json.loads(response.body)
-        if response.status_code == 200:
-            await self._finish(live, "completed", 200, _completed_fields(body, self.app_id))
-        else:
-            error = dict(body.get("detail", {}).get("error") or {})
-            error["status"] = response.status_code
-            await self._finish(live, "failed", response.status_code,
-                               {"status_detail": error.get("message", ""), "error": error})
-
-    async def _cancelled(self, live: _Live, elapsed: float) -> None:
-        reason = live.cancel_reason or "cancelled"
-        message = (f"nobody asked after rollout {live.rollout_id} for {live.ttl_s:g}s (its "
-                   "lease): it was cancelled" if reason == "lease_expired"
-                   else f"rollout {live.rollout_id} was terminated by its client")
-        error = {"code": reason, "message": message, "status": 499}
-        if self.trace is not None:
-            session = SessionTracer().finish()
-            req = live.req
-            head = {"app_id": self.app_id, "run_id": req.run_id, "mode": req.mode,
-                    "seed": req.env.seed, "model": req.policy.config.get("model"),
-                    "env_name": req.env.env_name}
-            describe_session(session, RolloutFacts(head, elapsed, live.request_json, None,
-                                                   error))
-            session.metadata["status"] = "cancelled"
-            try:
-                await self.trace.write_session(session)
-            except Exception:  # noqa: BLE001 - the record below still says what happened
-                pass
-        await self._finish(live, "cancelled", 499, {"status_detail": message, "error": error})
+        await self._finish(live, "cancelled" if failure.cancelled else "failed",
+                           failure.status, {"status_detail": failure.message,
+                                            "error": {**failure.error(),
+                                                      "status": failure.status}})
 
     async def _finish(self, live: _Live, status: str, http_status: int,
                       answer: dict[str, Any]) -> None:
+        """Record ``live``'s terminal ``status``: whatever happens while its record is
+        stored, the status is set and its slot given back."""
         updated = time.time()
         live.updated_at = iso(updated)
         live.answer, live.http_status = answer, http_status
-        if self._batches is not None:
-            document = {**live.document(), "status": status,
-                        "success_status": _SUCCESS[status]}
-            document.pop("lease", None)
-            try:
-                await self._batches.finish(RolloutFinish(live.rollout_id, status, document,
-                                                         updated))
-            except Exception as exc:  # noqa: BLE001 - answered in memory, said in the record
-                live.answer = {**answer, "warning": f"its record could not be stored "
-                                                    f"({type(exc).__name__})"}
-        live.status = status
-        live.event(f"rollout.{status}", http_status=http_status)
-        self.stats.release()
-        if self.records is not None:  # its record answers from now on; memory is let go
-            asyncio.get_running_loop().call_later(
-                max(live.ttl_s, 60.0), self._forget, live)
+        try:
+            if self._batches is not None:
+                document = {**live.document(), "status": status,
+                            "success_status": _SUCCESS[status]}
+                document.pop("lease", None)
+                try:
+                    await self._batches.finish(RolloutFinish(live.rollout_id, status,
+                                                             document, updated))
+                except Exception as exc:  # noqa: BLE001 - answered in memory, said in it
+                    live.answer = {**answer, "warning": f"its record could not be stored "
+                                                        f"({type(exc).__name__})"}
+        finally:
+            live.status = status
+            live.event(f"rollout.{status}", http_status=http_status)
+            self.stats.release()
+            if self.records is not None:  # its record answers from now on; memory let go
+                asyncio.get_running_loop().call_later(
+                    max(live.ttl_s, 60.0), self._forget, live)
 
     def _forget(self, live: _Live) -> None:
         if self.live.get(live.rollout_id) is live:
@@ -411,9 +394,10 @@ class AsyncRollouts:
         loop.call_later(self._sweep_interval(), self._sweep, loop)
 
 
-def _completed_fields(response: dict[str, Any], task_id: str) -> dict[str, Any]:
+def _completed_fields(result: RolloutResponse, task_id: str) -> dict[str, Any]:
     """A completed rollout's answer in synth-containers' terms, with the kit's own answer
     (a synth-ai RolloutResponse) as ``response``."""
+    response = result.model_dump(mode="json")
     metrics = response.get("metrics") or {}
     reward = metrics.get("outcome_reward")
     details = metrics.get("details") or {}

@@ -49,10 +49,12 @@ from synth_deploy.serving._request_guards import (
     BodyTooLarge,
     bad_request_response,
     read_body,
+    unknown_seed,
     unsupported_media_type,
 )
 from synth_deploy.serving._responses import error_response, validation_errors
-from synth_deploy.serving._routes import Endpoint
+from synth_deploy.serving._routes import AsgiEndpoint, Endpoint
+from synth_deploy.serving._trace_context import TraceContextScope
 from synth_deploy.serving.containers._client import PREFIX
 from synth_deploy.serving.containers._durable import AsyncRollouts, Refused, request_digest
 from synth_deploy.taskapp.config import TaskAppConfig
@@ -66,7 +68,8 @@ MAX_WAIT_MS = 10_000
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
 
-TaskInstances = Callable[[list[int]], Awaitable[list[dict[str, Any]]]]
+# The app's task instance of each seed; `BadRequest` naming the field for a seed it lacks.
+TaskInstances = Callable[[list[int], str], Awaitable[list[dict[str, Any]]]]
 
 
 def kit_request(body: Any, rollout_id: str) -> RolloutRequest:
@@ -101,14 +104,55 @@ def kit_request(body: Any, rollout_id: str) -> RolloutRequest:
                          field=first["path"]) from None
 
 
-def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
-                         limits: RolloutLimits, task_instances: TaskInstances
-                         ) -> list[Endpoint]:
-    """The contract's endpoints under `PREFIX`, running rollouts through ``rollouts``."""
-    heads = EarlyHeads(limits)
-    heartbeat_s = limits.heartbeat_s
+class ContainersWire:
+    """The contract's endpoints under `PREFIX` for one served app, running rollouts through
+    ``rollouts``; ``task_instances(seeds, field)``: the app's task instance of each seed."""
 
-    def metadata_payload() -> dict[str, Any]:
+    def __init__(self, config: TaskAppConfig, rollouts: AsyncRollouts, *,
+                 limits: RolloutLimits, task_instances: TaskInstances) -> None:
+        self.config, self.rollouts, self.task_instances = config, rollouts, task_instances
+        self.heads = EarlyHeads(limits)
+        self.heartbeat_s = limits.heartbeat_s
+
+    def endpoints(self) -> list[Endpoint]:
+        one = PREFIX + "/rollouts/{rollout_id}"
+        # A submission's traceparent is its rollout's parent trace (the task inherits it).
+        submit = TraceContextScope(AsgiEndpoint(self.submit))
+        return [
+            Endpoint(PREFIX + "/rollouts", "POST", submit, "synth-containers: run a rollout, "
+                     "sync or async (202)", asgi=True, errors=(409, 413, 415, 422, 503)),
+            Endpoint(PREFIX + "/rollout", "POST", submit, "synth-containers: as /rollouts",
+                     asgi=True, errors=(409, 413, 415, 422, 503)),
+            Endpoint(PREFIX + "/health", "GET", self.health, "synth-containers: liveness"),
+            Endpoint(PREFIX + "/metadata", "GET", self.metadata, "synth-containers: contract "
+                     "version and capabilities"),
+            Endpoint(PREFIX + "/info", "GET", self.metadata, "synth-containers: as /metadata"),
+            Endpoint(PREFIX + "/task_info", "GET", self.task_info, "synth-containers: the task"),
+            Endpoint(PREFIX + "/program", "GET", self.program, "synth-containers: no prompt "
+                     "fields", errors=(404,)),
+            Endpoint(PREFIX + "/dataset", "GET", self.dataset, "synth-containers: splits, row "
+                     "counts"),
+            Endpoint(PREFIX + "/taskset", "GET", self.dataset, "synth-containers: as /dataset"),
+            Endpoint(PREFIX + "/dataset/rows", "POST", self.rows, "synth-containers: rows of "
+                     "seeds", errors=(404, 413, 422)),
+            Endpoint(PREFIX + "/taskset/tasks", "POST", self.rows, "synth-containers: as "
+                     "/dataset/rows", errors=(404, 413, 422)),
+            Endpoint(one, "GET", self.get_rollout, "synth-containers: a rollout, its result "
+                     "once done", errors=(404,)),
+            Endpoint(one + "/state", "GET", self.get_state, "synth-containers: a rollout's "
+                     "state", errors=(404,)),
+            Endpoint(one + "/events", "GET", self.get_events, "synth-containers: a rollout's "
+                     "events after a cursor", errors=(404,)),
+            Endpoint(one + "/stream", "GET", self.stream, "synth-containers: a rollout's "
+                     "events as SSE", errors=(404,)),
+            Endpoint(one + "/renew", "POST", self.renew, "synth-containers: renew a rollout's "
+                     "lease", errors=(404, 422)),
+            Endpoint(one + "/terminate", "POST", self.terminate, "synth-containers: cancel a "
+                     "rollout", errors=(404,)),
+        ]
+
+    def metadata_payload(self) -> dict[str, Any]:
+        config, rollouts = self.config, self.rollouts
         return {
             "runtime": {"runtime_id": config.app_id, "name": config.name,
                         "description": config.description, "version": config.version},
@@ -131,28 +175,30 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                     "durable": rollouts.durable, "supports_idempotency": True,
                     "supports_lease_renewal": True, "supports_cancellation": True,
                     "lease_ttl_seconds": rollouts.default_ttl_s,
-                    "sse_heartbeat_seconds": heartbeat_s},
+                    "sse_heartbeat_seconds": self.heartbeat_s},
                 "metadata": {"policy_ready": True, "program_ready": False},
             },
             "metadata": {"served_by": "synth-deploy"},
         }
 
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "contract_version": CONTRACT_VERSION})
 
-    async def metadata(request: Request) -> Response:
-        return JSONResponse(metadata_payload())
+    async def metadata(self, request: Request) -> Response:
+        return JSONResponse(self.metadata_payload())
 
-    async def task_info(request: Request) -> Response:
+    async def task_info(self, request: Request) -> Response:
+        config = self.config
         return JSONResponse({"task": {"task_id": config.app_id, "task_name": config.name,
                                       "description": config.description},
                              "metadata": {"datasets": config.dataset_registry.describe()}})
 
-    async def program(request: Request) -> Response:
+    async def program(self, request: Request) -> Response:
         return JSONResponse({"detail": "container_route_not_supported:program"},
                             status_code=404)
 
-    async def dataset(request: Request) -> Response:
+    async def dataset(self, request: Request) -> Response:
+        config = self.config
         splits: dict[str, int | None] = {}
         for ds in config.dataset_registry:
             for split in ds.splits:
@@ -163,7 +209,8 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                              "splits": [{"name": n, "count": c} for n, c in splits.items()],
                              "datasets": config.dataset_registry.describe()})
 
-    async def rows(request: Request) -> Response:
+    async def rows(self, request: Request) -> Response:
+        config = self.config
         try:
             body = await _json_object(request, config.max_body_bytes)
             seeds = body.get("seeds", body.get("task_ids"))
@@ -175,27 +222,20 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
             if len(seeds) > config.max_seeds_per_request:
                 raise BadRequest(f"at most {config.max_seeds_per_request} seeds a request, got "
                                  f"{len(seeds)}", field="seeds")
-            for seed in seeds:
-                if (why := config.dataset_registry.unknown_seed(seed)) is not None:
-                    raise BadRequest(why, status=404, code="unknown_seed", field="seeds")
-            instances = await task_instances(seeds)
+            instances = await self.task_instances(seeds, "seeds")
         except BadRequest as exc:
             return bad_request_response(exc)
-        except (LookupError, ValueError) as exc:
-            if isinstance(exc, ValidationError):
-                raise
-            return error_response(404, "unknown_seed", f"no task instance for a seed: {exc}")
         split = body.get("split")
         return JSONResponse({"split": split, "rows": [
             {"seed": seed, "split": split, "task_info": instance}
             for seed, instance in zip(seeds, instances, strict=False)]})
 
-    async def submit(scope: Any, receive: Any, send: Any) -> None:
+    async def submit(self, scope: Any, receive: Any, send: Any) -> None:
         request = Request(scope, receive, send)
         refusal = unsupported_media_type(request)
         if refusal is None:
             try:
-                accepted = await _accepted(request)
+                accepted = await self._accepted(request)
             except BadRequest as exc:
                 refusal = bad_request_response(exc)
             except Refused as exc:
@@ -210,15 +250,15 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                 202 if document["status"] == "running" else 200)
             await JSONResponse(document, status_code=status)(scope, receive, send)
             return
-        pulse = heads.watch(send, receive)
-        while not await rollouts.wait(live, min(heartbeat_s, live.ttl_s / 2)):
+        pulse = self.heads.watch(send, receive)
+        while not await self.rollouts.wait(live, min(self.heartbeat_s, live.ttl_s / 2)):
             live.renew()  # the client is waiting on this request: it holds the lease
         answer = JSONResponse({**live.document(), **({"replayed": True} if replayed else {})},
                               status_code=live.http_status)
-        await heads.answer(pulse, answer, scope, receive)
+        await self.heads.answer(pulse, answer, scope, receive)
 
-    async def _accepted(request: Request) -> tuple[dict[str, Any], bool, Any, str]:
-        body = await _json_object(request, config.max_body_bytes)
+    async def _accepted(self, request: Request) -> tuple[dict[str, Any], bool, Any, str]:
+        body = await _json_object(request, self.config.max_body_bytes)
         rollout_id = body.get("rollout_id")
         if rollout_id is None:
             rollout_id = body["rollout_id"] = f"rollout_{uuid.uuid4().hex[:12]}"
@@ -235,18 +275,17 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
             raise BadRequest("lease_ttl_seconds must be a number of seconds in (0, 86400]",
                              field="lease_ttl_seconds")
         req = kit_request(body, rollout_id)
-        seed = req.env.seed
-        if seed is not None and (why := config.dataset_registry.unknown_seed(seed)) is not None:
-            raise BadRequest(why, code="unknown_seed", field="seed")
+        if (refused := unknown_seed(self.config, req.env.seed, "seed")) is not None:
+            raise refused
         request_json = _request_json(req)
-        document, replayed, live = await rollouts.submit(
+        document, replayed, live = await self.rollouts.submit(
             req, request_json, request_digest(body), mode=mode, ttl_s=ttl)
         return document, replayed, live, mode
 
-    async def document_of(request: Request) -> dict[str, Any] | Response:
+    async def document_of(self, request: Request) -> dict[str, Any] | Response:
         rollout_id = request.path_params["rollout_id"]
         try:
-            found = await rollouts.find(rollout_id)
+            found = await self.rollouts.find(rollout_id)
         except Refused as exc:
             return error_response(exc.status, exc.code, exc.message, rollout_id=rollout_id)
         if found is None:
@@ -254,18 +293,18 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                                   "server", rollout_id=rollout_id)
         return found
 
-    async def get_rollout(request: Request) -> Response:
+    async def get_rollout(self, request: Request) -> Response:
         wait_s = min(_whole(request.query_params.get("wait_ms")), MAX_WAIT_MS) / 1000
-        live = rollouts.live.get(request.path_params["rollout_id"])
+        live = self.rollouts.live.get(request.path_params["rollout_id"])
         if wait_s and live is not None:  # a long poll: answered as soon as it is done
             until = time.monotonic() + wait_s
             while not live.done and (left := until - time.monotonic()) > 0:
-                await rollouts.wait(live, left)
-        found = await document_of(request)
+                await self.rollouts.wait(live, left)
+        found = await self.document_of(request)
         return found if isinstance(found, Response) else JSONResponse(found)
 
-    async def get_state(request: Request) -> Response:
-        found = await document_of(request)
+    async def get_state(self, request: Request) -> Response:
+        found = await self.document_of(request)
         if isinstance(found, Response):
             return found
         keys = ("rollout_id", "status", "success_status", "status_detail", "created_at",
@@ -273,13 +312,13 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
         return JSONResponse({k: found.get(k, "" if k == "status_detail" else None)
                              for k in keys if k in found or k == "status_detail"})
 
-    async def get_events(request: Request) -> Response:
-        found = await document_of(request)
+    async def get_events(self, request: Request) -> Response:
+        found = await self.document_of(request)
         if isinstance(found, Response):
             return found
         after = _whole(request.query_params.get("after", request.query_params.get("cursor")))
         limit = _whole(request.query_params.get("limit")) or 1000
-        events = _events(rollouts, found)
+        events = _events(self.rollouts, found)
         shown = [e for e in events if e["seq"] > after][:limit]
         closed = found["status"] != "running"
         return JSONResponse({"rollout_id": found["rollout_id"], "cursor": {
@@ -288,10 +327,11 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
             "has_more": len([e for e in events if e["seq"] > after]) > len(shown)},
             "events": shown})
 
-    async def stream(request: Request) -> Response:
-        found = await document_of(request)
+    async def stream(self, request: Request) -> Response:
+        found = await self.document_of(request)
         if isinstance(found, Response):
             return found
+        rollouts, heartbeat_s = self.rollouts, self.heartbeat_s
         rollout_id = found["rollout_id"]
         after = _whole(request.headers.get("last-event-id") or
                        request.query_params.get("after"))
@@ -314,10 +354,10 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def renew(request: Request) -> Response:
+    async def renew(self, request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         try:
-            body = await _json_object(request, config.max_body_bytes, empty_ok=True)
+            body = await _json_object(request, self.config.max_body_bytes, empty_ok=True)
             ttl = body.get("ttl_seconds")
             if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
                                     or not 0 < ttl <= 86_400):
@@ -325,50 +365,17 @@ def containers_endpoints(config: TaskAppConfig, rollouts: AsyncRollouts, *,
                                  field="ttl_seconds")
         except BadRequest as exc:
             return bad_request_response(exc)
-        document = rollouts.renew(rollout_id, ttl)
+        document = self.rollouts.renew(rollout_id, ttl)
         if document is None:
-            return await get_rollout(request)  # a stored one, or 404
+            return await self.get_rollout(request)  # a stored one, or 404
         return JSONResponse(document)
 
-    async def terminate(request: Request) -> Response:
-        document = rollouts.terminate(request.path_params["rollout_id"], "terminated")
+    async def terminate(self, request: Request) -> Response:
+        document = self.rollouts.terminate(request.path_params["rollout_id"], "terminated")
         if document is None:
-            return await get_rollout(request)
+            return await self.get_rollout(request)
         await asyncio.sleep(0)  # the cancellation lands before the answer is read
         return JSONResponse(document)
-
-    one = PREFIX + "/rollouts/{rollout_id}"
-    return [
-        Endpoint(PREFIX + "/rollouts", "POST", submit, "synth-containers: run a rollout, "
-                 "sync or async (202)", asgi=True, errors=(409, 413, 415, 422, 503)),
-        Endpoint(PREFIX + "/rollout", "POST", submit, "synth-containers: as /rollouts",
-                 asgi=True, errors=(409, 413, 415, 422, 503)),
-        Endpoint(PREFIX + "/health", "GET", health, "synth-containers: liveness"),
-        Endpoint(PREFIX + "/metadata", "GET", metadata, "synth-containers: contract version "
-                 "and capabilities"),
-        Endpoint(PREFIX + "/info", "GET", metadata, "synth-containers: as /metadata"),
-        Endpoint(PREFIX + "/task_info", "GET", task_info, "synth-containers: the task"),
-        Endpoint(PREFIX + "/program", "GET", program, "synth-containers: no prompt fields",
-                 errors=(404,)),
-        Endpoint(PREFIX + "/dataset", "GET", dataset, "synth-containers: splits, row counts"),
-        Endpoint(PREFIX + "/taskset", "GET", dataset, "synth-containers: as /dataset"),
-        Endpoint(PREFIX + "/dataset/rows", "POST", rows, "synth-containers: rows of seeds",
-                 errors=(404, 413, 422)),
-        Endpoint(PREFIX + "/taskset/tasks", "POST", rows, "synth-containers: as /dataset/rows",
-                 errors=(404, 413, 422)),
-        Endpoint(one, "GET", get_rollout, "synth-containers: a rollout, its result once done",
-                 errors=(404,)),
-        Endpoint(one + "/state", "GET", get_state, "synth-containers: a rollout's state",
-                 errors=(404,)),
-        Endpoint(one + "/events", "GET", get_events, "synth-containers: a rollout's events "
-                 "after a cursor", errors=(404,)),
-        Endpoint(one + "/stream", "GET", stream, "synth-containers: a rollout's events as SSE",
-                 errors=(404,)),
-        Endpoint(one + "/renew", "POST", renew, "synth-containers: renew a rollout's lease",
-                 errors=(404, 422)),
-        Endpoint(one + "/terminate", "POST", terminate, "synth-containers: cancel a rollout",
-                 errors=(404,)),
-    ]
 
 
 def _request_json(req: RolloutRequest) -> bytes:
@@ -415,5 +422,5 @@ async def _json_object(request: Request, limit: int, *, empty_ok: bool = False
     return body
 
 
-__all__ = ["CONTRACT_VERSION", "PREFIX", "containers_endpoints", "kit_request"]
+__all__ = ["CONTRACT_VERSION", "ContainersWire", "PREFIX", "kit_request"]
 

@@ -124,14 +124,31 @@ def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
         *(Endpoint(path, method, _elsewhere, f"OpenEnv's {path} is under {PREFIX}",
                    errors=(404,), **public)
           for path, method in (("/metadata", "GET"), ("/schema", "GET"), ("/mcp", "POST"))),
+        Endpoint("/ws", "GET", _elsewhere_socket, f"OpenEnv's /ws is under {PREFIX}",
+                 websocket=True, **public),
     ]
 
 
-async def _elsewhere(request: Request) -> Response:
-    base = str(request.base_url).rstrip("/") + PREFIX
+async def _elsewhere(request: HTTPConnection) -> Response:
+    url = request.base_url  # a WebSocket's is ws(s)://: OpenEnv's clients take http(s)://
+    url = url.replace(scheme={"ws": "http", "wss": "https"}.get(url.scheme, url.scheme))
+    base = str(url).rstrip("/") + PREFIX
     return error_response(404, "openenv_base_url", f"this is the task app's root; OpenEnv's "
                           f"routes are under {PREFIX}: give OpenEnv's clients (and `openenv "
                           f"validate --url`) the base URL {base}")
+
+
+async def _elsewhere_socket(websocket: WebSocket) -> None:
+    """A WebSocket at the root: refused at the handshake with `_elsewhere`'s 404, not the
+    bare 403 of an unknown path (which reads as a key problem)."""
+    answer = await _elsewhere(websocket)
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(answer)
+    else:  # a server without denial responses: said as OpenEnv's error message, then closed
+        await websocket.accept()
+        error = json.loads(bytes(answer.body))["detail"]["error"]
+        await websocket.send_json(_ws_error(error["code"], error["message"]))
+        await websocket.close(1008)
 
 
 def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from synth_deploy.tracing._db import _totals
 from synth_deploy.tracing._db._database import TraceDatabase
 from synth_deploy.tracing._ledger import CostLedger, ledger_from_calls
+from synth_deploy.tracing._times import zoned
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def store_stats(db: TraceDatabase) -> TraceStats:
         lm_calls=_total(models, "lm_calls"),
         input_tokens=_total(models, "input_tokens"),
         output_tokens=_total(models, "output_tokens"),
-        cost_usd=cost, first_at=first, last_at=last, by_app=by_app, by_model=_by_model(models),
+        cost_usd=cost, first_at=zoned(first), last_at=zoned(last), by_app=by_app,
+        by_model=_by_model(models),
         ledger=dataclasses.replace(ledger_from_calls(
             ((m["model"], m["lm_calls"], m["input_tokens"], m["output_tokens"],
               m["latency_sum"], m["cost_usd"]) for m in models),

@@ -14,6 +14,7 @@ from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db import _totals as totals
 from synth_deploy.tracing._db._select import FIELDS, SessionFilter, SessionSql
 from synth_deploy.tracing._store import TraceStore
+from synth_deploy.tracing._times import zoned
 
 COUNT_CAP = 100_000
 SAMPLE_FOR_CHOICES = 20_000
@@ -117,7 +118,7 @@ def browse_sessions(store: TraceStore, where: SessionFilter = SessionFilter(), *
 def _row(r: dict[str, Any], reward_version: str | None = None) -> SessionRow:
     seed = r["seed"]
     return SessionRow(
-        session_id=r["session_id"], created_at=str(r["created_at"]), app_id=r["app"],
+        session_id=r["session_id"], created_at=str(zoned(r["created_at"])), app_id=r["app"],
         run_id=r["run"], model=r["model"], seed=int(seed) if isinstance(seed, int | float)
         else None, status=r["status"], total_reward=_float(r["reward"]), mode=r["mode"],
         split=r["split"], duration_s=_float(r["duration_s"]),
@@ -162,8 +163,8 @@ def filter_choices(store: TraceStore, *, sample: int = SAMPLE_FOR_CHOICES) -> di
             choices[name] = _distinct_in_sample(fields, fields.expr[name], sample)
     # Apart, MIN and MAX are one index seek each (together they would scan).
     one = lambda sql: fields.query(f"SELECT {sql} AS v FROM session_traces")[0]["v"]  # noqa: E731
-    choices.update(sessions=int(one("COUNT(*)")), first_at=one("MIN(created_at)"),
-                   last_at=one("MAX(created_at)"))
+    choices.update(sessions=int(one("COUNT(*)")), first_at=zoned(one("MIN(created_at)")),
+                   last_at=zoned(one("MAX(created_at)")))
     return choices
 
 

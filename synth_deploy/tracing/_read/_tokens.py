@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -122,12 +123,28 @@ def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | Non
                 row["reward_version"] = where.reward_version
             if limit is not None and episodes >= limit:
                 break
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.write(_json_line(row) + "\n")
             episodes += 1
             tokens += len(row["input_ids"])
             sampled += sum(row["loss_mask"])
     return TokenExportResult(str(path), episodes, tokens, sampled,
                              time.perf_counter() - started, dict(skipped))
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    """``row`` as strict JSON, which has no NaN or infinity (Python's reader takes them, a
+    trainer's may not): a reward the store holds as one is written null. Logprobs never are
+    (`valid_logprobs` keeps them finite)."""
+    try:
+        return json.dumps(row, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        finite = {"reward": _finite(row["reward"]),
+                  "turn_rewards": [_finite(r) for r in row["turn_rewards"]]}
+        return json.dumps({**row, **finite}, ensure_ascii=False, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
 def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str],

@@ -19,8 +19,11 @@ so a record in a file there outlives nothing a record in memory does not, and th
 the server a write and the copier a read of every session (infra/tracing.md). What a
 killed container loses is what it recorded since its last copy. A copy that fails gives
 its records back, ahead of those recorded since (`SessionLog.give_back`), and a log that
-holds more than `PENDING_LIMIT` bytes (the Volume's copies failing for a long while)
-refuses new sessions: their rollouts answer 500, as on a full disk.
+holds more than its limit (the Volume's copies failing for a long while) refuses new
+sessions: their rollouts answer 500, as on a full disk, before the container's memory runs
+out. The limit follows the memory (`pending_limit`): a quarter of the container's (the lower
+of its Modal ``memory`` setting and its cgroup's limit, where either is known), from 16 MiB
+up to `PENDING_LIMIT`; 256 MiB when neither is known.
 
 A process has one log per store (`session_log`): the store appends, the copier takes.
 """
@@ -28,22 +31,27 @@ A process has one log per store (`session_log`): the store appends, the copier t
 from __future__ import annotations
 
 import os
+import re
 import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from synth_deploy.errors import TraceStoreError
-from synth_deploy.tracing._errors import TraceFormatError
+from synth_deploy.tracing._errors import SchemaTooNewError, TraceFormatError
 from synth_deploy.tracing._rollout_facts import RolloutFacts, rollout_description
 from synth_deploy.tracing._session import SessionTrace
 from synth_deploy.tracing._write._codec import encode, encode_session
 
 MAGIC = b"synth-deploy session log 1\n"
+_MAGIC_OF_ANY_VERSION = re.compile(rb"synth-deploy session log (\d{1,9})\n")
 _HEAD = struct.Struct("<III")
 NO_ROLLOUT = 0xFFFFFFFF
-# What a log may hold before it refuses sessions: some minutes of a busy container's.
+# What a log may hold before it refuses sessions: some minutes of a busy container's, and
+# at most a quarter of the process's memory where that is known (`pending_limit`).
 PENDING_LIMIT = 256 << 20
+PENDING_SHARE = 4
+PENDING_FLOOR = 16 << 20
 
 # (session id, body, rollout description or None), each encoded by `_codec`.
 Record = tuple[str, bytes, bytes | None]
@@ -60,9 +68,10 @@ class LogRead:
 
 
 def is_session_log(path: str | os.PathLike[str]) -> bool:
-    """Whether the file ``path`` starts as a session log does."""
+    """Whether the file ``path`` starts as a session log does (of any format version:
+    `read_session_log` says when a newer kit wrote it)."""
     with open(path, "rb") as fh:
-        return fh.read(len(MAGIC)) == MAGIC
+        return _MAGIC_OF_ANY_VERSION.match(fh.read(len(MAGIC) + 8)) is not None
 
 
 def write_session_log(path: str | os.PathLike[str], records: list[bytes]) -> int:
@@ -80,6 +89,11 @@ def read_session_log(path: str | os.PathLike[str]) -> LogRead:
     with open(path, "rb") as fh:
         data = fh.read()
     if not data.startswith(MAGIC):
+        if magic := _MAGIC_OF_ANY_VERSION.match(data):
+            raise SchemaTooNewError(
+                f"{os.fspath(path)} is a session log of format {int(magic[1])}, newer than "
+                "this synth-deploy reads (1); it was left as is",
+                hint="upgrade synth-deploy (pip install -U synth-deploy)")
         raise TraceFormatError(f"{os.fspath(path)} is not a session log",
                                hint="only a task app's trace store writes these files")
     records, at = [], len(MAGIC)
@@ -90,10 +104,25 @@ def read_session_log(path: str | os.PathLike[str]) -> LogRead:
         end = rollout_at + (0 if rollout_size == NO_ROLLOUT else rollout_size)
         if end > len(data):
             break
-        records.append((data[start:body_at].decode(), data[body_at:rollout_at],
+        try:
+            session_id = data[start:body_at].decode()
+        except UnicodeDecodeError:  # the copier writes ids as it got them: UTF-8
+            raise TraceFormatError(
+                f"{os.fspath(path)}: record {len(records) + 1} (byte {at}) has a session id "
+                f"that is not UTF-8 ({data[start:body_at][:24]!r}): the file is damaged",
+                hint="only a task app's trace store writes these files") from None
+        records.append((session_id, data[body_at:rollout_at],
                         None if rollout_size == NO_ROLLOUT else data[rollout_at:end]))
         at = end
     return LogRead(records, at, len(data))
+
+
+def pending_limit(memory_bytes: int | None) -> int:
+    """The bytes a log may hold in a process with ``memory_bytes`` of memory (None: not
+    known): a quarter of it, at least `PENDING_FLOOR`, at most `PENDING_LIMIT`."""
+    if not memory_bytes:
+        return PENDING_LIMIT
+    return max(PENDING_FLOOR, min(PENDING_LIMIT, memory_bytes // PENDING_SHARE))
 
 
 class SessionLog:
@@ -130,7 +159,9 @@ class SessionLog:
                 return True
         raise TraceStoreError(f"cannot hold session {session.session_id}: the trace log "
                               f"holds {held >> 20} MB not yet copied to the trace Volume",
-                              hint="the copies are failing: see the warnings above")
+                              hint="the copies are failing: see the warnings above (it "
+                                   f"holds at most {self.limit_bytes >> 20} MiB: a quarter "
+                                   "of the container's memory, where known)")
 
     def take(self) -> list[bytes]:
         """Every record held, oldest first; the log holds none after."""
@@ -149,16 +180,20 @@ _LOGS: dict[Path, SessionLog] = {}
 _LOGS_LOCK = threading.Lock()
 
 
-def session_log(store: str | os.PathLike[str]) -> SessionLog:
+def session_log(store: str | os.PathLike[str], limit_bytes: int | None = None) -> SessionLog:
     """This process's log of the store at ``store``: the one its store appends to and its
-    copier takes from."""
+    copier takes from. ``limit_bytes``: what it may hold (the store's setting says; None
+    leaves it as it is, `PENDING_LIMIT` for a new one)."""
     key = Path(store).resolve()
     with _LOGS_LOCK:
         log = _LOGS.get(key)
         if log is None:
             log = _LOGS[key] = SessionLog()
+        if limit_bytes is not None:
+            log.limit_bytes = limit_bytes
         return log
 
 
 __all__ = ["MAGIC", "NO_ROLLOUT", "PENDING_LIMIT", "LogRead", "Record", "SessionLog",
-           "is_session_log", "read_session_log", "session_log", "write_session_log"]
+           "is_session_log", "pending_limit", "read_session_log", "session_log",
+           "write_session_log"]

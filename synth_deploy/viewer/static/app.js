@@ -176,7 +176,7 @@ function drawTable(page, params, sort, order) {
     const link = `#/session/${encodeURIComponent(r.session_id)}`;
     return h("tr", { "data-session-id": r.session_id, class: r.status === "error" ? "failed" : null,
       onclick: () => { location.hash = link; } },
-      h("td", {}, h("a", { href: link }, r.created_at.slice(0, 19))),
+      h("td", {}, h("a", { href: link }, r.created_at.slice(0, 19).replace("T", " "))),
       h("td", {}, r.app_id ?? "–", code(r) ? h("span", { class: "muted code" }, ` ${code(r)}`) : null),
       h("td", {}, r.model ?? "–"), h("td", {}, r.run_id ?? "–"),
       h("td", { class: "num" }, r.seed ?? "–"), h("td", {}, r.mode ?? "–"),
