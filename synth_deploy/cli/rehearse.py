@@ -26,6 +26,7 @@ from synth_deploy.cli._common import (
     fitted_table,
     handling_errors,
     load_table,
+    plural,
     print_json,
     resolve_env,
     resolve_traces,
@@ -150,31 +151,44 @@ def _target(app_ref: str | None, task_url: str | None, loaded: Any, env: Any) ->
 
 
 class _live:
-    """A live progress line on stderr while the rehearsal runs; yields its callback."""
+    """Progress lines on stderr while the rehearsal runs, as `check --load` prints them: one
+    when a stage starts, then its count every few seconds and when it ends (a plain line
+    reaches a log or a pipe, where a live bar shows nothing); yields its callback."""
+
+    EVERY_S = 5.0
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled, self._progress = enabled, None
+        self.enabled = enabled
 
     def __enter__(self):
         if not self.enabled:
             return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+        import time
 
-        self._progress = Progress("{task.description}", BarColumn(), MofNCompleteColumn(),
-                                  "[red]{task.fields[errors]} errors", TimeElapsedColumn(),
-                                  console=console(stderr=True), transient=True)
-        self._progress.start()
-        task = self._progress.add_task("starting", total=None, errors=0)
+        err = console(stderr=True)
+        started = time.monotonic()
+        state = {"stage": None, "said": 0.0}
 
         def on_progress(event) -> None:
-            self._progress.update(task, description=event.stage, completed=event.done,
-                                  total=event.total, errors=event.errors)
+            now = time.monotonic()
+            total = f" of {event.total}" if event.total else ""
+            errors = f", [red]{plural(event.errors, 'error')}[/red]" if event.errors else ""
+            if event.stage != state["stage"]:
+                state["stage"], state["said"] = event.stage, now
+                err.print(f"[dim]rehearse: {escape(event.stage)}"
+                          f"{f', {event.total} to run' if event.total else ''}… "
+                          f"({now - started:.0f} s)[/dim]", highlight=False)
+            elif now - state["said"] >= self.EVERY_S or (event.total and
+                                                          event.done >= event.total):
+                state["said"] = now
+                err.print(f"[dim]rehearse: {escape(event.stage)} {event.done}{total} done"
+                          f"[/dim]{errors}[dim] ({now - started:.0f} s)[/dim]",
+                          highlight=False)
 
         return on_progress
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        pass
 
 
 def _render(report: Any, warnings: list[str], prices: Any = None) -> None:

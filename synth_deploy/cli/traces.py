@@ -597,7 +597,7 @@ def export(
 
 def _export_tokens(out: Path, trace_db: Any, env_file: Any, json_output: bool,
                    **filters: Any) -> None:
-    """`traces export --format tokens`: one training row per episode."""
+    """`traces export --format tokens`: one training row per sample of an episode."""
     with _open(trace_db, env_file) as store:
         from synth_deploy.tracing import export_tokens
 
@@ -605,7 +605,8 @@ def _export_tokens(out: Path, trace_db: Any, env_file: Any, json_output: bool,
     if json_output:
         print_json(result.to_dict())
         return
-    console().print(f"wrote {result.episodes} episode(s), {result.tokens} token(s) "
+    console().print(f"wrote {result.episodes} episode(s) as {result.rows} row(s), "
+                    f"{result.tokens} token(s) "
                     f"({result.sampled_tokens} sampled) to {result.path} in "
                     f"{result.seconds:.2f}s", markup=False)
     if result.note:

@@ -19,6 +19,7 @@ from synth_deploy.health._report import CheckResult, HealthReport
 from synth_deploy.health._schema import short_repr, validate
 from synth_deploy.serving import answered_status
 from synth_deploy.serving import containers as durable
+from synth_deploy.taskapp.contracts import NO_REWARD, recorded_reward
 
 
 class Stop(Exception):
@@ -400,6 +401,10 @@ class EndpointSteps:
                                  f"{result.run_id!r}", latency, code="run_id_mismatch",
                                  hint="the app must echo the request's run_id: trainers match "
                                       "responses to requests by it"))
+            return
+        if recorded_reward(data.get("metrics") or {}) is None:
+            self.add(CheckResult("rollout", "warn", expected, actual + ", no reward recorded",
+                                 latency, code="no_reward", hint=NO_REWARD))
             return
         self.add(CheckResult("rollout", "pass", expected, actual, latency))
 

@@ -46,7 +46,6 @@ from synth_deploy.tracing import (
     SchemaTooNewError,
     TraceDbMissingError,
     TraceFormatError,
-    merge_trace_file,
 )
 
 DEFAULT_PULL_TIMEOUT_S = 300.0
@@ -341,6 +340,8 @@ def _merge_one(store: Any, file: VolumeFile, local: Path,
                ledger: dict[str, Any]) -> FilePull:
     """Merge ``local`` (the copy of ``file``); the ledger records it with one of its
     sessions."""
+    from synth_deploy.tracing import merge_trace_file  # the read side: not in a container
+
     fetched = local.stat().st_size
     merged = merge_trace_file(store, local)
     # What a later pull reports as already here: the sessions this file brought.

@@ -46,6 +46,7 @@ from synth_deploy.runs._suite import (
     run_suite,
     serve_mock_policy,
 )
+from synth_deploy.runs._trainer_plan import TrainerPlan, plan_from_config, trainer_request
 
 # The mock policy imports starlette: only when a run needs it.
 __getattr__ = lazy_attributes(__name__, {"MOCK_MODEL": "_mock_policy",
@@ -73,6 +74,7 @@ __all__ = [
     "RunReport",
     "RunTarget",
     "ToyTokenizer",
+    "TrainerPlan",
     "capacity_warnings",
     "create_mock_policy_app",
     "default_seeds",
@@ -81,6 +83,7 @@ __all__ = [
     "is_url",
     "measured_capacity",
     "open_target",
+    "plan_from_config",
     "policy_target",
     "probe_capacity",
     "record_capacity",
@@ -93,4 +96,5 @@ __all__ = [
     "run_seeds",
     "run_suite",
     "serve_mock_policy",
+    "trainer_request",
 ]

@@ -11,6 +11,7 @@ from synth_deploy.runs._idle import IdleResult
 from synth_deploy.runs._rehearsal_report import RehearsalCheck
 from synth_deploy.runs._timeouts import TimeoutAssessment
 from synth_deploy.runs._training_step import StepResult
+from synth_deploy.taskapp.contracts import NO_REWARD
 
 
 def duration(seconds: float | None) -> str:
@@ -47,12 +48,21 @@ def step_check(step: StepResult) -> RehearsalCheck:
     finding = (f"{step.failures} of {n} rollouts failed · {duration(step.wall_s)} per step at "
                f"concurrency {step.concurrency} · {run} · {tokens}")
     details = [f"{count}× {cause}" for cause, count in step.causes()]
+    unrewarded = [o for o in step.outcomes if o.ok and o.reward is None]
+    if unrewarded:
+        details.append(f"{len(unrewarded)}× {NO_REWARD}")
     if step.failures:
         kinds = ", ".join(f"{kind} {n}" for kind, n in step.failure_kinds().items())
         details.append(f"by kind: {kinds}")
         return RehearsalCheck("training step", "fail", finding, details=details,
                               fix="fix the causes listed: the trainer gets no reward from a "
                                   "failed rollout", data=step.to_dict())
+    if unrewarded:
+        return RehearsalCheck("training step", "warn", f"{finding} · {len(unrewarded)} of {n} "
+                              "recorded no reward", details=details,
+                              fix="record each rollout's reward "
+                                  "(ctx.tracer.record_outcome_reward, or outcome_reward in its "
+                                  "metrics)", data=step.to_dict())
     return RehearsalCheck("training step", "pass", finding, data=step.to_dict())
 
 
@@ -85,12 +95,13 @@ def tokens_check(step: StepResult) -> RehearsalCheck:
     if broken:
         details = [f"{o.run_id}: {s.breaks[0].describe()}" for o, s in broken[:5]]
         return RehearsalCheck(
-            "token continuity", "fail", finding, details=details, data=data,
+            "token continuity", "warn", finding, details=details, data=data,
             fix="a turn's prompt does not begin with the previous turn's prompt and "
                 "completion: the chat template re-renders history (dropped reasoning, "
-                "reformatted tool calls) or the app trims it; concatenated, the episode "
-                "trains on ids the policy never saw or sampled. Keep history as sent (a "
-                "template that does not re-render it, no trimming window) or train per turn")
+                "reformatted tool calls) or the app trims it. The token export starts a new "
+                "sample at each break (each trains on what the policy saw), re-encoding the "
+                "prefix each time; keep history as sent (a template that does not re-render "
+                "it, no trimming window) to train an episode as one sequence")
     if absent:
         return RehearsalCheck(
             "token continuity", "warn", f"{finding} · {len(absent)} without token data",
@@ -114,6 +125,17 @@ def signal_check(step: StepResult) -> RehearsalCheck:
         return RehearsalCheck("reward signal", "fail", f"no group returned a reward "
                               f"({total} groups)", fix="make the rollout record a reward "
                               "(ctx.tracer.record_outcome_reward)", data=data)
+    if step.groups_without_rewards:
+        failed = sum(1 for g in step.groups if g.outcomes and g.failures == len(g.outcomes))
+        unrecorded = step.groups_without_rewards - failed
+        why = ", ".join(part for part in (
+            f"{failed} had every rollout fail" if failed else "",
+            f"{unrecorded} recorded no reward" if unrecorded else "") if part)
+        return RehearsalCheck(
+            "reward signal", "fail", f"{step.groups_without_rewards} of {total} groups have no "
+            f"reward to compare ({why}); {zero} of the {scored} others have zero variance",
+            fix="a group without rewards teaches nothing: fix the failed rollouts (training "
+                "step) and make every rollout record a reward", data=data)
     if plan.group_size < 2:
         return RehearsalCheck("reward signal", "warn", f"group_size {plan.group_size}: no "
                               "group to compare", fix="set [training] group_size to 2 or more "

@@ -22,6 +22,7 @@ import httpx
 from synth_deploy.env import redact
 from synth_deploy.serving import answered_status
 from synth_deploy.serving import containers as durable
+from synth_deploy.taskapp.contracts import NO_REWARD, recorded_reward
 from synth_deploy.tls import client_ssl_context
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class PolicyTarget:
     inference_url: str
     model: str
     api_key: str | None = None
+    capture_tokens: bool = False  # ask for token ids (the built-in mock returns them)
 
     def __repr__(self) -> str:
         return f"PolicyTarget(inference_url={self.inference_url!r}, model={self.model!r})"
@@ -91,6 +93,10 @@ class RolloutOutcome:
     kind: str | None = None
     retryable: bool | None = None
     attempts: int = 1
+
+    def warn(self, text: str) -> None:
+        """Add ``text`` to the outcome's warning (a rollout may earn several)."""
+        self.warning = text if not self.warning else f"{self.warning}; {text}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "run_id": self.run_id, "ok": self.ok, "status": self.status,
@@ -187,6 +193,8 @@ def rollout_request(seed: int, policy: PolicyTarget, options: RunOptions = RunOp
     config: dict[str, Any] = {"model": policy.model, "inference_url": policy.inference_url}
     if policy.api_key:
         config["api_key"] = policy.api_key
+    if policy.capture_tokens:
+        config["capture_tokens"] = True
     env_config: dict[str, Any] = {"split": options.split} if options.split else {}
     return {
         "run_id": f"{options.mode}-{seed}-{uuid.uuid4().hex[:8]}",
@@ -377,17 +385,20 @@ def _outcome(seed: int, run_id: str, status_code: int, data: Any, text: str,
                               error=_error_message(status, text, data), kind=kind,
                               retryable=retryable)
     metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
-    reward = metrics.get("outcome_reward")
-    if reward is None:
-        reward = metrics.get("reward_mean", metrics.get("mean_return"))
+    reward = recorded_reward(metrics)
     details = metrics.get("details") if isinstance(metrics.get("details"), dict) else {}
     trace = data.get("trace") if isinstance(data.get("trace"), dict) else None
     ledger = rollout_ledger(details.get("ledger"), trace)
     details = {k: v for k, v in details.items() if k != "ledger"}
-    return RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
-                          outcome_score=metrics.get("outcome_score"),
-                          events_score=metrics.get("events_score"), details=details,
-                          trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger)
+    outcome = RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
+                             outcome_score=metrics.get("outcome_score"),
+                             events_score=metrics.get("events_score"), details=details,
+                             trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger)
+    if reward is None:
+        outcome.warn(NO_REWARD)
+    if details.get("turn_cap") is not None:
+        outcome.warn(str(details.get("ended") or f"cut at max_turns={details['turn_cap']}"))
+    return outcome
 
 
 def rollout_ledger(stated: Any, trace: dict[str, Any] | None) -> CostLedger | None:

@@ -134,7 +134,8 @@ def serve_mock_policy(stack: ExitStack) -> tuple[PolicyTarget, Any]:
     from synth_deploy.serving import BackgroundServer
 
     server = stack.enter_context(BackgroundServer(create_mock_policy_app()))
-    return PolicyTarget(server.url + "/v1", MOCK_MODEL), server
+    # It answers in vLLM's shape: a run through it exercises the token path as well.
+    return PolicyTarget(server.url + "/v1", MOCK_MODEL, capture_tokens=True), server
 
 
 @contextmanager
@@ -246,7 +247,7 @@ def store_returned_traces(target: RunTarget, outcomes: Sequence[RolloutOutcome])
                 session.metadata.setdefault(key, value)
             target.trace_store.write_session_sync(session)
         except SynthDeployError as exc:
-            outcome.warning = f"its trace was not stored: {exc.message}"
+            outcome.warn(f"its trace was not stored: {exc.message}")
 
 
 __all__ = [

@@ -49,6 +49,7 @@ class TrainerPlan:
     env_name: str | None = None
     policy_name: str | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
+    max_turns: int | None = None  # [rollout] max_turns: sent as env.config.max_turns
     sampling: dict[str, Any] = field(default_factory=dict)  # sent in policy.config
     model: str | None = None  # the model the run trains (shown, never called)
     trainer_timeout_s: float | None = None
@@ -85,7 +86,7 @@ class TrainerPlan:
                 "iterations_per_epoch": self.iterations_per_epoch,
                 "num_epochs": self.num_epochs, "steps": self.steps,
                 "env_name": self.env_name, "policy_name": self.policy_name,
-                "sampling": self.sampling, "model": self.model,
+                "max_turns": self.max_turns, "sampling": self.sampling, "model": self.model,
                 "trainer_timeout_s": self.trainer_timeout_s, "notes": list(self.notes)}
 
 
@@ -146,7 +147,8 @@ def plan_from_config(config: Any) -> TrainerPlan:
                                       required=False),
         num_epochs=positive(training, "training", "num_epochs", required=False),
         env_name=_get(rollout, "env_name"), policy_name=_get(rollout, "policy_name"),
-        env_config=dict(_get(rollout, "env_config") or {}), sampling=sampling,
+        env_config=dict(_get(rollout, "env_config") or {}),
+        max_turns=positive(rollout, "rollout", "max_turns", required=False), sampling=sampling,
         model=model_name, trainer_timeout_s=timeout_s, trainer_timeout_source=timeout_source,
         notes=tuple(notes))
 
@@ -174,6 +176,8 @@ def trainer_request(plan: TrainerPlan, *, seed: int, run_id: str, policy: Policy
     if policy.api_key:
         config["api_key"] = policy.api_key
     env: dict[str, Any] = {"seed": seed, "config": dict(plan.env_config)}
+    if plan.max_turns is not None:  # the episode's turn cap, where task apps read it
+        env["config"].setdefault("max_turns", plan.max_turns)
     if plan.env_name:
         env["env_name"] = plan.env_name
     spec: dict[str, Any] = {"config": config}

@@ -108,6 +108,7 @@ class RolloutOutcome:
     run_id: str
     result: RolloutResponse | None = None
     body: bytes | None = None
+    duration_s: float = 0.0  # the app's run: its wall time in the ledger and the trace
     failure: RolloutFailure | None = None
     session_id: str | None = None
     write_failed: bool = False
@@ -172,14 +173,12 @@ class RolloutRun:
         outcome = await self._played(req, tracer, stop, started, cid)
         if stop is not None:
             stop.final = True  # from here on the outcome is final: it is being stored
-        elapsed = time.perf_counter() - started
         session = tracer.finish(expand=False)
         result = outcome.result
         # Bytes straight from pydantic-core: no str round trip on the hot path.
         outcome.body = None if result is None else result.__pydantic_serializer__.to_json(result)
         # Building the session's metadata is wasted work when nobody reads it.
-        facts = self._described(req, request_json, session, outcome, elapsed, cid) \
-            if kept else None
+        facts = self._described(req, request_json, session, outcome, cid) if kept else None
         if self.on_session is not None:
             try:
                 self.on_session(session)
@@ -208,8 +207,9 @@ class RolloutRun:
         try:
             with deadline(bound):
                 raw = await self.call_executor(req, ctx)
+            outcome.duration_s = time.perf_counter() - started
             outcome.result = _completed(raw, req.run_id, tracer.finish(expand=False),
-                                        wall_s=time.perf_counter() - started,
+                                        wall_s=outcome.duration_s,
                                         inference_url=req.policy.config.get("inference_url"),
                                         cid=cid)
         except asyncio.CancelledError:
@@ -219,17 +219,19 @@ class RolloutRun:
             outcome.failure = stopped(stop.reason, req.run_id)
         except Exception as exc:
             outcome.failure = self._failure(exc, req, bound)
+        if outcome.failure is not None:
+            outcome.duration_s = time.perf_counter() - started
         return outcome
 
     def _described(self, req: RolloutRequest, request_json: bytes, session: SessionTrace,
-                   outcome: RolloutOutcome, elapsed: float, cid: str | None
-                   ) -> RolloutFacts | None:
+                   outcome: RolloutOutcome, cid: str | None) -> RolloutFacts | None:
         """The facts the stored session is described from; None once they are applied here
         (the answer returns the trace, or the live export reads it): else the store's
         writer applies them, off the loop."""
         failure, result = outcome.failure, outcome.result
         facts = RolloutFacts(
-            rollout_head(req, self.config, cid), elapsed, request_json, outcome.body,
+            rollout_head(req, self.config, cid), outcome.duration_s, request_json,
+            outcome.body,
             None if failure is None else failure.error(),
             "cancelled" if failure is not None and failure.cancelled else "error")
         if not (req.record.return_trace or self.on_session is not None):

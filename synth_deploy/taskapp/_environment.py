@@ -31,6 +31,10 @@ Methods may be sync (run on a worker thread) or async (run on the loop). Beside 
   ``history_turns`` (earlier turns shown to the policy, as text; default all);
   ``timestep_metadata`` (a dict each traced step carries, read after reset; default: the
   requested seed);
+- ``max_turns`` (the decorator's argument, ``@task_app.environment(max_turns=50)``, else the
+  `TaskApp`'s, else `DEFAULT_MAX_TURNS`): steps an episode may take before the kit cuts it
+  (truncated, and its details say so); a request's ``env.config.max_turns`` (what a trainer's
+  ``[rollout] max_turns`` sends) sets it for that episode;
 - ``max_sessions`` (class attribute): instances alive at once in the process, below the
   server's capacity (1 for an environment that is not safe to run twice in one process):
   /rollout's episodes and OpenEnv's sessions together; an episode waits its turn, a session
@@ -48,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import functools
 import inspect
 import json
@@ -60,7 +65,10 @@ from typing import Any
 import anyio
 from anyio.lowlevel import RunVar
 
-from synth_deploy.errors import InvalidAction, TaskAppError
+from synth_deploy.errors import BadRequest, InvalidAction, TaskAppError
+
+# The turn cap of an environment that states none: an episode that never ends still ends.
+DEFAULT_MAX_TURNS = 100
 
 
 @dataclass(frozen=True)
@@ -114,9 +122,45 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     step would wait for another's whole step to end."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
-                                            limiter=_threads())
+    left = _LEFT_RUNNING.get()
+    if left is None:  # waited for even when cancelled (an OpenEnv session's step)
+        result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
+                                                limiter=_threads())
+        return await result if inspect.isawaitable(result) else result
+    ended = threading.Event()
+
+    def run() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            ended.set()
+
+    try:
+        result = await anyio.to_thread.run_sync(run, limiter=_threads(),
+                                                abandon_on_cancel=True)
+    except BaseException:
+        if not ended.is_set():
+            left.append(ended)  # a thread cannot be stopped: it runs on, its result unread
+        raise
     return await result if inspect.isawaitable(result) else result
+
+
+# Set by an episode run under a deadline: its sync calls are abandoned when it is cancelled,
+# and the threads still running are listed here (`abandonable`).
+_LEFT_RUNNING: contextvars.ContextVar[list[threading.Event] | None] = contextvars.ContextVar(
+    "synth_deploy_left_running", default=None)
+
+
+@contextlib.contextmanager
+def abandonable() -> Any:
+    """Within the block, `call` of a sync function returns at once when its task is
+    cancelled (the step's thread runs on); yields the list of those threads' end events."""
+    left: list[threading.Event] = []
+    token = _LEFT_RUNNING.set(left)
+    try:
+        yield left
+    finally:
+        _LEFT_RUNNING.reset(token)
 
 
 _THREADS: RunVar[anyio.CapacityLimiter] = RunVar("synth_deploy_environment_threads")
@@ -134,7 +178,8 @@ def _threads() -> anyio.CapacityLimiter:
 class EnvironmentSpec:
     """A declared environment: how to make one, and what the kit asks of it."""
 
-    def __init__(self, factory: Callable[[], Any], *, app_id: str, description: str) -> None:
+    def __init__(self, factory: Callable[[], Any], *, app_id: str, description: str,
+                 max_turns: int | None = None) -> None:
         if not callable(factory):
             raise TaskAppError(f"task app {app_id!r}: @task_app.environment takes a class or a "
                                f"factory, got {type(factory).__name__}")
@@ -151,6 +196,24 @@ class EnvironmentSpec:
                 isinstance(self.max_sessions, int) and self.max_sessions >= 1)):
             raise TaskAppError(f"environment {self.name} of task app {app_id!r}: max_sessions "
                                f"must be a whole number >= 1, got {self.max_sessions!r}")
+        if max_turns is not None and not _is_count(max_turns):
+            raise TaskAppError(f"environment {self.name} of task app {app_id!r}: max_turns "
+                               f"must be a whole number >= 1, got {max_turns!r}")
+        self.max_turns = max_turns
+
+    def turn_limit(self, config: Mapping[str, Any]) -> tuple[int, str]:
+        """An episode's turn cap and where it comes from: the request's
+        ``env.config.max_turns``, else the declared ``max_turns``, else the default."""
+        asked = config.get("max_turns")
+        if asked is not None:
+            if not _is_count(asked):
+                raise BadRequest(f"max_turns must be a whole number >= 1, got {asked!r}",
+                                 field="env.config.max_turns")
+            return asked, "env.config.max_turns"
+        if self.max_turns is not None:
+            return self.max_turns, "the environment's max_turns"
+        return DEFAULT_MAX_TURNS, ("the default cap: the environment states no max_turns "
+                                   "(set it on @task_app.environment or TaskApp)")
 
     # -- instances alive at once: /rollout's episodes and OpenEnv's sessions together ----
 
@@ -158,6 +221,15 @@ class EnvironmentSpec:
     async def episode_slot(self) -> AsyncIterator[None]:
         """An instance's slot for the block: with ``max_sessions`` taken, a /rollout
         episode waits its turn (first come, first served) rather than failing."""
+        await self.wait_for_slot()
+        try:
+            yield
+        finally:
+            self.release_slot()
+
+    async def wait_for_slot(self) -> None:
+        """`episode_slot`'s taking of a slot, for a holder that gives it back later
+        (`release_slot`)."""
         waiter = None
         with self._lock:
             if self.max_sessions is None or (self._live < self.max_sessions
@@ -177,10 +249,6 @@ class EnvironmentSpec:
                 if handed:
                     self.release_slot()
                 raise
-        try:
-            yield
-        finally:
-            self.release_slot()
 
     def take_slot(self) -> bool:
         """An instance's slot if one is free now (OpenEnv's sessions are refused, not
@@ -309,6 +377,10 @@ async def close(env: Any) -> None:
         await call(env.close)
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _observation(value: Any) -> dict[str, Any]:
     if isinstance(value, Mapping):
         return dict(value)
@@ -340,7 +412,7 @@ def text_of(content: Any) -> str:
 # -- the episode loop /rollout runs ---------------------------------------------------------------
 
 def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str | None = None,
-                 max_turns: int = 20, max_sessions: int | None = None,
+                 max_turns: int = DEFAULT_MAX_TURNS, max_sessions: int | None = None,
                  observation_cls: Any = None, state_cls: Any = None,
                  noop: Mapping[str, Any] | None = None) -> type:
     """An environment class wrapping OpenEnv's ``env_cls`` (an ``Environment``: reset/step/
@@ -566,5 +638,6 @@ def _snake(name: str) -> str:
                    for i, c in enumerate(name))
 
 
-__all__ = ["EnvironmentSpec", "Outcome", "Reward", "Step", "accepted", "call", "check_action",
-           "close", "from_openenv", "prompt_of", "reset", "step", "text_of", "timestep_metadata"]
+__all__ = ["DEFAULT_MAX_TURNS", "EnvironmentSpec", "Outcome", "Reward", "Step", "abandonable",
+           "accepted", "call", "check_action", "close", "from_openenv", "prompt_of", "reset",
+           "step", "text_of", "timestep_metadata"]

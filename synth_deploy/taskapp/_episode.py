@@ -8,6 +8,8 @@ call, which depends on the config, which names the environment.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +19,7 @@ from synth_deploy.taskapp._environment import (
     EnvironmentSpec,
     Outcome,
     Step,
+    abandonable,
     call,
     close,
     prompt_of,
@@ -90,21 +93,57 @@ def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
     from synth_deploy.taskapp.policy import call_policy
 
     async def rollout(request: RolloutRequest, ctx: Any) -> dict[str, Any]:
-        async with spec.episode_slot():  # the environment's max_sessions, if it has one
+        limit = spec.turn_limit(request.env.config)  # a bad value is refused before reset
+        await spec.wait_for_slot()  # the environment's max_sessions, if it has one
+        left: list[threading.Event] = []
+        try:
             env = spec.new()
-            try:
+        except BaseException:
+            spec.release_slot()
+            raise
+        try:
+            with abandonable() as left:  # past the time budget, a step is not waited for
                 first = await reset(env, request.env.seed, episode_id=request.run_id,
                                     config=request.env.config)
-                return await _play(spec, env, first, request, ctx, call_policy)
-            finally:
-                await close(env)
+                return await _play(spec, env, first, request, ctx, call_policy, limit)
+        finally:
+            running = [ended for ended in left if not ended.is_set()]
+            if running:
+                _retire_later(spec, env, running)
+            else:
+                try:
+                    await close(env)
+                finally:
+                    spec.release_slot()
 
     rollout.__name__ = rollout.__qualname__ = f"{spec.name}.episode"
     return rollout
 
 
+_retiring: set[asyncio.Task[None]] = set()  # held until done: the loop keeps weak references
+
+
+def _retire_later(spec: EnvironmentSpec, env: Any, running: list[threading.Event]) -> None:
+    """An episode answered while a sync call of its environment still runs on its thread
+    (its time budget spent): once that call returns, the environment is closed and its slot
+    freed, so no two threads ever use one instance."""
+    import anyio
+
+    async def retire() -> None:
+        try:
+            for ended in running:
+                await anyio.to_thread.run_sync(ended.wait)
+            await close(env)
+        finally:
+            spec.release_slot()
+
+    task = asyncio.get_running_loop().create_task(retire())
+    _retiring.add(task)
+    task.add_done_callback(_retiring.discard)
+
+
 async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRequest, ctx: Any,
-                call_policy: Callable[..., Any]) -> dict[str, Any]:
+                call_policy: Callable[..., Any], limit: tuple[int, str]) -> dict[str, Any]:
     tracer = ctx.tracer
     tool_name = " or ".join(t["function"]["name"] for t in await spec.offered(env))
     system = {"role": "system", "content": await spec.system_prompt(env)}
@@ -114,7 +153,8 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     history: list[list[dict[str, Any]]] = []
     steps: list[RolloutStep] = []
     observation, done = first.observation, first.done
-    turn = 0
+    turn, capped = 0, False
+    max_turns, cap_source = limit
     while not done:
         turn += 1
         tools = await spec.offered(env)  # each turn: the moves legal now may change
@@ -144,8 +184,13 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
         else:
             result = Step(observation, done=True, truncated=True,
                           message="no valid action: the episode ends")
+        capped = not result.done and turn >= max_turns
+        if capped:
+            result.done = result.truncated = True
         exchange += attempt.answers(_result_text(result))
         info = {**result.info, "reply_problem": problem, "noop_after_invalid_replies": missed}
+        if capped:
+            info["turn_cap"] = max_turns
         event = tracer.record_environment_event(
             reward=float(result.reward), terminated=result.done and not result.truncated,
             truncated=result.truncated, state_after=result.state, metadata=info)
@@ -169,6 +214,9 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
                      f"turn: a `noop = {{...}}` class attribute holding {tool_name}'s "
                      "arguments, or `task_app.openenv(..., noop={...})` with an action's "
                      "fields)")
+        elif capped:
+            ended = (f"cut at the turn cap: max_turns={max_turns} ({cap_source}); the "
+                     "environment had not said done")
         elif result.truncated:
             ended = f"truncated at turn {turn}"
         else:
@@ -187,6 +235,8 @@ async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRe
     metrics["details"] = {"ended": ended, **({"seed_ignored": seed_ignored} if seed_ignored
                                              else {}),
                           **(dict(details) if isinstance(details, Mapping) else {})}
+    if capped:
+        metrics["details"]["turn_cap"] = max_turns
     return {
         "metrics": metrics,
         "trajectories": [RolloutTrajectory(

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from synth_deploy.errors import TaskAppError
-from synth_deploy.taskapp._environment import EnvironmentSpec, from_openenv
+from synth_deploy.taskapp._environment import DEFAULT_MAX_TURNS, EnvironmentSpec, from_openenv
 from synth_deploy.taskapp._episode import episode_rollout
 from synth_deploy.taskapp.config import (
     RolloutExecutor,
@@ -47,9 +47,11 @@ class TaskApp:
     def __init__(self, app_id: str, *, name: str, description: str, version: str = "1",
                  datasets: Sequence[TaskDataset] = (), rubrics: RubricBundle = RubricBundle(),
                  limits: LimitsInfo | None = None, environment: str | None = None,
-                 modal: Any = None, **settings: Any) -> None:
-        """``settings`` are the rest of `TaskAppConfig` (proxy, routers, startup_hooks,
-        app_state, max_body_bytes, max_rollout_seconds...)."""
+                 modal: Any = None, max_turns: int | None = None, **settings: Any) -> None:
+        """``max_turns``: the turn cap of the app's environment when its decorator states
+        none (default `DEFAULT_MAX_TURNS`). ``settings`` are the rest of `TaskAppConfig`
+        (proxy, routers, startup_hooks, app_state, max_body_bytes, max_rollout_seconds...)."""
+        self.max_turns = max_turns
         self.app_id, self.name, self.description, self.version = (
             app_id, name, description, version)
         self.datasets = tuple(datasets)
@@ -73,28 +75,38 @@ class TaskApp:
         self._rollout = fn
         return fn
 
-    def environment(self, factory: Callable[[], Any]) -> Callable[[], Any]:
+    def environment(self, factory: Callable[[], Any] | None = None, *,
+                    max_turns: int | None = None) -> Any:
         """Decorator: the app's environment, a class (or factory) whose instances reset with
         a seed and step with an action (`synth_deploy.taskapp.Step`). Without
         ``@task_app.rollout`` the kit derives the episode loop from it; either way the app is
-        also served on OpenEnv's wire (``/openenv``)."""
-        self._environment = EnvironmentSpec(factory, app_id=self.app_id,
-                                            description=self.description)
-        return factory
+        also served on OpenEnv's wire (``/openenv``). ``@task_app.environment(max_turns=N)``
+        caps its episodes at N steps (else the app's ``max_turns``, else
+        `DEFAULT_MAX_TURNS`); a request's ``env.config.max_turns`` overrides it."""
+        def declare(factory: Callable[[], Any]) -> Callable[[], Any]:
+            self._environment = EnvironmentSpec(
+                factory, app_id=self.app_id, description=self.description,
+                max_turns=self.max_turns if max_turns is None else max_turns)
+            return factory
+
+        return declare if factory is None else declare(factory)
 
     def openenv(self, env_cls: Callable[[], Any], action_cls: Any, *,
-                tool_name: str | None = None, max_turns: int = 20,
+                tool_name: str | None = None, max_turns: int | None = None,
                 max_sessions: int | None = None, observation_cls: Any = None,
                 state_cls: Any = None, noop: Mapping[str, Any] | None = None) -> None:
         """Declare an OpenEnv ``Environment`` class (with its ``Action`` class) as this app's
         environment: served, traced and trained on like any other (see `from_openenv`).
-        ``max_sessions``: sessions held at once, for a class that supports concurrent
-        sessions (one at a time otherwise). ``noop``: an action's fields, played on a turn
-        whose replies hold no valid action (without it, such a turn ends the episode)."""
+        ``max_turns``: as `environment`'s; ``max_sessions``: sessions held at once, for a
+        class that supports concurrent sessions (one at a time otherwise). ``noop``: an
+        action's fields, played on a turn whose replies hold no valid action (without it,
+        such a turn ends the episode)."""
+        cap = next((n for n in (max_turns, self.max_turns) if n is not None), DEFAULT_MAX_TURNS)
         self.environment(from_openenv(env_cls, action_cls, tool_name=tool_name,
-                                      max_turns=max_turns, max_sessions=max_sessions,
+                                      max_turns=cap, max_sessions=max_sessions,
                                       observation_cls=observation_cls, state_cls=state_cls,
-                                      noop=noop))
+                                      noop=noop),
+                         max_turns=cap)
 
     def scorer(self, fn: ScoreFunction | None = None, *, stateless: bool = True,
                reason: str | None = None) -> Any:

@@ -7,6 +7,7 @@ Every model accepts unknown fields: older and newer clients send extras (``ops``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -193,6 +194,21 @@ class RolloutMetrics(WireModel):
         return data
 
 
+def recorded_reward(metrics: Mapping[str, Any]) -> float | None:
+    """A rollout's reward as its answer's metrics state it; None when it recorded none (the
+    protocol's ``reward_mean`` then reads 0.0: a default, not a reward)."""
+    if (reward := metrics.get("outcome_reward")) is not None:
+        return reward
+    if not (metrics.get("episode_rewards") or metrics.get("episode_returns")
+            or metrics.get("reward_mean") or metrics.get("mean_return")):
+        return None
+    return metrics.get("reward_mean", metrics.get("mean_return"))
+
+
+NO_REWARD = ("no reward recorded: the rollout returned no outcome_reward or episode_rewards "
+             "and recorded none (ctx.tracer.record_outcome_reward); a trainer reads 0 for it")
+
+
 class RolloutResponse(WireModel):
     run_id: str
     metrics: RolloutMetrics
@@ -206,6 +222,7 @@ class RolloutResponse(WireModel):
 
 
 __all__ = [
+    "NO_REWARD",
     "DatasetInfo",
     "InferenceInfo",
     "LimitsInfo",
@@ -223,4 +240,5 @@ __all__ = [
     "RubricSection",
     "TaskDescriptor",
     "TaskInfo",
+    "recorded_reward",
 ]

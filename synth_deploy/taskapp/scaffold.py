@@ -86,7 +86,8 @@ label = "{app_id}-rl"           # the name the trained model is listed under
 [rollout]
 env_name = "{app_id}"           # the task app's id
 policy_name = "{app_id}-policy"
-max_turns = 5                   # turns an episode may take (the environment cuts at 5 too)
+max_turns = 5                   # turns an episode may take: sent with each rollout as
+                                # env.config.max_turns, where the environment cuts it
 episodes_per_batch = 32
 max_concurrent_rollouts = 8     # rollouts in flight at once: at most what the app holds
                                 # (rehearse measures it)

@@ -206,9 +206,19 @@ def usage_from_counts(input_tokens: int | None, output_tokens: int | None,
             "total_tokens": total_tokens}
 
 
+_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` as a token count: None unless a number from 0 to what SQLite's INTEGER
+    holds (a policy server may answer NaN, ``1e400`` or a 400-digit integer)."""
+    if type(value) not in (int, float) or not 0 <= value < 2**63:  # NaN fails too
+        return None
+    return int(value)
+
+
 def _count(usage: dict[str, Any], name: str) -> int | None:
-    value = usage.get(name)
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return token_count(usage.get(name))
 
 
 _MESSAGE_TYPES = {"tool": "tool_result", "function": "tool_result"}
@@ -345,7 +355,8 @@ class SessionTracer:
         to it, and without it a ``usage`` is built from the counts. ``tokens``: the ids and
         log-probabilities the policy server returned (see `synth_deploy.tracing.TurnTokens`)."""
         usage = dict(usage) if isinstance(usage, dict) else None
-        if usage is not None:
+        if usage is not None:  # its counts as they are read, stored and given back
+            usage.update((name, _count(usage, name)) for name in _COUNTS if name in usage)
             input_tokens = _count(usage, "prompt_tokens") if input_tokens is None else input_tokens
             output_tokens = (_count(usage, "completion_tokens") if output_tokens is None
                              else output_tokens)

@@ -31,6 +31,7 @@ from synth_deploy.tracing._session import (
     OutcomeReward,
     SessionTrace,
     Timestep,
+    token_count,
     usage_from_counts,
 )
 from synth_deploy.tracing._times import epoch
@@ -254,13 +255,17 @@ def _build(kind: type, raw: dict[str, Any]) -> Any:
 def _int(*values: Any) -> int | None:
     for value in values:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return int(value)
+            return token_count(value)
     return None
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value,
-                                                                             bool) else None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer past a double: no number we can keep
+        return None
 
 
 def _flag(value: Any) -> bool | None:

@@ -150,3 +150,16 @@ def test_cli_module_imports_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_a_rollout_that_records_no_reward_is_a_warning(run, serve, api_key):
+    from synth_deploy.taskapp import TaskApp
+
+    task_app = TaskApp("unrewarded", name="Unrewarded", description="Records nothing.")
+    task_app.rollout(lambda request, ctx: {})
+    server = serve(create_app(task_app.build_config(), api_keys=[api_key]))
+    result = run(server.url, "--api-key", api_key, "--rollout", "--json")
+    [rollout] = [c for c in json.loads(result.stdout)["checks"] if c["name"] == "rollout"]
+    assert rollout["verdict"] == "warn" and rollout["code"] == "no_reward", rollout
+    assert "no reward recorded" in rollout["actual"]
+    assert "record_outcome_reward" in rollout["hint"]

@@ -385,3 +385,17 @@ def test_when_every_rollout_failed_the_reward_signal_is_not_blamed(tmp_path):
     signal = found["reward signal"]
     assert signal["verdict"] == "skip" and "every rollout failed" in signal["finding"]
     assert signal["fix"] is None
+
+
+def test_groups_without_rewards_fail_the_reward_signal_and_progress_is_printed(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=8, max_concurrent_rollouts=4)
+    result = run_cli(tmp_path, "rehearse", "--config", str(config), "--app",
+                     str(APPS / "unrewarded.py"), "--no-trace", "--skip", "determinism",
+                     "--skip", "capacity", "--skip", "idle", timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())
+    assert "1 of 2 groups have no reward to compare (1 recorded no reward)" in out, out
+    assert "4 of 8 recorded no reward" in out and "no reward recorded" in out
+    # Lines a log keeps, as `check --load` prints them: the stage, then its count.
+    assert "rehearse: training step, 8 to run…" in result.stderr, result.stderr
+    assert re.search(r"rehearse: training step 8 of 8 done", result.stderr), result.stderr

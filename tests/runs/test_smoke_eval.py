@@ -87,6 +87,22 @@ def test_eval_without_a_declared_default_split_runs_seeds_0_to_9(tmp_path):
     assert [r["seed"] for r in json.loads(result.stdout)["rollouts"]] == list(range(10))
 
 
+def test_a_rollout_that_records_no_reward_is_a_warning_not_a_zero(tmp_path):
+    (tmp_path / "none.py").write_text(
+        "from synth_deploy.taskapp import TaskApp\n"
+        "task_app = TaskApp('none', name='None', description='No reward.')\n\n"
+        "@task_app.rollout\nasync def rollout(request, ctx):\n"
+        "    if request.env.seed:\n"
+        "        ctx.tracer.record_outcome_reward(0.0)\n")
+    result = run_cli(tmp_path, "smoke", "none.py", "--seeds", "0-1", "--json", "--no-trace")
+    assert result.returncode == 0, result.stderr
+    unrewarded, rewarded = json.loads(result.stdout)["rollouts"]
+    assert unrewarded["reward"] is None and "no reward recorded" in unrewarded["warning"]
+    assert rewarded["reward"] == 0.0 and rewarded["warning"] is None  # a reward of 0 is one
+    human = run_cli(tmp_path, "eval", "none.py", "--seeds", "0", "--no-trace")
+    assert "1 warning" in human.stdout and "no reward recorded" in human.stdout, human.stdout
+
+
 def test_eval_against_a_url_stores_the_returned_traces(tmp_path, math_server, api_key):
     db = tmp_path / "remote-evals.db"
     result = run_cli(tmp_path, "eval", math_server.url, "--seeds", "1-5", "--trace-db", str(db),

@@ -88,6 +88,18 @@ def test_wrapped_and_id_less_traces_are_read_and_junk_is_a_clear_error():
                             "created_at": {"bad": 1}, "outcome_rewards": [{"nope": 1}]})
 
 
+def test_a_returned_traces_counts_a_policy_server_made_up_are_read_as_none():
+    # A synth-ai app records the usage its policy server answered, whatever it was.
+    huge = 10**400
+    trace = {"session_id": "s", "event_history": [{
+        "type": "lm_call", "input_tokens": float("inf"), "output_tokens": huge,
+        "total_tokens": float("nan"), "latency_ms": huge, "llm_request": {"messages": []},
+        "llm_response": COMPLETION["choices"][0]}]}
+    [event] = session_from_trace(trace).events
+    assert (event.input_tokens, event.output_tokens, event.total_tokens) == (None, None, None)
+    assert event.latency_ms is None
+
+
 def test_our_own_trace_round_trips_through_the_same_reader():
     session = make_session(3)
     assert_same(session_from_trace(json.loads(json.dumps(session.to_dict()))).to_dict(),

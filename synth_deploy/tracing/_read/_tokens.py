@@ -1,22 +1,26 @@
-"""Stored rollouts → token JSONL for on-policy training: one row per episode.
+"""Stored rollouts → token JSONL for on-policy training: one row per sample (segment).
 
 Each row holds the ids the policy saw and sampled, as its server returned them (never
-re-tokenized), for sessions whose LM calls all captured token data and kept continuity
-(each prompt begins with the previous prompt and completion: `continuity_breaks`). The
-others are left out and counted by reason: a trainer concatenating their turns would train
-on ids the policy never produced.
+re-tokenized). An episode is one sample while each turn's prompt begins with the previous
+prompt and completion; where one does not (`continuity_breaks`: a history window that drops
+old turns, a template that re-renders them), a new sample starts there with its own mask, as
+prime-rl starts one, so every row is continuous and no episode is dropped for it. Sessions
+whose LM calls did not all capture token data (with a logprob per sampled id) are left out and
+counted by reason.
 
 Fields of a row (`datasets.load_dataset("json", data_files=...)` reads them):
 
 - ``session_id``, ``run_id``, ``app_id``, ``seed``, ``model``: the session's ids;
-- ``input_ids``: the first prompt, then each completion, each later prompt's new ids, ...;
+- ``segment``, ``segments``: this sample's index in its episode, and how many it has;
+- ``input_ids``: the segment's first prompt, then each completion, each later prompt's new
+  ids, ...;
 - ``loss_mask``: 1 where the policy sampled the id (completions), 0 elsewhere;
 - ``logprobs``: the sampled log-probability of each id where ``loss_mask`` is 1 (float32,
   as the store keeps it), 0.0 elsewhere; the three arrays have the same length;
-- ``turns``: per LM call, ``[prompt_start, completion_start, completion_end]`` into the
-  arrays (``input_ids[:completion_start]`` is that call's whole prompt);
-- ``turn_rewards``: per LM call, the environment reward recorded in its timestep (null
-  where none was), and ``reward``: the session's outcome reward.
+- ``turns``: per LM call of the segment, ``[prompt_start, completion_start, completion_end]``
+  into the arrays (``input_ids[:completion_start]`` is that call's whole prompt);
+- ``turn_rewards``: per LM call of the segment, the environment reward recorded in its
+  timestep (null where none was), and ``reward``: the episode's outcome reward.
 """
 
 from __future__ import annotations
@@ -35,17 +39,18 @@ from synth_deploy.tracing._db._schema import TOKENS_TABLE, TOKENS_VERSION
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql
 from synth_deploy.tracing._read._export import export_target, replaced_whole
 from synth_deploy.tracing._store import TraceStore
-from synth_deploy.tracing._tokens import TurnTokens, continuity_breaks
+from synth_deploy.tracing._tokens import TurnTokens
 
 PAGE_SESSIONS = 200
+NOT_ASKED = "no token ids asked for"
 NO_TOKENS = "no token data"
 NO_LOGPROBS = "no logprobs"
-BROKEN = "continuity broke"
 
 
 @dataclass(frozen=True)
 class TokenExportResult:
-    """What `export_tokens` wrote: ``episodes`` rows; ``skipped`` sessions by reason."""
+    """What `export_tokens` wrote: ``episodes`` sessions as ``rows`` samples (more rows than
+    episodes where prompts broke continuity); ``skipped`` sessions by reason."""
 
     path: str
     episodes: int
@@ -53,14 +58,15 @@ class TokenExportResult:
     sampled_tokens: int
     seconds: float
     skipped: dict[str, int] = field(default_factory=dict)
+    rows: int = 0
 
     @property
     def note(self) -> str | None:
         parts = []
-        if n := self.skipped.get(BROKEN):
-            parts.append(f"{n} session(s) left out: a turn's prompt does not begin with the "
-                         "previous turn's ids (the chat template re-renders history; see "
-                         "`synth-deploy traces show` for the turn)")
+        if n := self.skipped.get(NOT_ASKED):
+            parts.append(f"{n} session(s) left out: no policy call asked for token ids (set "
+                         "capture_tokens = true in policy.config, [rollout] policy_config of "
+                         "an RL config, with a server that returns them)")
         if n := self.skipped.get(NO_TOKENS):
             parts.append(f"{n} session(s) left out: a policy call has no token data (ask "
                          "with policy.config.capture_tokens and a server that returns them, "
@@ -75,6 +81,19 @@ class TokenExportResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "skipped": dict(self.skipped), "note": self.note}
+
+
+def segments(turns: list[TurnTokens]) -> list[list[TurnTokens]]:
+    """``turns`` cut where a prompt does not begin with the previous turn's prompt and
+    completion: each part is continuous."""
+    parts: list[list[TurnTokens]] = []
+    context: list[int] | None = None
+    for turn in turns:
+        if context is None or turn.prompt_ids[:len(context)] != context:
+            parts.append([])
+        parts[-1].append(turn)
+        context = turn.prompt_ids + turn.completion_ids
+    return parts
 
 
 def episode_row(turns: list[TurnTokens]) -> dict[str, Any]:
@@ -102,7 +121,7 @@ def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | Non
                   limit: int | None = None, overwrite: bool = False,
                   where: SessionFilter | None = None,
                   reward_version: str | None = None) -> TokenExportResult:
-    """Write one JSONL row per episode (see the module docstring); ``limit`` caps rows.
+    """Write one JSONL row per sample (see the module docstring); ``limit`` caps episodes.
     Written beside its target and renamed into place; an existing file is kept unless
     ``overwrite``. ``reward_version``: each row's reward is that version's (`traces
     rescore`), and only the sessions it scored are written."""
@@ -116,19 +135,21 @@ def export_tokens(store: TraceStore, out: str | Path, *, min_reward: float | Non
         else sql.where(dataclasses.replace(where, status="ok"))[:2]
     reward = sql.reward(where.reward_version)
     skipped: Counter[str] = Counter()
-    episodes = tokens = sampled = 0
+    episodes = rows = tokens = sampled = 0
     with replaced_whole(path) as fh:
-        for row in _rows(db, selection, skipped, reward):
-            if where.reward_version is not None:  # whose reward the row's is
-                row["reward_version"] = where.reward_version
+        for samples in _episodes(db, selection, skipped, reward):
             if limit is not None and episodes >= limit:
                 break
-            fh.write(_json_line(row) + "\n")
+            for row in samples:
+                if where.reward_version is not None:  # whose reward the row's is
+                    row["reward_version"] = where.reward_version
+                fh.write(_json_line(row) + "\n")
+                tokens += len(row["input_ids"])
+                sampled += sum(row["loss_mask"])
             episodes += 1
-            tokens += len(row["input_ids"])
-            sampled += sum(row["loss_mask"])
+            rows += len(samples)
     return TokenExportResult(str(path), episodes, tokens, sampled,
-                             time.perf_counter() - started, dict(skipped))
+                             time.perf_counter() - started, dict(skipped), rows)
 
 
 def _json_line(row: dict[str, Any]) -> str:
@@ -147,8 +168,9 @@ def _finite(value: Any) -> Any:
     return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
-def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str],
-          reward: str = "s.total_reward") -> Any:
+def _episodes(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str],
+              reward: str = "s.total_reward") -> Any:
+    """Each exported session's rows (its samples); ``reward``: the SQL of its reward."""
     if selection is None:
         return
     clause, params = selection
@@ -176,8 +198,9 @@ def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str
             "GROUP BY session_id, timestep_id", ids)}
         for s in sessions:
             rows = calls[s["session_id"]]
-            if not rows:
-                continue  # no LM call asked for tokens: not an episode to train on
+            if not rows:  # no LM call asked for tokens: not an episode to train on
+                skipped[NOT_ASKED] += 1
+                continue
             decoded = turn_tokens(rows)
             turns = [decoded[r["event_id"]] for r in rows]
             if not all(t.observed for t in turns):
@@ -186,19 +209,22 @@ def _rows(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter[str
             if any(t.completion_ids and not t.completion_logprobs for t in turns):
                 skipped[NO_LOGPROBS] += 1
                 continue
-            if continuity_breaks(turns):
-                skipped[BROKEN] += 1
-                continue
             meta = read_json(s["metadata"], {})
             meta = meta if isinstance(meta, dict) else {}
-            yield {"session_id": s["session_id"], "run_id": meta.get("run_id"),
-                   "app_id": meta.get("app_id"), "seed": meta.get("seed"),
-                   "model": turns[-1].model or meta.get("model"),
-                   **episode_row(turns),
-                   "turn_rewards": [step_rewards.get((s["session_id"], r["timestep_id"]))
-                                    for r in rows],
-                   "reward": s["total_reward"]}
+            rewards = [step_rewards.get((s["session_id"], r["timestep_id"])) for r in rows]
+            parts = segments(turns)
+            samples, first = [], 0
+            for index, part in enumerate(parts):
+                samples.append({
+                    "session_id": s["session_id"], "run_id": meta.get("run_id"),
+                    "app_id": meta.get("app_id"), "seed": meta.get("seed"),
+                    "model": part[-1].model or meta.get("model"),
+                    "segment": index, "segments": len(parts), **episode_row(part),
+                    "turn_rewards": rewards[first:first + len(part)],
+                    "reward": s["total_reward"]})
+                first += len(part)
+            yield samples
         after = [sessions[-1]["created_at"], sessions[-1]["rid"]]
 
 
-__all__ = ["TokenExportResult", "episode_row", "export_tokens"]
+__all__ = ["TokenExportResult", "episode_row", "export_tokens", "segments"]
