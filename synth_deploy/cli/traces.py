@@ -370,8 +370,10 @@ def rescore(
         where = SessionFilter(app=app, model=model, run_id=run_id, app_digest=app_digest,
                               since=since_timestamp(since) if since else None)
         config = load_app(app_ref).build_config()
-        # Writes: opened as the writers open it (a store from before versions is migrated).
-        with open_trace_store(resolve_trace_db(trace_db, _env(env_file))) as store, \
+        # Writes: opened as the writers open it (a store from before versions is migrated),
+        # never created: a rescore of a store that is not there is a mistake to name.
+        with open_trace_store(resolve_trace_db(trace_db, _env(env_file)),
+                              create=False) as store, \
                 _export_progress(json_output, "rescoring sessions") as progress:
             result = rescore_app(config, store, where, version=version, force=force,
                                  progress=progress)

@@ -45,6 +45,7 @@ def test_json_output_has_the_documented_shape(run, math_server, api_key):
     data = json.loads(result.stdout)
     assert set(data) == {"url", "healthy", "exit_code", "key", "duration_ms", "attempts",
                          "failure", "checks", "traces", "identity"}
+    assert set(data["identity"]) == {"version", "digest", "label"}
     assert data["healthy"] is True and data["exit_code"] == 0 and data["failure"] is None
     assert [c["name"] for c in data["checks"]] == list(STEPS)
     assert set(data["checks"][0]) == {"name", "verdict", "code", "expected", "actual",

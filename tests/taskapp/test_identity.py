@@ -99,7 +99,10 @@ def test_a_loaded_app_carries_its_identity_into_health_and_info(tmp_path, serve,
     headers = {"X-API-Key": api_key}
     health = httpx.get(server.url + "/health", headers=headers, timeout=10).json()
     info = httpx.get(server.url + "/info", headers=headers, timeout=10).json()
-    assert health["identity"] == info["service"]["identity"] == config.identity.to_dict()
+    metadata = httpx.get(server.url + "/containers/metadata", headers=headers,
+                         timeout=10).json()  # synth-containers' contract says it too
+    assert health["identity"] == info["service"]["identity"] == config.identity.to_dict() \
+        == metadata["runtime"]["identity"]
     assert health["identity"]["digest"] == config.identity.digest
 
 

@@ -214,6 +214,10 @@ def test_an_app_without_a_scorer_is_refused_with_the_fix(tmp_path):
     app.parent.mkdir()
     app.write_text(textwrap.dedent(STATEFUL_APP).split("@task_app.scorer")[0]
                    .replace('"stateful"', '"plain"'))
+    missing = refused_in_process(tmp_path, "traces", "rescore", str(app), "--trace-db",
+                                 str(tmp_path / "t.db"))
+    assert missing.exit_code != 0 and not (tmp_path / "t.db").exists()  # never created
+    open_trace_store(str(tmp_path / "t.db")).close()
     refused = refused_in_process(tmp_path, "traces", "rescore", str(app), "--trace-db",
                                  str(tmp_path / "t.db"))
     assert refused.exit_code == 2 and "declares no scorer" in refused.output

@@ -160,3 +160,25 @@ def test_where_says_a_server_that_answered_is_reachable(tmp_path, make, words):
     report = json.loads(result.stdout)
     assert words in report["error"] and report["reachable"] is True
     assert result.exit_code == 1  # a failure, not 3 (unreachable)
+
+
+def test_a_rescore_writes_its_versions_on_the_remote_server_too(hrana, tmp_path):
+    from synth_deploy.tracing import SessionFilter, rescore_sessions, reward_versions_of
+
+    url, db = hrana
+    sessions = [make_session(i, reward=float(i % 2)) for i in range(6)]
+    with open_trace_store(parse_trace_db(url, env=token_env())) as store:
+        store.write_sessions_sync(sessions)
+        result = rescore_sessions(store, SessionFilter(), lambda s: 1.0 - s.metadata["seed"] % 2,
+                                  version="flipped", scorer={"function": "flip"})
+        assert (result.matched, result.rescored, result.changed) == (6, 6, 6)
+        assert reward_versions_of(store, sessions[1].session_id)[0]["reward"] == 0.0
+        out = tmp_path / "sft.jsonl"
+        export_sft(store, out, reward_version="flipped", min_reward=1.0)
+        kept = {json.loads(line)["metadata"]["session_id"] for line in out.read_text().splitlines()}
+    assert kept == {s.session_id for s in sessions[0::2]}
+    # The rows are in the server's file, beside the recorded rewards, which did not change.
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM reward_versions").fetchone() == (6,)
+        assert sorted(r for (r,) in conn.execute("SELECT total_reward FROM session_traces")) \
+            == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]

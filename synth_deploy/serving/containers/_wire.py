@@ -155,7 +155,8 @@ class ContainersWire:
         config, rollouts = self.config, self.rollouts
         return {
             "runtime": {"runtime_id": config.app_id, "name": config.name,
-                        "description": config.description, "version": config.version},
+                        "description": config.description, "version": config.version,
+                        "identity": config.identity.to_dict()},  # which code answers
             "capabilities": {
                 "protocol": PROTOCOL, "contract_version": CONTRACT_VERSION,
                 "live_frames": "unsupported",
