@@ -28,6 +28,7 @@ from synth_deploy.serving._auth import ApiKeyAuth, KeyRule, ServerKeys, server_k
 
 _LAZY = {
     "create_app": "_server",
+    "KeyGate": "_key_gate",
     "stats_of": "_server",
     "TraceSink": "_server",
     "error_response": "_responses",
@@ -46,6 +47,7 @@ __all__ = [
     "ConnectionLimits",
     "DEFAULT_MAX_ROLLOUTS",
     "DEFAULT_SUMMARY_EVERY_S",
+    "KeyGate",
     "KeyRule",
     "LocalRunner",
     "HEAD_AFTER_VAR",

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from synth_deploy.serving import ApiKeyAuth
-from synth_deploy.serving._key_gate import KeyGate
+from synth_deploy.serving import ApiKeyAuth, KeyGate
 
 GATE = KeyGate(ApiKeyAuth(["k1"]), [("GET", "/"), ("HEAD", "/")],
                unkeyed_prefix="/openenv/key/")
