@@ -59,6 +59,7 @@ API_VERSION = "1.0.0"  # the OpenEnv HTTP API this wire follows (openenv-http/1.
 _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": True,
                  "properties": {"episode_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                                 "step_count": {"type": "integer", "minimum": 0}}}
+_ELSEWHERE = "openenv_base_url"  # a probe of OpenEnv's sent to the app's root
 _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
 _CLOSE_TOO_BIG = 1009
@@ -130,24 +131,26 @@ def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
 
 
 async def _elsewhere(request: HTTPConnection) -> Response:
+    return error_response(404, _ELSEWHERE, _elsewhere_message(request))
+
+
+def _elsewhere_message(request: HTTPConnection) -> str:
     url = request.base_url  # a WebSocket's is ws(s)://: OpenEnv's clients take http(s)://
     url = url.replace(scheme={"ws": "http", "wss": "https"}.get(url.scheme, url.scheme))
     base = str(url).rstrip("/") + PREFIX
-    return error_response(404, "openenv_base_url", f"this is the task app's root; OpenEnv's "
-                          f"routes are under {PREFIX}: give OpenEnv's clients (and `openenv "
-                          f"validate --url`) the base URL {base}")
+    return (f"this is the task app's root; OpenEnv's routes are under {PREFIX}: give "
+            f"OpenEnv's clients (and `openenv validate --url`) the base URL {base}")
 
 
 async def _elsewhere_socket(websocket: WebSocket) -> None:
     """A WebSocket at the root: refused at the handshake with `_elsewhere`'s 404, not the
     bare 403 of an unknown path (which reads as a key problem)."""
-    answer = await _elsewhere(websocket)
+    message = _elsewhere_message(websocket)
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(answer)
+        await websocket.send_denial_response(error_response(404, _ELSEWHERE, message))
     else:  # a server without denial responses: said as OpenEnv's error message, then closed
         await websocket.accept()
-        error = json.loads(bytes(answer.body))["detail"]["error"]
-        await websocket.send_json(_ws_error(error["code"], error["message"]))
+        await websocket.send_json(_ws_error(_ELSEWHERE, message))
         await websocket.close(1008)
 
 
