@@ -34,7 +34,8 @@ class TaskDataset:
 
     ``seeds`` (a ``range``, or any container of ints) are the seeds it has: when the app's
     datasets declare them, a rollout or `/task_info` for any other seed is refused (422/404)
-    before the app's code runs.
+    before the app's code runs. ``split_seeds``: the seeds of each split, where a dataset has
+    more than one (what synth-containers' clients count and page through).
     """
 
     id: str
@@ -47,6 +48,7 @@ class TaskDataset:
     storage_uri: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     seeds: Sequence[int] | None = None
+    split_seeds: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
