@@ -27,12 +27,14 @@ def envelope(rollout_id: str, kind: str, sequence: int, payload: dict[str, Any],
     return {"schema": SCHEMA, "kind": kind,
             "ts": ts or datetime.now(UTC).isoformat(timespec="microseconds").replace(
                 "+00:00", "Z"),
-            "control": False, "payload": payload, "digest": digest(kind, sequence, payload),
+            "control": False, "payload": payload,
+            "digest": envelope_digest(kind, sequence, payload),
             "digest_schema": DIGEST_SCHEMA, "sequence": sequence, "event_id": sequence,
             "rollout_id": rollout_id, "run_id": rollout_id, "lane": rollout_id}
 
 
-def digest(kind: str, sequence: int | None, payload: dict[str, Any]) -> str:
+def envelope_digest(kind: str, sequence: int | None, payload: dict[str, Any]) -> str:
+    """The contract's digest of an envelope (``synth.envelope-digest.v2``)."""
     out = bytearray(DIGEST_SCHEMA.encode() + b"\0")
     _encode({"kind": kind, "sequence": sequence, "payload": payload}, out)
     return hashlib.sha256(out).hexdigest()[:16]
@@ -86,4 +88,4 @@ def stream_descriptor(rollout_id: str, transport: str = "sse",
             "reconnect": {"min_backoff_s": 1.0, "max_backoff_s": 30.0, "jitter": 0.2}}
 
 
-__all__ = ["DIGEST_SCHEMA", "SCHEMA", "digest", "envelope", "stream_descriptor"]
+__all__ = ["DIGEST_SCHEMA", "SCHEMA", "envelope", "envelope_digest", "stream_descriptor"]
