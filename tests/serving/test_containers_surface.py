@@ -281,6 +281,20 @@ def test_prepare_gives_an_id_and_a_stream_before_the_rollout(serve, api_key):
     assert ran["status"] == "completed" and ran["stream"]["id"] == "stream:pr-1"
 
 
+def test_a_prepared_rollouts_stream_opened_first_carries_its_events(serve, api_key):
+    app = serve(create_app(toy_config(), api_keys=[api_key]))
+    telemetry = {"enabled": True, "transport": "sse"}
+    with client(app, api_key) as c, \
+            client(app, api_key) as reader:
+        c.post("/rollouts/prepare", json={"rollout_id": "ps-1", "telemetry": telemetry})
+        with reader.stream("GET", "/rollouts/ps-1/stream") as sse:
+            lines = sse.iter_lines()
+            assert next(lines) == ": heartbeat"  # subscribed before the rollout starts
+            c.post("/rollouts", json=rollout_body("ps-1", telemetry=telemetry))
+            text = "\n".join(lines)
+    assert "event: rollout.accepted" in text and "event: rollout.completed" in text
+
+
 def test_a_submission_reads_the_contracts_fields(serve, api_key):
     app = serve(create_app(toy_config(), api_keys=[api_key]))
     with client(app, api_key) as c:

@@ -44,6 +44,7 @@ the same store.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -563,15 +564,21 @@ class ContainersWire:
         found = await self.document_of(request)
         if isinstance(found, Response):
             return found
-        rollouts, heartbeat_s = self.rollouts, self.heartbeat_s
+        rollouts, heartbeat_s, prepared = self.rollouts, self.heartbeat_s, self.prepared
         rollout_id = found["rollout_id"]
         after = _whole(request.headers.get("last-event-id") or
                        request.query_params.get("after"))
+        # A prepared rollout's stream waits for it to be submitted here, a lease at most.
+        give_up = time.monotonic() + rollouts.default_ttl_s
 
         async def frames() -> Any:
             nonlocal after
             while True:
                 live = rollouts.live.get(rollout_id)
+                if live is None and rollout_id in prepared and time.monotonic() < give_up:
+                    yield ": heartbeat\n\n"
+                    await asyncio.sleep(min(heartbeat_s, 0.25))
+                    continue
                 events = _events(rollouts, found) if live is None else live.events
                 for event in events[after:]:
                     after = event["sequence"]
