@@ -211,6 +211,17 @@ async def surface(op: dict[str, Any]) -> dict[str, Any]:
                               headers={"Last-Event-ID": "1"}) as stream:
             text = "".join([chunk async for chunk in stream.aiter_text()])
         routes["stream"] = {"status": stream.status_code, "body": text[:4000]}
+        import websockets  # synth-containers' own dependency
+
+        ws_url = url.replace("http://", "ws://", 1) + f"/rollouts/{rid}/ws"
+        try:
+            async with websockets.connect(ws_url, additional_headers={"X-API-Key": key},
+                                          open_timeout=10):
+                routes["ws"] = {"accepted": True}
+        except websockets.exceptions.InvalidStatus as exc:
+            routes["ws"] = {"accepted": False, "status": exc.response.status_code}
+        except Exception as exc:  # noqa: BLE001 - reported
+            routes["ws"] = {"error": f"{type(exc).__name__}: {exc}"}
         results["routes"] = routes
         # The events, checked by synth-containers' own envelope reader.
         events = ((results.get("events") or {}).get("value") or {}).get("events") or []

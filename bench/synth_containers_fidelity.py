@@ -14,7 +14,9 @@ with ``capture_tokens`` on (and an 8-s app for terminate):
                             optional reads); every route of ``create_reference_app`` the
                             client has no method for (dataset, prepare, stream with
                             ``Last-Event-ID``, reward by path, query and POST, checkpoint
-                            export/import, resume_async) likewise
+                            export/import, resume_async) likewise; ``/ws`` refused at the
+                            handshake, as the reference refuses it without websocket
+                            telemetry
   capabilities              synth-containers' own ``evaluate_consumer_support`` on our
                             ``/metadata`` supports ``pipeline_rl_token_ids``, and its
                             ``compatibility_matrix`` agrees with our ``/compatibility``
@@ -339,6 +341,10 @@ def check_surface(python: str, tmp: Path, policy_url: str) -> None:
     report("SSE stream after Last-Event-ID: 1", stream.get("status") == 200 and
            "id: 1\n" not in stream.get("body", "") and "event: rollout.completed" in
            stream.get("body", ""), str(stream.get("body", ""))[:120].replace("\n", " | "))
+    # The reference app refuses /ws at the handshake for a rollout without websocket
+    # telemetry; the kit never offers that transport, so it refuses every one.
+    report("/rollouts/{id}/ws refused at the handshake", (routes.get("ws") or {}).get(
+        "accepted") is False, routes.get("ws"))
     terminated = ok("terminate") or {}
     report("terminate answers cancelled", terminated.get("status") == "cancelled" and
            (ok("terminated_state") or {}).get("status") == "cancelled",
