@@ -50,6 +50,12 @@ class TaskDataset:
     seeds: Sequence[int] | None = None
     split_seeds: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if unknown := [s for s in self.split_seeds if s not in self.splits]:
+            raise ValueError(f"TaskDataset {self.id!r}: split_seeds names {unknown}, which "
+                             f"splits={list(self.splits)} lacks; add them to splits or fix "
+                             "the names")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,

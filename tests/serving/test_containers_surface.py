@@ -11,6 +11,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 from toy_apps import toy_config
 
 from synth_deploy.runs import create_mock_policy_app
@@ -172,6 +173,11 @@ def test_splits_count_their_seeds_and_page_with_offset_and_limit(serve, api_key)
     assert unknown.status_code == 404
     assert unknown.json()["detail"]["error"]["errors"][0]["path"] == "split"
     assert negative.status_code == 422
+
+
+def test_split_seeds_must_name_the_datasets_splits():
+    with pytest.raises(ValueError, match="split_seeds names \\['dev'\\]"):
+        TaskDataset(id="toy", splits=("train",), split_seeds={"dev": range(3)})
 
 
 def test_a_split_whose_seeds_are_not_declared_has_no_count_and_no_pages(serve, api_key):
