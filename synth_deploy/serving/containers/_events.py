@@ -23,14 +23,21 @@ STREAM_SCHEMA = "synth.rollout.stream.v1"
 
 def envelope(rollout_id: str, kind: str, sequence: int, payload: dict[str, Any],
              ts: str | None = None) -> dict[str, Any]:
-    """One sequenced event of ``rollout_id`` (``payload``: JSON values only)."""
+    """One sequenced event of ``rollout_id`` (``payload``: JSON values only), its digest
+    left for `sealed` to add when it is read: most rollouts' events never are."""
     return {"schema": SCHEMA, "kind": kind,
             "ts": ts or datetime.now(UTC).isoformat(timespec="microseconds").replace(
                 "+00:00", "Z"),
-            "control": False, "payload": payload,
-            "digest": envelope_digest(kind, sequence, payload),
-            "digest_schema": DIGEST_SCHEMA, "sequence": sequence, "event_id": sequence,
+            "control": False, "payload": payload, "sequence": sequence, "event_id": sequence,
             "rollout_id": rollout_id, "run_id": rollout_id, "lane": rollout_id}
+
+
+def sealed(event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` with its digest (added once, in place) as the contract serves it."""
+    if "digest" not in event:
+        event["digest"] = envelope_digest(event["kind"], event["sequence"], event["payload"])
+        event["digest_schema"] = DIGEST_SCHEMA
+    return event
 
 
 def envelope_digest(kind: str, sequence: int | None, payload: dict[str, Any]) -> str:
@@ -88,4 +95,5 @@ def stream_descriptor(rollout_id: str, transport: str = "sse",
             "reconnect": {"min_backoff_s": 1.0, "max_backoff_s": 30.0, "jitter": 0.2}}
 
 
-__all__ = ["DIGEST_SCHEMA", "SCHEMA", "envelope", "envelope_digest", "stream_descriptor"]
+__all__ = ["DIGEST_SCHEMA", "SCHEMA", "envelope", "envelope_digest", "sealed",
+           "stream_descriptor"]

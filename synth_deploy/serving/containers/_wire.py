@@ -78,7 +78,7 @@ from synth_deploy.serving.containers._capabilities import (
 )
 from synth_deploy.serving.containers._client import PREFIX
 from synth_deploy.serving.containers._durable import AsyncRollouts, Refused, request_digest
-from synth_deploy.serving.containers._events import envelope, stream_descriptor
+from synth_deploy.serving.containers._events import envelope, sealed, stream_descriptor
 from synth_deploy.taskapp.config import TaskAppConfig
 from synth_deploy.taskapp.contracts import RolloutRequest
 
@@ -553,7 +553,7 @@ class ContainersWire:
         limit = min(_whole(request.query_params.get("limit")) or 1000, 10_000)
         events = _events(self.rollouts, found)
         later = [e for e in events if e["sequence"] > after]
-        shown = later[:limit]
+        shown = [sealed(e) for e in later[:limit]]
         return JSONResponse({"rollout_id": found["rollout_id"],
                              "stream_id": f"stream:{found['rollout_id']}", "cursor": {
             "kind": "sequence", "after": after, "next": shown[-1]["sequence"] if shown else after,
@@ -581,7 +581,7 @@ class ContainersWire:
                     continue
                 events = _events(rollouts, found) if live is None else live.events
                 for event in events[after:]:
-                    after = event["sequence"]
+                    after = sealed(event)["sequence"]
                     yield (f"id: {after}\nevent: {event['kind']}\n"
                            f"data: {json.dumps(event, separators=(',', ':'))}\n\n")
                 if live is None or live.done:
