@@ -162,8 +162,10 @@ def test_splits_count_their_seeds_and_page_with_offset_and_limit(serve, api_key)
         by_seed = c.post("/taskset/tasks", json={"task_ids": ["seed:27", 3]}).json()
         unknown = c.post("/taskset/tasks", json={"split": "validation"})
         negative = c.post("/taskset/tasks", json={"split": "train", "offset": -1})
+        too_many = c.post("/taskset/tasks", json={"limit": 5000})
     assert splits == [{"name": "train", "count": 25}, {"name": "test", "count": 5}]
     assert len(default["rows"]) == 25 and default["total"] == 25  # the first split's page
+    assert default["split"] == "train"
     assert [r["seed"] for r in train["rows"]] == [20, 21, 22, 23, 24]
     assert (train["total"], train["offset"], train["next_offset"]) == (25, 20, None)
     assert [(r["seed"], r["split"]) for r in test["rows"]] == [(25, "test"), (26, "test")]
@@ -173,6 +175,8 @@ def test_splits_count_their_seeds_and_page_with_offset_and_limit(serve, api_key)
     assert unknown.status_code == 404
     assert unknown.json()["detail"]["error"]["errors"][0]["path"] == "split"
     assert negative.status_code == 422
+    assert too_many.status_code == 422
+    assert too_many.json()["detail"]["error"]["errors"][0]["path"] == "limit"
 
 
 def test_split_seeds_must_name_the_datasets_splits():

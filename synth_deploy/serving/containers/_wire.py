@@ -331,7 +331,11 @@ class ContainersWire:
             offset = _count(body, "offset", 0)
             limit = _count(body, "limit", min(DEFAULT_PAGE, config.max_seeds_per_request))
             total = None
-            if seeds in (None, []):  # a page of a split
+            if seeds in (None, []):  # a page of a split (the first one, unless named)
+                if limit > config.max_seeds_per_request:
+                    raise BadRequest(f"limit is at most {config.max_seeds_per_request} (the "
+                                     f"app's seeds per request), got {limit}", field="limit")
+                split = split or next(iter(self.splits), None)
                 seeds, total = self._page(split, offset, limit)
             else:
                 seeds = _seed_list(seeds)
@@ -352,12 +356,11 @@ class ContainersWire:
         return JSONResponse({"split": split, **page, "rows": rows})
 
     def _page(self, split: str | None, offset: int, limit: int) -> tuple[list[int], int]:
-        name = split or next(iter(self.splits), None)
-        parts = self.splits.get(name) if name is not None else None
+        parts = self.splits.get(split) if split is not None else None
         if not parts or any(s is None for s in parts):
-            raise BadRequest(f"this app declares no seeds for split {name!r}: give seeds, "
+            raise BadRequest(f"this app declares no seeds for split {split!r}: give seeds, "
                              "or declare the split's seeds (TaskDataset.split_seeds)",
-                             field="split" if split else "seeds")
+                             field="split")
         total = sum(len(s) for s in parts)  # type: ignore[arg-type]
         found: list[int] = []
         skip = offset
