@@ -116,6 +116,12 @@ def test_each_route_for_what_the_kit_cannot_do_is_the_contracts_not_supported(se
             assert resp.status_code == 404, path
             assert resp.json() == {"detail": f"container_route_not_supported:{name}"}, path
         assert c.get("/program").json() == {"detail": "container_route_not_supported:program"}
+        # A GET the route by id would take is the wrong method on a POST-only path.
+        for path in ("/rollouts/prepare", "/checkpoints/import"):
+            resp = c.get(path)
+            assert (resp.status_code, resp.headers["allow"]) == (405, "POST"), path
+        named = c.post("/rollouts", json={"rollout_id": "prepare"})
+        assert named.json()["detail"]["error"]["errors"][0]["path"] == "rollout_id"
 
 
 def test_a_failed_sync_rollout_is_answered_as_its_document(serve, api_key):

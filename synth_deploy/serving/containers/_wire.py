@@ -54,6 +54,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -105,6 +106,8 @@ UNSUPPORTED = {"/rollouts/{rollout_id}/pause": ("POST", "pause"),
                "/rollouts/{rollout_id}/resume_async": ("POST", "resume"),
                "/rollouts/{rollout_id}/fork": ("POST", "fork"),
                "/rollouts/{rollout_id}/annotations": ("GET", "annotations")}
+# POST-only routes whose paths a GET route by id also matches: a GET there is a wrong method.
+POST_ONLY = (PREFIX + "/rollouts/prepare", PREFIX + "/checkpoints/import")
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _REQUEST_VALIDATOR = RolloutRequest.__pydantic_validator__
 
@@ -303,6 +306,7 @@ class ContainersWire:
 
     def refusal(self, name: str) -> Callable[[Request], Awaitable[Response]]:
         async def refuse(request: Request) -> Response:
+            _post_only(request)
             return not_supported(name)
         return refuse
 
@@ -417,9 +421,7 @@ class ContainersWire:
         rollout_id = body.get("rollout_id")
         if rollout_id is None:
             rollout_id = body["rollout_id"] = f"rollout_{uuid.uuid4().hex[:12]}"
-        if not isinstance(rollout_id, str) or not _ROLLOUT_ID.match(rollout_id):
-            raise BadRequest("rollout_id must be 1-128 letters, digits or ._:- (starting with "
-                             "a letter or digit)", field="rollout_id")
+        _check_rollout_id(rollout_id)
         mode = body.get("submission_mode") or "sync"
         if mode not in ("sync", "async"):
             raise BadRequest("submission_mode must be one of: sync, async",
@@ -452,9 +454,7 @@ class ContainersWire:
             body = await _json_object(request, self.config.max_body_bytes)
             telemetry = _telemetry(body)
             rollout_id = body.get("rollout_id") or f"roll_{uuid.uuid4().hex[:12]}"
-            if not isinstance(rollout_id, str) or not _ROLLOUT_ID.match(rollout_id):
-                raise BadRequest("rollout_id must be 1-128 letters, digits or ._:- (starting "
-                                 "with a letter or digit)", field="rollout_id")
+            _check_rollout_id(rollout_id)
         except BadRequest as exc:
             return bad_request_response(exc)
         if telemetry is None:
@@ -501,6 +501,7 @@ class ContainersWire:
         return found
 
     async def get_rollout(self, request: Request) -> Response:
+        _post_only(request)
         wait_s = min(_whole(request.query_params.get("wait_ms")), MAX_WAIT_MS) / 1000
         live = self.rollouts.live.get(request.path_params["rollout_id"])
         if wait_s and live is not None:  # a long poll: answered as soon as it is done
@@ -641,6 +642,20 @@ def _splits(config: TaskAppConfig) -> dict[str, list[Sequence[int] | None]]:
                 seeds = ds.seeds
             splits.setdefault(split, []).append(seeds)
     return splits
+
+
+def _check_rollout_id(rollout_id: Any) -> None:
+    if not isinstance(rollout_id, str) or not _ROLLOUT_ID.match(rollout_id):
+        raise BadRequest("rollout_id must be 1-128 letters, digits or ._:- (starting with "
+                         "a letter or digit)", field="rollout_id")
+    if rollout_id == "prepare":  # GET /rollouts/prepare could never read it
+        raise BadRequest("rollout_id 'prepare' is the name of a route; choose another",
+                         field="rollout_id")
+
+
+def _post_only(request: Request) -> None:
+    if request.method != "POST" and request.url.path in POST_ONLY:
+        raise HTTPException(405, headers={"Allow": "POST"})
 
 
 def _refusal(exc: Refused) -> Response:
