@@ -253,6 +253,20 @@ async def surface(op: dict[str, Any]) -> dict[str, Any]:
                                        compatibility_matrix(surface_).items()}
         except Exception as exc:  # noqa: BLE001 - reported
             results["consumer_support"] = {"error": f"{type(exc).__name__}: {exc}"}
+        # The task and its catalog, read into synth-containers' own dataclasses.
+        from synth_containers.capabilities import DatasetDescriptor
+        from synth_containers.nouns import TaskDefinition
+
+        try:
+            info = (results.get("task_info") or {}).get("value") or {}
+            catalog = (results.get("task_catalog") or {}).get("value") or {}
+            TaskDefinition(**info["task"])
+            DatasetDescriptor(**info["dataset"])
+            for task in catalog["tasks"]:
+                TaskDefinition(**task)
+            results["task_shapes"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported
+            results["task_shapes"] = f"{type(exc).__name__}: {exc}"
         if op.get("slow_url"):
             slow = HTTPContainerClient(base_url=op["slow_url"], max_retries=0, client=(
                 httpx.AsyncClient(base_url=op["slow_url"], headers={"X-API-Key": key},

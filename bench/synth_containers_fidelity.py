@@ -255,6 +255,8 @@ def check_surface(python: str, tmp: Path, policy_url: str) -> None:
            error(r, "root") or sorted(root))
     for name in ("health", "metadata", "info", "task_info", "task_catalog", "taskset"):
         report(name, bool(ok(name)), error(r, name) or "answered")
+    report("task_info and task_catalog read as its TaskDefinition and DatasetDescriptor",
+           r.get("task_shapes") == "ok", r.get("task_shapes"))
     report("program (no prompt fields)", ok("program") == {}, error(r, "program") or "{}")
     support = r.get("consumer_support") or {}
     report("evaluate_consumer_support(pipeline_rl_token_ids) on our /metadata",

@@ -85,7 +85,10 @@ def test_root_and_capabilities_say_what_the_app_can_do(serve, api_key):
     assert matrix["pipeline_rl"]["supported"] is True and matrix["go_ex"]["supported"] is False
     assert bad_target.status_code == 400
     assert bad_target.json()["detail"].startswith("invalid_compatibility_target:nope")
-    assert catalog["catalog_id"] == "toy"
+    assert catalog["catalog_id"] == "toy" and catalog["tasks"][0]["task_name"] == "Toy"
+    assert set(root.json()["task_info"]) == {"task", "dataset", "capabilities", "limits",
+                                             "inference", "task_metadata", "environment",
+                                             "metadata", "resource_refs"}
     # With capture on, the token-level consumer is served.
     assert on_caps["token_emission"] == {**caps["token_emission"], "token_ids": True,
                                          "logprobs": True}

@@ -260,11 +260,34 @@ class ContainersWire:
             "metadata": {"served_by": "synth-deploy"},
         }
 
-    def task_info_payload(self) -> dict[str, Any]:
+    def task_definition(self) -> dict[str, Any]:
         config = self.config
-        return {"task": {"task_id": config.app_id, "task_name": config.name,
-                         "description": config.description},
-                "metadata": {"datasets": config.dataset_registry.describe()}}
+        return {"task_id": config.app_id, "task_name": config.name, "task_family": "",
+                "description": config.description, "version": config.version,
+                "benchmark": "", "metadata": {}, "resource_refs": []}
+
+    def task_info_payload(self) -> dict[str, Any]:
+        """The task as the contract's TaskInfo: its definition, its (first) dataset, what
+        the app can do, its limits and inference hints."""
+        config, base = self.config, self.config.base_task_info
+        first = next(iter(config.dataset_registry), None)
+        counts = {c["name"]: c["count"] for c in self._split_counts()}
+        dataset = {"dataset_id": config.app_id, "split": None, "visible_splits": [],
+                   "default_split": None, "row_count": None, "source": "", "path": "",
+                   "metadata": {}}
+        if first is not None:
+            rows = [counts.get(split) for split in first.splits]
+            dataset.update(dataset_id=first.id, visible_splits=list(first.splits),
+                           default_split=first.default_split or (first.splits or [None])[0],
+                           row_count=None if None in rows else sum(rows),  # type: ignore[arg-type]
+                           path=first.storage_uri or "")
+        return {"task": self.task_definition(), "dataset": dataset,
+                "capabilities": self.metadata_payload()["capabilities"],
+                "limits": base.limits.model_dump(exclude_none=True),
+                "inference": base.inference.model_dump(exclude_none=True),
+                "task_metadata": {}, "environment": config.app_id,
+                "metadata": {"datasets": config.dataset_registry.describe()},
+                "resource_refs": []}
 
     async def root(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "contract_version": CONTRACT_VERSION,
@@ -294,8 +317,7 @@ class ContainersWire:
         config = self.config
         return JSONResponse({
             "catalog_id": config.app_id,
-            "tasks": [{"task_id": config.app_id, "name": config.name,
-                       "description": config.description}],
+            "tasks": [self.task_definition()],
             "instances": [],  # one a seed: paged through /taskset/tasks
             "metadata": {"splits": self._split_counts(),
                          "datasets": config.dataset_registry.describe()},
