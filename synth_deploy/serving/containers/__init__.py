@@ -1,8 +1,8 @@
 """synth-containers' contract, served beside `/rollout` under `/containers`: the wire
-(`_wire`), what the app can do in the contract's terms (`_capabilities`), its documents
-(`_document`) and events (`_events`), the durable asynchronous rollouts it submits
-(`_durable`), and the client's side the kit's runners and `check` share (`_client`; light:
-no server imports)."""
+(`_wire`), what the app can do in the contract's terms (`_capabilities`), its datasets'
+splits (`_datasets`), its documents (`_document`) and events (`_events`), the durable
+asynchronous rollouts it submits (`_durable`), and the client's side the kit's runners and
+`check` share (`_client`; light: no server imports)."""
 
 from synth_deploy.serving.containers._client import (
     FIRST_POLL_S,

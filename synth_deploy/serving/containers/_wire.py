@@ -50,7 +50,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -78,6 +78,12 @@ from synth_deploy.serving.containers._capabilities import (
     support,
 )
 from synth_deploy.serving.containers._client import PREFIX
+from synth_deploy.serving.containers._datasets import (
+    DEFAULT_PAGE,
+    Splits,
+    seed_list,
+    whole_number,
+)
 from synth_deploy.serving.containers._durable import AsyncRollouts, Refused, request_digest
 from synth_deploy.serving.containers._events import envelope, sealed, stream_descriptor
 from synth_deploy.taskapp.config import TaskAppConfig
@@ -90,7 +96,6 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 MAX_WAIT_MS = 10_000
 # The longest terminate waits for its rollout's cancellation to land before answering.
 TERMINATE_WAIT_S = 10.0
-DEFAULT_PAGE = 100
 MAX_PREPARED = 10_000  # prepared, never started rollouts kept (the oldest let go)
 TRANSPORTS = ("poll", "sse")  # the contract's websocket transport is not served
 # The contract's routes for what the kit cannot do: each answers its not-supported 404.
@@ -179,7 +184,7 @@ class ContainersWire:
         self.config, self.rollouts, self.task_instances = config, rollouts, task_instances
         self.heads = EarlyHeads(limits)
         self.heartbeat_s = limits.heartbeat_s
-        self.splits = _splits(config)
+        self.splits = Splits(config)
         self.prepared: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     def endpoints(self) -> list[Endpoint]:
@@ -271,12 +276,11 @@ class ContainersWire:
         the app can do, its limits and inference hints."""
         config, base = self.config, self.config.base_task_info
         first = next(iter(config.dataset_registry), None)
-        counts = {c["name"]: c["count"] for c in self._split_counts()}
         dataset = {"dataset_id": config.app_id, "split": None, "visible_splits": [],
                    "default_split": None, "row_count": None, "source": "", "path": "",
                    "metadata": {}}
         if first is not None:
-            rows = [counts.get(split) for split in first.splits]
+            rows = [self.splits.count(split) for split in first.splits]
             dataset.update(dataset_id=first.id, visible_splits=list(first.splits),
                            default_split=first.default_split or (first.splits or [None])[0],
                            row_count=None if None in rows else sum(rows),  # type: ignore[arg-type]
@@ -319,7 +323,7 @@ class ContainersWire:
             "catalog_id": config.app_id,
             "tasks": [self.task_definition()],
             "instances": [],  # one a seed: paged through /taskset/tasks
-            "metadata": {"splits": self._split_counts(),
+            "metadata": {"splits": self.splits.counts(),
                          "datasets": config.dataset_registry.describe()},
             "resource_refs": []})
 
@@ -334,37 +338,29 @@ class ContainersWire:
 
     # -- datasets ------------------------------------------------------------------------
 
-    def _split_counts(self) -> list[dict[str, Any]]:
-        return [{"name": name, "count": None if any(s is None for s in parts)
-                 else sum(len(s) for s in parts)}  # type: ignore[arg-type]
-                for name, parts in self.splits.items()]
-
     async def dataset(self, request: Request) -> Response:
         config = self.config
-        return JSONResponse({"dataset_id": config.app_id, "splits": self._split_counts(),
+        return JSONResponse({"dataset_id": config.app_id, "splits": self.splits.counts(),
                              "datasets": config.dataset_registry.describe()})
 
     async def rows(self, request: Request) -> Response:
-        config = self.config
+        config, splits = self.config, self.splits
         try:
             body = await _json_object(request, config.max_body_bytes, empty_ok=True)
             split = body.get("split")
-            if split is not None and split not in self.splits:
-                raise BadRequest(f"split {str(split)[:40]!r} is not one of this app's: "
-                                 f"{', '.join(self.splits) or 'none'}", status=404,
-                                 code="unknown_split", field="split")
+            splits.check(split)
             seeds = body.get("seeds", body.get("task_ids"))
-            offset = _count(body, "offset", 0)
-            limit = _count(body, "limit", min(DEFAULT_PAGE, config.max_seeds_per_request))
+            offset = whole_number(body, "offset", 0)
+            limit = whole_number(body, "limit", min(DEFAULT_PAGE, config.max_seeds_per_request))
             total = None
             if seeds in (None, []):  # a page of a split (the first one, unless named)
                 if limit > config.max_seeds_per_request:
                     raise BadRequest(f"limit is at most {config.max_seeds_per_request} (the "
                                      f"app's seeds per request), got {limit}", field="limit")
-                split = split or next(iter(self.splits), None)
-                seeds, total = self._page(split, offset, limit)
+                split = split or splits.first()
+                seeds, total = splits.page(split, offset, limit)
             else:
-                seeds = _seed_list(seeds)
+                seeds = seed_list(seeds)
             if len(seeds) > config.max_seeds_per_request:
                 raise BadRequest(f"at most {config.max_seeds_per_request} seeds a request, got "
                                  f"{len(seeds)}", field="seeds")
@@ -372,7 +368,7 @@ class ContainersWire:
         except BadRequest as exc:
             return bad_request_response(exc)
         rows = [{"seed": seed, "task_id": f"seed:{seed}",
-                 "split": self._split_of(seed, instance) or split, "task_info": instance}
+                 "split": splits.split_of(seed, instance) or split, "task_info": instance}
                 for seed, instance in zip(seeds, instances, strict=False)]
         page: dict[str, Any] = {}
         if total is not None:
@@ -380,33 +376,6 @@ class ContainersWire:
             page = {"offset": offset, "limit": limit, "total": total,
                     "next_offset": end if end < total else None}
         return JSONResponse({"split": split, **page, "rows": rows})
-
-    def _page(self, split: str | None, offset: int, limit: int) -> tuple[list[int], int]:
-        parts = self.splits.get(split) if split is not None else None
-        if not parts or any(s is None for s in parts):
-            raise BadRequest(f"this app declares no seeds for split {split!r}: give seeds, "
-                             "or declare the split's seeds (TaskDataset.split_seeds)",
-                             field="split")
-        total = sum(len(s) for s in parts)  # type: ignore[arg-type]
-        found: list[int] = []
-        skip = offset
-        for seeds in parts:
-            if len(found) >= limit:
-                break
-            if skip >= len(seeds):  # type: ignore[arg-type]
-                skip -= len(seeds)  # type: ignore[arg-type]
-                continue
-            found += list(seeds[skip:skip + limit - len(found)])  # type: ignore[index]
-            skip = 0
-        return found, total
-
-    def _split_of(self, seed: int, instance: dict[str, Any]) -> str | None:
-        for name, parts in self.splits.items():
-            if any(s is not None and seed in s for s in parts):
-                return name
-        said = (instance.get("task_metadata") or {}).get("split") or \
-            (instance.get("dataset") or {}).get("default_split")
-        return said if isinstance(said, str) else None
 
     # -- rollouts ------------------------------------------------------------------------
 
@@ -654,18 +623,6 @@ class ContainersWire:
         return JSONResponse(views.state_view(live.document()))
 
 
-def _splits(config: TaskAppConfig) -> dict[str, list[Sequence[int] | None]]:
-    """Each split's seeds, per dataset declaring it (None: a dataset that does not say)."""
-    splits: dict[str, list[Sequence[int] | None]] = {}
-    for ds in config.dataset_registry:
-        for split in ds.splits:
-            seeds = ds.split_seeds.get(split)
-            if seeds is None and len(ds.splits) == 1:
-                seeds = ds.seeds
-            splits.setdefault(split, []).append(seeds)
-    return splits
-
-
 def _check_rollout_id(rollout_id: Any) -> None:
     if not isinstance(rollout_id, str) or not _ROLLOUT_ID.match(rollout_id):
         raise BadRequest("rollout_id must be 1-128 letters, digits or ._:- (starting with "
@@ -704,29 +661,6 @@ def _telemetry(body: dict[str, Any]) -> dict[str, Any] | None:
                          f"(got {str(transport)[:20]!r}; the websocket transport is not "
                          "served: read /events or /stream)", field="telemetry.transport")
     return {"transport": transport}
-
-
-def _seed_list(seeds: Any) -> list[int]:
-    def one(seed: Any) -> int | None:
-        if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
-            return seed
-        if isinstance(seed, str):
-            text = seed[5:] if seed.startswith("seed:") else seed
-            return int(text) if text.isdigit() else None
-        return None
-
-    found = [one(s) for s in seeds] if isinstance(seeds, list) else [None]
-    if any(s is None for s in found):
-        raise BadRequest("seeds (or task_ids) must be a list of whole numbers (or "
-                         "\"seed:N\")", field="seeds")
-    return found  # type: ignore[return-value]
-
-
-def _count(body: dict[str, Any], name: str, default: int) -> int:
-    value = body.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadRequest(f"{name} must be a whole number", field=name)
-    return value
 
 
 def _request_json(req: RolloutRequest) -> bytes:
