@@ -76,6 +76,7 @@ task_app = TaskApp(
         splits=("train", "test"), default_split="train",
         default_seeds={"train": list(range(0, 60)), "test": list(TEST_SEEDS[:30])},
         seeds=range(0, MAX_SEED + 1),
+        split_seeds={"train": TRAIN_SEEDS, "test": TEST_SEEDS},  # as `taskset` describes them
         metadata={"tiers": {name: tier.description for name, tier in TIERS.items()},
                   "achievements": list(ACHIEVEMENTS)})],
     rubrics=RubricBundle(

@@ -54,7 +54,8 @@ task_app = TaskApp(
         description="Seeded problems: easy (a ± b), medium (a × b ± c), hard (word problems).",
         splits=("train", "test"), default_split="train",
         default_seeds={"train": list(range(0, 100)), "test": list(range(9000, 9050))},
-        seeds=range(TRAIN_SEEDS.start, TEST_SEEDS.stop))],
+        seeds=range(TRAIN_SEEDS.start, TEST_SEEDS.stop),
+        split_seeds={"train": TRAIN_SEEDS, "test": TEST_SEEDS})],
     rubrics=RubricBundle(
         outcome=RubricSection(name="correctness", criteria=[RubricCriterion(
             id="correct_answer", weight=1.0,

@@ -36,7 +36,8 @@ class TaskDataset:
 
     ``seeds`` (a ``range``, or any container of ints) are the seeds it has: when the app's
     datasets declare them, a rollout or `/task_info` for any other seed is refused (422/404)
-    before the app's code runs.
+    before the app's code runs. ``split_seeds``: the seeds of each split, where a dataset has
+    more than one (what synth-containers' clients count and page through).
     """
 
     id: str
@@ -49,6 +50,13 @@ class TaskDataset:
     storage_uri: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     seeds: Sequence[int] | None = None
+    split_seeds: Mapping[str, Sequence[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if unknown := [s for s in self.split_seeds if s not in self.splits]:
+            raise ValueError(f"TaskDataset {self.id!r}: split_seeds names {unknown}, which "
+                             f"splits={list(self.splits)} lacks; add them to splits or fix "
+                             "the names")
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -118,7 +118,9 @@ def test_the_same_id_replays_and_another_body_under_it_is_a_409(serve, api_key):
         assert running_again.json()["replayed"] is True
         conflict = c.post("/rollouts", json=body("r-1", seed=5))
         assert conflict.status_code == 409
-        assert conflict.json()["detail"]["error"]["code"] == "rollout_identity_conflict"
+        # The contract's shape: clients match detail.error as the string.
+        assert conflict.json()["detail"]["error"] == "rollout_identity_conflict"
+        assert conflict.json()["detail"]["rollout_id"] == "r-1"
         first = wait_done(c, "r-1")
         # Asked again once done (sync this time): the first run's result, not a second run.
         replay = c.post("/rollouts", json=body("r-1", mode="sync"))

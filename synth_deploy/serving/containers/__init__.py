@@ -1,6 +1,8 @@
 """synth-containers' contract, served beside `/rollout` under `/containers`: the wire
-(`_wire`), the durable asynchronous rollouts it submits (`_durable`), and the client's side
-the kit's runners and `check` share (`_client`; light: no server imports)."""
+(`_wire`), what the app can do in the contract's terms (`_capabilities`), its datasets'
+splits (`_datasets`), its documents (`_document`) and events (`_events`), the durable
+asynchronous rollouts it submits (`_durable`), and the client's side the kit's runners and
+`check` share (`_client`; light: no server imports)."""
 
 from synth_deploy.serving.containers._client import (
     FIRST_POLL_S,
@@ -18,7 +20,9 @@ from synth_deploy.serving.containers._client import (
     retryable,
     rollout_answer,
 )
+from synth_deploy.serving.containers._events import envelope_digest
 
 __all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
            "POLL_WAIT_MS", "PREFIX", "SUBMIT_PATH", "advertises_async", "async_submission",
-           "document_path", "next_poll_delay", "poll_path", "retryable", "rollout_answer"]
+           "document_path", "envelope_digest", "next_poll_delay", "poll_path", "retryable",
+           "rollout_answer"]

@@ -71,9 +71,13 @@ def retryable(status: int) -> bool:
 
 def rollout_answer(document: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """A finished rollout's document as ``/rollout`` would have answered it: (200, the
-    synth-ai RolloutResponse), else (its status, the kit's error body)."""
-    if document.get("status") == "completed" and isinstance(document.get("response"), dict):
-        return 200, document["response"]
+    synth-ai RolloutResponse, its trace put back from the document's), else (its status,
+    the kit's error body)."""
+    response = document.get("response")
+    if document.get("status") == "completed" and isinstance(response, dict):
+        if response.get("trace") is None and document.get("trace"):
+            response = {**response, "trace": document["trace"]}
+        return 200, response
     error = dict(document.get("error") or {})
     status = error.get("status") if isinstance(error.get("status"), int) else 500
     code = error.get("code") or f"rollout_{document.get('status', 'failed')}"

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from synth_deploy.serving._admission import RolloutStats, at_capacity
+from synth_deploy.serving._correlation import correlation_id
 from synth_deploy.serving._rollout_run import (
     KIT,
     RolloutFailure,
@@ -37,6 +38,8 @@ from synth_deploy.serving._rollout_run import (
     RolloutStop,
     stopped,
 )
+from synth_deploy.serving.containers._document import result_fields
+from synth_deploy.serving.containers._events import envelope
 from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse
 from synth_deploy.tracing import (
     RolloutClaim,
@@ -102,8 +105,7 @@ class _Live:
         return self.status in TERMINAL
 
     def event(self, kind: str, **data: Any) -> None:
-        self.events.append({"seq": len(self.events) + 1, "kind": kind, "at": iso(time.time()),
-                            "rollout_id": self.rollout_id, "data": data})
+        self.events.append(envelope(self.rollout_id, kind, len(self.events) + 1, data))
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()  # wakes whoever waits for news of this rollout
 
@@ -111,15 +113,20 @@ class _Live:
         self.expires = time.monotonic() + self.ttl_s
 
     def document(self) -> dict[str, Any]:
+        """Its document in the contract's terms (`_document`): a result's trace, token
+        turns and artifacts are made once, when it is first read."""
         doc: dict[str, Any] = {
             "rollout_id": self.rollout_id, "status": self.status,
-            "success_status": _SUCCESS[self.status],
+            "success_status": _SUCCESS[self.status], "status_detail": self.status,
+            "trace_correlation_id": correlation_id(self.req.policy.config) or self.rollout_id,
             "created_at": self.created_at, "updated_at": self.updated_at,
             "metadata": {"submission_mode": self.mode}, "summary": {}}
         if not self.done:
             doc["lease"] = {"ttl_seconds": self.ttl_s,
                             "expires_in_s": round(max(0.0, self.expires - time.monotonic()), 3),
                             "renew_route": f"/rollouts/{self.rollout_id}/renew"}
+        if "response" in self.answer and "turns" not in self.answer:
+            self.answer = result_fields(self.answer, self.rollout_id)
         doc.update(self.answer)
         return doc
 
