@@ -120,6 +120,9 @@ class Timestep:
     # records: (index of the call's event, request JSON, answer JSON) each. See
     # `SessionTracer.record_exchange`; `SessionTrace.expand_exchanges` empties it.
     exchanges: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    # The conversation its expanded policy calls hold, as chat messages, one a `Message` of
+    # ``messages`` (what the next timestep's conversation continues).
+    chat: list[Any] = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass
@@ -151,10 +154,19 @@ class SessionTrace:
         """Turn the policy calls recorded as wire bytes (`SessionTracer.record_exchange`)
         into their timesteps' messages and their events' call records. Every reader of a
         finished session's conversation calls this first: the stores (as they build rows),
-        `to_dict`, `messages` and `SessionTracer.session`."""
+        `to_dict`, `messages` and `SessionTracer.session`.
+
+        A timestep's conversation that begins with the previous one's begins with the same
+        `Message`s (its ids and times): each message is one message of the session, which a
+        store keeps once (`synth_deploy.tracing._db._once`)."""
+        previous: Timestep | None = None
         for step in self.timesteps:
             if step.exchanges:
-                _expand(step, [])
+                _expand(step, [], previous)
+            if step.messages:
+                if previous is not None:
+                    _share(previous.messages, step.messages)
+                previous = step
 
     def to_dict(self) -> dict[str, Any]:
         """The v3 in-memory trace shape (what `/rollout` returns as ``trace``)."""
@@ -418,17 +430,37 @@ def _continued(held: list[Any], messages: list[dict[str, Any]], at: float
     return recorded, list(messages)
 
 
-def _expand(step: Timestep, held: list[Any]) -> list[Any]:
+def _share(previous: list[Message], messages: list[Message]) -> None:
+    """The leading messages of ``messages`` equal to ``previous``'s made those same objects;
+    a conversation that is wholly its predecessor's keeps its last message its own (the one
+    a store keeps for it)."""
+    limit = min(len(previous), len(messages))
+    if len(messages) <= len(previous):
+        limit -= 1
+    for i in range(limit):
+        a, b = previous[i], messages[i]
+        if a is b:
+            continue
+        if (a.message_type, a.content, a.metadata) != (b.message_type, b.content, b.metadata):
+            return
+        messages[i] = a
+
+
+def _expand(step: Timestep, held: list[Any], previous: Timestep | None = None) -> list[Any]:
     """``step``'s pending policy calls made messages and call records, in order; the
-    conversation the step then holds."""
+    conversation the step then holds. ``previous``: the timestep before it with a
+    conversation, whose messages its first call's conversation may begin with."""
     pending, step.exchanges = step.exchanges, []  # taken first: a second reader finds none
+    base = previous if previous is not None and not held and not step.messages else None
     for index, request, answer in pending:
-        held = _expand_one(step, held, index, request, answer)
+        held = _expand_one(step, held, index, request, answer, base)
+        base = None
+    step.chat = held
     return held
 
 
-def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, answer: bytes
-                ) -> list[Any]:
+def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, answer: bytes,
+                base: Timestep | None = None) -> list[Any]:
     event = step.events[index]
     try:
         body, data = json.loads(request), json.loads(answer)
@@ -452,7 +484,18 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
     reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
         reply["tool_calls"] = list(message["tool_calls"])
-    sent, held = _continued(held, sent_messages, event.event_time)
+    if base is not None and len(base.chat) == len(base.messages):
+        # The same messages as the timestep before, as far as they agree: made once.
+        shared = 0
+        for a, b in zip(base.chat, sent_messages, strict=False):
+            if a != b:
+                break
+            shared += 1
+        fresh, held = _continued([], sent_messages[shared:], event.event_time)
+        sent = base.messages[:shared] + fresh
+        held = list(sent_messages)
+    else:
+        sent, held = _continued(held, sent_messages, event.event_time)
     answered, held = _continued(held, [*sent_messages, reply], event.event_time)
     step.messages += sent + answered
     return held
