@@ -17,6 +17,9 @@ untraced one, within one run).
   Targets: throughput on/off >= 0.80x, p99 on/off <= 2.00x.
 - math: the bundled math app asking the kit's mock policy (its own process).
   Target: throughput on/off >= 0.95x.
+- five-call: bench/policy_calls.py's episode of five `call_policy` calls, against its lean
+  policy that answers at once (so tracing's CPU is as large a share as it gets).
+  Target (issue 66): throughput on/off >= 0.90x.
 
 Each round also shows the server's CPU per rollout (the traced one with its writer process).
 Afterwards every traced file must pass `integrity_check` and hold a session for every
@@ -121,7 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per pair")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--only", choices=("trivial", "math"))
+    parser.add_argument("--only", choices=("trivial", "math", "five-call"))
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -138,6 +141,16 @@ def main() -> None:
                 rate, p99, _ = compare("math", "math", math_body(policy + "/v1"), tmp, args,
                                        "target >= 0.95x")
             summary.append(f"math on/off {rate:.2f}x (>= 0.95), p99 {p99:.2f}x")
+        if args.only in (None, "five-call"):
+            from policy_calls import APP as FIVE_CALLS
+            from policy_calls import POLICY as LEAN_POLICY
+
+            app = tmp / "five_calls.py"
+            app.write_text(FIVE_CALLS % {"before": "", "calls": 5})
+            with child_server(LEAN_POLICY, ready_path="/", delay=0) as policy:
+                rate, p99, _ = compare("five-call", str(app), math_body(policy + "/v1"), tmp,
+                                       args, "target >= 0.90x")
+            summary.append(f"five-call on/off {rate:.2f}x (>= 0.90), p99 {p99:.2f}x")
         print("summary: " + "; ".join(summary))
 
 

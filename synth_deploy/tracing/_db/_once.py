@@ -28,7 +28,11 @@ T = TypeVar("T")
 
 
 def shared_count(before: Sequence[Any], now: Sequence[Any], key: Callable[[Any], Any]) -> int:
-    """How many leading items of ``now`` equal ``before``'s (compared by ``key``)."""
+    """How many leading items of ``now`` equal ``before``'s (compared by ``key``, which
+    equal items, and so the same items, agree on)."""
+    n = min(len(before), len(now))
+    if before[:n] == now[:n]:  # the usual case: one conversation, grown
+        return n
     n = 0
     for a, b in zip(before, now, strict=False):
         if a is not b and key(a) != key(b):
