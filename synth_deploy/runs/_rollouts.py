@@ -82,6 +82,7 @@ class RolloutOutcome:
     warning: str | None = None  # e.g. its returned trace could not be stored
     ledger: CostLedger | None = None  # tokens in/out, LM, environment and wall time
     path: RolloutPath | None = None  # how it reached the app
+    steps: int | None = None  # the steps (turns) its metrics report
 
     def warn(self, text: str) -> None:
         """Add ``text`` to the outcome's warning (a rollout may earn several)."""
@@ -327,7 +328,8 @@ def _outcome(seed: int, run_id: str, status_code: int, data: Any, text: str,
     outcome = RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
                              outcome_score=metrics.get("outcome_score"),
                              events_score=metrics.get("events_score"), details=details,
-                             trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger)
+                             trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger,
+                             steps=steps if _is_count(steps := metrics.get("num_steps")) else None)
     if reward is None:
         outcome.warn(NO_REWARD)
     if details.get("turn_cap") is not None:

@@ -437,6 +437,8 @@ def _share(previous: list[Message], messages: list[Message]) -> None:
     limit = min(len(previous), len(messages))
     if len(messages) <= len(previous):
         limit -= 1
+    if previous[:limit] == messages[:limit]:  # shared already (or equal in every field)
+        return
     for i in range(limit):
         a, b = previous[i], messages[i]
         if a is b:
