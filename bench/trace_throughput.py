@@ -40,6 +40,7 @@ from _harness import (
     child_server,
     paired_cpu_ratio,
     paired_ratio,
+    print_cpu_split,
     print_rounds,
     rounds_on_fresh_servers,
 )
@@ -107,6 +108,7 @@ def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
     cpu = paired_cpu_ratio(results, "on", "off")
     if cpu is not None:  # the traced server's CPU includes its writer process
         print(f"  server CPU per rollout on/off {cpu:5.2f}x (writer process included)")
+        print_cpu_split(results, "on")
     conn = sqlite3.connect(db)
     stored = conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
     check = conn.execute("PRAGMA integrity_check").fetchone()[0]
