@@ -430,6 +430,15 @@ def _continued(held: list[Any], messages: list[dict[str, Any]], at: float
     return recorded, list(messages)
 
 
+def chat_reply(message: dict[str, Any]) -> dict[str, Any]:
+    """What the app puts back into the conversation for a completion's ``message``: its
+    content and tool calls only (`synth_deploy.taskapp.tools.assistant_message`)."""
+    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        reply["tool_calls"] = list(message["tool_calls"])
+    return reply
+
+
 def _share(previous: list[Message], messages: list[Message]) -> None:
     """The leading messages of ``messages`` equal to ``previous``'s made those same objects;
     a conversation that is wholly its predecessor's keeps its last message its own (the one
@@ -481,11 +490,7 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
     if isinstance(data.get("usage"), dict):
         record["usage"] = data["usage"]
     event.call_records = [record]
-    # What the app puts back into the conversation: content and tool calls only
-    # (`synth_deploy.taskapp.tools.assistant_message`).
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        reply["tool_calls"] = list(message["tool_calls"])
+    reply = chat_reply(message)
     if base is not None and len(base.chat) == len(base.messages):
         # The same messages as the timestep before, as far as they agree: made once.
         shared = 0
@@ -523,6 +528,7 @@ __all__ = [
     "SessionTrace",
     "SessionTracer",
     "Timestep",
+    "chat_reply",
     "session_reward",
     "sessions_recording",
     "usage_from_counts",

@@ -9,17 +9,19 @@ holds only the messages after those it shares with an earlier call's conversatio
 call's request and its reply), naming that call and the count (`EXTENDS`). A history window
 that drops old turns shares less, and so stores what it shows each turn, which it bounds.
 
-`compact_steps` and `compact_call` make the stored form; `rebuilt_steps` and `rebuilt_call`
-undo it (`build_session` and the SFT export read through them). Rows other writers stored,
-and rows stored before this form, carry no marks and are read as they are. synth-ai's readers
-take the rows as they always were: a messages row is one message (each once, in order), a
-call record a JSON object in the ``call_records`` list.
+`compact_steps` and `CallChain.compact` make the stored form; `rebuilt_steps` and
+`CallChain.rebuild` undo it (`build_session` and the SFT export read through them). Rows
+other writers stored, and rows stored before this form, carry no marks and are read as they
+are. synth-ai's readers take the rows as they always were: a messages row is one message
+(each once, in order), a call record a JSON object in the ``call_records`` list.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from synth_deploy.tracing._session import chat_reply
 
 SHARED = "_shared_messages"  # message metadata: the timestep's conversation shares this many
 EXTENDS = "extends"          # call record: {"event": uid, "messages": count} it continues
@@ -70,17 +72,6 @@ def rebuilt_steps(stored: Sequence[tuple[int, list[T]]]) -> list[list[T]]:
     return out
 
 
-def chat_reply(response: Any) -> dict[str, Any] | None:
-    """The assistant message a caller puts back into the conversation for ``response`` (a
-    completion's message): its content and tool calls (as `tools.assistant_message`)."""
-    if not isinstance(response, dict):
-        return None
-    reply: dict[str, Any] = {"role": "assistant", "content": response.get("content")}
-    if response.get("tool_calls"):
-        reply["tool_calls"] = list(response["tool_calls"])
-    return reply
-
-
 def _request_messages(records: Any) -> list[Any] | None:
     if isinstance(records, list) and len(records) == 1 and isinstance(records[0], dict):
         request = records[0].get("request")
@@ -90,8 +81,10 @@ def _request_messages(records: Any) -> list[Any] | None:
 
 
 def _context(record: dict[str, Any], messages: list[Any]) -> list[Any]:
-    reply = chat_reply(record.get("response"))
-    return [*messages, reply] if reply is not None else list(messages)
+    """A call's conversation: its request's messages and its reply, as `_session` holds
+    them (what the next call's request begins with)."""
+    response = record.get("response")
+    return [*messages, chat_reply(response)] if isinstance(response, dict) else list(messages)
 
 
 class CallChain:
@@ -137,5 +130,4 @@ def _itself(message: Any) -> Any:
     return message
 
 
-__all__ = ["EXTENDS", "SHARED", "CallChain", "chat_reply", "compact_steps", "rebuilt_steps",
-           "shared_count"]
+__all__ = ["EXTENDS", "SHARED", "CallChain", "compact_steps", "rebuilt_steps", "shared_count"]
