@@ -134,6 +134,41 @@ def write_sessions(db: str, count: int, reward: float, env_name: str) -> list[st
     return asyncio.run(main())
 
 
+def read_sessions(db: str) -> list[dict[str, Any]]:
+    """Every session of ``db`` as synth-ai's readers take it: its trace manager's
+    `get_session_trace`, `trace_utils.load_session_trace`, and `synth-ai filter`'s query of
+    the messages and its pairing of them into examples."""
+
+    from synth_ai.cli.commands.filter.core import _select_messages
+    from synth_ai.core.tracing_v3 import trace_utils
+    from synth_ai.core.tracing_v3.turso.native_manager import NativeLibsqlTraceManager
+
+    async def main() -> list[dict[str, Any]]:
+        manager = NativeLibsqlTraceManager(f"sqlite+aiosqlite:///{db}")
+        await manager.initialize()
+        ids = [r["session_id"] for r in (await manager.query_traces(
+            "SELECT session_id FROM session_traces")).to_dict("records")]
+        out = []
+        conn = trace_utils.connect(db)
+        for sid in ids:
+            trace = await manager.get_session_trace(sid)
+            loaded = trace_utils.load_session_trace(conn, sid)
+            rows = (await manager.query_traces(
+                "SELECT message_type, content, timestamp FROM messages WHERE session_id = "
+                ":session_id ORDER BY timestamp ASC, id ASC", {"session_id": sid}
+            )).to_dict("records")
+            out.append({"session_id": sid, "timesteps": len(trace["timesteps"]),
+                        "num_messages": trace["num_messages"],
+                        "loaded_messages": len(loaded["markov_blanket_message_history"]),
+                        "loaded_events": len(loaded["event_history"]),
+                        "filter_examples": len(_select_messages(rows))})
+        conn.close()
+        await manager.close()
+        return out
+
+    return asyncio.run(main())
+
+
 def validate_sft(path: str) -> list[str]:
     from synth_ai.sdk.learning.sft.data import collect_sft_jsonl_errors
 
@@ -172,7 +207,7 @@ def write_tomls(files: list[dict[str, Any]]) -> list[str]:
 
 OPERATIONS = {f.__name__: f for f in (rollout, client_rollouts, validate_config, rl_payload,
                                       sft_payload, shipped_configs, example_tomls, write_tomls,
-                                      write_sessions, validate_sft)}
+                                      write_sessions, read_sessions, validate_sft)}
 
 
 def main() -> None:

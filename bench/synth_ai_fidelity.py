@@ -21,7 +21,9 @@ Prints one line per check, ok or FAIL with what differs, and exits 1 on any FAIL
   ranges    the same, on the math app's configs with each number of our schemas set to
             0, -1 and 2**31 (1.5 for a float): we load what synth-ai builds
   traces    a file synth-ai's SessionTracer wrote: `traces where/ls/stats/show/export` leave it
-            byte for byte; after `traces init`, what synth-ai writes is listed and exported
+            byte for byte; after `traces init`, what synth-ai writes is listed and exported;
+            and what the kit writes (each message once) synth-ai's trace manager, its
+            `load_session_trace` and `synth-ai filter`'s reading of the messages read whole
   sft       our SFT export and upload copy (OpenAI tools included) pass synth-ai's validator
   long      synth-ai's own TaskAppClient gets a long rollout's answer through the stand-ins of
             Cloudflare's edge and Modal's front end (tests/standins/cutoff_proxies.py, limits
@@ -324,6 +326,52 @@ def check_traces(python: str, folder: Path) -> None:
     report("traces: and are exported", result.sessions == len(ids + later), result.sessions)
 
 
+def check_our_sessions(python: str, folder: Path) -> None:
+    """Sessions the kit writes (each message once: `_db/_once`), read by synth-ai's own
+    readers: the math app's and a 30-turn episode of an environment that never ends."""
+    from synth_deploy.env import Env
+    from synth_deploy.runs import RunOptions, run_suite
+    from synth_deploy.tracing import parse_trace_db
+
+    db = folder / "kit.db"
+    app = folder / "corridor.py"
+    app.write_text(
+        "from synth_deploy.taskapp import Step, TaskApp, function_tool\n"
+        "task_app = TaskApp('corridor-fidelity', name='Corridor', description='Walk.')\n"
+        "@task_app.environment(max_turns=30)\n"
+        "class Corridor:\n"
+        "    tool = function_tool('walk', 'Walk on.', {'type': 'object', 'properties': {}})\n"
+        "    def reset(self, seed, *, episode_id, config):\n"
+        "        self.at = 0\n"
+        "        return {'text': 'cell 0'}\n"
+        "    def step(self, action):\n"
+        "        self.at += 1\n"
+        "        return Step({'text': f'cell {self.at}'}, reward=0.1)\n")
+    for target, seeds in ((str(app), [0, 1]), ("math", [0, 1, 2])):
+        run_suite(target, seeds, Env(), options=RunOptions(), traces=parse_trace_db(str(db)))
+    with open_trace_store(db, read_only=True) as store:
+        ours = {s.session_id: store.get_session(s.session_id)
+                for s in store.list_sessions(limit=None)}
+    (read,) = synth_ai(python, {"op": "read_sessions", "args": {"db": str(db)}})
+    if isinstance(read, dict):  # synth-ai raised
+        report("traces: synth-ai's readers read the kit's sessions", False, read["error"])
+        return
+    report("traces: synth-ai's trace manager reads every session the kit wrote",
+           {r["session_id"] for r in read} == set(ours), f"{len(read)} of {len(ours)}")
+    for r in read:
+        session = ours.get(r["session_id"])
+        turns = [s for s in session.timesteps if any(m.message_type == "user"
+                                                     for m in s.messages)]
+        ok = (r["timesteps"] == len(session.timesteps)
+              and r["loaded_events"] == len(session.events)
+              and r["loaded_messages"] == r["num_messages"] > 0
+              and r["filter_examples"] == len(turns))
+        report(f"traces: synth-ai reads {session.metadata.get('app_id')} session "
+               f"{r['session_id'][-8:]} whole", ok,
+               f"{r['timesteps']} steps, {r['num_messages']} messages once, "
+               f"{r['filter_examples']} filter examples for {len(turns)} turns")
+
+
 def check_sft(python: str, folder: Path) -> None:
     tools = [{"type": "function", "function": {
         "name": "add", "description": "Add two numbers.",
@@ -356,7 +404,8 @@ def check_sft(python: str, folder: Path) -> None:
 
 CHECKS = {"rollout": lambda python, tmp: check_rollout(python),
           "long": lambda python, tmp: check_long_rollouts(python),
-          "configs": check_configs_and_payloads, "traces": check_traces, "sft": check_sft}
+          "configs": check_configs_and_payloads, "traces": check_traces,
+          "sessions": check_our_sessions, "sft": check_sft}
 
 
 def main() -> None:

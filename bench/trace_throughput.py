@@ -17,6 +17,9 @@ untraced one, within one run).
   Targets: throughput on/off >= 0.80x, p99 on/off <= 2.00x.
 - math: the bundled math app asking the kit's mock policy (its own process).
   Target: throughput on/off >= 0.95x.
+- five-call: bench/policy_calls.py's episode of five `call_policy` calls, against its lean
+  policy that answers at once (so tracing's CPU is as large a share as it gets).
+  Target (issue 66): throughput on/off >= 0.90x.
 
 Each round also shows the server's CPU per rollout (the traced one with its writer process).
 Afterwards every traced file must pass `integrity_check` and hold a session for every
@@ -37,6 +40,7 @@ from _harness import (
     child_server,
     paired_cpu_ratio,
     paired_ratio,
+    print_cpu_split,
     print_rounds,
     rounds_on_fresh_servers,
 )
@@ -104,6 +108,7 @@ def compare(name: str, app: str, bodies, tmp: Path, args: argparse.Namespace,
     cpu = paired_cpu_ratio(results, "on", "off")
     if cpu is not None:  # the traced server's CPU includes its writer process
         print(f"  server CPU per rollout on/off {cpu:5.2f}x (writer process included)")
+        print_cpu_split(results, "on")
     conn = sqlite3.connect(db)
     stored = conn.execute("SELECT COUNT(*) FROM session_traces").fetchone()[0]
     check = conn.execute("PRAGMA integrity_check").fetchone()[0]
@@ -121,7 +126,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per pair")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--only", choices=("trivial", "math"))
+    parser.add_argument("--only", choices=("trivial", "math", "five-call"))
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -138,6 +143,16 @@ def main() -> None:
                 rate, p99, _ = compare("math", "math", math_body(policy + "/v1"), tmp, args,
                                        "target >= 0.95x")
             summary.append(f"math on/off {rate:.2f}x (>= 0.95), p99 {p99:.2f}x")
+        if args.only in (None, "five-call"):
+            from policy_calls import APP as FIVE_CALLS
+            from policy_calls import POLICY as LEAN_POLICY
+
+            app = tmp / "five_calls.py"
+            app.write_text(FIVE_CALLS % {"before": "", "calls": 5})
+            with child_server(LEAN_POLICY, ready_path="/", delay=0) as policy:
+                rate, p99, _ = compare("five-call", str(app), math_body(policy + "/v1"), tmp,
+                                       args, "target >= 0.90x")
+            summary.append(f"five-call on/off {rate:.2f}x (>= 0.90), p99 {p99:.2f}x")
         print("summary: " + "; ".join(summary))
 
 

@@ -51,18 +51,26 @@ def step_check(step: StepResult) -> RehearsalCheck:
     unrewarded = [o for o in step.outcomes if o.ok and o.reward is None]
     if unrewarded:
         details.append(f"{len(unrewarded)}× {NO_REWARD}")
+    cap = plan.max_turns
+    over = [o.steps for o in step.outcomes if o.ok and cap and o.steps and o.steps > cap]
+    if over:
+        details.append(f"{len(over)}× ran past [rollout] max_turns = {cap} (up to "
+                       f"{max(over)} steps): the app does not honour env.config.max_turns")
     if step.failures:
         kinds = ", ".join(f"{kind} {n}" for kind, n in step.failure_kinds().items())
         details.append(f"by kind: {kinds}")
         return RehearsalCheck("training step", "fail", finding, details=details,
                               fix="fix the causes listed: the trainer gets no reward from a "
                                   "failed rollout", data=step.to_dict())
-    if unrewarded:
-        return RehearsalCheck("training step", "warn", f"{finding} · {len(unrewarded)} of {n} "
-                              "recorded no reward", details=details,
-                              fix="record each rollout's reward "
-                                  "(ctx.tracer.record_outcome_reward, or outcome_reward in its "
-                                  "metrics)", data=step.to_dict())
+    if unrewarded or over:
+        said = [f"{len(unrewarded)} of {n} recorded no reward" if unrewarded else "",
+                f"{len(over)} of {n} ran past max_turns" if over else ""]
+        return RehearsalCheck("training step", "warn", " · ".join([finding, *filter(None, said)]),
+                              details=details,
+                              fix="record each rollout's reward (ctx.tracer."
+                                  "record_outcome_reward, or outcome_reward in its metrics); "
+                                  "end an episode at env.config.max_turns (an environment the "
+                                  "kit drives does)", data=step.to_dict())
     return RehearsalCheck("training step", "pass", finding, data=step.to_dict())
 
 

@@ -93,6 +93,7 @@ class RolloutOutcome:
     kind: str | None = None
     retryable: bool | None = None
     attempts: int = 1
+    steps: int | None = None  # the steps (turns) its metrics report
 
     def warn(self, text: str) -> None:
         """Add ``text`` to the outcome's warning (a rollout may earn several)."""
@@ -393,7 +394,8 @@ def _outcome(seed: int, run_id: str, status_code: int, data: Any, text: str,
     outcome = RolloutOutcome(seed, run_id, True, 200, latency, reward=reward,
                              outcome_score=metrics.get("outcome_score"),
                              events_score=metrics.get("events_score"), details=details,
-                             trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger)
+                             trace=trace, tokens=rollout_tokens(details, trace), ledger=ledger,
+                             steps=steps if _is_count(steps := metrics.get("num_steps")) else None)
     if reward is None:
         outcome.warn(NO_REWARD)
     if details.get("turn_cap") is not None:

@@ -121,6 +121,9 @@ class Timestep:
     # records: (index of the call's event, request JSON, answer JSON) each. See
     # `SessionTracer.record_exchange`; `SessionTrace.expand_exchanges` empties it.
     exchanges: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    # The conversation its expanded policy calls hold, as chat messages, one a `Message` of
+    # ``messages`` (what the next timestep's conversation continues).
+    chat: list[Any] = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass
@@ -152,10 +155,19 @@ class SessionTrace:
         """Turn the policy calls recorded as wire bytes (`SessionTracer.record_exchange`)
         into their timesteps' messages and their events' call records. Every reader of a
         finished session's conversation calls this first: the stores (as they build rows),
-        `to_dict`, `messages` and `SessionTracer.session`."""
+        `to_dict`, `messages` and `SessionTracer.session`.
+
+        A timestep's conversation that begins with the previous one's begins with the same
+        `Message`s (its ids and times): each message is one message of the session, which a
+        store keeps once (`synth_deploy.tracing._db._once`)."""
+        previous: Timestep | None = None
         for step in self.timesteps:
             if step.exchanges:
-                _expand(step, [])
+                _expand(step, [], previous)
+            if step.messages:
+                if previous is not None:
+                    _share(previous.messages, step.messages)
+                previous = step
 
     def to_dict(self) -> dict[str, Any]:
         """The v3 in-memory trace shape (what `/rollout` returns as ``trace``)."""
@@ -435,17 +447,48 @@ def _continued(held: list[Any], messages: list[dict[str, Any]], at: float
     return recorded, list(messages)
 
 
-def _expand(step: Timestep, held: list[Any]) -> list[Any]:
+def chat_reply(message: dict[str, Any]) -> dict[str, Any]:
+    """What the app puts back into the conversation for a completion's ``message``: its
+    content and tool calls only (`synth_deploy.taskapp.tools.assistant_message`)."""
+    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        reply["tool_calls"] = list(message["tool_calls"])
+    return reply
+
+
+def _share(previous: list[Message], messages: list[Message]) -> None:
+    """The leading messages of ``messages`` equal to ``previous``'s made those same objects;
+    a conversation that is wholly its predecessor's keeps its last message its own (the one
+    a store keeps for it)."""
+    limit = min(len(previous), len(messages))
+    if len(messages) <= len(previous):
+        limit -= 1
+    if previous[:limit] == messages[:limit]:  # shared already (or equal in every field)
+        return
+    for i in range(limit):
+        a, b = previous[i], messages[i]
+        if a is b:
+            continue
+        if (a.message_type, a.content, a.metadata) != (b.message_type, b.content, b.metadata):
+            return
+        messages[i] = a
+
+
+def _expand(step: Timestep, held: list[Any], previous: Timestep | None = None) -> list[Any]:
     """``step``'s pending policy calls made messages and call records, in order; the
-    conversation the step then holds."""
+    conversation the step then holds. ``previous``: the timestep before it with a
+    conversation, whose messages its first call's conversation may begin with."""
     pending, step.exchanges = step.exchanges, []  # taken first: a second reader finds none
+    base = previous if previous is not None and not held and not step.messages else None
     for index, request, answer in pending:
-        held = _expand_one(step, held, index, request, answer)
+        held = _expand_one(step, held, index, request, answer, base)
+        base = None
+    step.chat = held
     return held
 
 
-def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, answer: bytes
-                ) -> list[Any]:
+def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, answer: bytes,
+                base: Timestep | None = None) -> list[Any]:
     event = step.events[index]
     try:
         body, data = json.loads(request), json.loads(answer)
@@ -464,12 +507,19 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
     if isinstance(data.get("usage"), dict):
         record["usage"] = data["usage"]
     event.call_records = [record]
-    # What the app puts back into the conversation: content and tool calls only
-    # (`synth_deploy.taskapp.tools.assistant_message`).
-    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        reply["tool_calls"] = list(message["tool_calls"])
-    sent, held = _continued(held, sent_messages, event.event_time)
+    reply = chat_reply(message)
+    if base is not None and len(base.chat) == len(base.messages):
+        # The same messages as the timestep before, as far as they agree: made once.
+        shared = 0
+        for a, b in zip(base.chat, sent_messages, strict=False):
+            if a != b:
+                break
+            shared += 1
+        fresh, held = _continued([], sent_messages[shared:], event.event_time)
+        sent = base.messages[:shared] + fresh
+        held = list(sent_messages)
+    else:
+        sent, held = _continued(held, sent_messages, event.event_time)
     answered, held = _continued(held, [*sent_messages, reply], event.event_time)
     step.messages += sent + answered
     return held
@@ -495,6 +545,7 @@ __all__ = [
     "SessionTrace",
     "SessionTracer",
     "Timestep",
+    "chat_reply",
     "session_reward",
     "sessions_recording",
     "usage_from_counts",

@@ -399,3 +399,14 @@ def test_groups_without_rewards_fail_the_reward_signal_and_progress_is_printed(t
     # Lines a log keeps, as `check --load` prints them: the stage, then its count.
     assert "rehearse: training step, 8 to run…" in result.stderr, result.stderr
     assert re.search(r"rehearse: training step 8 of 8 done", result.stderr), result.stderr
+
+
+def test_rollouts_that_run_past_the_configs_max_turns_are_flagged(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=4, max_concurrent_rollouts=4)
+    code, report = rehearse(tmp_path, "--config", str(config), "--app",
+                            str(APPS / "long_turns.py"), "--no-trace", "--skip", "determinism",
+                            "--skip", "capacity", "--skip", "idle")
+    step = checks(report)["training step"]
+    assert step["verdict"] == "warn" and "4 of 4 ran past max_turns" in step["finding"], step
+    assert any("ran past [rollout] max_turns = 1 (up to 12 steps)" in d
+               for d in step["details"]), step["details"]

@@ -147,22 +147,29 @@ class Slow(Forever):
 
 
 class AsyncSlow(Forever):
+    closed = threading.Event()
+
     async def step(self, action):
         await asyncio.sleep(4)
         return Step({"text": "slow"})
+
+    def close(self):  # on its thread, after the cancelled step
+        AsyncSlow.closed.set()
 
 
 @pytest.mark.parametrize("factory", [Slow, AsyncSlow], ids=["sync-step", "async-step"])
 def test_the_time_budget_answers_within_a_second_of_its_end_while_a_step_runs(
         serve, mock_policy, api_key, factory):
     server = served(serve, api_key, factory)
-    Slow.closed.clear()
+    factory.closed.clear()
     started = time.monotonic()
     resp = rollout(server, api_key, mock_policy.url + "/v1", max_time_s=6)
     answered = time.monotonic() - started
     assert resp.status_code == 504, resp.text
     assert "safety.max_time_s=6s" in resp.text
     assert 6 <= answered < 7, answered
+    if factory is AsyncSlow:
+        assert AsyncSlow.closed.wait(5)  # the step was cancelled, the instance closed
     if factory is Slow:
         # The abandoned step ends on its thread; only then is the instance closed and its
         # slot (max_sessions = 1) given to the next episode.

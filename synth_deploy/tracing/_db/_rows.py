@@ -20,6 +20,7 @@ from pydantic_core import to_json
 
 from synth_deploy.tracing import _tokens
 from synth_deploy.tracing._db._columns import METADATA_PATHS, cost_usd
+from synth_deploy.tracing._db._once import SHARED, CallChain, compact_steps, rebuilt_steps
 from synth_deploy.tracing._db._schema import TOKENS_COLUMNS, TOKENS_TABLE
 from synth_deploy.tracing._session import (
     Event,
@@ -130,10 +131,13 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
         s.expand_exchanges()  # a served app's policy calls arrive as the bytes they were
         sid, meta = s.session_id, s.metadata
         seed = meta.get("seed")
+        # Each message once: a timestep's rows are what its conversation adds (`_once`).
+        stored = compact_steps([step.messages for step in s.timesteps], _message_key)
+        calls = CallChain()
         num_events = num_messages = 0
-        for step in s.timesteps:
+        for step, (_, kept) in zip(s.timesteps, stored, strict=True):
             num_events += len(step.events)
-            num_messages += len(step.messages)
+            num_messages += len(kept)
         sessions_out.append((
             sid, iso(s.created_at), len(s.timesteps), num_events, num_messages,
             _json(meta), s.experiment_id, meta.get("app_id"), meta.get("run_id"),
@@ -144,13 +148,13 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
         packed = iter(_tokens.pack_turns(s.turn_tokens))
         event_ids: dict[str, int] = {}
         message_ids: dict[str, int] = {}
-        for step in s.timesteps:
+        for step, (shared, kept) in zip(s.timesteps, stored, strict=True):
             step_id = step.step_id
             while step_id in seen:  # (session_id, step_id) is unique in the v3 schema
                 step_id += "+"
             seen.add(step_id)
             row = (sid, step_id, step.step_index, step.turn_number, iso(step.timestamp),
-                   iso(step.completed_at), len(step.events), len(step.messages),
+                   iso(step.completed_at), len(step.events), len(kept),
                    _json(step.step_metadata))
             if explicit:
                 parent: tuple[Any, ...] = (sid, step_pk)
@@ -163,7 +167,8 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
                 row = (*parent, e.id, e.event_type, e.system_instance_id, e.event_time,
                        step.step_index, iso(e.event_time), e.model_name, e.provider,
                        e.input_tokens, e.output_tokens, e.total_tokens, e.cost_usd,
-                       e.latency_ms, _json(e.call_records), e.reward, _bool(e.terminated),
+                       e.latency_ms, _json(calls.compact(e.id, e.call_records)), e.reward,
+                       _bool(e.terminated),
                        _bool(e.truncated), _json(e.system_state_before),
                        _json(e.system_state_after), _json(e.metadata), None)
                 if e.tokens is not None:
@@ -173,10 +178,12 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
                     row = (event_pk, *row)
                     event_pk += 1
                 events_out.append(row)
-            for m in step.messages:
+            for i, m in enumerate(kept):
                 content, metadata = m.content, m.metadata
                 if not isinstance(content, str) and content is not None:
                     content, metadata = _json(content), {**metadata, JSON_CONTENT: True}
+                if shared and not i:
+                    metadata = {**metadata, SHARED: shared}
                 row = (*parent, m.id, m.message_type, content, iso(m.timestamp), m.timestamp,
                        step.step_index, _json(metadata))
                 if explicit:
@@ -279,10 +286,11 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
         timesteps.append(step)
     orphan = None
     event_uid: dict[Any, str] = {}
+    calls = CallChain()
     for ev in sorted(events, key=lambda r: r["id"]):
         uid = ev.get("event_uid") or str(ev["id"])
         event_uid[ev["id"]] = uid
-        call_records = read_json(ev["call_records"])
+        call_records = calls.rebuild(uid, read_json(ev["call_records"]))
         event = Event(
             event_type=ev["event_type"], system_instance_id=ev["system_instance_id"] or "",
             event_time=ev["event_time"] or 0.0, metadata=read_json(ev["metadata"], {}),
@@ -299,18 +307,29 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
         orphan = _step_for(ev["timestep_id"], by_step, timesteps, orphan)
         (by_step.get(ev["timestep_id"]) or orphan).events.append(event)
     message_uid: dict[Any, str] = {}
+    shares: dict[int, int] = {}  # id(timestep): the messages it shares with the one before
     for ms in sorted(messages, key=lambda r: r["id"]):
         uid = ms.get("message_uid") or str(ms["id"])
         message_uid[ms["id"]] = uid
         metadata = read_json(ms["metadata"], {})
+        if not isinstance(metadata, dict):
+            metadata = {}
         content = ms["content"]
         if metadata.pop(JSON_CONTENT, False):
             content = read_json(content)
+        shared = metadata.pop(SHARED, None)
         message = Message(message_type=ms["message_type"], content=content,
                           timestamp=ms["event_time"] or epoch(ms["timestamp"]) or 0.0,
                           metadata=metadata, id=uid)
         orphan = _step_for(ms["timestep_id"], by_step, timesteps, orphan)
-        (by_step.get(ms["timestep_id"]) or orphan).messages.append(message)
+        step = by_step.get(ms["timestep_id"]) or orphan
+        if isinstance(shared, int) and not step.messages:
+            shares[id(step)] = shared
+        step.messages.append(message)
+    if shares:
+        for step, conversation in zip(timesteps, rebuilt_steps(
+                [(shares.get(id(step), 0), step.messages) for step in timesteps]), strict=True):
+            step.messages = conversation
     return SessionTrace(
         session_id=row["session_id"], created_at=epoch(row["created_at"]) or 0.0,
         timesteps=timesteps, metadata=read_json(row["metadata"], {}),
@@ -327,6 +346,10 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
             key=r["key"], annotation=read_json(r["annotation"]),
             created_at=epoch(r["created_at"]) or 0.0)
             for r in sorted(rewards, key=lambda r: r["id"])])
+
+
+def _message_key(m: Message) -> tuple[Any, ...]:
+    return m.message_type, m.content, m.metadata
 
 
 def turn_tokens(rows: list[dict[str, Any]]) -> dict[Any, _tokens.TurnTokens]:

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from synth_deploy.errors import UsageError
 from synth_deploy.tracing._db._columns import cost_usd_sql
+from synth_deploy.tracing._db._once import SHARED, rebuilt_steps
 from synth_deploy.tracing._db._rows import JSON_CONTENT, read_json
 from synth_deploy.tracing._db._select import SessionFilter, SessionSql, since_timestamp
 from synth_deploy.tracing._ledger import ledger_from_calls
@@ -212,24 +213,28 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str,
     query, rows_of = db.query, db.rows
     ids = [r[1] for r in rows]
     marks = ", ".join("?" * len(ids))
-    roles = ", ".join(f"'{role}'" for role in ROLES)
     steps: dict[str, dict[Any, tuple[Any, ...]]] = {sid: {} for sid in ids}
+    # Every message type: a timestep's stored rows extend the conversation of the one before
+    # (`_once`), which is rebuilt before the chat roles are picked out.
     for sid, step_key, step_id, step_index, turn, kind, content, meta in rows_of(
             "SELECT m.session_id, t.id, t.step_id, t.step_index, t.turn_number, "
             "m.message_type, m.content, m.metadata FROM messages m LEFT JOIN "
             f"session_timesteps t ON t.id = m.timestep_id WHERE m.session_id IN ({marks}) "
-            f"AND m.message_type IN ({roles}) ORDER BY m.id", ids):
+            "ORDER BY m.id", ids):
         metadata = _NO_METADATA if meta in ("{}", None) else read_json(meta, _NO_METADATA)
         if not isinstance(metadata, dict):  # not what the kit writes: read as none
             metadata = _NO_METADATA
         if metadata and metadata.pop(JSON_CONTENT, False):
             content = read_json(content)
+        shared = metadata.pop(SHARED, 0) if metadata else 0
         step = steps[sid].get(step_key)
         if step is None:  # rows without a timestep: one step of their own, after the others
             order = (0, step_index, step_key) if step_key is not None else (1, 0, 0)
             step = steps[sid][step_key] = (
-                order, step_id if step_key is not None else _ORPHAN_STEP, turn, [])
-        step[3].append(chat_message(kind, content, metadata))
+                order, step_id if step_key is not None else _ORPHAN_STEP, turn, [], [0])
+        if not step[3] and isinstance(shared, int):
+            step[4][0] = shared
+        step[3].append((kind, content, metadata))
     tools: dict[tuple[str, Any], Any] = {}
     # Only events whose call records mention tools are parsed, and by SQLite: the records
     # hold whole requests. The last record of the last event that offered tools wins.
@@ -253,12 +258,16 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str,
             else (None,) * 5
         found = steps[sid]
         ordered = sorted(found.items(), key=lambda item: item[1][0]) if len(found) > 1 \
-            else found.items()
+            else list(found.items())
+        conversations = rebuilt_steps([(shared[0], kept)
+                                       for _, (_, _, _, kept, shared) in ordered])
         page.append((Rollout(sid, app_id, run_id, seed, model, reward,
                              ledger_from_calls(lm_calls[sid], wall_s=wall_s).to_dict(),
                              reward_version),
-                     [Turn(step_id, turn, chat, _offered(tools, sid, key))
-                      for key, (_, step_id, turn, chat) in ordered]))
+                     [Turn(step_id, turn, [chat_message(*m) for m in conversation
+                                           if m[0] in ROLES], _offered(tools, sid, key))
+                      for (key, (_, step_id, turn, _, _)), conversation
+                      in zip(ordered, conversations, strict=True)]))
     return page
 
 
