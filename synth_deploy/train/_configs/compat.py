@@ -29,13 +29,7 @@ _REFUSED = {
 def compat_warnings(data: dict[str, Any], kind: str) -> list[str]:
     """One line for each way ``data`` (the TOML, renamed spellings already moved) departs
     from what synth-ai 0.4.x reads."""
-    notes: list[str] = []
-    policy = _table(data, "policy")
-    if policy and not (policy.get("model_name") or policy.get("source")):
-        for key in ("base", "model"):
-            if policy.get(key):
-                notes.append(f"[policy].{key} is not synth-ai's spelling (read here as the "
-                             "model); synth-ai reads [policy].model_name, or [model].base")
+    notes = _policy_notes(_table(data, "policy"))
     if kind == "sft":
         if "weight_decay" in _table(data, "hyperparameters"):
             notes.append("hyperparameters.weight_decay is not sent: synth-ai's SFT job has no "
@@ -45,16 +39,31 @@ def compat_warnings(data: dict[str, Any], kind: str) -> list[str]:
     flat = [f"training.{key}" for key in _FLAT_REWARDS if key in training]
     if flat:
         notes.append(f"{', '.join(flat)}: deprecated, set in [training.rewards] instead")
-    verifier = _table(data, "verifier")
+    notes += _verifier_notes(_table(data, "verifier"))
+    for (section, key), advice in _REFUSED.items():
+        if key in _table(data, *section.split(".")):
+            notes.append(f"synth-ai 0.4.4's `train` refuses {section}.{key} ({advice})")
+    return notes
+
+
+def _policy_notes(policy: dict[str, Any]) -> list[str]:
+    """The model named by a spelling only this kit reads, when synth-ai's is absent."""
+    if not policy or policy.get("model_name") or policy.get("source"):
+        return []
+    return [f"[policy].{key} is not synth-ai's spelling (read here as the model); synth-ai "
+            "reads [policy].model_name, or [model].base"
+            for key in ("base", "model") if policy.get(key)]
+
+
+def _verifier_notes(verifier: dict[str, Any]) -> list[str]:
+    """A [verifier] in the deprecated shape, or one synth-ai's `train` would refuse."""
+    notes = []
     if "rubric" in verifier:
         notes.append("verifier.rubric is deprecated: use verifier.enabled and "
                      "verifier.reward_blend")
     if verifier and not verifier.get("options"):
         notes.append("synth-ai 0.4.4's `train` refuses a [verifier] without [verifier.options] "
                      "(provider and model)")
-    for (section, key), advice in _REFUSED.items():
-        if key in _table(data, *section.split(".")):
-            notes.append(f"synth-ai 0.4.4's `train` refuses {section}.{key} ({advice})")
     return notes
 
 
