@@ -102,17 +102,27 @@ def mask_secrets(data: Any) -> Any:
     lists are changed in place; the result is ``data`` (a string comes back masked)."""
     if isinstance(data, dict):
         for name, value in data.items():
-            if type(name) is str and is_secret_name(name):
+            if _is_secret_key(name):
                 data[name] = _masked_all(value)
-            elif isinstance(value, _CONTAINERS) or (type(value) is str and "://" in value):
+            elif _may_hold_secrets(value):
                 data[name] = mask_secrets(value)
     elif isinstance(data, list):
         for i, value in enumerate(data):
-            if isinstance(value, _CONTAINERS) or (type(value) is str and "://" in value):
+            if _may_hold_secrets(value):
                 data[i] = mask_secrets(value)
     elif isinstance(data, str):
         return redact_userinfo(data)
     return data
+
+
+def _is_secret_key(name: Any) -> bool:
+    """A JSON key naming a secret (keys of parsed JSON may be other than strings)."""
+    return type(name) is str and is_secret_name(name)
+
+
+def _may_hold_secrets(value: Any) -> bool:
+    """Worth a look by `mask_secrets`: a container, or a string holding a URL."""
+    return isinstance(value, _CONTAINERS) or (type(value) is str and "://" in value)
 
 
 _CONTAINERS = (dict, list)
@@ -133,25 +143,37 @@ def known_secrets(data: Any) -> list[str]:
 def _collect_secrets(data: Any, found: list[str], *, under_secret: bool) -> None:
     if isinstance(data, dict):
         for name, value in data.items():
-            _collect_secrets(value, found, under_secret=under_secret or (
-                type(name) is str and is_secret_name(name)))
+            _collect_secrets(value, found,
+                             under_secret=under_secret or _is_secret_key(name))
     elif isinstance(data, list):
         for value in data:
             _collect_secrets(value, found, under_secret=under_secret)
-    elif under_secret and data is not None and not isinstance(data, bool):
-        found.append(str(data))
-        if isinstance(data, str) and " " in data:  # "Bearer TOKEN", "Basic QUJD"
-            found.append(data.split(" ", 1)[1].strip())
+    elif under_secret:
+        _collect_value(data, found)
     if isinstance(data, str) and "://" in data:
-        for userinfo in _USERINFO.findall(data):
-            user, _, password = userinfo.partition(":")
-            found += [userinfo, unquote(password or user)]
-            if password:
-                pair = f"{unquote(user)}:{unquote(password)}"
-                found += [pair, b64encode(pair.encode()).decode()]
-        for _, name, value in _QUERY_PARAM.findall(data):
-            if value and is_secret_name(name):
-                found += [value, unquote(value)]
+        _collect_url_secrets(data, found)
+
+
+def _collect_value(data: Any, found: list[str]) -> None:
+    """A value held under a secret's name, and its token alone when it has a scheme word."""
+    if data is None or isinstance(data, bool):
+        return
+    found.append(str(data))
+    if isinstance(data, str) and " " in data:  # "Bearer TOKEN", "Basic QUJD"
+        found.append(data.split(" ", 1)[1].strip())
+
+
+def _collect_url_secrets(text: str, found: list[str]) -> None:
+    """Each URL's userinfo in every form it may be quoted in, and its secret query values."""
+    for userinfo in _USERINFO.findall(text):
+        user, _, password = userinfo.partition(":")
+        found += [userinfo, unquote(password or user)]
+        if password:
+            pair = f"{unquote(user)}:{unquote(password)}"
+            found += [pair, b64encode(pair.encode()).decode()]
+    for _, name, value in _QUERY_PARAM.findall(text):
+        if value and is_secret_name(name):
+            found += [value, unquote(value)]
 
 
 def _masked_all(value: Any) -> Any:
@@ -182,9 +204,16 @@ def mint_key() -> str:
 def parse_env_file(path: str | Path) -> dict[str, str]:
     """Read a .env file strictly: a line that is not an assignment is an error with file:line."""
     from dotenv.main import DotEnv
-    from dotenv.parser import parse_stream
 
     path = Path(path)
+    text = _read_text(path)
+    _check_lines(path, text)
+    values = DotEnv(path, interpolate=True).dict()
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _read_text(path: Path) -> str:
+    """The file as text; an unreadable, non-UTF-8 or NUL-holding one is an `EnvFileError`."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -209,7 +238,14 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
             f"{path}:{line}: {_line_of(text, at)} holds a NUL byte, "
             "which no environment variable can (its value is not shown)",
             hint="delete the NUL: a paste or an editor's encoding put it there")
+    return text
+
+
+def _check_lines(path: Path, text: str) -> None:
+    """`EnvFileError` with file:line for a line that is not an assignment to a valid name."""
     import io
+
+    from dotenv.parser import parse_stream
 
     for binding in parse_stream(io.StringIO(text)):
         # Errors name the file, the line and the variable, never anything after the name: a
@@ -228,8 +264,6 @@ def parse_env_file(path: str | Path) -> dict[str, str]:
                 f"name (it is not shown: it may be a pasted value)",
                 hint="names are letters, digits and underscores, not starting with a digit",
             )
-    values = DotEnv(path, interpolate=True).dict()
-    return {k: v for k, v in values.items() if v is not None}
 
 
 def _line_of(text: str | bytes, at: int) -> str:

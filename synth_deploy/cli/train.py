@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -112,7 +113,6 @@ def train(
         if stream_format not in ("cli", "chart", "json"):
             raise UsageError(f"--stream-format must be cli, chart or json, got {stream_format!r}")
         from synth_deploy.train import (
-            EXIT_POLL_TIMEOUT,
             ChartHandler,
             CliHandler,
             JsonHandler,
@@ -159,20 +159,30 @@ def train(
         except JobHTTPError as exc:
             _render_http_error(exc, json_output)
             raise typer.Exit(exc.exit_code) from None
-        for result in results:
-            if result.outcome is None:
-                if not dry_run:
-                    info(f"{result.config.name}: submitted job {result.job_id} (not followed)")
-                continue
-            oc = result.outcome
-            if oc.timed_out:
-                err.print(f"[yellow]job {escape(oc.job_id)} still {escape(oc.status)} after "
-                          f"{poll_timeout:g}s[/yellow] (exit {EXIT_POLL_TIMEOUT}); it keeps "
-                          f"running on the backend", markup=True, highlight=False)
-            elif not json_output:
-                style = "green" if oc.succeeded else "red"
-                extra = oc.job.get("model_id") or oc.job.get("error") or ""
-                err.print(f"[{style}]job {escape(oc.job_id)} {escape(oc.status)}[/{style}] "
-                          f"{escape(extra)}", markup=True, highlight=False)
+        _report_results(results, err, info, dry_run=dry_run, json_output=json_output,
+                        poll_timeout=poll_timeout)
         code = results[-1].exit_code if results else EXIT_USAGE
     raise typer.Exit(code)
+
+
+def _report_results(results: list[Any], err: Any, info: Callable[[str], None], *,
+                    dry_run: bool, json_output: bool, poll_timeout: float) -> None:
+    """One line a job on stderr: not followed, still running at --poll-timeout, or how it
+    ended (in --json the NDJSON events already said so)."""
+    from synth_deploy.train import EXIT_POLL_TIMEOUT
+
+    for result in results:
+        if result.outcome is None:
+            if not dry_run:
+                info(f"{result.config.name}: submitted job {result.job_id} (not followed)")
+            continue
+        oc = result.outcome
+        if oc.timed_out:
+            err.print(f"[yellow]job {escape(oc.job_id)} still {escape(oc.status)} after "
+                      f"{poll_timeout:g}s[/yellow] (exit {EXIT_POLL_TIMEOUT}); it keeps "
+                      f"running on the backend", markup=True, highlight=False)
+        elif not json_output:
+            style = "green" if oc.succeeded else "red"
+            extra = oc.job.get("model_id") or oc.job.get("error") or ""
+            err.print(f"[{style}]job {escape(oc.job_id)} {escape(oc.status)}[/{style}] "
+                      f"{escape(extra)}", markup=True, highlight=False)

@@ -89,47 +89,28 @@ def tunnel(
     Serves APP (or uses --url) and stays up until Ctrl+C.
     """
     with handling_errors(json_output):
-        from synth_deploy.env import ENVIRONMENT_API_KEY, missing_key_hint
-        from synth_deploy.tunnel import TUNNEL_TOKEN, TunnelConfig, expose, find_cloudflared
+        from synth_deploy.tunnel import TunnelConfig, expose, find_cloudflared
 
-        if (app_ref is None) == (url is None):
-            raise UsageError("name a task app to serve, or --url of a server already running",
-                             hint="synth-deploy tunnel math   or   synth-deploy tunnel --url "
-                                  "http://127.0.0.1:8001")
-        if url is not None and port is not None:
-            raise UsageError("--port and --url both name the origin", hint="give one of them")
+        _check_origin(app_ref, url, port)
         env = resolve_env(env_file)
         # The one config, checked as it is built: what the user typed (URL, mode, token,
         # hostname) is judged before this machine is (cloudflared); the binary is still found
         # before anything is served, so a missing one fails in milliseconds.
         config = TunnelConfig(
             origin_url=url, mode=mode, hostname=hostname,
-            token=token or (env.get(TUNNEL_TOKEN) if mode == "named" else None),
+            token=_tunnel_token(token, mode, env),
             verify=not no_verify, verify_timeout_s=timeout, max_restarts=max_restarts)
-        api_key = env.get(ENVIRONMENT_API_KEY)
-        if url is not None and not api_key:
-            raise UsageError(f"no {ENVIRONMENT_API_KEY} to check {url} through the tunnel with",
-                             hint=missing_key_hint())
+        api_key = _api_key(env, url)
         config = dataclasses.replace(config, binary=find_cloudflared(env.values))
         runner = None
         if app_ref is not None:  # with --url, the running server records its own traces
-            from synth_deploy.serving import (
-                LocalRunner,
-                ServeSettings,
-            )
-
-            traces = resolve_traces(trace_db, no_trace, env)
-            if no_auth:
-                warn("--no-auth: the tunnel's public URL answers anyone, with no key")
-            runner = LocalRunner(ServeSettings.resolve(
-                app_ref, env, key_rule="open" if no_auth else "required", traces=traces,
-                max_rollouts=max_rollouts, head_after_s=head_after, heartbeat_s=heartbeat,
-                port=port if port is not None else (8001 if config.mode == "named" else 0)))
+            runner = _local_runner(app_ref, env, config.mode, port=port, no_auth=no_auth,
+                                   traces=resolve_traces(trace_db, no_trace, env),
+                                   max_rollouts=max_rollouts, head_after=head_after,
+                                   heartbeat=heartbeat)
         out = console(stderr=True)
         if not json_output:
-            out.print(f"opening a {config.mode} tunnel to {escape(app_ref or url)}…")
-            if runner is not None:
-                out.print(f"traces → {escape(traces_where(runner.settings.traces))}")
+            _print_opening(out, config.mode, app_ref or url, runner)
         try:
             origin = runner if runner is not None else config.origin_url
             with _signals_interrupt(), expose(origin, config, api_key=api_key,
@@ -138,10 +119,71 @@ def tunnel(
                 _stay_up(exposed, json_output)
         except TunnelError as exc:
             if exc.logs and not json_output:
-                out.print("[dim]cloudflared's last lines:[/dim]", markup=True)
-                for line in exc.logs[-8:]:
-                    out.print(f"  [dim]{escape(line)}[/dim]", markup=True, highlight=False)
+                _print_tunnel_logs(out, exc.logs)
             raise
+
+
+def _check_origin(app_ref: str | None, url: str | None, port: int | None) -> None:
+    """Exactly one origin: an app to serve here, or the URL of one already running."""
+    if (app_ref is None) == (url is None):
+        raise UsageError("name a task app to serve, or --url of a server already running",
+                         hint="synth-deploy tunnel math   or   synth-deploy tunnel --url "
+                              "http://127.0.0.1:8001")
+    if url is not None and port is not None:
+        raise UsageError("--port and --url both name the origin", hint="give one of them")
+
+
+def _tunnel_token(token: str | None, mode: str, env: Any) -> str | None:
+    """--token, else $TUNNEL_TOKEN for a named tunnel; a quick tunnel takes none."""
+    from synth_deploy.tunnel import TUNNEL_TOKEN
+
+    return token or (env.get(TUNNEL_TOKEN) if mode == "named" else None)
+
+
+def _api_key(env: Any, url: str | None) -> str | None:
+    """The key the public URL is checked with: a server already running needs one given."""
+    from synth_deploy.env import ENVIRONMENT_API_KEY, missing_key_hint
+
+    api_key = env.get(ENVIRONMENT_API_KEY)
+    if url is not None and not api_key:
+        raise UsageError(f"no {ENVIRONMENT_API_KEY} to check {url} through the tunnel with",
+                         hint=missing_key_hint())
+    return api_key
+
+
+def _serve_port(port: int | None, mode: str) -> int:
+    """The port asked for; else 8001 for a named tunnel, as --help says, else a free one."""
+    if port is not None:
+        return port
+    return 8001 if mode == "named" else 0
+
+
+def _local_runner(app_ref: str, env: Any, mode: str, *, port: int | None, no_auth: bool,
+                  traces: Any, max_rollouts: int | None, head_after: float | None,
+                  heartbeat: float | None) -> Any:
+    """The local server for APP, imported here so `--help` leaves uvicorn unloaded."""
+    from synth_deploy.serving import LocalRunner, ServeSettings
+
+    if no_auth:
+        warn("--no-auth: the tunnel's public URL answers anyone, with no key")
+    return LocalRunner(ServeSettings.resolve(
+        app_ref, env, key_rule="open" if no_auth else "required", traces=traces,
+        max_rollouts=max_rollouts, head_after_s=head_after, heartbeat_s=heartbeat,
+        port=_serve_port(port, mode)))
+
+
+def _print_opening(out: Any, mode: str, origin: str | None, runner: Any) -> None:
+    """Say what is being exposed and where its traces go, before the slow part starts."""
+    out.print(f"opening a {mode} tunnel to {escape(origin)}…")
+    if runner is not None:
+        out.print(f"traces → {escape(traces_where(runner.settings.traces))}")
+
+
+def _print_tunnel_logs(out: Any, logs: list[str]) -> None:
+    """cloudflared's own last words usually name the cause better than our summary can."""
+    out.print("[dim]cloudflared's last lines:[/dim]", markup=True)
+    for line in logs[-8:]:
+        out.print(f"  [dim]{escape(line)}[/dim]", markup=True, highlight=False)
 
 
 @contextmanager

@@ -72,8 +72,7 @@ class HTTPClient:
                 params: list[tuple[str, str]] | None = None, json: object = None,
                 timeout: float | None = None) -> Response:
         """One request, redirects followed; raises `RequestFailed` when nothing answered."""
-        if params:
-            url += ("&" if "?" in url else "?") + urlencode(params)
+        url = _with_query(url, params)
         body = None if json is None else jsonlib.dumps(json).encode()
         headers = dict(headers or {})
         history: list[Response] = []
@@ -85,9 +84,7 @@ class HTTPClient:
                 return response
             history.append(response)
             url = urljoin(url, response.headers["location"])
-            if response.status_code == 303 or (response.status_code in (301, 302)
-                                               and method == "POST"):
-                method, body = "GET", None
+            method, body = _redirected(response.status_code, method, body)
             if urlsplit(url)[:2] != origin:
                 # Never hand the key to another host a redirect points at.
                 headers = {k: v for k, v in headers.items() if k.lower() != "x-api-key"}
@@ -95,23 +92,12 @@ class HTTPClient:
 
     def _send(self, method: str, url: str, headers: dict[str, str], body: bytes | None,
               timeout: float) -> Response:
-        try:  # a redirect's Location can be anything: "http://[::1", "http://h:port"...
-            parts = urlsplit(url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise RequestFailed("protocol", f"cannot follow to malformed URL {url!r}") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise RequestFailed("protocol", f"cannot follow to {url!r}")
-        key = (parts.scheme, parts.hostname, port)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        key, path = _target(url)
         sent = {"User-Agent": self.user_agent, "Accept": "application/json", **headers}
         if body is not None:
             sent["Content-Type"] = "application/json"
         reused = key in self._conns
-        conn = self._conns.get(key) or self._connect(key, timeout)
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
+        conn = self._conn(key, timeout)
         try:
             conn.request(method, path, body=body, headers=sent)
             raw = conn.getresponse()
@@ -134,6 +120,14 @@ class HTTPClient:
             self._conns[key] = conn
         return Response(raw.status, content[:MAX_BODY_BYTES], url,
                         {k.lower(): v for k, v in raw.getheaders()})
+
+    def _conn(self, key: tuple[str, str, int], timeout: float) -> http.client.HTTPConnection:
+        """The origin's kept-alive connection, else a new one; either waits ``timeout``."""
+        conn = self._conns.get(key) or self._connect(key, timeout)
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
 
     def _connect(self, key: tuple[str, str, int], timeout: float) -> http.client.HTTPConnection:
         scheme, host, port = key
@@ -162,6 +156,34 @@ class HTTPClient:
     def _drop(self, key: tuple[str, str, int], conn: http.client.HTTPConnection) -> None:
         self._conns.pop(key, None)
         conn.close()
+
+
+def _with_query(url: str, params: list[tuple[str, str]] | None) -> str:
+    """``url`` with ``params`` added to any query it already has."""
+    if not params:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode(params)
+
+
+def _redirected(status: int, method: str, body: bytes | None) -> tuple[str, bytes | None]:
+    """A 303, and a 301/302 after a POST, turn into a GET without a body, as browsers do."""
+    if status == 303 or (status in (301, 302) and method == "POST"):
+        return "GET", None
+    return method, body
+
+
+def _target(url: str) -> tuple[tuple[str, str, int], str]:
+    """The connection key and request path of ``url``; `RequestFailed` for what cannot be
+    followed."""
+    try:  # a redirect's Location can be anything: "http://[::1", "http://h:port"...
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise RequestFailed("protocol", f"cannot follow to malformed URL {url!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RequestFailed("protocol", f"cannot follow to {url!r}")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return (parts.scheme, parts.hostname, port), path
 
 
 __all__ = ["MAX_BODY_BYTES", "HTTPClient", "RequestFailed", "Response"]

@@ -13,7 +13,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from synth_deploy.health._report import CheckResult
 from synth_deploy.urls import URLError, http_url, is_loopback_host
@@ -60,19 +60,10 @@ def check_url(url: str) -> tuple[CheckResult, Target | None]:
     parts = urlsplit(base)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    if parts.username or parts.password:
-        return bad("credentials in the URL", "remove user:password@ from the URL; pass the key "
-                   "with --api-key or ENVIRONMENT_API_KEY instead", code="credentials_in_url")
     path = parts.path.rstrip("/")
-    for endpoint in ENDPOINT_PATHS:
-        if path == "/" + endpoint or path.endswith("/" + endpoint):
-            base = urlunsplit((parts.scheme, parts.netloc, path[: -len(endpoint) - 1], "", ""))
-            return bad(f"ends with the endpoint /{endpoint}",
-                       f"pass the base URL without the endpoint: {base}", code="endpoint_in_url")
-    if parts.query or parts.fragment:
-        base = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-        return bad("has a query or fragment", f"pass the base URL only: {base}",
-                   code="query_in_url")
+    misfit = _misfit(parts, path)
+    if misfit is not None:
+        return bad(*misfit)
     target = Target(urlunsplit((parts.scheme, parts.netloc, path, "", "")), parts.scheme,
                     host, port)
     if target.scheme == "http" and not target.is_loopback:
@@ -80,6 +71,23 @@ def check_url(url: str) -> tuple[CheckResult, Target | None]:
             "url", "warn", expected, target.base_url, code="insecure_http",
             hint="plain http to a remote host sends the API key in clear text: use https"), target
     return CheckResult("url", "pass", expected, target.base_url), target
+
+
+def _misfit(parts: SplitResult, path: str) -> tuple[str, str, str] | None:
+    """What is wrong with a URL that is not the app's bare base URL (actual, hint, code):
+    credentials, an endpoint's path, a query or fragment; None when it is one."""
+    if parts.username or parts.password:
+        return ("credentials in the URL", "remove user:password@ from the URL; pass the key "
+                "with --api-key or ENVIRONMENT_API_KEY instead", "credentials_in_url")
+    for endpoint in ENDPOINT_PATHS:
+        if path == "/" + endpoint or path.endswith("/" + endpoint):
+            base = urlunsplit((parts.scheme, parts.netloc, path[: -len(endpoint) - 1], "", ""))
+            return (f"ends with the endpoint /{endpoint}",
+                    f"pass the base URL without the endpoint: {base}", "endpoint_in_url")
+    if parts.query or parts.fragment:
+        base = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+        return "has a query or fragment", f"pass the base URL only: {base}", "query_in_url"
+    return None
 
 
 def resolve(target: Target, timeout_s: float) -> tuple[CheckResult, list[tuple]]:

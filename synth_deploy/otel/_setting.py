@@ -102,17 +102,19 @@ def parse_headers(items: list[str] | tuple[str, ...] | str, *, what: str) -> dic
     """``K=V`` items (or one ``k=v,k2=v2`` string, values URL-encoded, as OTel writes it)."""
     if isinstance(items, str):
         items = [part for part in items.split(",") if part.strip()]
-    headers: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = unquote(name).strip()
-        if not sep or not name or any(c.isspace() or c == ":" for c in name):
-            shown = name if name and sep else "(a value not shown)"
-            raise UsageError(f"{what}: cannot read the header {shown!r} (its value is not "
-                             "shown)", hint="write each header as NAME=VALUE, e.g. "
-                                            "x-mlflow-experiment-id=1")
-        headers[name] = unquote(value).strip()
-    return headers
+    return dict(_header(item, what=what) for item in items)
+
+
+def _header(item: str, *, what: str) -> tuple[str, str]:
+    """One ``K=V`` item; the error shows the name only, as a value may be a credential."""
+    name, sep, value = item.partition("=")
+    name = unquote(name).strip()
+    if not sep or not name or any(c.isspace() or c == ":" for c in name):
+        shown = name if name and sep else "(a value not shown)"
+        raise UsageError(f"{what}: cannot read the header {shown!r} (its value is not "
+                         "shown)", hint="write each header as NAME=VALUE, e.g. "
+                                        "x-mlflow-experiment-id=1")
+    return name, unquote(value).strip()
 
 
 def _one_credential(endpoint: str, headers: Mapping[str, str], *, what: str) -> None:
@@ -144,38 +146,17 @@ def otlp_setting(endpoint: str, headers: list[str] | tuple[str, ...] = (), *,
 def otlp_setting_from_env(env: Env) -> OtlpSetting | None:
     """The live setting the standard OTEL_* variables give; None when they name no endpoint
     or turn tracing off. A value that cannot work is a `UsageError` naming the variable."""
-    if (env.get(SDK_DISABLED_VAR) or "").strip().lower() == "true":
+    if _turned_off(env):
         return None
-    if (env.get(TRACES_EXPORTER_VAR) or "otlp").strip().lower() == "none":
+    found = _endpoint(env)
+    if found is None:
         return None
-    specific = env.get(TRACES_ENDPOINT_VAR)
-    base = env.get(ENDPOINT_VAR)
-    if not specific and not base:
-        return None
-    if specific:
-        endpoint, source = http_url(specific, what=TRACES_ENDPOINT_VAR), TRACES_ENDPOINT_VAR
-    else:
-        endpoint, source = traces_url(base or "", what=ENDPOINT_VAR), ENDPOINT_VAR
-    protocol_var = TRACES_PROTOCOL_VAR if env.get(TRACES_PROTOCOL_VAR) else PROTOCOL_VAR
-    protocol = (env.get(protocol_var) or "http/protobuf").strip().lower()
-    if protocol != "http/protobuf":
-        raise UsageError(f"{protocol_var}={protocol}: synth-deploy sends spans over OTLP "
-                         "HTTP/protobuf only", hint=f"set {protocol_var}=http/protobuf and "
-                                                    "point the endpoint at the receiver's HTTP "
-                                                    "port (4318 for a collector)")
-    headers_var = TRACES_HEADERS_VAR if env.get(TRACES_HEADERS_VAR) else HEADERS_VAR
+    endpoint, source = found
+    _check_protocol(env)
+    headers_var = _var(env, TRACES_HEADERS_VAR, HEADERS_VAR)
     headers = parse_headers(env.get(headers_var) or "", what=headers_var)
     _one_credential(endpoint, headers, what=source)
-    timeout_var = TRACES_TIMEOUT_VAR if env.get(TRACES_TIMEOUT_VAR) else TIMEOUT_VAR
-    timeout_s = DEFAULT_TIMEOUT_S
-    if raw := env.get(timeout_var):
-        try:
-            timeout_s = float(raw)
-        except ValueError:
-            timeout_s = -1.0
-        if not timeout_s > 0:
-            raise UsageError(f"{timeout_var}={raw!r} is not a positive number of seconds",
-                             hint=f"e.g. {timeout_var}=10")
+    timeout_s = _timeout(env)
     capture = (env.get(CAPTURE_CONTENT_VAR) or "").strip().lower() == "true"
     ratio = _sample_ratio(env)
     if ratio == 0.0:
@@ -183,6 +164,56 @@ def otlp_setting_from_env(env: Env) -> OtlpSetting | None:
     return OtlpSetting(endpoint=endpoint, headers=headers, timeout_s=timeout_s,
                        service_name=env.get(SERVICE_NAME_VAR), capture_content=capture,
                        source=source, sample_ratio=ratio)
+
+
+def _turned_off(env: Env) -> bool:
+    """The SDK's own off switches, honoured as any OTel SDK would."""
+    if (env.get(SDK_DISABLED_VAR) or "").strip().lower() == "true":
+        return True
+    return (env.get(TRACES_EXPORTER_VAR) or "otlp").strip().lower() == "none"
+
+
+def _var(env: Env, specific: str, general: str) -> str:
+    """The traces-only variable when it is set, else the general one: OTel's precedence."""
+    return specific if env.get(specific) else general
+
+
+def _endpoint(env: Env) -> tuple[str, str] | None:
+    """The traces URL and the variable it came from; the traces-only one is taken whole."""
+    specific = env.get(TRACES_ENDPOINT_VAR)
+    base = env.get(ENDPOINT_VAR)
+    if not specific and not base:
+        return None
+    if specific:
+        return http_url(specific, what=TRACES_ENDPOINT_VAR), TRACES_ENDPOINT_VAR
+    return traces_url(base or "", what=ENDPOINT_VAR), ENDPOINT_VAR
+
+
+def _check_protocol(env: Env) -> None:
+    """`UsageError` for gRPC or JSON: the exporter speaks HTTP/protobuf only."""
+    protocol_var = _var(env, TRACES_PROTOCOL_VAR, PROTOCOL_VAR)
+    protocol = (env.get(protocol_var) or "http/protobuf").strip().lower()
+    if protocol != "http/protobuf":
+        raise UsageError(f"{protocol_var}={protocol}: synth-deploy sends spans over OTLP "
+                         "HTTP/protobuf only", hint=f"set {protocol_var}=http/protobuf and "
+                                                    "point the endpoint at the receiver's HTTP "
+                                                    "port (4318 for a collector)")
+
+
+def _timeout(env: Env) -> float:
+    """The export timeout in seconds; a value that is not a positive number is refused."""
+    timeout_var = _var(env, TRACES_TIMEOUT_VAR, TIMEOUT_VAR)
+    raw = env.get(timeout_var)
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        timeout_s = float(raw)
+    except ValueError:
+        timeout_s = -1.0
+    if not timeout_s > 0:
+        raise UsageError(f"{timeout_var}={raw!r} is not a positive number of seconds",
+                         hint=f"e.g. {timeout_var}=10")
+    return timeout_s
 
 
 def _sample_ratio(env: Env) -> float:

@@ -23,6 +23,7 @@ TRACES_DB_VAR = "SYNTH_TRACES_DB"
 TOKEN_VAR = "TURSO_AUTH_TOKEN"
 _REMOTE_SCHEMES = ("libsql", "https", "http")
 _TOKEN_PARAMS = ("authToken", "auth_token")
+_SQLITE_SCHEMES = ("sqlite", "sqlite+aiosqlite", "sqlite+libsql", "file")
 
 
 @dataclass(frozen=True)
@@ -70,40 +71,55 @@ def parse_trace_db(url: str, *, source: str = "argument", env: Env | None = None
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme in _REMOTE_SCHEMES and parts.netloc:
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        token = next((v for k, v in query if k in _TOKEN_PARAMS and v), None)
-        token_source = "?authToken= in the URL" if token else None
-        if token is None and env is not None and env.get(TOKEN_VAR):
-            token = env.get(TOKEN_VAR)
-            token_source = f"{TOKEN_VAR} from {env.source(TOKEN_VAR)}"
-        rest = urlencode([(k, v) for k, v in query if k not in _TOKEN_PARAMS])
-        remote = urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), rest, ""))
-        if scheme != "http" and not token:
-            raise TraceDbUrlError(
-                f"{redact_userinfo(remote)} is a Turso URL but no auth token was found",
-                hint=f"set {TOKEN_VAR} (turso db tokens create <db>) or append ?authToken=...")
-        return TraceDbSetting(url=text, source=source, is_remote=True, remote_url=remote,
-                              auth_token=token, token_source=token_source)
-    if scheme in ("sqlite", "sqlite+aiosqlite", "sqlite+libsql", "file"):
-        raw = text.split(":", 1)[1]
-        if raw.startswith("//") and "@" in raw[2:].split("/", 1)[0]:
-            raise TraceDbUrlError(
-                f"{redact_userinfo(text)}: a SQLite file takes no user or password",
-                hint="name the file: sqlite:///relative/t.db, sqlite:////absolute/t.db or a "
-                     "plain path; a libsql:// or http:// URL for a database server")
-        if raw.startswith("///"):
-            raw = raw[2:]
-        elif raw.startswith("//"):
-            raw = raw[2:]
-        if not raw:
-            raise TraceDbUrlError(f"{text!r} names no file", hint="use sqlite:///path/to/file.db")
-        return TraceDbSetting(url=text, source=source, is_remote=False,
-                              path=Path(raw).expanduser())
+        return _remote_setting(text, source, env)
+    if scheme in _SQLITE_SCHEMES:
+        return _sqlite_setting(text, source)
     if scheme and len(scheme) > 1 and "://" in text:
         raise TraceDbUrlError(
             f"unsupported trace database URL scheme {scheme!r} in {_redacted(text)}",
             hint="use a file path, libsql:// or https:// (Turso), or http:// (sqld)")
     return TraceDbSetting(url=text, source=source, is_remote=False, path=Path(text).expanduser())
+
+
+def _remote_setting(text: str, source: str, env: Env | None) -> TraceDbSetting:
+    """A database server: the token leaves the URL, so the URL can be shown; Turso needs one."""
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    token, token_source = _token(query, env)
+    rest = urlencode([(k, v) for k, v in query if k not in _TOKEN_PARAMS])
+    remote = urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), rest, ""))
+    if scheme != "http" and not token:
+        raise TraceDbUrlError(
+            f"{redact_userinfo(remote)} is a Turso URL but no auth token was found",
+            hint=f"set {TOKEN_VAR} (turso db tokens create <db>) or append ?authToken=...")
+    return TraceDbSetting(url=text, source=source, is_remote=True, remote_url=remote,
+                          auth_token=token, token_source=token_source)
+
+
+def _token(query: list[tuple[str, str]], env: Env | None) -> tuple[str | None, str | None]:
+    """The token and where it came from: the URL's own wins over the environment's."""
+    token = next((v for k, v in query if k in _TOKEN_PARAMS and v), None)
+    if token:
+        return token, "?authToken= in the URL"
+    if env is not None and env.get(TOKEN_VAR):
+        return env.get(TOKEN_VAR), f"{TOKEN_VAR} from {env.source(TOKEN_VAR)}"
+    return None, None
+
+
+def _sqlite_setting(text: str, source: str) -> TraceDbSetting:
+    """A SQLite URL names a file: ``sqlite:///rel``, ``sqlite:////abs``, ``file:path``."""
+    raw = text.split(":", 1)[1]
+    if raw.startswith("//") and "@" in raw[2:].split("/", 1)[0]:
+        raise TraceDbUrlError(
+            f"{redact_userinfo(text)}: a SQLite file takes no user or password",
+            hint="name the file: sqlite:///relative/t.db, sqlite:////absolute/t.db or a "
+                 "plain path; a libsql:// or http:// URL for a database server")
+    if raw.startswith("//"):
+        raw = raw[2:]
+    if not raw:
+        raise TraceDbUrlError(f"{text!r} names no file", hint="use sqlite:///path/to/file.db")
+    return TraceDbSetting(url=text, source=source, is_remote=False, path=Path(raw).expanduser())
 
 
 def resolve_trace_db(flag: str | None, env: Env) -> TraceDbSetting:

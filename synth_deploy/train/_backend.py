@@ -97,6 +97,13 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time()) if when.tzinfo is not None else None
 
 
+def _rewind(files: Any) -> None:
+    """A retried upload must send the whole file again."""
+    if files is not None:
+        for _name, (_fname, fh, _ctype) in files.items():
+            fh.seek(0)
+
+
 class JobClient:
     """Synchronous client for the training backend.
 
@@ -146,27 +153,10 @@ class JobClient:
         within_s = timeout_s if timeout_s is not None else self.timeout_s
         last_reason = ""
         for attempt in range(self.retry.retries + 1):
-            if files is not None:
-                for _name, (_fname, fh, _ctype) in files.items():
-                    fh.seek(0)  # a retried upload must send the whole file again
-            try:
-                request = self._http.build_request(method, url, json=json, params=params,
-                                                   headers=headers, files=files, data=data,
-                                                   **extra)
-                resp = bounded_send(self._http, request, within_s=within_s)
-            except AnswerTooLarge:
-                raise JobError(f"{method} {self.base_url}{url} answered more than "
-                               f"{MAX_ANSWER_BYTES // 2**20} MiB; the answer was not read",
-                               hint="check --backend / SYNTH_BACKEND_URL: is it the training "
-                                    "backend?") from None
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last_reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                retryable = True
-                resp = None
-            else:
-                later = _RETRY_LATER.get(resp.status_code)
-                retryable = resp.status_code >= 500 or later is not None
-                last_reason = f"HTTP {resp.status_code}" + (f" ({later})" if later else "")
+            _rewind(files)
+            resp, retryable, last_reason = self._send_once(
+                method, url, within_s, json=json, params=params, headers=headers, files=files,
+                data=data, **extra)
             if resp is not None and not retryable:
                 return self._decode(resp, method, url, payload_for_errors)
             if attempt >= self.retry.retries:
@@ -182,6 +172,25 @@ class JobClient:
             f"({last_reason})",
             hint="check --backend / SYNTH_BACKEND_URL and your network, then retry",
         )
+
+    def _send_once(self, method: str, url: str, within_s: float, **kwargs: Any
+                   ) -> tuple[httpx.Response | None, bool, str]:
+        """One attempt: the answer (None when nothing answered), whether a retry may fix it,
+        and what happened, for the retry notice and the final error."""
+        try:
+            request = self._http.build_request(method, url, **kwargs)
+            resp = bounded_send(self._http, request, within_s=within_s)
+        except AnswerTooLarge:
+            raise JobError(f"{method} {self.base_url}{url} answered more than "
+                           f"{MAX_ANSWER_BYTES // 2**20} MiB; the answer was not read",
+                           hint="check --backend / SYNTH_BACKEND_URL: is it the training "
+                                "backend?") from None
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return None, True, reason
+        later = _RETRY_LATER.get(resp.status_code)
+        retryable = resp.status_code >= 500 or later is not None
+        return resp, retryable, f"HTTP {resp.status_code}" + (f" ({later})" if later else "")
 
     def _decode(self, resp: httpx.Response, method: str, url: str, payload: Any) -> Any:
         if resp.status_code >= 400:

@@ -135,13 +135,7 @@ def require_keys(env: Env, kind: str, *, task_url: str | None, dry_run: bool = F
 
 def prepare_job(config: TrainConfig, options: TrainOptions, env: Env) -> PreparedJob:
     """Check keys, resolve URLs and paths, and build the body of the job for one config."""
-    task_url = None
-    if config.kind == "rl":
-        # The first one given wins, and is read by the kit's one URL rule, named by its source.
-        given = [(options.task_url, "--task-url"), (env.get(TASK_APP_URL), TASK_APP_URL),
-                 (config.task_url, f"{config.path}: [services].task_url")]
-        url, source = next(((u, s) for u, s in given if u), (None, ""))
-        task_url = http_url(url, what=source) if url else None
+    task_url = _task_url(config, options, env) if config.kind == "rl" else None
     require_keys(env, config.kind, task_url=task_url, dry_run=options.dry_run)
     common = dict(config=config, options=options,
                   backend_url=backend_url(options.backend, env.get(SYNTH_BACKEND_URL)),
@@ -156,6 +150,15 @@ def prepare_job(config: TrainConfig, options: TrainOptions, env: Env) -> Prepare
         raise UsageError(f"{config.path}: no training data: set [job].data_path or pass --dataset")
     payload = _with_flags(sft_payload(config, model=options.model), options)
     return PreparedJob(payload=payload, dataset=dataset, **common)
+
+
+def _task_url(config: TrainConfig, options: TrainOptions, env: Env) -> str | None:
+    """The RL task app's URL: the first one given wins, and is read by the kit's one URL
+    rule, named by its source."""
+    given = [(options.task_url, "--task-url"), (env.get(TASK_APP_URL), TASK_APP_URL),
+             (config.task_url, f"{config.path}: [services].task_url")]
+    url, source = next(((u, s) for u, s in given if u), (None, ""))
+    return http_url(url, what=source) if url else None
 
 
 def _with_flags(payload: dict[str, Any], options: TrainOptions) -> dict[str, Any]:

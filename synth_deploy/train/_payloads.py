@@ -37,12 +37,25 @@ def rl_payload(config: TrainConfig, task_url: str, *, model: str | None = None,
     ``backend`` (``--backend``, an API base) as ``metadata.backend_base_url``.
     """
     cfg = config.backend_dict()
+    compute = _fill_rl_defaults(cfg)
+    cfg.setdefault("services", {})["task_url"] = task_url
+    data: dict[str, Any] = {"endpoint_base_url": task_url.rstrip("/"), "config": cfg,
+                            **_rl_model(config, model)}
+    payload: dict[str, Any] = {"job_type": "rl", "compute": compute, "data": data,
+                               "tags": dict(SOURCE_TAG)}
+    if backend:
+        payload["metadata"] = {"backend_base_url": backend.rstrip("/") + "/api"}
+    return payload
+
+
+def _fill_rl_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What synth-ai's schema fills in when the TOML leaves it out, in its order; the
+    ``compute`` table, which the payload also carries beside the config."""
     policy = cfg.get("policy")
     if isinstance(policy, dict):
         for key, value in POLICY_DEFAULTS.items():
             policy.setdefault(key, value)
-    rubric = cfg.get("verifier", {}).get("rubric") if isinstance(cfg.get("verifier"),
-                                                                 dict) else None
+    rubric = _table(cfg, "verifier").get("rubric")
     if isinstance(rubric, dict):
         rubric.setdefault("enabled", False)
     # "Required for backend validators" (synth-ai): a reference placement, in both places.
@@ -53,35 +66,44 @@ def rl_payload(config: TrainConfig, task_url: str, *, model: str | None = None,
         reference.setdefault("placement", "none")
     else:
         cfg["reference"] = {"placement": "none"}
-    cfg.setdefault("services", {})["task_url"] = task_url
-    data: dict[str, Any] = {"endpoint_base_url": task_url.rstrip("/"), "config": cfg}
+    return compute
+
+
+def _rl_model(config: TrainConfig, model: str | None) -> dict[str, str]:
+    """The model as synth-ai sends it: ``model`` for --model or a source checkpoint,
+    ``base_model`` for a base; [policy] may name it when [model] does not (ours)."""
     if model:
-        data["model"] = model
-    else:
-        section = config.model.model
-        if section is None or not section.name:  # ours: [policy] may name it too
-            section = config.model.policy_section
-        if section is not None and section.source:
-            data["model"] = section.source
-        elif section is not None and section.base_model:
-            data["base_model"] = section.base_model
-    payload: dict[str, Any] = {"job_type": "rl", "compute": compute, "data": data,
-                               "tags": dict(SOURCE_TAG)}
-    if backend:
-        payload["metadata"] = {"backend_base_url": backend.rstrip("/") + "/api"}
-    return payload
+        return {"model": model}
+    section = config.model.model
+    if section is None or not section.name:  # ours: [policy] may name it too
+        section = config.model.policy_section
+    if section is not None and section.source:
+        return {"model": section.source}
+    if section is not None and section.base_model:
+        return {"base_model": section.base_model}
+    return {}
 
 
 def sft_payload(config: TrainConfig, *, model: str | None = None) -> dict[str, Any]:
     """The SFT job body for ``config``; ``training_file_id`` is filled in after upload."""
     cfg = config.backend_dict()
     hyper_cfg = _table(cfg, "hyperparameters")
-    hyper: dict[str, Any] = {"n_epochs": int(hyper_cfg.get("n_epochs", 1))}
-    for key in SFT_HYPERPARAMETERS:
-        if key in hyper_cfg:
-            hyper[key] = hyper_cfg[key]
+    hyper: dict[str, Any] = {"n_epochs": int(hyper_cfg.get("n_epochs", 1)),
+                             **{k: hyper_cfg[k] for k in SFT_HYPERPARAMETERS if k in hyper_cfg}}
     if isinstance(hyper_cfg.get("parallelism"), dict):
         hyper["parallelism"] = hyper_cfg["parallelism"]
+    validation = _table(cfg, "training").get("validation")
+    if isinstance(validation, dict):
+        hyper.update(_validation_hyperparameters(validation))
+    return {"model": (model or config.model.job.model).strip(),
+            "hyperparameters": _normalised_hyperparameters(hyper),
+            "training_type": "sft_offline",
+            "metadata": {"effective_config": _effective_config(cfg)},
+            "training_file_id": None}
+
+
+def _effective_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config fields synth-ai's SFT builder reports in the job's metadata, no others."""
     compute = _table(cfg, "compute")
     training = _table(cfg, "training")
     topology = _table(cfg, "data").get("topology")
@@ -92,18 +114,19 @@ def sft_payload(config: TrainConfig, *, model: str | None = None) -> dict[str, A
     }
     validation = training.get("validation")
     if isinstance(validation, dict):
-        hyper.update({
-            "evaluation_strategy": validation.get("evaluation_strategy", "steps"),
-            "eval_steps": int(validation.get("eval_steps", 0) or 0),
-            "save_best_model_at_end": bool(validation.get("save_best_model_at_end", True)),
-            "metric_for_best_model": validation.get("metric_for_best_model", "val.loss"),
-            "greater_is_better": bool(validation.get("greater_is_better", False)),
-        })
         effective["training"]["validation"] = {"enabled": bool(validation.get("enabled", True))}
-    return {"model": (model or config.model.job.model).strip(),
-            "hyperparameters": _normalised_hyperparameters(hyper),
-            "training_type": "sft_offline", "metadata": {"effective_config": effective},
-            "training_file_id": None}
+    return effective
+
+
+def _validation_hyperparameters(validation: dict[str, Any]) -> dict[str, Any]:
+    """[training.validation] as synth-ai's builder sends it, its defaults filled in."""
+    return {
+        "evaluation_strategy": validation.get("evaluation_strategy", "steps"),
+        "eval_steps": int(validation.get("eval_steps", 0) or 0),
+        "save_best_model_at_end": bool(validation.get("save_best_model_at_end", True)),
+        "metric_for_best_model": validation.get("metric_for_best_model", "val.loss"),
+        "greater_is_better": bool(validation.get("greater_is_better", False)),
+    }
 
 
 def add_validation_file(payload: dict[str, Any], file_id: str) -> None:

@@ -80,12 +80,7 @@ def _validate_message(i: int, msg: Any) -> list[str]:
     where = f"messages[{i}]"
     if not isinstance(msg, dict):
         return [f"{where}: expected an object, got {_type_name(msg)}"]
-    problems = []
-    role = msg.get("role")
-    if role is None:
-        problems.append(f"{where}.role: required")
-    elif not isinstance(role, str) or role not in ROLES:
-        problems.append(f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}")
+    problems = _role_problems(where, msg.get("role"))
     if "content" not in msg and "tool_calls" not in msg:
         problems.append(f"{where}.content: required (string, array, object or null)")
     content = msg.get("content")
@@ -101,29 +96,42 @@ def _validate_message(i: int, msg: Any) -> list[str]:
     return problems
 
 
+def _role_problems(where: str, role: Any) -> list[str]:
+    """A message's role: present, and one the trainer knows."""
+    if role is None:
+        return [f"{where}.role: required"]
+    if not isinstance(role, str) or role not in ROLES:
+        return [f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}"]
+    return []
+
+
 def validate_sft_example(obj: Any) -> list[str]:
     """Problems with one decoded example, each prefixed by its field path; [] when valid."""
     if not isinstance(obj, dict):
         return [f"expected a JSON object, got {_type_name(obj)}"]
     # Extra keys (e.g. a message's "weight") are left for the backend: providers add fields.
-    problems: list[str] = []
-    messages = obj.get("messages")
-    if messages is None:
-        problems.append("messages: required (a non-empty array of messages)")
-    elif not isinstance(messages, list):
-        problems.append(f"messages: expected an array, got {_type_name(messages)}")
-    elif not messages:
-        problems.append("messages: must hold at least one message")
-    else:
-        for i, msg in enumerate(messages):
-            problems.extend(_validate_message(i, msg))
-        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
-            # Training learns the assistant's turns: without one the example teaches nothing.
-            problems.append("messages: no assistant message (the reply to learn); add "
-                            '{"role": "assistant", "content": ...}')
+    problems = _messages_problems(obj.get("messages"))
     problems.extend(tools_problems(obj.get("tools")))
     if "metadata" in obj and obj["metadata"] is not None and not isinstance(obj["metadata"], dict):
         problems.append(f"metadata: expected an object, got {_type_name(obj['metadata'])}")
+    return problems
+
+
+def _messages_problems(messages: Any) -> list[str]:
+    """The ``messages`` list: present, not empty, each message valid, one of them a reply."""
+    if messages is None:
+        return ["messages: required (a non-empty array of messages)"]
+    if not isinstance(messages, list):
+        return [f"messages: expected an array, got {_type_name(messages)}"]
+    if not messages:
+        return ["messages: must hold at least one message"]
+    problems: list[str] = []
+    for i, msg in enumerate(messages):
+        problems.extend(_validate_message(i, msg))
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+        # Training learns the assistant's turns: without one the example teaches nothing.
+        problems.append("messages: no assistant message (the reply to learn); add "
+                        '{"role": "assistant", "content": ...}')
     return problems
 
 

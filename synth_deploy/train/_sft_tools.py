@@ -24,8 +24,6 @@ TOOL_FORMS = ('{"name", "description"?, "parameters"?} or OpenAI\'s '
 
 def tools_problems(tools: Any) -> list[str]:
     """Problems with an example's ``tools``, by synth-ai's rules (either form accepted)."""
-    from synth_deploy.tracing import flat_tools  # the SFT example's owner
-
     if tools is None:
         return []
     if not isinstance(tools, list):
@@ -35,17 +33,26 @@ def tools_problems(tools: Any) -> list[str]:
         if not isinstance(tool, dict):
             problems.append(f"tools[{i}]: expected an object ({TOOL_FORMS}), got {_kind(tool)}")
             continue
-        flat, at = flat_tools([tool])[0], f"tools[{i}]" + (".function" if "name" not in tool
-                                                   and "function" in tool else "")
-        name = flat.get("name")
-        if not isinstance(name, str) or not name.strip():
-            problems.append(f"{at}.name: required (a tool is {TOOL_FORMS})")
-        if flat.get("description") is not None and not isinstance(flat["description"], str):
-            problems.append(f"{at}.description: expected a string, got "
-                            f"{_kind(flat['description'])}")
-        if flat.get("parameters") is not None and not isinstance(flat["parameters"], dict):
-            problems.append(f"{at}.parameters: expected an object (a JSON schema), got "
-                            f"{_kind(flat['parameters'])}")
+        problems += _tool_problems(i, tool)
+    return problems
+
+
+def _tool_problems(i: int, tool: dict[str, Any]) -> list[str]:
+    """One tool definition's problems, named at the path the user wrote it under."""
+    from synth_deploy.tracing import flat_tools  # the SFT example's owner
+
+    flat, at = flat_tools([tool])[0], f"tools[{i}]" + (".function" if "name" not in tool
+                                               and "function" in tool else "")
+    problems = []
+    name = flat.get("name")
+    if not isinstance(name, str) or not name.strip():
+        problems.append(f"{at}.name: required (a tool is {TOOL_FORMS})")
+    if flat.get("description") is not None and not isinstance(flat["description"], str):
+        problems.append(f"{at}.description: expected a string, got "
+                        f"{_kind(flat['description'])}")
+    if flat.get("parameters") is not None and not isinstance(flat["parameters"], dict):
+        problems.append(f"{at}.parameters: expected an object (a JSON schema), got "
+                        f"{_kind(flat['parameters'])}")
     return problems
 
 
@@ -74,8 +81,6 @@ def upload_copy(path: str | os.PathLike[str], *, examples: int | None = None) ->
     The copy holds the first ``examples`` examples (when given) with their tools flattened.
     The caller owns the copy and deletes it; the original is never touched.
     """
-    from synth_deploy.tracing import flat_tools  # the SFT example's owner
-
     if examples is not None and examples < 1:
         raise UsageError(f"--examples must be at least 1, got {examples}")
     src = Path(path)
@@ -87,14 +92,8 @@ def upload_copy(path: str | os.PathLike[str], *, examples: int | None = None) ->
             for raw in inp:
                 if not raw.strip():
                     continue
-                line = raw if raw.endswith("\n") else raw + "\n"
-                if '"function"' in raw:  # only lines that may hold nested tools are parsed
-                    example = json.loads(raw)
-                    tools = example.get("tools") if isinstance(example, dict) else None
-                    if flat_tools(tools) != tools:
-                        example["tools"] = flat_tools(tools)
-                        line = json.dumps(example, ensure_ascii=False) + "\n"
-                        changed = True
+                line, flattened = _flattened(raw)
+                changed = changed or flattened
                 out.write(line)
                 kept += 1
                 if examples is not None and kept >= examples:
@@ -106,6 +105,21 @@ def upload_copy(path: str | os.PathLike[str], *, examples: int | None = None) ->
         Path(name).unlink(missing_ok=True)
         return None
     return Path(name)
+
+
+def _flattened(raw: str) -> tuple[str, bool]:
+    """One JSONL line as it is uploaded (newline-ended, tools flat); True when it changed."""
+    from synth_deploy.tracing import flat_tools  # the SFT example's owner
+
+    line = raw if raw.endswith("\n") else raw + "\n"
+    if '"function"' not in raw:  # only lines that may hold nested tools are parsed
+        return line, False
+    example = json.loads(raw)
+    tools = example.get("tools") if isinstance(example, dict) else None
+    if flat_tools(tools) == tools:
+        return line, False
+    example["tools"] = flat_tools(tools)
+    return json.dumps(example, ensure_ascii=False) + "\n", True
 
 
 def _kind(value: Any) -> str:

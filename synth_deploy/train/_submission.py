@@ -111,7 +111,7 @@ class _Submitter:
         for message in config.warnings:
             self.ui.warn(message)
         job = prepare_job(config, options, self.env)
-        if job.task_url and is_loopback(job.task_url) and not is_loopback(job.backend_url):
+        if _unreachable_task_url(job):
             self.ui.warn(f"the task URL {job.task_url} is on this machine: the training backend "
                          f"at {job.backend_url} cannot reach it; run `synth-deploy tunnel APP` "
                          "(or `synth-deploy deploy APP`) and train against the URL it prints")
@@ -149,27 +149,31 @@ class _Submitter:
         """Backend verification, then our own health check of the task app."""
         self.ui.info(f"verifying task app {job.task_url} with the backend")
         reply = client.verify_task_app(job.task_url or "")
-        if isinstance(reply, dict) and (reply.get("ok") is False or reply.get("verified") is False
-                                        or str(reply.get("status", "")).lower() == "failed"):
+        if _refused(reply):
             detail = redact(str(reply.get("detail") or reply.get("error") or reply), job.secrets)
             raise PreflightError(f"the backend could not verify the task app at {job.task_url}: "
                                  f"{detail}"[:800],
                                  hint="the backend calls the app with your organisation's "
                                       "stored ENVIRONMENT_API_KEY: run `synth-deploy setup` to "
                                       "upload the key the app uses")
+        self._check_health(job)
+
+    def _check_health(self, job: PreparedJob) -> None:
+        """`PreflightError` carrying the report when our own check finds the app unhealthy."""
         check = self.check
         if check is None:
             from synth_deploy.health import check
         self.ui.info(f"checking {job.task_url}: auth, /health, /task_info")
         report = check(job.task_url, job.env_api_key, key_source=ENVIRONMENT_API_KEY)
-        if not report.healthy:
-            failure = report.failure
-            what = (f"{failure.name}: expected {failure.expected}, got {failure.actual}"
-                    if failure is not None else "unhealthy")
-            raise PreflightError(f"task app at {job.task_url} failed the health check ({what})",
-                                 hint=(failure.hint if failure is not None and failure.hint else
-                                       f"run `synth-deploy check {job.task_url}` for details"),
-                                 exit_code=report.exit_code or 1, report=report)
+        if report.healthy:
+            return
+        failure = report.failure
+        what = (f"{failure.name}: expected {failure.expected}, got {failure.actual}"
+                if failure is not None else "unhealthy")
+        raise PreflightError(f"task app at {job.task_url} failed the health check ({what})",
+                             hint=(failure.hint if failure is not None and failure.hint else
+                                   f"run `synth-deploy check {job.task_url}` for details"),
+                             exit_code=report.exit_code or 1, report=report)
 
     def _submit(self, job: PreparedJob, client: JobClient) -> str:
         """Create (and for SFT upload and start) the job; return its id."""
@@ -210,6 +214,17 @@ class _Submitter:
         return stream_job(client, "rl" if job.kind == "rl" else "learning", job_id, handler,
                           interval_s=job.options.poll_interval_s,
                           timeout_s=job.options.poll_timeout_s)
+
+
+def _unreachable_task_url(job: PreparedJob) -> bool:
+    """A task app on this machine, for a backend elsewhere that would have to call it."""
+    return bool(job.task_url) and is_loopback(job.task_url) and not is_loopback(job.backend_url)
+
+
+def _refused(reply: Any) -> bool:
+    """The backend's verification said no, in any of the shapes it answers with."""
+    return isinstance(reply, dict) and (reply.get("ok") is False or reply.get("verified") is False
+                                        or str(reply.get("status", "")).lower() == "failed")
 
 
 def _validate_data(job: PreparedJob) -> None:

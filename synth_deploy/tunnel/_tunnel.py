@@ -201,27 +201,35 @@ class Tunnel:
                 attempts = 0
             self._emit("died", f"cloudflared exited with code {proc.returncode}",
                        proc.logs(20))
-            while True:
-                attempts += 1
-                if attempts > self.config.max_restarts:
-                    self.error = TunnelError(
-                        f"cloudflared died and {self.config.max_restarts} restart(s) did not "
-                        f"bring the tunnel back", logs=self.logs(),
-                        hint="see cloudflared's log lines; check this machine's network")
-                    self._emit("failed", self.error.message, self.logs(20))
-                    return
-                if self._stopping.wait(min(0.5 * 2 ** (attempts - 1), 5.0)):
-                    return
-                self._emit("restarting", f"restart {attempts} of {self.config.max_restarts}")
-                try:
-                    self._launch()
-                    break
-                except TunnelError as exc:
-                    if self._stopping.is_set():
-                        return
-                    self._emit("died", exc.message, tuple(exc.logs[-20:]))
+            relaunched = self._relaunch(attempts)
+            if relaunched is None:
+                return
+            attempts = relaunched
             self.restarts += 1
             self._emit("restarted", f"tunnel restarted: {self.url}")
+
+    def _relaunch(self, attempts: int) -> int | None:
+        """Start cloudflared again, backing off between tries; the restarts counted so far,
+        or None when supervision ends (restarts used up, or the tunnel is stopping)."""
+        while True:
+            attempts += 1
+            if attempts > self.config.max_restarts:
+                self.error = TunnelError(
+                    f"cloudflared died and {self.config.max_restarts} restart(s) did not "
+                    f"bring the tunnel back", logs=self.logs(),
+                    hint="see cloudflared's log lines; check this machine's network")
+                self._emit("failed", self.error.message, self.logs(20))
+                return None
+            if self._stopping.wait(min(0.5 * 2 ** (attempts - 1), 5.0)):
+                return None
+            self._emit("restarting", f"restart {attempts} of {self.config.max_restarts}")
+            try:
+                self._launch()
+                return attempts
+            except TunnelError as exc:
+                if self._stopping.is_set():
+                    return None
+                self._emit("died", exc.message, tuple(exc.logs[-20:]))
 
     def _as_tunnel_error(self, exc: BaseException, what: str) -> TunnelError:
         if isinstance(exc, TunnelError):
@@ -276,18 +284,14 @@ class Tunnel:
         listening = False
         connections = 0
         while True:
-            if self._stopping.is_set():
-                raise TunnelError("the tunnel was stopped while starting", logs=proc.logs())
-            if not proc.alive:
-                raise _exit_error(proc)
+            self._check_starting(proc)
             try:
                 if hostname is None:
                     hostname = metrics.quick_tunnel_hostname()
                 readiness = metrics.readiness()
                 listening, connections = True, readiness.connections
                 if hostname is None:  # older versions: only the banner names it
-                    banner = quick_url_in(proc.logs())
-                    hostname = urlsplit(banner).hostname if banner else None
+                    hostname = _banner_hostname(proc)
                 if readiness.ready and hostname:
                     return hostname
             except httpx.TransportError:
@@ -295,6 +299,18 @@ class Tunnel:
             if time.monotonic() >= deadline:
                 break
             proc.wait(0.1)
+        raise self._edge_error(proc, listening, hostname, connections)
+
+    def _check_starting(self, proc: TunnelProcess) -> None:
+        """`TunnelError` when the tunnel was stopped or cloudflared died while starting."""
+        if self._stopping.is_set():
+            raise TunnelError("the tunnel was stopped while starting", logs=proc.logs())
+        if not proc.alive:
+            raise _exit_error(proc)
+
+    def _edge_error(self, proc: TunnelProcess, listening: bool, hostname: str | None,
+                    connections: int) -> TunnelError:
+        """Which step of reaching Cloudflare's edge did not happen in time, with the logs."""
         logs = proc.logs()
         if not listening:
             what = "did not open its metrics server"
@@ -302,8 +318,8 @@ class Tunnel:
             what = "did not report a quick-tunnel hostname"
         else:
             what = f"did not register a connection to Cloudflare's edge (ready={connections})"
-        raise TunnelError(
-            f"cloudflared {what} within {cfg.start_timeout_s:g}s"
+        return TunnelError(
+            f"cloudflared {what} within {self.config.start_timeout_s:g}s"
             + (f"; last log line: {last_error(logs)}" if logs else " and logged nothing"),
             hint="check that this machine can reach Cloudflare's edge on port 7844 (UDP for "
                  "QUIC, TCP for http2); the log lines say more", logs=logs)
@@ -315,10 +331,7 @@ class Tunnel:
         while True:
             # Resolved on every attempt: a fresh hostname's DNS appears while we wait.
             probe = self._resolve(url) if self._resolve is not None else url
-            if self._stopping.is_set():
-                raise TunnelError("the tunnel was stopped while starting", logs=proc.logs())
-            if not proc.alive:
-                raise _exit_error(proc)
+            self._check_starting(proc)
             remaining = deadline - time.monotonic()
             options = CheckOptions(timeout_s=max(1.0, min(5.0, remaining)))
             report = check(probe, self.api_key, options)
@@ -330,9 +343,14 @@ class Tunnel:
                 break
             self._stopping.wait(interval)
             interval = min(interval * 2, 1.0)
+        raise self._unhealthy_error(proc, url, failure, definitive)
+
+    def _unhealthy_error(self, proc: TunnelProcess, url: str, failure: Any,
+                         definitive: bool) -> TunnelError:
+        """The public URL never answered healthy: the check that failed and its fix."""
         where = f"{failure.name}: {failure.actual}" if failure else "no checks ran"
         waited = "" if definitive else f" within {self.config.verify_timeout_s:g}s"
-        raise TunnelError(
+        return TunnelError(
             f"the tunnel is up but {url} did not answer healthy{waited} ({where})",
             hint=(failure.hint if failure and failure.hint else
                   f"check that the app answers at {self.config.origin_url}"),
@@ -348,6 +366,12 @@ def _stop_open_tunnels() -> None:
     # before their children are reaped, or they would "restart" them during shutdown.
     for tunnel in list(_OPEN):
         tunnel.stop()
+
+
+def _banner_hostname(proc: TunnelProcess) -> str | None:
+    """The quick tunnel's hostname from cloudflared's banner, when its log has shown it."""
+    banner = quick_url_in(proc.logs())
+    return urlsplit(banner).hostname if banner else None
 
 
 def _exit_error(proc: TunnelProcess) -> TunnelError:

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -99,17 +100,25 @@ def infer_kind(raw: dict[str, Any]) -> JobKind | None:
     None if unclear."""
     if raw.get("type") in ("rl", "sft"):  # synth-ai's shipped examples say so at the top
         return raw["type"]
-    algorithm = raw.get("algorithm")
-    if isinstance(algorithm, dict):
-        if algorithm.get("type") == "online" or algorithm.get("method") == "policy_gradient":
-            return "rl"
-        if algorithm.get("type") == "offline" or algorithm.get("method") in (
-                "sft", "supervised_finetune"):
-            return "sft"
+    by_algorithm = _algorithm_kind(raw.get("algorithm"))
+    if by_algorithm is not None:
+        return by_algorithm
     if isinstance(raw.get("job"), dict) or isinstance(raw.get("hyperparameters"), dict):
         return "sft"
     if any(isinstance(raw.get(k), dict) for k in ("services", "rollout")):
         return "rl"
+    return None
+
+
+def _algorithm_kind(algorithm: Any) -> JobKind | None:
+    """What ``[algorithm]`` says: online or policy-gradient is RL, offline or SFT is SFT."""
+    if not isinstance(algorithm, dict):
+        return None
+    if algorithm.get("type") == "online" or algorithm.get("method") == "policy_gradient":
+        return "rl"
+    if algorithm.get("type") == "offline" or algorithm.get("method") in (
+            "sft", "supervised_finetune"):
+        return "sft"
     return None
 
 
@@ -167,17 +176,7 @@ def load_config(path: str | os.PathLike[str], kind: str = "auto") -> TrainConfig
         raise UsageError(f"--type must be one of {', '.join(KINDS)}, got {kind!r}")
     p = Path(path).expanduser().resolve()
     raw = read_toml(p)
-    inferred = infer_kind(raw)
-    if kind == "auto":
-        if inferred is None:
-            raise UsageError(
-                f"{p}: cannot tell whether this is an RL or an SFT config",
-                hint='add [algorithm] type = "online" (RL) or "offline" (SFT), or pass --type',
-            )
-        kind = inferred
-    elif inferred is not None and inferred != kind:
-        raise UsageError(f"{p}: --type {kind} given, but the config is an {inferred} config",
-                         hint=f"drop --type or pass --type {inferred}")
+    kind = _kind_of(raw, kind, p)
     raw, warnings = _upgrade(raw, p)
     warnings += [f"{p.name}: {note}" for note in compat_warnings(raw, kind)]
     schema = RLConfig if kind == "rl" else SFTConfig
@@ -192,6 +191,23 @@ def load_config(path: str | os.PathLike[str], kind: str = "auto") -> TrainConfig
         ) from None
     warnings += [f"{p.name}: {note}" for note in range_warnings(model)]
     return TrainConfig(path=p, kind=kind, model=model, raw=raw, warnings=warnings)
+
+
+def _kind_of(raw: dict[str, Any], kind: str, p: Path) -> str:
+    """The config's kind: ``kind`` as given, checked against what the file says it is, or
+    (``auto``) what it says."""
+    inferred = infer_kind(raw)
+    if kind == "auto":
+        if inferred is None:
+            raise UsageError(
+                f"{p}: cannot tell whether this is an RL or an SFT config",
+                hint='add [algorithm] type = "online" (RL) or "offline" (SFT), or pass --type',
+            )
+        return inferred
+    if inferred is not None and inferred != kind:
+        raise UsageError(f"{p}: --type {kind} given, but the config is an {inferred} config",
+                         hint=f"drop --type or pass --type {inferred}")
+    return kind
 
 
 def _upgrade(raw: dict[str, Any], path: Path) -> tuple[dict[str, Any], list[str]]:
@@ -223,31 +239,48 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel]) -> li
     lines = []
     for err in exc.errors():
         loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-after", "literal"))]
-        where = ".".join(loc) or "(top level)"
-        etype, value = err["type"], err.get("input")
-        if etype == "extra_forbidden":
-            fields = _fields_at(schema, loc[:-1])
-            close = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.6)
-            hint = f" (did you mean {'.'.join([*loc[:-1], close[0]])}?)" if close else ""
-            lines.append(f"{where}: unknown key{hint}")
-        elif etype == "missing":
-            lines.append(f"{where}: required")
-        elif etype == "literal_error":
-            expected = err.get("ctx", {}).get("expected", "")
-            lines.append(f"{where}: expected one of {expected}, got {value!r}")
-        elif etype in _BOUNDS:
-            limit = next(iter(err.get("ctx", {}).values()), "?")
-            limit = f"{limit:g}" if isinstance(limit, float) else limit
-            lines.append(f"{where}: must be {_BOUNDS[etype]} {limit}, got {value!r}")
-        elif etype.split("_")[0] in _TYPE_WORDS and etype.endswith(("_type", "_parsing")):
-            word = _TYPE_WORDS[etype.split("_")[0]]
-            lines.append(f"{where}: expected {word}, got {_show(value)}")
-        elif etype == "value_error":
-            lines.append(f"{where}: {str(err.get('ctx', {}).get('error', err['msg']))}"
-                         if loc else str(err.get("ctx", {}).get("error", err["msg"])))
-        else:
-            lines.append(f"{where}: {err['msg']}")
+        lines.append(_problem(err, loc, schema))
     return lines
+
+
+def _problem(err: Any, loc: list[str], schema: type[BaseModel]) -> str:
+    """One pydantic error in the config's own words: its key path, then what is wrong."""
+    where = ".".join(loc) or "(top level)"
+    etype, value = err["type"], err.get("input")
+    if etype == "extra_forbidden":
+        return f"{where}: unknown key{_did_you_mean(schema, loc)}"
+    if etype == "missing":
+        return f"{where}: required"
+    if etype == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        return f"{where}: expected one of {expected}, got {value!r}"
+    if etype in _BOUNDS:
+        return f"{where}: must be {_BOUNDS[etype]} {_limit(err)}, got {value!r}"
+    word = _type_word(etype)
+    if word is not None:
+        return f"{where}: expected {word}, got {_show(value)}"
+    if etype == "value_error":
+        reason = str(err.get("ctx", {}).get("error", err["msg"]))
+        return f"{where}: {reason}" if loc else reason
+    return f"{where}: {err['msg']}"
+
+
+def _did_you_mean(schema: type[BaseModel], loc: list[str]) -> str:
+    """`` (did you mean a.b?)`` for an unknown key close to a field of its section, else ''."""
+    close = difflib.get_close_matches(loc[-1], _fields_at(schema, loc[:-1]), n=1, cutoff=0.6)
+    return f" (did you mean {'.'.join([*loc[:-1], close[0]])}?)" if close else ""
+
+
+def _limit(err: Any) -> Any:
+    """The bound a number broke; a float in its short form (``:g``)."""
+    limit = next(iter(err.get("ctx", {}).values()), "?")
+    return f"{limit:g}" if isinstance(limit, float) else limit
+
+
+def _type_word(etype: str) -> str | None:
+    """The kind of value a ``*_type``/``*_parsing`` error wanted, in words; None for others."""
+    word = _TYPE_WORDS.get(etype.split("_")[0])
+    return word if word is not None and etype.endswith(("_type", "_parsing")) else None
 
 
 def _show(value: Any) -> str:
@@ -305,21 +338,30 @@ def discover_configs(root: str | os.PathLike[str] = ".", *, limit: int = 200,
     found: list[Path] = []
     base_depth = len(Path(root).parts)
     for visited, (dirpath, dirnames, filenames) in enumerate(os.walk(root), 1):
-        if len(Path(dirpath).parts) - base_depth >= max_depth:
-            dirnames[:] = []
-        else:
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS
-                                 and not d.startswith(".") and not d.endswith(".egg-info"))
-        for name in sorted(filenames):
-            if name.endswith(".toml") and name != "pyproject.toml":
-                path = Path(dirpath) / name
-                if looks_like_config(path):
-                    found.append(path)
-                    if len(found) >= limit:
-                        return found
+        depth = len(Path(dirpath).parts) - base_depth
+        dirnames[:] = _folders_to_walk(dirnames) if depth < max_depth else []
+        for path in _configs_in(dirpath, filenames):
+            found.append(path)
+            if len(found) >= limit:
+                return found
         if visited >= max_dirs:
             break
     return found
+
+
+def _folders_to_walk(dirnames: list[str]) -> list[str]:
+    """Subfolders worth a look, in order: no hidden ones, virtualenvs, caches or tests."""
+    return sorted(d for d in dirnames if d not in SKIP_DIRS
+                  and not d.startswith(".") and not d.endswith(".egg-info"))
+
+
+def _configs_in(dirpath: str, filenames: list[str]) -> Iterator[Path]:
+    """The training configs among one folder's files, read only as they are asked for."""
+    for name in sorted(filenames):
+        if name.endswith(".toml") and name != "pyproject.toml":
+            path = Path(dirpath) / name
+            if looks_like_config(path):
+                yield path
 
 
 __all__ = [
