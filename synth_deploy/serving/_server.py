@@ -315,7 +315,10 @@ class _Rollouts:
         result: RolloutResponse | None = None
         try:
             with deadline(bound):
-                raw = await self.call_executor(req, ctx)
+                try:
+                    raw = await self.call_executor(req, ctx)
+                finally:  # what the rollout held (its sandboxes) ends with it
+                    await ctx.close()
             elapsed = time.perf_counter() - started
             result = _completed(raw, req.run_id, tracer.finish(expand=False), wall_s=elapsed,
                                 inference_url=inference_url, cid=cid)
