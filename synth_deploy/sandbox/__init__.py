@@ -17,7 +17,12 @@ does not isolate) and `ModalBackend` over ``modal.Sandbox`` when the app runs on
 
 from synth_deploy._lazy import lazy_attributes
 from synth_deploy.errors import SandboxError
-from synth_deploy.sandbox._backend import CommandResult, SandboxBackend, SandboxTags
+from synth_deploy.sandbox._backend import (
+    CommandResult,
+    SandboxBackend,
+    SandboxTags,
+    event_summary,
+)
 from synth_deploy.sandbox._sandbox import (
     Sandbox,
     close_sandboxes,
@@ -45,6 +50,7 @@ __all__ = [
     "close_sandboxes",
     "current_backend",
     "end_all",
+    "event_summary",
     "lifecycle_hooks",
     "live_sandboxes",
     "open_sandbox",

@@ -53,6 +53,22 @@ class CommandResult:
                 or len(self.stderr) > output_chars}
 
 
+def event_summary(record: object) -> str | None:
+    """One line for a sandbox's trace event (``metadata["sandbox"]``), as `traces show`
+    prints it; None when ``record`` is not one."""
+    if not isinstance(record, dict):
+        return None
+    if "created" in record:
+        return f"sandbox {record.get('id')} started ({record.get('backend')})"
+    if "command" not in record:
+        return None
+    limit = f" · stopped by {record['limit']}" if record.get("limit") else ""
+    seconds = record.get("duration_s")
+    took = f" · {seconds:.3f} s" if isinstance(seconds, int | float) else ""
+    return (f"sandbox $ {str(record['command'])[:200]} → exit {record.get('exit_code')}"
+            f"{limit}{took}")
+
+
 @dataclass(frozen=True)
 class RawRun:
     """A command's end as a backend reports it: output as bytes, cut to the limit asked."""
@@ -108,4 +124,4 @@ class SandboxBackend(Protocol):
 
 
 __all__ = ["CPU_TIME", "FILE_SIZE", "TERMINATED", "TIMEOUT", "CommandResult", "RawRun",
-           "SandboxBackend", "SandboxHandle", "SandboxTags"]
+           "SandboxBackend", "SandboxHandle", "SandboxTags", "event_summary"]

@@ -73,3 +73,10 @@ def test_a_rollout_whose_client_leaves_ends_its_sandbox(serve, api_key, backend)
     box = ids[-1]
     wait_for(lambda: not sandbox_processes(box) and not held(backend), timeout_s=20,
              what="the sandbox of a rollout whose client left to end")
+
+
+def test_the_ledger_counts_sandbox_time(serve, api_key, backend):
+    server = serve(create_app(toy_config(holds_a_sandbox), api_keys=[api_key]))
+    ledger = post(server, api_key).json()["metrics"]["details"]["ledger"]
+    assert ledger["sandbox_s"] > 0
+    assert ledger["env_s"] >= ledger["sandbox_s"]
