@@ -79,6 +79,20 @@ class LocalBackend:
         self.own_users = hasattr(os, "setuid") and os.geteuid() == 0
         self._netns: bool | None = None
         self._libc: Any = None
+        self._reachable = False
+
+    def _check_reachable(self) -> None:
+        """A sandbox's own user must pass every folder above its own (python3 opens a script
+        by its absolute path): refuse a root it could not reach, naming the folder."""
+        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        for folder in (self.root, *self.root.resolve().parents):
+            if not folder.stat().st_mode & 0o001:
+                raise SandboxError(
+                    f"sandboxes under {self.root} cannot reach their folder: {folder} is "
+                    "closed to other users, and each sandbox runs as a user of its own",
+                    hint=f"chmod o+x {folder}, or give LocalBackend a root under a folder "
+                         "anyone may pass (the default is under the temp folder)")
+        self._reachable = True
 
     def _network_namespaces(self) -> bool:
         """Whether this process may give a child a network namespace (probed once)."""
@@ -120,6 +134,8 @@ class LocalBackend:
         sandbox_id = "sb-" + secrets.token_hex(8)
         folder = self.root / _slug(tags.app) / f"{_slug(tags.rollout)}-{sandbox_id}"
         uid = secrets.choice(range(*_UIDS)) if self.own_users else None
+        if self.own_users and not self._reachable:
+            self._check_reachable()
         try:
             self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
             folder.parent.mkdir(mode=0o711, exist_ok=True)

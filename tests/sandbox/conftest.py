@@ -9,16 +9,16 @@ from synth_deploy.sandbox import LocalBackend
 
 
 @pytest.fixture
-def local_backend(tmp_path) -> LocalBackend:
-    return LocalBackend(tmp_path / "sandboxes")
+def local_backend(sandbox_root) -> LocalBackend:
+    return LocalBackend(sandbox_root)
 
 
 @pytest.fixture(params=["local"])
-def any_backend(request, tmp_path):
+def any_backend(request, sandbox_root):
     """Every backend, each run by the same tests; ``backend.leftovers(box)`` names the
     processes of ``box`` still running, as the test sees them from outside."""
     if request.param == "local":
-        backend = LocalBackend(tmp_path / "sandboxes")
+        backend = LocalBackend(sandbox_root)
         backend.leftovers = local_leftovers
         return backend
     raise AssertionError(request.param)

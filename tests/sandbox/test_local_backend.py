@@ -18,6 +18,7 @@ import textwrap
 import pytest
 from sandbox_processes import sandbox_processes, wait_for
 
+from synth_deploy.errors import SandboxError
 from synth_deploy.sandbox import LocalBackend, SandboxSettings, open_sandbox
 
 SETTINGS = SandboxSettings(command_timeout_s=5, timeout_s=60, max_file_mb=64,
@@ -86,14 +87,27 @@ def test_a_network_call_is_refused_unless_allowed(local_backend):
     assert "Network is unreachable" in result.stderr or "Cannot assign" in result.stderr
 
 
-def test_the_sandbox_cannot_read_what_only_the_server_may(local_backend, tmp_path):
+def test_the_sandbox_cannot_read_what_only_the_server_may(local_backend, sandbox_root):
     if not local_backend.own_users:
         pytest.skip("only a server run as root gives each sandbox a user of its own")
-    secret = tmp_path / "key.env"
+    secret = sandbox_root.parent / "key.env"  # in a folder the sandbox may pass
     secret.write_text("ENVIRONMENT_API_KEY=sk_secret")
     secret.chmod(0o600)
+    shared = sandbox_root.parent / "shared.txt"
+    shared.write_text("anyone may read this")
+    shared.chmod(0o644)
+    assert contained(local_backend, f"cat {shared}").stdout == "anyone may read this"
     result = contained(local_backend, f"cat {secret}")
     assert result.exit_code != 0 and "Permission denied" in result.stderr
+
+
+def test_a_root_its_sandboxes_could_not_reach_is_refused_naming_the_folder(tmp_path):
+    backend = LocalBackend(tmp_path / "closed" / "sandboxes")
+    if not backend.own_users:
+        pytest.skip("only sandboxes with users of their own need to pass the folders above")
+    with pytest.raises(SandboxError, match="closed to other users") as caught:
+        asyncio.run(open_sandbox(SETTINGS, app="t", rollout="r", backend=backend))
+    assert "chmod o+x" in caught.value.hint
 
 
 OWNER = textwrap.dedent("""
@@ -114,8 +128,8 @@ OWNER = textwrap.dedent("""
 """)
 
 
-def test_the_sweeper_ends_what_a_killed_server_left(tmp_path):
-    root = tmp_path / "sandboxes"
+def test_the_sweeper_ends_what_a_killed_server_left(sandbox_root):
+    root = sandbox_root
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(root)], stdout=subprocess.PIPE,
                              text=True)
     try:

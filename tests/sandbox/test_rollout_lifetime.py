@@ -89,8 +89,8 @@ N = 100
 
 
 @pytest.mark.slow
-def test_sigterm_mid_run_ends_every_sandbox(tmp_path, api_key):
-    root = tmp_path / "sandboxes"
+def test_sigterm_mid_run_ends_every_sandbox(tmp_path, api_key, sandbox_root):
+    root = sandbox_root
     server = Served(tmp_path, api_key, root)
     try:
         server.fire([body(f"r{i}", HOLD) for i in range(N)])
@@ -105,8 +105,9 @@ def test_sigterm_mid_run_ends_every_sandbox(tmp_path, api_key):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_leaves_them_to_the_next_servers_sweeper(tmp_path, api_key):
-    root = tmp_path / "sandboxes"
+def test_sigkill_mid_run_leaves_them_to_the_next_servers_sweeper(tmp_path, api_key,
+                                                                sandbox_root):
+    root = sandbox_root
     server = Served(tmp_path, api_key, root)
     try:
         server.fire([body(f"r{i}", HOLD) for i in range(N)])
@@ -136,8 +137,9 @@ HOSTILE = {
 }
 
 
-def test_hostile_code_is_contained_and_health_answers_throughout(tmp_path, api_key):
-    root = tmp_path / "sandboxes"
+def test_hostile_code_is_contained_and_health_answers_throughout(tmp_path, api_key,
+                                                                 sandbox_root):
+    root = sandbox_root
     server = Served(tmp_path, api_key, root)
     answers: dict[str, dict] = {}
     health: list[float] = []

@@ -14,8 +14,8 @@ from synth_deploy.serving import create_app
 
 
 @pytest.fixture
-def backend(tmp_path):
-    backend = LocalBackend(tmp_path / "sandboxes")
+def backend(sandbox_root):
+    backend = LocalBackend(sandbox_root)
     use_backend(backend)
     yield backend
     use_backend(None)
