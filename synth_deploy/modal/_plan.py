@@ -13,7 +13,7 @@ from typing import Any
 
 from synth_deploy.env import ENVIRONMENT_API_KEY, Env
 from synth_deploy.errors import TaskAppError, UsageError
-from synth_deploy.handoff import TASK_APP_VAR
+from synth_deploy.handoff import SANDBOX_APP_VAR, TASK_APP_VAR
 from synth_deploy.modal._image import ImageRecipe, app_remote_file
 from synth_deploy.modal._secrets import SecretSource, resolve_secrets
 from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
@@ -47,6 +47,7 @@ class DeployPlan:
     modal_environment: str | None = None
     function_name: str = FUNCTION_NAME
     warnings: tuple[str, ...] = ()  # what the settings promise beyond what was measured
+    sandbox: Any = None  # the app's SandboxSettings: its rollouts' modal.Sandboxes (None: none)
 
     @property
     def api_key(self) -> str:
@@ -84,6 +85,9 @@ class DeployPlan:
             "resources": self.settings.resources(),
             "tracing": self.tracing,
             "trace_volume": self.trace_volume,
+            "sandbox": None if self.sandbox is None else {
+                "backend": "modal.Sandbox", "modal_app": self.app_name,
+                **self.sandbox.describe()},
             "warnings": list(self.warnings),
         }
 
@@ -156,6 +160,8 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         raise UsageError(f"--name: {app_name!r} is not a valid Modal app name",
                          hint="use letters, digits, '-', '_' or '.', at most 64 characters")
     destination = trace_destination(settings, app_name, env)
+    sandbox = entry.build_config().sandbox
+    sandbox_env = {SANDBOX_APP_VAR: app_name} if sandbox is not None else {}
     volume, remote = destination.volume, destination.remote
     volume_env: dict[str, str] = {}
     if volume is not None:
@@ -172,6 +178,7 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
         secrets=tuple(resolve_secrets(settings, env, source.parent, destination.traces)),
         env={**settings.env, TASK_APP_VAR: app_remote_file(source), **volume_env,
+             **sandbox_env,
              **{var: str(value) for var, value in (
                  (MAX_ROLLOUTS_VAR, settings.max_rollouts),
                  (HEAD_AFTER_VAR, settings.head_after_s),
@@ -180,6 +187,7 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         remote_tracing=remote,
         trace_volume=volume,
         modal_environment=modal_environment or env.get(MODAL_ENV_VAR),
+        sandbox=sandbox,
     )
 
 
