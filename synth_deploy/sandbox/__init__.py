@@ -36,7 +36,8 @@ from synth_deploy.sandbox._sandbox import (
 from synth_deploy.sandbox._settings import SandboxSettings
 
 __getattr__ = lazy_attributes(__name__, {"LocalBackend": "_local", "ModalBackend": "_modal",
-                                         "probe_sandbox": "_probe"})
+                                         "SandboxSummary": "_probe",
+                                         "summarize_traces": "_probe"})
 
 __all__ = [
     "CommandResult",
@@ -46,6 +47,7 @@ __all__ = [
     "SandboxBackend",
     "SandboxError",
     "SandboxSettings",
+    "SandboxSummary",
     "SandboxTags",
     "close_sandboxes",
     "current_backend",
@@ -54,6 +56,6 @@ __all__ = [
     "lifecycle_hooks",
     "live_sandboxes",
     "open_sandbox",
-    "probe_sandbox",
+    "summarize_traces",
     "use_backend",
 ]
