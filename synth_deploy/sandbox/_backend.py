@@ -107,9 +107,11 @@ class SandboxHandle(Protocol):
 
 
 class SandboxBackend(Protocol):
-    """Where sandboxes run."""
+    """Where sandboxes run. ``sweep_every_s``: how often a server sweeps again after its
+    start (None: once is enough, the sweeper can tell a dead owner at once)."""
 
     name: str
+    sweep_every_s: float | None
 
     async def create(self, settings: SandboxSettings, tags: SandboxTags) -> SandboxHandle: ...
 

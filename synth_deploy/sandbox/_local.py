@@ -73,6 +73,7 @@ class LocalBackend:
     """Sandboxes on this machine (see the module docstring for what they isolate)."""
 
     name = "local"
+    sweep_every_s = None  # a dead owner is told at once: its process is gone
 
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()

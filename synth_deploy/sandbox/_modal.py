@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 from typing import Any
 
@@ -30,6 +31,7 @@ from synth_deploy.sandbox._settings import SandboxSettings
 LEASE_TAG = "synth_deploy_lease"
 MANAGED_TAG = "synth_deploy"  # on every sandbox the kit makes: what `sweep()` lists
 DEFAULT_LEASE_S = 60.0
+_EXIT_WAIT_S = 5.0
 _EXEC_GRACE_S = 30.0  # past the exec's own timeout, Modal is taken not to answer
 _LIMIT_SIGNALS = {24: CPU_TIME, 25: FILE_SIZE}  # SIGXCPU, SIGXFSZ
 # The command under a file-size limit: prlimit where the image has it, else sh's ulimit (in
@@ -53,6 +55,11 @@ class ModalBackend:
         self._app: Any = None
         self.held: set[ModalSandbox] = set()
         self._renewing: asyncio.Task[None] | None = None
+
+    @property
+    def sweep_every_s(self) -> float:
+        """How often a server sweeps: a killed container's leases run out within this."""
+        return self.lease_s
 
     @property
     def modal(self) -> Any:
@@ -179,9 +186,14 @@ class ModalSandbox:
         await self.sandbox.terminate.aio()
 
     def terminate_now(self) -> None:
+        # At interpreter exit: Modal's blocking call, given a few seconds on a thread of its
+        # own so that an unreachable API cannot hold the exit (the lease and Modal's own
+        # timeout end what this could not).
         self.ended = True
         self.backend.held.discard(self)
-        self.sandbox.terminate()
+        ending = threading.Thread(target=self.sandbox.terminate, daemon=True)
+        ending.start()
+        ending.join(_EXIT_WAIT_S)
 
 
 async def _head(stream: Any, limit: int) -> tuple[bytes, bool]:

@@ -215,19 +215,38 @@ async def open_sandbox(settings: SandboxSettings, *, app: str, rollout: str,
 
 def lifecycle_hooks(app: str) -> tuple[Any, Any]:
     """A server's (startup, shutdown) hooks for an app that uses sandboxes: at start, end
-    the app's sandboxes that a killed server left (on this machine, or on Modal); at stop
-    (the drain), end every sandbox this process still holds."""
+    the app's sandboxes that a killed server left (on this machine, or on Modal), and again
+    every ``sweep_every_s`` where the backend can only tell them later (a lease that must
+    run out first); at stop (the drain), end every sandbox this process still holds."""
+    sweeping: list[asyncio.Task[None]] = []
 
-    async def sweep(state: Any) -> None:
-        ended = await current_backend().sweep(app)
+    async def sweep_once() -> None:
+        try:
+            ended = await current_backend().sweep(app)
+        except Exception as exc:  # a sweep that fails is tried again, never fatal
+            logger.warning("sweeping the sandboxes of %s failed: %s", app, exc)
+            return
         if ended:
             logger.warning("ended %d sandbox(es) of %s left by a server that stopped without "
                            "ending them: %s", len(ended), app, ", ".join(ended[:5]))
 
+    async def sweep_again(every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            await sweep_once()
+
+    async def start(state: Any) -> None:
+        await sweep_once()
+        every_s = current_backend().sweep_every_s
+        if every_s:
+            sweeping.append(asyncio.create_task(sweep_again(every_s)))
+
     async def end(state: Any) -> None:
+        for task in sweeping:
+            task.cancel()
         await end_all()
 
-    return sweep, end
+    return start, end
 
 
 async def close_sandboxes(sandboxes: list[Sandbox]) -> None:

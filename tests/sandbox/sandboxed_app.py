@@ -1,13 +1,21 @@
 """A task app whose rollout runs the request's command in a sandbox (served by the tests as
 `synth-deploy serve` would, in a child process). ``env.config``: ``command`` (a shell line),
-``timeout_s``; the sandboxes live under $SANDBOX_TEST_ROOT."""
+``timeout_s``. Its sandboxes: local ones under $SANDBOX_TEST_ROOT, or, with
+$SANDBOX_TEST_MODAL_STATE, Modal's as the stand-in plays them (state in that folder)."""
 
 import os
+import sys
 
-from synth_deploy.sandbox import LocalBackend, SandboxSettings, use_backend
+from synth_deploy.sandbox import LocalBackend, ModalBackend, SandboxSettings, use_backend
 from synth_deploy.taskapp import RolloutContext, RolloutRequest, TaskApp
 
-use_backend(LocalBackend(os.environ["SANDBOX_TEST_ROOT"]))
+if state := os.environ.get("SANDBOX_TEST_MODAL_STATE"):
+    sys.path.insert(0, os.environ["SANDBOX_TEST_TESTS"])
+    from standins.modal_sandbox import ModalSandboxStandin
+
+    use_backend(ModalBackend("synth-sandboxed", modal=ModalSandboxStandin(state), lease_s=2.0))
+else:
+    use_backend(LocalBackend(os.environ["SANDBOX_TEST_ROOT"]))
 
 task_app = TaskApp("sandboxed", name="Sandboxed", description="Runs a command in a sandbox.",
                    sandbox=SandboxSettings(command_timeout_s=120, timeout_s=300,

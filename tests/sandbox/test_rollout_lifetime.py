@@ -21,6 +21,7 @@ import httpx
 import pytest
 from processes import clean_env, free_port
 from sandbox_processes import sandbox_processes, wait_for
+from standins.modal_sandbox import ModalSandboxStandin
 
 APP = Path(__file__).with_name("sandboxed_app.py")
 
@@ -32,10 +33,15 @@ def body(run_id: str, command: str, **extra) -> dict:
 
 
 class Served:
-    """`synth-deploy serve sandboxed_app.py` on a free port, its sandboxes under ``root``."""
+    """`synth-deploy serve sandboxed_app.py` on a free port; its sandboxes local ones under
+    ``root``, or Modal's stand-in ones (state in ``modal_state``)."""
 
-    def __init__(self, tmp_path: Path, api_key: str, root: Path) -> None:
+    def __init__(self, tmp_path: Path, api_key: str, root: Path,
+                 modal_state: Path | None = None) -> None:
         self.port, self.key, self.root = free_port(), api_key, root
+        backend = {} if modal_state is None else {
+            "SANDBOX_TEST_MODAL_STATE": str(modal_state),
+            "SANDBOX_TEST_TESTS": str(Path(__file__).resolve().parents[1])}
         shutil.copy(APP, tmp_path / APP.name)
         # Its log to a file: a pipe nobody reads fills with 100 cancelled rollouts'
         # tracebacks and stops the server mid-drain.
@@ -43,7 +49,8 @@ class Served:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "synth_deploy.cli", "serve", APP.name, "--port",
              str(self.port), "--no-trace", "--max-rollouts", "200"], cwd=tmp_path,
-            env=clean_env(ENVIRONMENT_API_KEY=api_key, SANDBOX_TEST_ROOT=str(root)),
+            env=clean_env(ENVIRONMENT_API_KEY=api_key, SANDBOX_TEST_ROOT=str(root),
+                          **backend),
             stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: self._up(), timeout_s=60, what="the server up")
@@ -84,48 +91,78 @@ def folders(root: Path) -> list[Path]:
         if (root / "sandboxed").is_dir() else []
 
 
+class Held:
+    """The sandboxes a served app holds, seen from outside: local ones by their folders and
+    marked processes, Modal's (the stand-in's) by its records and their processes."""
+
+    def __init__(self, backend: str, root: Path, tmp_path: Path) -> None:
+        self.backend, self.root = backend, root
+        self.state = tmp_path / "modal-state" if backend == "modal" else None
+        self.standin = ModalSandboxStandin(self.state) if self.state else None
+        self.seen: set[str] = set()
+
+    def ids(self) -> list[str]:
+        if self.standin is not None:
+            found = [p.name for p in (self.state / "sandboxes").glob("sb-*")
+                     if self.standin.Sandbox.from_id(p.name).running()]
+        else:  # a folder is named <rollout>-<sandbox id>
+            found = ["sb-" + p.name.rpartition("-sb-")[2] for p in folders(self.root)]
+        self.seen.update(found)
+        return found
+
+    def processes(self) -> list[int]:
+        """Live processes of every sandbox seen so far."""
+        if self.standin is not None:
+            return [pid for i in self.seen for pid in self.standin.processes(i)]
+        return [pid for i in self.seen for pid in sandbox_processes(i)]
+
+
 HOLD = "sleep 240"
-N = 100
+SIZES = {"local": 100, "modal": 20}  # the stand-in's sandboxes are a Python process each
 
 
 @pytest.mark.slow
-def test_sigterm_mid_run_ends_every_sandbox(tmp_path, api_key, sandbox_root):
-    root = sandbox_root
-    server = Served(tmp_path, api_key, root)
+@pytest.mark.parametrize("backend", ["local", "modal"])
+def test_sigterm_mid_run_ends_every_sandbox(tmp_path, api_key, sandbox_root, backend):
+    n, held = SIZES[backend], Held(backend, sandbox_root, tmp_path)
+    server = Served(tmp_path, api_key, sandbox_root, held.state)
     try:
-        server.fire([body(f"r{i}", HOLD) for i in range(N)])
-        wait_for(lambda: len(sandbox_processes()) >= N and len(folders(root)) == N,
-                 timeout_s=120, what=f"{N} sandboxes running")
+        server.fire([body(f"r{i}", HOLD) for i in range(n)])
+        wait_for(lambda: len(held.ids()) == n and len(held.processes()) >= n,
+                 timeout_s=120, what=f"{n} sandboxes running")
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=120)
     finally:
         server.stop()
-    assert sandbox_processes() == []
-    assert folders(root) == []
+    assert len(held.seen) == n
+    assert held.ids() == [] and held.processes() == []
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local", "modal"])
 def test_sigkill_mid_run_leaves_them_to_the_next_servers_sweeper(tmp_path, api_key,
-                                                                sandbox_root):
-    root = sandbox_root
-    server = Served(tmp_path, api_key, root)
+                                                                sandbox_root, backend):
+    n, held = SIZES[backend], Held(backend, sandbox_root, tmp_path)
+    server = Served(tmp_path, api_key, sandbox_root, held.state)
     try:
-        server.fire([body(f"r{i}", HOLD) for i in range(N)])
-        wait_for(lambda: len(sandbox_processes()) >= N and len(folders(root)) == N,
-                 timeout_s=120, what=f"{N} sandboxes running")
+        server.fire([body(f"r{i}", HOLD) for i in range(n)])
+        wait_for(lambda: len(held.ids()) == n and len(held.processes()) >= n,
+                 timeout_s=120, what=f"{n} sandboxes running")
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait(timeout=30)
-        assert len(sandbox_processes()) >= N, "SIGKILL ran nothing: they are still there"
+        assert len(held.ids()) == n, "SIGKILL ran nothing: they are still there"
     finally:
         server.stop()
-    restarted = Served(tmp_path, api_key, root)  # its start sweeps what the first one left
+    # The next server sweeps what the first left: at once locally (its owner is gone), once
+    # their leases run out on Modal.
+    restarted = Served(tmp_path, api_key, sandbox_root, held.state)
     try:
-        wait_for(lambda: not sandbox_processes() and not folders(root), timeout_s=60,
+        wait_for(lambda: not held.ids() and not held.processes(), timeout_s=60,
                  what="the sweeper ending the sandboxes left behind")
     finally:
         restarted.proc.send_signal(signal.SIGTERM)
         restarted.stop()
-    assert sandbox_processes() == []
+    assert held.processes() == []
 
 
 HOSTILE = {

@@ -156,7 +156,10 @@ class _Sandbox:
         tmp.replace(self.folder / "record.json")
 
     def running(self) -> bool:
-        record = self._record()
+        try:
+            record = self._record()
+        except (OSError, ValueError):  # being created: not running yet
+            return False
         return _alive(record["supervisor"], record["supervisor_start"])
 
     @_Aio
