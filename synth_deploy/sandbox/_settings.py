@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from synth_deploy.errors import UsageError
@@ -42,7 +42,7 @@ class SandboxSettings:
     network: bool = False
     cidr_allowlist: tuple[str, ...] = ()
     output_bytes: int = DEFAULT_OUTPUT_BYTES
-    workdir: str = field(default="/sandbox", compare=True)  # Modal's; the local one is a temp dir
+    workdir: str = "/sandbox"  # Modal's; a local sandbox works in a temp folder of its own
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "packages", tuple(self.packages))
