@@ -269,8 +269,11 @@ class LocalSandbox:
                                    f"{argv[0]!r}: {exc}", hint="check the program is "
                                    "installed and the sandbox root is writable") from exc
         with self._lock:
-            self.groups.append(proc.pid)
-            self.save()
+            if self.ended:  # ended while it started: past the sweep that would have found it
+                _kill_group(proc.pid)
+            else:
+                self.groups.append(proc.pid)
+                self.save()
         try:
             await asyncio.wait_for(_feed_and_wait(proc, stdin), timeout_s)
         except TimeoutError:

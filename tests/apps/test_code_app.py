@@ -118,3 +118,16 @@ def test_smoke_code_passes_with_rewards_from_the_sandboxed_tests(tmp_path):
     assert 0.0 < summary["mean_reward"] < 1.0 and len(set(rewards)) >= 3
     assert summary["ledger"]["sandbox_s"] > 0
 
+
+
+def test_the_mock_policy_writes_the_asked_expression_and_slips_now_and_then(mock_policy):
+    replies = []
+    for seed in range(30):
+        problem = make_problem(seed)
+        answer = httpx.post(mock_policy.url + "/v1/chat/completions", timeout=10, json={
+            "model": "m", "messages": [{"role": "user", "content": problem.prompt}]}).json()
+        code = extract_code(answer["choices"][0]["message"]["content"])
+        expression = problem.doc.split("`")[1]
+        assert code.startswith(f"def {problem.name}({problem.params}):\n")
+        replies.append(code.strip().endswith(f"return {expression}"))
+    assert 20 <= sum(replies) < 30  # wrong on purpose about one prompt in six

@@ -133,3 +133,29 @@ def test_the_code_app_runs_its_tests_in_modal_sandboxes(serve, api_key, mock_pol
     assert all(modal_standin.processes(i) == [] for i in modal_standin.created)
     assert modal_standin.record(modal_standin.created[0])["image"][0] == \
         "from python:3.12-slim"
+
+
+def test_every_call_the_backend_makes_is_one_modal_accepts(modal_backend, modal_standin):
+    # The stand-in takes what the backend sends; the real client (installed, never called
+    # here) must take the same keywords, or the backend only works on the stand-in.
+    import inspect
+
+    import modal
+
+    async def go():
+        settings = SandboxSettings(cidr_allowlist=("10.0.0.0/8",))
+        async with await open_sandbox(settings, app="t", rollout="r",
+                                      backend=modal_backend) as box:
+            await box.run("cat", stdin="x")
+        await modal_backend.sweep("t")
+
+    asyncio.run(go())
+    real = {"Sandbox.create": modal.Sandbox.create, "Sandbox.exec": modal.Sandbox.exec,
+            "Sandbox.list": modal.Sandbox.list, "Sandbox.set_tags": modal.Sandbox.set_tags}
+    called = {name for name, _ in modal_standin.calls}
+    assert {"Sandbox.create", "Sandbox.exec", "Sandbox.list"} <= called
+    for name, keywords in modal_standin.calls:
+        accepted = inspect.signature(real[name]).parameters
+        assert set(keywords) <= set(accepted), (name, set(keywords) - set(accepted))
+    assert "lookup" in dir(modal.App) and "create_if_missing" in inspect.signature(
+        modal.App.lookup).parameters

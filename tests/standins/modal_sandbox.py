@@ -165,6 +165,7 @@ class _Sandbox:
     @_Aio
     async def exec(self, *argv: str, timeout: int | None = None, text: bool = True,
                    workdir: str | None = None) -> _Process:
+        self._standin.calls.append(("Sandbox.exec", {"timeout": timeout, "text": text}))
         if text:
             raise Error("the stand-in only does text=False, as the kit asks")
         if not self.running():
@@ -190,6 +191,7 @@ class _Sandbox:
 
     @_Aio
     async def set_tags(self, tags: dict[str, str]) -> None:
+        self._standin.calls.append(("Sandbox.set_tags", {"tags": tags}))
         record = self._record()
         record["tags"] = {str(k): str(v) for k, v in tags.items()}
         self._save(record)
@@ -236,6 +238,10 @@ class _SandboxAPI:
                      outbound_cidr_allowlist: Any = None, workdir: str | None = None,
                      tags: dict[str, str] | None = None) -> _Sandbox:
         standin = self._standin
+        standin.calls.append(("Sandbox.create", {
+            "app": app, "image": image, "timeout": timeout, "cpu": cpu, "memory": memory,
+            "block_network": block_network, "outbound_cidr_allowlist": outbound_cidr_allowlist,
+            "workdir": workdir, "tags": tags}))
         object_id = "sb-" + secrets.token_hex(8)
         folder = standin.state / "sandboxes" / object_id
         (folder / "root").mkdir(parents=True)
@@ -256,6 +262,7 @@ class _SandboxAPI:
     @_Aio
     async def list(self, *, app_id: str | None = None, tags: dict[str, str] | None = None
                    ) -> AsyncIterator[_Sandbox]:
+        self._standin.calls.append(("Sandbox.list", {"app_id": app_id, "tags": tags}))
         for folder in sorted((self._standin.state / "sandboxes").glob("*")):
             sandbox = _Sandbox(self._standin, folder.name)
             try:
@@ -285,6 +292,7 @@ class ModalSandboxStandin:
         self.state = Path(state)
         (self.state / "sandboxes").mkdir(parents=True, exist_ok=True)
         self.created: list[str] = []
+        self.calls: list[tuple[str, dict[str, Any]]] = []  # (method, keywords) in order
         self.Sandbox = _SandboxAPI(self)
         self.App = _AppAPI()
         self.Image = SimpleNamespace(from_registry=lambda name: _Image([f"from {name}"]),
