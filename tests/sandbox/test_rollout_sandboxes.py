@@ -80,3 +80,23 @@ def test_the_ledger_counts_sandbox_time(serve, api_key, backend):
     ledger = post(server, api_key).json()["metrics"]["details"]["ledger"]
     assert ledger["sandbox_s"] > 0
     assert ledger["env_s"] >= ledger["sandbox_s"]
+
+
+def test_a_durable_rollout_that_loses_its_lease_ends_its_sandbox(serve, api_key, backend):
+    # synth-containers' async rollouts: one nobody asks after is cancelled when its lease
+    # ends, and its sandbox with it.
+    server = serve(create_app(toy_config(holds_a_sandbox), api_keys=[api_key]))
+    before = len(ids)
+    with httpx.Client(base_url=server.url + "/containers", timeout=30,
+                      headers={"X-API-Key": api_key}) as c:
+        assert c.post("/rollouts", json={
+            "rollout_id": "leased", "seed": 1, "submission_mode": "async",
+            "lease_ttl_seconds": 1.0, "env": {"config": {"end": "hang"}},
+            "policy": {"model": "m", "inference_url": "http://127.0.0.1:9/v1"}}
+        ).status_code == 202
+        box = wait_for(lambda: ids[before:] and ids[-1], what="the rollout's sandbox")
+        wait_for(lambda: sandbox_processes(box), what="its command running")
+        wait_for(lambda: not sandbox_processes(box) and not held(backend), timeout_s=20,
+                 what="the sandbox of a rollout whose lease ended to end")
+        document = c.get("/rollouts/leased").json()
+    assert document["status"] == "cancelled" and document["error"]["code"] == "lease_expired"
