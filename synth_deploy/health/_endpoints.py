@@ -402,8 +402,10 @@ class EndpointSteps:
 
         summary = summarize_traces([trace])
         if summary.used:
-            self.add(CheckResult("sandboxes", "pass", "the rollout's sandboxes start and run",
-                                 summary.describe(), max(summary.start_ms)))
+            self.add(CheckResult("sandboxes", "warn" if summary.hint else "pass",
+                                 "the rollout's sandboxes start and run, isolated as set",
+                                 summary.describe(), max(summary.start_ms), hint=summary.hint,
+                                 code="sandbox_network_open" if summary.hint else "ok"))
 
     def rollout_path(self) -> tuple[str, str]:
         """("async" or "sync", why): async when the app advertises it."""

@@ -114,7 +114,8 @@ def sandbox_check(step: StepResult) -> RehearsalCheck:
                 "on Modal, the image and the workspace's sandbox quota")
     if not summary.used:
         return RehearsalCheck("sandboxes", "skip", "the app started no sandbox")
-    return RehearsalCheck("sandboxes", "pass", summary.describe(), data=summary.to_dict())
+    return RehearsalCheck("sandboxes", "warn" if summary.hint else "pass", summary.describe(),
+                          fix=summary.hint, data=summary.to_dict())
 
 
 def signal_check(step: StepResult) -> RehearsalCheck:

@@ -20,6 +20,8 @@ class SandboxSummary:
     command_s: float = 0.0
     limits: Counter[str] = field(default_factory=Counter)
     backends: set[str] = field(default_factory=set)
+    # Sandboxes whose settings turned the network off on a machine that could not.
+    network_open: int = 0
 
     @property
     def used(self) -> bool:
@@ -37,12 +39,24 @@ class SandboxSummary:
         if self.limits:
             line += " · limits hit: " + ", ".join(f"{name} ×{n}"
                                                   for name, n in sorted(self.limits.items()))
+        if self.network_open:
+            line += f" · network NOT blocked in {self.network_open} (asked off)"
         return line
+
+    @property
+    def hint(self) -> str | None:
+        """The fix, when the sandboxes isolate less than their settings ask."""
+        if not self.network_open:
+            return None
+        return ("this machine does not allow network namespaces, so the model's code can "
+                "reach the network: serve as root, allow unprivileged user namespaces "
+                "(a sysctl of your distribution), or deploy (Modal blocks it)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"started": self.started, "start_ms": [round(x, 1) for x in self.start_ms],
                 "commands": self.commands, "command_s": round(self.command_s, 6),
-                "limits": dict(self.limits), "backends": sorted(self.backends)}
+                "limits": dict(self.limits), "backends": sorted(self.backends),
+                "network_open": self.network_open}
 
 
 def summarize_traces(traces: Iterable[Mapping[str, Any] | None]) -> SandboxSummary:
@@ -68,6 +82,10 @@ def _add(summary: SandboxSummary, event: Mapping[str, Any]) -> None:
     if "created" in record:
         summary.started += 1
         summary.start_ms.append(took)
+        created = record["created"] if isinstance(record["created"], Mapping) else {}
+        if created.get("network") == "off" and str(record.get("network", "")).startswith(
+                "NOT"):
+            summary.network_open += 1
     elif "command" in record:
         summary.commands += 1
         summary.command_s += took / 1000.0

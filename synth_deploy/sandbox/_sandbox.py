@@ -209,7 +209,8 @@ async def open_sandbox(settings: SandboxSettings, *, app: str, rollout: str,
         tracer.record_runtime_event(
             system_instance_id="sandbox", latency_ms=(time.perf_counter() - started) * 1000.0,
             metadata={"sandbox": {"id": sandbox.id, "backend": backend.name,
-                                  "created": settings.describe()}})
+                                  "created": settings.describe(),
+                                  "network": backend.isolation()["network"]}})
     return sandbox
 
 

@@ -64,3 +64,26 @@ def test_the_viewers_replay_carries_each_command(stored, serve):
         assert [(c["exit_code"], c["limit"]) for c in commands] == [(1, None),
                                                                     (None, "timeout")]
         assert commands[0]["stderr"] == "FAILED (failures=1)\n"
+
+
+def trace_of(*records: dict) -> dict:
+    return {"session_time_steps": [{"events": [
+        {"event_type": "runtime", "system_instance_id": "sandbox", "latency_ms": ms,
+         "metadata": {"sandbox": record}} for record, ms in records]}]}
+
+
+def test_the_summary_counts_starts_commands_limits_and_an_open_network():
+    from synth_deploy.sandbox import summarize_traces
+
+    blocked = {"id": "a", "backend": "local", "created": {"network": "off"},
+               "network": "blocked (a network namespace per command)"}
+    open_ = {"id": "b", "backend": "local", "created": {"network": "off"},
+             "network": "NOT blocked: this machine does not allow network namespaces"}
+    command = {"id": "a", "backend": "local", "command": "x", "limit": "timeout"}
+    summary = summarize_traces([trace_of((blocked, 12.0), (command, 1500.0)),
+                                trace_of((open_, 30.0)), None, {"nonsense": 1}])
+    assert (summary.started, summary.commands, summary.limits["timeout"]) == (2, 1, 1)
+    assert summary.start_ms == [12.0, 30.0] and summary.command_s == pytest.approx(1.5)
+    assert summary.network_open == 1 and "network namespaces" in summary.hint
+    assert "network NOT blocked in 1" in summary.describe()
+    assert summarize_traces([trace_of((blocked, 5.0))]).hint is None
