@@ -119,8 +119,8 @@ class TaskApp:
         if settings.get("sandbox") is not None:
             from synth_deploy.sandbox import lifecycle_hooks
 
-            sweep, end = lifecycle_hooks(self.app_id)
-            settings["startup_hooks"] = (sweep, *settings.get("startup_hooks", ()))
+            start, end = lifecycle_hooks(self.app_id)
+            settings["startup_hooks"] = (start, *settings.get("startup_hooks", ()))
             settings["shutdown_hooks"] = (end, *settings.get("shutdown_hooks", ()))
         return TaskAppConfig(
             app_id=self.app_id, name=self.name, description=self.description,
