@@ -12,6 +12,7 @@
      ├── TunnelError                 cloudflared missing, failing or dying (carries its logs)
      ├── DeployError                 Modal deployment failures
      ├── TraceStoreError             the trace database cannot be opened, read or written
+ ├── SandboxError                a sandbox could not be made, or is used after it ended
      └── JobError                    training backend and job failures
           └── JobHTTPError           a non-2xx answer from the backend (status, body)
 
@@ -106,6 +107,11 @@ class TraceStoreError(SynthDeployError):
     """The trace database cannot be opened, migrated, read or written."""
 
 
+class SandboxError(SynthDeployError):
+    """A sandbox could not be made or reached, or was used after it ended. What the code in
+    it does (a failing command, a limit hit) is its result, not this error."""
+
+
 class JobError(SynthDeployError):
     """A training job could not be prepared, submitted or followed."""
 
@@ -137,6 +143,7 @@ __all__ = [
     "InvalidAction",
     "JobError",
     "JobHTTPError",
+    "SandboxError",
     "SynthDeployError",
     "TaskAppError",
     "TraceStoreError",

@@ -9,6 +9,8 @@
                                                                file and builds the modal.App
     SYNTH_DEPLOY_TASK_APP    the deploy plan (function env)    the Modal container's entry: the
                                                                app file, relative to /root
+    SYNTH_DEPLOY_SANDBOX_APP the deploy plan, for an app that  the Modal container's entry: the
+                             declares sandbox=                 Modal app of its sandboxes
 
 No secret value travels here: a child resolves its own `Env` from the same env files (and the
 environment it inherits), so keys stay where the user put them. Readers are process entry
@@ -27,6 +29,7 @@ from synth_deploy.errors import SynthDeployError
 RELOAD_VAR = "SYNTH_DEPLOY_RELOAD"
 ENV_FILES_VAR = "SYNTH_DEPLOY_ENV_FILES"
 TASK_APP_VAR = "SYNTH_DEPLOY_TASK_APP"
+SANDBOX_APP_VAR = "SYNTH_DEPLOY_SANDBOX_APP"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ def env_files_from(environ: Mapping[str, str]) -> list[str]:
 __all__ = [
     "ENV_FILES_VAR",
     "RELOAD_VAR",
+    "SANDBOX_APP_VAR",
     "TASK_APP_VAR",
     "ReloadHandoff",
     "env_files_for_child",

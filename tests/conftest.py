@@ -134,6 +134,19 @@ def math_server(serve, math_config, api_key) -> BackgroundServer:
     return serve(create_app(math_config, api_keys=[api_key]))
 
 
+@pytest.fixture
+def sandbox_root() -> Iterator[Path]:
+    """A folder for local sandboxes that their own users can reach (pytest's tmp_path is
+    closed to other users), removed with what is left in it."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="synth-deploy-test-sandboxes-"))
+    root.chmod(0o711)
+    yield root / "sandboxes"
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def writes_nothing_into_the_working_directory(request):
     """A test writes under its tmp_path only: what it leaves in the working directory (the

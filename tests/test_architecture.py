@@ -112,6 +112,7 @@ LAYERS = (
     ("env", "urls", "handoff"),
     ("tracing",),    # the trace store: what rollouts record, written and read
     ("otel",),       # traces as OpenTelemetry spans
+    ("sandbox",),    # where an environment runs the model's code (its commands traced)
     ("taskapp",),    # the SDK an app author writes against
     ("serving",),    # the engine that serves what the SDK declares (it records traces)
     ("health",),     # probing a served app

@@ -266,8 +266,9 @@ def cost_lines(ledger, prices) -> tuple[str, dict[str, Any] | None]:
     estimate = prices.estimate(ledger) if prices is not None else None
     line = (f"cost: {ledger.input_tokens} tokens in / {ledger.output_tokens} out in "
             f"{ledger.lm_calls} LM calls · LM {ledger.lm_s:.2f}s · environment "
-            f"{ledger.env_s:.2f}s · wall {ledger.wall_s:.2f}s (summed over {ledger.rollouts} "
-            "rollouts)")
+            f"{ledger.env_s:.2f}s"
+            + (f" (sandboxes {ledger.sandbox_s:.2f}s)" if ledger.sandbox_s else "")
+            + f" · wall {ledger.wall_s:.2f}s (summed over {ledger.rollouts} rollouts)")
     if ledger.cost_usd is not None:
         line += f" · recorded ${ledger.cost_usd:.4f}"
     if estimate is not None and estimate.unpriced and not any(

@@ -79,6 +79,13 @@ def _render_plan(plan: Any) -> None:
               f"cpu {cpu} · containers {containers} · {res['concurrent_inputs']} concurrent "
               f"inputs/container" + (f" · volumes {res['volumes']}" if res["volumes"] else ""))
     out.print(f"[bold]Tracing[/bold]  {escape(d['tracing'])}")
+    if (box := d["sandbox"]) is not None:
+        out.print(f"[bold]Sandboxes[/bold]  modal.Sandbox in app {escape(box['modal_app'])} · "
+                  f"image {escape(box['image'] or 'debian_slim')}"
+                  + (f" + {escape(' '.join(box['packages']))}" if box["packages"] else "")
+                  + f" · cpu {box['cpu']} · memory {box['memory_mb']} MiB · life "
+                  f"{box['timeout_s']:g}s · command {box['command_timeout_s']:g}s · files ≤ "
+                  f"{box['max_file_mb']} MiB · network {escape(box['network'])}")
     for message in d["warnings"]:
         warn(message)
 

@@ -297,6 +297,14 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
                 out.print(f"    [dim]lm call {_esc(e.model_name)} in={_num(e.input_tokens)} "
                           f"out={_num(e.output_tokens)}{ids} {_num(e.latency_ms, 4)}ms[/dim]",
                           markup=True)
+            elif (line := _sandbox_line(e)) is not None:
+                out.print(f"    [dim]{_esc(line)}[/dim]", markup=True)
+                record = e.metadata["sandbox"]
+                for stream in ("stdout", "stderr"):
+                    text = str(record.get(stream) or "").strip()
+                    if text:
+                        shown = text if len(text) <= 400 else text[:400] + " …"
+                        out.print(f"      [dim]{stream}: {_esc(shown)}[/dim]", markup=True)
             else:
                 actions = e.metadata.get("actions")
                 out.print(f"    [dim]{_esc(e.event_type)} reward={_num(e.reward)} "
@@ -404,6 +412,14 @@ def rescore(
               soft_wrap=True)
     if result.matched and not result.rescored:
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _sandbox_line(event) -> str | None:
+    if event.system_instance_id != "sandbox" or not isinstance(event.metadata, dict):
+        return None
+    from synth_deploy.sandbox import event_summary
+
+    return event_summary(event.metadata.get("sandbox"))
 
 
 @traces_app.command("stats")

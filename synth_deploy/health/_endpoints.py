@@ -350,7 +350,8 @@ class EndpointSteps:
             policy_config["model"] = options.model
         body = {"run_id": run_id, "mode": "eval", "env": {"seed": seed, "config": {}},
                 "policy": {"policy_name": "synth-deploy-check", "config": policy_config},
-                "record": {"return_trace": False}, "safety": {"max_time_s": timeout_s}}
+                # Its trace says whether the app's sandboxes started, and how fast.
+                "record": {"return_trace": True}, "safety": {"max_time_s": timeout_s}}
         path, why = self.rollout_path()
         if path == "async":
             response, latency, failure = self.async_rollout(body, timeout_s)
@@ -379,6 +380,12 @@ class EndpointSteps:
                     code, f"{status} {message}",
                     "the app could not get an answer from the policy: check that the app can "
                     "reach the inference URL and that the model exists"), latency)
+            elif code == "rollout_failed" and "SandboxError" in message:
+                self.fail("rollout", expected, dx.Diagnosis(
+                    "sandbox_failed", f"{status} {message}",
+                    "the app's sandbox could not start or run: read the message (on Modal: the "
+                    "image and the workspace's sandbox quota; locally: the sandbox folder)"),
+                    latency)
             elif code in ("rollout_failed", "rollout_timeout", "invalid_rollout_result",
                           "trace_write_failed"):
                 self.fail("rollout", expected, dx.Diagnosis(
@@ -407,6 +414,18 @@ class EndpointSteps:
                                  latency, code="no_reward", hint=NO_REWARD))
             return
         self.add(CheckResult("rollout", "pass", expected, actual, latency))
+        self.sandboxes(data.get("trace"))
+
+    def sandboxes(self, trace: Any) -> None:
+        """A line on the sandboxes the check's rollout started, when it started any."""
+        from synth_deploy.sandbox import summarize_traces
+
+        summary = summarize_traces([trace])
+        if summary.used:
+            self.add(CheckResult("sandboxes", "warn" if summary.hint else "pass",
+                                 "the rollout's sandboxes start and run, isolated as set",
+                                 summary.describe(), max(summary.start_ms), hint=summary.hint,
+                                 code="sandbox_network_open" if summary.hint else "ok"))
 
     def rollout_path(self) -> tuple[str, str]:
         """("async" or "sync", why): async when the app advertises it."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from synth_deploy.env import Env, load_env
 from synth_deploy.errors import TaskAppError, TraceStoreError
-from synth_deploy.handoff import TASK_APP_VAR
+from synth_deploy.handoff import SANDBOX_APP_VAR, TASK_APP_VAR
 from synth_deploy.modal._trace_volume import (
     CONTAINER_MEMORY_VAR,
     DEFAULT_TRACE_COMMIT_S,
@@ -87,6 +87,10 @@ def web() -> Any:
                                      traces=traces,
                                      trace_destination=_destination(env, traces, snapshots))
     prepare_serving_process()  # the container only serves
+    if sandbox_app := env.get(SANDBOX_APP_VAR):  # its rollouts' sandboxes: modal.Sandboxes
+        from synth_deploy.sandbox import ModalBackend, use_backend
+
+        use_backend(ModalBackend(sandbox_app))
     try:
         app = LocalRunner(settings).build()
     except TraceStoreError as exc:

@@ -13,7 +13,7 @@ from typing import Any
 
 from synth_deploy.env import ENVIRONMENT_API_KEY, Env
 from synth_deploy.errors import TaskAppError, UsageError
-from synth_deploy.handoff import TASK_APP_VAR
+from synth_deploy.handoff import SANDBOX_APP_VAR, TASK_APP_VAR
 from synth_deploy.modal._image import ImageRecipe, app_remote_file
 from synth_deploy.modal._secrets import SecretSource, resolve_secrets
 from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
@@ -49,6 +49,7 @@ class DeployPlan:
     function_name: str = FUNCTION_NAME
     warnings: tuple[str, ...] = ()  # what the settings promise beyond what was measured
     identity: Any = None  # the app's `AppIdentity`: which code the containers will run
+    sandbox: Any = None  # the app's SandboxSettings: its rollouts' modal.Sandboxes (None: none)
 
     @property
     def api_key(self) -> str:
@@ -87,6 +88,9 @@ class DeployPlan:
             "tracing": self.tracing,
             "trace_volume": self.trace_volume,
             "identity": None if self.identity is None else self.identity.to_dict(),
+            "sandbox": None if self.sandbox is None else {
+                "backend": "modal.Sandbox", "modal_app": self.app_name,
+                **self.sandbox.describe()},
             "warnings": list(self.warnings),
         }
 
@@ -159,6 +163,8 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         raise UsageError(f"--name: {app_name!r} is not a valid Modal app name",
                          hint="use letters, digits, '-', '_' or '.', at most 64 characters")
     destination = trace_destination(settings, app_name, env)
+    sandbox = entry.build_config().sandbox
+    sandbox_env = {SANDBOX_APP_VAR: app_name} if sandbox is not None else {}
     volume, remote = destination.volume, destination.remote
     volume_env: dict[str, str] = {}
     if volume is not None:
@@ -177,6 +183,7 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         image=ImageRecipe.for_app(source.parent, settings, remote_tracing=remote),
         secrets=tuple(resolve_secrets(settings, env, source.parent, destination.traces)),
         env={**settings.env, TASK_APP_VAR: app_remote_file(source), **volume_env,
+             **sandbox_env,
              **{var: str(value) for var, value in (
                  (MAX_ROLLOUTS_VAR, settings.max_rollouts),
                  (HEAD_AFTER_VAR, settings.head_after_s),
@@ -188,6 +195,7 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         # The digest the deployed app will report (/health, each session), worked out here
         # from the same files its image carries.
         identity=entry.build_config().identity,
+        sandbox=sandbox,
     )
 
 

@@ -13,6 +13,11 @@ grows with it, so the members of a GRPO group (same prompt, different samples) d
 some prompts and agree on the easy ones. A sample is keyed by the trainer's correlation id
 (``?cid=``): the same prompt and cid always get the same answer; without a cid it is random.
 
+Asked to write a function (a ``def name(args):`` whose docstring says ``Return `EXPR`.``, as
+``apps/code`` asks), it answers the function returning that expression in a ```python block,
+missing any edge case the docstring adds (so some hidden tests fail) and wrong on purpose
+for about one prompt in six, as with arithmetic.
+
 Offered ``tools``, it calls one with arguments valid for the tool's schema (see `_mock_tools`),
 so a multi-turn tool-calling environment plays through it with no model at all.
 
@@ -42,6 +47,8 @@ from synth_deploy.runs._mock_tools import mock_tool_reply
 
 MOCK_MODEL = "synth-deploy/mock-policy"
 _EXPRESSION = re.compile(r"-?\d+(?:\s*[-+*/]\s*-?\d+)+")
+# A function to write: its signature, then a docstring opening with what it returns.
+_FUNCTION_ASKED = re.compile(r'def (\w+)\(([^)]*)\):\s*\n\s*"""Return `([^`\n]+)`')
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv}
 
@@ -78,6 +85,12 @@ def mock_answer(prompt: str, *, error_rate: float = 1 / 6, temperature: float = 
         wrong_probability = min(0.9, temperature) * _unit("difficulty:" + prompt)
         draw = _unit(f"{sample}:{prompt}") if sample else secrets.randbelow(1000) / 1000
         unlucky = draw < wrong_probability
+    if (function := _FUNCTION_ASKED.search(prompt)) is not None:
+        name, params, expression = function.groups()
+        if unlucky:
+            expression = f"-({expression})"
+        return (f"Here is the function.\n```python\ndef {name}({params}):\n"
+                f"    return {expression}\n```")
     match = _EXPRESSION.search(prompt)
     value = _evaluate(match.group(0)) if match else None
     if value is None:

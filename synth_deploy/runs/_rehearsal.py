@@ -199,7 +199,7 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
     step = await run.training_step()
     report.notes += run.notes + path_notes([o for g in step.groups for o in g.outcomes])
     report.checks += [verdicts.step_check(step), verdicts.signal_check(step),
-                      verdicts.tokens_check(step)]
+                      verdicts.tokens_check(step), verdicts.sandbox_check(step)]
     report.checks.append(await run.determinism(mocked) if "determinism" not in options.skip
                          else RehearsalCheck("determinism", "skip", "skipped (--skip)"))
     entry = _app_entry(app_or_url)

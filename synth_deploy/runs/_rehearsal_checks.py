@@ -119,6 +119,26 @@ def tokens_check(step: StepResult) -> RehearsalCheck:
     return RehearsalCheck("token continuity", "pass", finding, data=data)
 
 
+def sandbox_check(step: StepResult) -> RehearsalCheck:
+    """The sandboxes of the step's rollouts (their returned traces): whether they started,
+    how long starting one took, what their commands cost; failed when a rollout failed
+    because a sandbox could not start or run."""
+    from synth_deploy.sandbox import summarize_traces
+
+    summary = summarize_traces(o.trace for o in step.outcomes)
+    failed = [o for o in step.outcomes if not o.ok and "SandboxError" in (o.error or "")]
+    if failed:
+        return RehearsalCheck(
+            "sandboxes", "fail", f"{len(failed)} rollout(s) failed in their sandbox",
+            details=[f"{o.run_id}: {o.error}" for o in failed[:5]], data=summary.to_dict(),
+            fix="read the error: locally, the sandbox folder and this machine's namespaces; "
+                "on Modal, the image and the workspace's sandbox quota")
+    if not summary.used:
+        return RehearsalCheck("sandboxes", "skip", "the app started no sandbox")
+    return RehearsalCheck("sandboxes", "warn" if summary.hint else "pass", summary.describe(),
+                          fix=summary.hint, data=summary.to_dict())
+
+
 def signal_check(step: StepResult) -> RehearsalCheck:
     plan, data = step.plan, step.to_dict()
     total, zero = plan.groups, step.zero_variance_groups

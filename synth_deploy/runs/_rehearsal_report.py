@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Verdict = Literal["pass", "warn", "fail", "skip"]
-CHECKS = ("health", "training step", "reward signal", "token continuity", "determinism",
-          "capacity", "timeouts", "idle connection")
+CHECKS = ("health", "training step", "reward signal", "token continuity", "sandboxes",
+          "determinism", "capacity", "timeouts", "idle connection")
 
 
 @dataclass

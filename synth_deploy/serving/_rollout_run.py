@@ -206,7 +206,10 @@ class RolloutRun:
         outcome = RolloutOutcome(req.run_id)
         try:
             with deadline(bound):
-                raw = await self.call_executor(req, ctx)
+                try:
+                    raw = await self.call_executor(req, ctx)
+                finally:  # what the rollout held (its sandboxes) ends with it
+                    await ctx.close()
             outcome.duration_s = time.perf_counter() - started
             outcome.result = _completed(raw, req.run_id, tracer.finish(expand=False),
                                         wall_s=outcome.duration_s,

@@ -147,6 +147,13 @@ class TaskApp:
             raise TaskAppError(f"task app {self.app_id!r} declares no rollout",
                                hint="decorate its episode function with @task_app.rollout, "
                                     "or its environment with @task_app.environment")
+        settings = dict(self.settings)
+        if settings.get("sandbox") is not None:
+            from synth_deploy.sandbox import lifecycle_hooks
+
+            start, end = lifecycle_hooks(self.app_id)
+            settings["startup_hooks"] = (start, *settings.get("startup_hooks", ()))
+            settings["shutdown_hooks"] = (end, *settings.get("shutdown_hooks", ()))
         return TaskAppConfig(
             app_id=self.app_id, name=self.name, description=self.description,
             version=self.version, base_task_info=self.task_info, rollout=rollout,
@@ -154,7 +161,7 @@ class TaskApp:
             provide_task_instances=self._instances or (
                 lambda seeds: [self.instance(seed) for seed in seeds]),
             describe_taskset=self._taskset, rubrics=self.rubrics, scorer=self._scorer,
-            dataset_registry=TaskDatasetRegistry(self.datasets), **self.settings)
+            dataset_registry=TaskDatasetRegistry(self.datasets), **settings)
 
     def __repr__(self) -> str:
         return f"TaskApp({self.app_id!r}, source={self.entry.source})"

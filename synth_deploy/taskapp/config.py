@@ -17,6 +17,7 @@ from synth_deploy.taskapp.contracts import (
 )
 
 if TYPE_CHECKING:
+    from synth_deploy.sandbox import Sandbox, SandboxSettings
     from synth_deploy.taskapp._environment import EnvironmentSpec
     from synth_deploy.taskapp._outbound import OutboundClient
     from synth_deploy.taskapp.scoring import Scorer
@@ -160,10 +161,33 @@ class RolloutContext:
     tracer: SessionTracer
     http: OutboundClient  # an httpx.AsyncClient (see `_outbound`)
     app_state: dict[str, Any]
+    sandboxes: list[Sandbox] = field(default_factory=list, repr=False)
 
     @property
     def run_id(self) -> str:
         return self.request.run_id
+
+    async def sandbox(self, **settings: Any) -> Sandbox:
+        """A sandbox for this rollout's code: the app's ``sandbox=`` settings (the defaults
+        of `SandboxSettings` without them) with ``settings`` changed. Its commands are
+        events of the current timestep; it ends with the rollout (returned, failed or
+        cancelled), so the rollout need not end it."""
+        from synth_deploy.sandbox import SandboxSettings, open_sandbox
+
+        chosen = self.config.sandbox or SandboxSettings()
+        if settings:
+            chosen = chosen.updated(**settings)
+        box = await open_sandbox(chosen, app=self.config.app_id, rollout=self.run_id,
+                                 tracer=self.tracer)
+        self.sandboxes.append(box)
+        return box
+
+    async def close(self) -> None:
+        """End what the rollout holds (its sandboxes): called by the server as it ends."""
+        if self.sandboxes:
+            from synth_deploy.sandbox import close_sandboxes
+
+            await close_sandboxes(self.sandboxes)
 
 
 RolloutExecutor = Callable[
@@ -187,6 +211,9 @@ class TaskAppConfig:
     default, because a key holder chooses the policy URL.
     ``environment``: the app's `@task_app.environment`; ``session_idle_seconds``: the lease of
     an environment session on OpenEnv's wire (closed after that long unused).
+    ``sandbox``: the settings of the sandboxes its rollouts ask for (`ctx.sandbox()`); an
+    app that declares them has its leftovers swept as it starts and its sandboxes ended as
+    it stops (`synth_deploy.sandbox`).
     ``capture_tokens``: `call_policy` asks for token ids and log-probabilities unless the
     rollout's ``policy.config.capture_tokens`` says otherwise (see `_token_capture`).
     ``identity``: which code this is (`AppIdentity`), set where the app's file is loaded;
@@ -219,6 +246,7 @@ class TaskAppConfig:
     code_files: Sequence[str] = ()  # hashed into the app's identity beside its code
     identity: AppIdentity = field(default_factory=AppIdentity)  # version, code digest
     scorer: Scorer | None = None  # an episode scored from its trace (`traces rescore`)
+    sandbox: SandboxSettings | None = None  # what `ctx.sandbox()` makes (see its docstring)
 
     def __post_init__(self) -> None:
         if not self.app_id or not self.app_id.replace("-", "").replace("_", "").isalnum():

@@ -2,8 +2,9 @@
 
 Per rollout: the tokens in and out as the policy reported them (an LM call's counts, else
 its OpenAI-style ``usage``), the number of LM calls, LM time (the calls' latencies added
-up), wall time (the rollout function, as the server timed it) and environment time (wall
-time less LM time: the app's own work, never below zero). Ledgers add up, so a run's ledger
+up), wall time (the rollout function, as the server timed it), environment time (wall
+time less LM time: the app's own work, never below zero) and sandbox time (the commands
+its sandboxes ran, added up: part of the environment time). Ledgers add up, so a run's ledger
 is the sum of its rollouts'. Every ledger is built by `ledger_from_calls` from LM calls
 grouped by model: `ledger_of` groups a session's in memory; the store groups its rows in
 SQL, for one session (the SFT export) or all of them (`traces stats`, from running totals).
@@ -23,6 +24,7 @@ from typing import Any
 from synth_deploy.tracing._session import Event, SessionTrace
 
 UNKNOWN_MODEL = "(unknown model)"
+SANDBOX = "sandbox"  # the system of a sandbox's runtime events (`synth_deploy.sandbox`)
 
 
 # Ledgers are values (adding two makes a third) but not frozen: every rollout builds one, on
@@ -53,6 +55,7 @@ class CostLedger:
     wall_s: float = 0.0
     by_model: Mapping[str, ModelTokens] = field(default_factory=dict)
     cost_usd: float | None = None  # what the app recorded on its LM calls, if anything
+    sandbox_s: float = 0.0
 
     @property
     def total_tokens(self) -> int:
@@ -69,7 +72,8 @@ class CostLedger:
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             lm_s=self.lm_s + other.lm_s, env_s=self.env_s + other.env_s,
-            wall_s=self.wall_s + other.wall_s, by_model=models, cost_usd=cost)
+            wall_s=self.wall_s + other.wall_s, by_model=models, cost_usd=cost,
+            sandbox_s=self.sandbox_s + other.sandbox_s)
 
     @classmethod
     def total(cls, ledgers: Iterable[CostLedger | None]) -> CostLedger:
@@ -81,10 +85,13 @@ class CostLedger:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """The dict form; ``sandbox_s`` only where sandboxes ran (an app without them reads
+        as it always did)."""
+        sandbox = {"sandbox_s": _rounded(self.sandbox_s, 1e6)} if self.sandbox_s else {}
         return {"rollouts": self.rollouts, "lm_calls": self.lm_calls,
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "lm_s": _rounded(self.lm_s, 1e6), "env_s": _rounded(self.env_s, 1e6),
-                "wall_s": _rounded(self.wall_s, 1e6),
+                "wall_s": _rounded(self.wall_s, 1e6), **sandbox,
                 "by_model": {name: {"input_tokens": t.input_tokens,
                                     "output_tokens": t.output_tokens}
                              for name, t in self.by_model.items()} if self.by_model else {},
@@ -102,7 +109,7 @@ class CostLedger:
             input_tokens=_int(data.get("input_tokens")),
             output_tokens=_int(data.get("output_tokens")),
             lm_s=_float(data.get("lm_s")), env_s=_float(data.get("env_s")),
-            wall_s=_float(data.get("wall_s")),
+            wall_s=_float(data.get("wall_s")), sandbox_s=_float(data.get("sandbox_s")),
             by_model={str(name): ModelTokens(_int(t.get("input_tokens")),
                                              _int(t.get("output_tokens")))
                       for name, t in models.items() if isinstance(t, Mapping)},
@@ -130,9 +137,12 @@ def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedg
     else the session's ``duration_s`` (the server's timing); else 0: unknown (synth-ai's
     sessions), and the environment time with it."""
     calls: dict[str, list[Any]] = {}
+    sandbox_ms = 0.0
     for step in session.timesteps:
         for event in step.events:
             if event.event_type != "cais":
+                if event.system_instance_id == SANDBOX and _number(event.latency_ms):
+                    sandbox_ms += max(float(event.latency_ms), 0.0)
                 continue
             got_in, got_out = event_tokens(event)
             model = calls.setdefault(event.model_name or UNKNOWN_MODEL,
@@ -147,11 +157,11 @@ def ledger_of(session: SessionTrace, *, wall_s: float | None = None) -> CostLedg
     if wall_s is None:
         metadata = session.metadata
         wall_s = metadata.get("duration_s") if isinstance(metadata, Mapping) else None
-    return ledger_from_calls(calls.values(), wall_s=wall_s)
+    return ledger_from_calls(calls.values(), wall_s=wall_s, sandbox_s=sandbox_ms / 1000.0)
 
 
 def ledger_from_calls(calls: Iterable[Sequence[Any]], *, wall_s: Any = None,
-                      rollouts: int = 1) -> CostLedger:
+                      rollouts: int = 1, sandbox_s: Any = 0.0) -> CostLedger:
     """The ledger of ``rollouts`` rollouts from their LM calls grouped by model and their
     wall time: what every ledger is built from (one session in memory, one stored session,
     a whole store's totals). ``calls``: ``(model_name, calls, tokens_in, tokens_out,
@@ -179,7 +189,8 @@ def ledger_from_calls(calls: Iterable[Sequence[Any]], *, wall_s: Any = None,
     wall = _float(wall_s)
     return CostLedger(rollouts=rollouts, lm_calls=count, input_tokens=tokens_in,
                       output_tokens=tokens_out, lm_s=lm_s, env_s=max(wall - lm_s, 0.0),
-                      wall_s=wall, by_model=by_model, cost_usd=cost)
+                      wall_s=wall, by_model=by_model, cost_usd=cost,
+                      sandbox_s=_float(sandbox_s))
 
 
 def _rounded(value: float, scale: float) -> float:

@@ -399,6 +399,16 @@ class SessionTracer:
         self._step().events.append(event)
         return event
 
+    def record_runtime_event(self, *, system_instance_id: str,
+                             latency_ms: float | None = None,
+                             metadata: dict[str, Any] | None = None) -> Event:
+        """Record work the environment's runtime did (a sandbox's command: its metadata
+        says what ran and how it ended, ``latency_ms`` how long it took)."""
+        event = Event(event_type="runtime", system_instance_id=system_instance_id,
+                      latency_ms=latency_ms, metadata=dict(metadata or {}))
+        self._step().events.append(event)
+        return event
+
     def record_event_reward(self, reward_value: float, *, reward_type: str,
                             source: str = "environment", turn_number: int | None = None,
                             event_id: str | None = None, message_id: str | None = None,

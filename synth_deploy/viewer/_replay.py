@@ -236,7 +236,14 @@ def _env_event(e: Event, rewards: list[EventReward]) -> dict[str, Any]:
             "terminated": e.terminated, "truncated": e.truncated,
             "achievements": _achievements(e.system_state_after),
             "state_after": e.system_state_after, "metadata": e.metadata or {},
-            "rewards": [_reward(r) for r in rewards], "at": _iso(e.event_time)}
+            "rewards": [_reward(r) for r in rewards], "at": _iso(e.event_time),
+            "latency_ms": e.latency_ms, "sandbox": _sandbox(e)}
+
+
+def _sandbox(e: Event) -> dict[str, Any] | None:
+    """A sandbox's command as its event recorded it (None for any other event)."""
+    record = (e.metadata or {}).get("sandbox") if e.system_instance_id == "sandbox" else None
+    return record if isinstance(record, dict) and "command" in record else None
 
 
 def _achievements(state: Any) -> list[str] | None:

@@ -50,7 +50,9 @@ def test_the_math_app_is_ready_to_train_and_its_rollouts_are_traced(tmp_path):
     found = checks(report)
     assert code == 0 and report["ready"], found
     assert set(found) == {"health", "training step", "reward signal", "token continuity",
-                          "determinism", "capacity", "timeouts", "idle connection"}
+                          "sandboxes", "determinism", "capacity", "timeouts",
+                          "idle connection"}
+    assert found.pop("sandboxes")["verdict"] == "skip"  # math runs no code
     assert found.pop("token continuity")["verdict"] == "skip"  # the config asks for no ids
     assert all(c["verdict"] in ("pass", "warn") for c in found.values())
     step = found["training step"]["data"]
@@ -90,6 +92,19 @@ def test_the_math_app_is_ready_to_train_and_its_rollouts_are_traced(tmp_path):
         run_ids = [json.loads(m)["run_id"] for (m,) in
                    conn.execute("SELECT metadata FROM session_traces")]
     assert sum(r.startswith("rehearse-") and "-step-" in r for r in run_ids) == 32
+
+
+def test_rehearsing_the_code_app_says_its_sandboxes_start_and_what_they_cost(tmp_path):
+    config = rl_config(tmp_path, episodes_per_batch=4, group_size=2, max_concurrent_rollouts=4)
+    code, report = rehearse(tmp_path, "--config", str(config), "--app", "code", "--no-trace",
+                            "--skip", "capacity", "--skip", "idle", "--skip", "determinism")
+    found = checks(report)
+    assert code == 0, found
+    sandboxes = found["sandboxes"]
+    assert sandboxes["verdict"] == "pass", sandboxes
+    assert sandboxes["data"]["started"] == 4 and sandboxes["data"]["commands"] == 12
+    assert sandboxes["finding"].startswith("4 sandboxes started (local) in ")
+    assert len(sandboxes["data"]["start_ms"]) == 4
 
 
 @pytest.mark.slow

@@ -186,6 +186,7 @@ def _start_container(function, app_name: str, index: int = 0) -> str:
         env.update(values)
     env["STANDIN_MODAL_VOLUMES"] = json.dumps(_mount_volumes(spec, root, state, env))
     env["STANDIN_VOLUME_BACKGROUND_S"] = os.environ.get("STANDIN_VOLUME_BACKGROUND_S", "5")
+    env["STANDIN_MODAL_SANDBOXES"] = str(state / "sandboxes")  # modal_sandbox.py's state
     raw = modal_inspect._raw(function)
     info = raw._get_source_info()
     port_file = root / "port"

@@ -2,6 +2,7 @@
 
     python modal_container.py ROOT MODULE QUALNAME PORT_FILE ALLOWED_DISTS_JSON
 
+Its Sandboxes are played by modal_sandbox.py (``STANDIN_MODAL_SANDBOXES``: its state dir).
 The Volumes the function mounts are played by modal_volume.py (``STANDIN_MODAL_VOLUMES``:
 JSON {name: [committed folder, this container's view]}): its client is the ``modal`` this
 container imports, it commits in the background every ``STANDIN_VOLUME_BACKGROUND_S``, and
@@ -81,6 +82,10 @@ def main() -> int:
 
     modal_volume.install(json.loads(os.environ.pop("STANDIN_MODAL_VOLUMES", "{}")),
                          float(os.environ.pop("STANDIN_VOLUME_BACKGROUND_S", "5")))
+    if sandboxes := os.environ.pop("STANDIN_MODAL_SANDBOXES", None):
+        from modal_sandbox import ModalSandboxStandin
+
+        ModalSandboxStandin(Path(sandboxes)).install(sys.modules["modal"])
     _isolate(root_path)
     sys.meta_path.insert(0, _InstalledOnly(set(json.loads(allowed)), root_path,
                                            root_path.parent / "imports.json"))

@@ -221,3 +221,18 @@ def _ledger(model: str, tokens_in: int, tokens_out: int) -> CostLedger:
     tracer = SessionTracer()
     tracer.record_lm_call(model_name=model, input_tokens=tokens_in, output_tokens=tokens_out)
     return ledger_of(tracer.finish())
+
+
+def test_sandbox_time_is_the_sandboxes_commands_added_up():
+    from synth_deploy.tracing import SessionTracer, ledger_of
+
+    tracer = SessionTracer()
+    tracer.record_runtime_event(system_instance_id="sandbox", latency_ms=250.0)
+    tracer.record_runtime_event(system_instance_id="sandbox", latency_ms=500.0)
+    tracer.record_runtime_event(system_instance_id="other", latency_ms=9000.0)
+    ledger = ledger_of(tracer.finish(), wall_s=2.0)
+    assert ledger.sandbox_s == pytest.approx(0.75) and ledger.env_s == pytest.approx(2.0)
+    again = CostLedger.from_dict(json.loads(json.dumps(ledger.to_dict())))
+    assert again.sandbox_s == pytest.approx(0.75)
+    assert (ledger + ledger).sandbox_s == pytest.approx(1.5)
+    assert "sandbox_s" not in CostLedger(rollouts=1).to_dict()  # only where sandboxes ran

@@ -320,3 +320,29 @@ def test_headless_chromium_given_time_captures_the_drawn_page_as_the_readme_says
                              capture_output=True, text=True, timeout=60).stdout
     assert 'data-ready="#/sessions"' in dom
     assert re.search(r'id="glance-sessions" class="big">24<', dom), dom[-2000:]
+
+
+def test_a_replay_shows_each_sandbox_command_and_the_limit_that_stopped_it(tmp_path, serve):
+    tracer = SessionTracer(metadata={"app_id": "code", "model": "m", "seed": 1})
+    tracer.start_timestep("turn-1", turn_number=1)
+    for command, code, limit in (("python3 -m unittest", 1, None), ("sleep 10", None,
+                                                                     "timeout")):
+        tracer.record_runtime_event(system_instance_id="sandbox", latency_ms=300.0, metadata={
+            "sandbox": {"id": "sb-1", "backend": "local", "command": command,
+                        "exit_code": code, "duration_s": 0.3, "limit": limit,
+                        "stdout": "", "stderr": "FAILED (failures=1)\n", "truncated": False}})
+    session = tracer.finish()
+    db = tmp_path / "code.db"
+    with open_trace_store(str(db)) as store:
+        store.write_session_sync(session)
+    with open_trace_store(str(db), read_only=True) as store:
+        server = serve(create_viewer_app(store))
+        with chromium(tmp_path / "profile") as driver:
+            driver.get(f"{server.url}/#/session/{session.session_id}")
+            wait_ready(driver, session.session_id)
+            shown = driver.execute_script(
+                "return [...document.querySelectorAll('[data-field=sandbox]')]"
+                ".map(e => e.textContent)")
+    assert len(shown) == 2
+    assert "python3 -m unittest" in shown[0] and "exit 1" in shown[0]
+    assert "stopped by timeout" in shown[1] and "exit none" in shown[1]

@@ -370,7 +370,7 @@ function drawTurn(t) {
       c.cost_usd ? ` · $${num(c.cost_usd, 5)}` : "",
       c.tokens ? drawTokens(c.tokens) : null,
       h("div", {}, c.tool_calls.filter((x) => !inMessages.has(x.id)).map(drawToolCall)))),
-    t.env_events.map((e) => h("div", { class: "event env" },
+    t.env_events.map((e) => e.sandbox ? drawSandbox(e) : h("div", { class: "event env" },
       h("b", {}, `${e.kind} `), e.system,
       e.reward === null ? "" : h("span", { "data-field": "env-reward" }, ` · reward ${num(e.reward)}`),
       e.terminated ? " · terminated" : "", e.truncated ? " · truncated" : "",
@@ -380,6 +380,18 @@ function drawTurn(t) {
       e.state_after ? h("details", {}, h("summary", {}, "state after"),
         h("pre", {}, JSON.stringify(e.state_after, null, 2))) : null)),
     t.rewards.map(drawReward));
+}
+
+function drawSandbox(e) {
+  // A command the model's code ran in a sandbox: how it ended, then what it printed.
+  const c = e.sandbox;
+  return h("div", { class: "event env sandbox", "data-field": "sandbox" },
+    h("b", {}, "sandbox "), h("code", {}, c.command),
+    ` · exit ${c.exit_code ?? "none"}`,
+    c.limit ? h("span", { class: "error", "data-field": "sandbox-limit" }, ` · stopped by ${c.limit}`) : "",
+    c.duration_s === undefined ? "" : ` · ${num(c.duration_s * 1000, 1)} ms`,
+    ["stdout", "stderr"].filter((s) => c[s]).map((s) => h("details", {},
+      h("summary", {}, s + (c.truncated ? " (cut)" : "")), h("pre", {}, c[s]))));
 }
 
 function drawMessage(m) {
