@@ -158,32 +158,45 @@ def support(capabilities: dict[str, Any], target: str) -> dict[str, Any]:
     missing_profiles = [p for p in needs.get("profiles", ()) if p not in profiles]
     missing_protocols = [p for p in needs.get("protocols", ()) if not has(p)]
     missing_groups = ["|".join(g) for g in needs.get("groups", ()) if not any(map(has, g))]
+    features = _missing_features(capabilities, target, needs.get("features", ()))
+    issues = _issues(missing_profiles, missing_protocols, missing_groups, features)
+    return {"target": target, "supported": not issues, "missing_profiles": missing_profiles,
+            "missing_protocols": missing_protocols, "missing_protocol_groups": missing_groups,
+            "missing_features": features, "issues": issues, "notes": []}
+
+
+def _issues(profiles: list[str], protocols: list[str], groups: list[str],
+            features: list[str]) -> list[dict[str, Any]]:
+    """The report's issues, one for each thing missing, as the contract words them."""
+    return ([{"code": "missing_profile", "message": f"missing profile: {p}",
+              "fields": ["profile_fidelity", "profiles"]} for p in profiles]
+            + [{"code": "missing_protocol", "message": f"missing protocol: {p}",
+                "fields": ["protocol_fidelity"]} for p in protocols]
+            + [{"code": "missing_protocol_group",
+                "message": f"missing one of protocol group: {g}",
+                "fields": ["protocol_fidelity"]} for g in groups]
+            + [{"code": "missing_feature", "message": f"missing feature: {f}",
+                "fields": ["capabilities"]} for f in features])
+
+
+def _missing_features(capabilities: dict[str, Any], target: str, wanted: Any) -> list[str]:
+    """The features ``target`` wants that ``capabilities`` lack, its minimum statefulness
+    tier first."""
     tier = _MINIMUM_TIER.get(target, "episodic")
     features = [] if _TIERS.index(capabilities.get("statefulness_tier", "episodic")) >= \
         _TIERS.index(tier) else [f"minimum_statefulness:{tier}"]
     tokens = capabilities.get("token_emission") or {}
     tool_kind = (capabilities.get("tool_runtime") or {}).get("runtime_kind", "none")
-    for feature in needs.get("features", ()):
-        if feature in ("long_horizon",):
-            continue  # the tier, judged above
-        ok = {"async": "async" in (capabilities.get("rollout_modes") or ()),
+    judged = {"async": "async" in (capabilities.get("rollout_modes") or ()),
               "tool_runtime": tool_kind != "none",
               "token_ids": tokens.get("token_ids"), "logprobs": tokens.get("logprobs"),
-              "logits": tokens.get("logits")}.get(feature, capabilities.get(feature))
-        if not ok:
+              "logits": tokens.get("logits")}
+    for feature in wanted:
+        if feature == "long_horizon":
+            continue  # the tier, judged above
+        if not judged.get(feature, capabilities.get(feature)):
             features.append("rollout_mode:async" if feature == "async" else feature)
-    issues = ([{"code": "missing_profile", "message": f"missing profile: {p}",
-                "fields": ["profile_fidelity", "profiles"]} for p in missing_profiles]
-              + [{"code": "missing_protocol", "message": f"missing protocol: {p}",
-                  "fields": ["protocol_fidelity"]} for p in missing_protocols]
-              + [{"code": "missing_protocol_group",
-                  "message": f"missing one of protocol group: {g}",
-                  "fields": ["protocol_fidelity"]} for g in missing_groups]
-              + [{"code": "missing_feature", "message": f"missing feature: {f}",
-                  "fields": ["capabilities"]} for f in features])
-    return {"target": target, "supported": not issues, "missing_profiles": missing_profiles,
-            "missing_protocols": missing_protocols, "missing_protocol_groups": missing_groups,
-            "missing_features": features, "issues": issues, "notes": []}
+    return features
 
 
 def compatibility_matrix(capabilities: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -127,13 +127,57 @@ def kit_request(body: Any, rollout_id: str, *, capture_tokens: bool = False
     receives); raises `BadRequest` naming the field that is wrong. ``capture_tokens``: the
     app's default; a rollout whose tokens are captured is traced into its answer (its
     document carries them)."""
+    _check_objects(body)
+    env = body.get("env") or {}
+    config = _policy_config(dict(body.get("policy") or {}), body.get("trace_correlation_id"))
+    record = dict(body.get("record") or {})
+    if config.get("capture_tokens", capture_tokens) is True:
+        record["return_trace"] = True
+    data = {"run_id": rollout_id,
+            "env": {"seed": _seed(body, env), "config": env.get("config") or {},
+                    "env_name": env.get("env_name")},
+            "policy": {"policy_name": config.get("model"), "config": config},
+            "mode": body.get("mode") if body.get("mode") in ("rl", "eval") else "rl",
+            "record": record, "safety": body.get("safety") or {}}
+    try:
+        return _REQUEST_VALIDATOR.validate_python(data)
+    except ValidationError as exc:
+        first = validation_errors(exc)[0]
+        raise BadRequest(f"invalid rollout: {first['path']}: {first['message']}",
+                         field=first["path"]) from None
+
+
+def _submission(body: dict[str, Any]) -> tuple[str, str, Any]:
+    """A submission's rollout id (one made for it when it names none), its mode and its
+    lease; `BadRequest` naming the field that is wrong."""
+    rollout_id = body.get("rollout_id")
+    if rollout_id is None:
+        rollout_id = body["rollout_id"] = f"rollout_{uuid.uuid4().hex[:12]}"
+    _check_rollout_id(rollout_id)
+    mode = body.get("submission_mode") or "sync"
+    if mode not in ("sync", "async"):
+        raise BadRequest("submission_mode must be one of: sync, async",
+                         field="submission_mode")
+    ttl = body.get("lease_ttl_seconds")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
+                            or not 0 < ttl <= 86_400):
+        raise BadRequest("lease_ttl_seconds must be a number of seconds in (0, 86400]",
+                         field="lease_ttl_seconds")
+    return rollout_id, mode, ttl
+
+
+def _check_objects(body: Any) -> None:
+    """`BadRequest` unless ``body`` and each of its sections given is a JSON object."""
     if not isinstance(body, dict):
         raise BadRequest("a rollout body must be a JSON object", field="(body)")
     for name in ("env", "policy", "safety", "record"):
         if body.get(name) is not None and not isinstance(body[name], dict):
             raise BadRequest(f"{name} must be an object", field=name)
-    env = body.get("env") or {}
-    policy = dict(body.get("policy") or {})
+
+
+def _policy_config(policy: dict[str, Any], cid: Any) -> dict[str, Any]:
+    """The kit's ``policy.config`` from the contract's ``policy`` (its model, URL and own
+    config) and the submission's ``trace_correlation_id``."""
     config = {k: policy[k] for k in ("model", "inference_url", "provider", "max_tokens")
               if policy.get(k) is not None}
     if "inference_url" not in config and policy.get("base_url"):
@@ -141,29 +185,19 @@ def kit_request(body: Any, rollout_id: str, *, capture_tokens: bool = False
     if not isinstance(policy.get("config", {}), dict):
         raise BadRequest("policy.config must be an object", field="policy.config")
     config.update(policy.get("config") or {})
-    cid = body.get("trace_correlation_id")
     if isinstance(cid, str) and cid.strip() and correlation_id(config) is None:
         config["trace_correlation_id"] = cid.strip()
+    return config
+
+
+def _seed(body: dict[str, Any], env: dict[str, Any]) -> Any:
+    """The seed: ``seed``, else ``env.seed``, else a ``task_instance_id`` of ``seed:N``."""
     seed = body.get("seed", env.get("seed"))
     instance = body.get("task_instance_id")
     if seed is None and isinstance(instance, str) and instance.startswith("seed:") \
             and instance[5:].isdigit():
-        seed = int(instance[5:])
-    mode = body.get("mode") if body.get("mode") in ("rl", "eval") else "rl"
-    record = dict(body.get("record") or {})
-    if config.get("capture_tokens", capture_tokens) is True:
-        record["return_trace"] = True
-    data = {"run_id": rollout_id,
-            "env": {"seed": seed, "config": env.get("config") or {},
-                    "env_name": env.get("env_name")},
-            "policy": {"policy_name": config.get("model"), "config": config},
-            "mode": mode, "record": record, "safety": body.get("safety") or {}}
-    try:
-        return _REQUEST_VALIDATOR.validate_python(data)
-    except ValidationError as exc:
-        first = validation_errors(exc)[0]
-        raise BadRequest(f"invalid rollout: {first['path']}: {first['message']}",
-                         field=first["path"]) from None
+        return int(instance[5:])
+    return seed
 
 
 def not_found(rollout_id: str) -> Response:
@@ -412,19 +446,7 @@ class ContainersWire:
     async def _accepted(self, request: Request
                         ) -> tuple[dict[str, Any], bool, Any, str, dict[str, Any]]:
         body = await _json_object(request, self.config.max_body_bytes)
-        rollout_id = body.get("rollout_id")
-        if rollout_id is None:
-            rollout_id = body["rollout_id"] = f"rollout_{uuid.uuid4().hex[:12]}"
-        _check_rollout_id(rollout_id)
-        mode = body.get("submission_mode") or "sync"
-        if mode not in ("sync", "async"):
-            raise BadRequest("submission_mode must be one of: sync, async",
-                             field="submission_mode")
-        ttl = body.get("lease_ttl_seconds")
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
-                                or not 0 < ttl <= 86_400):
-            raise BadRequest("lease_ttl_seconds must be a number of seconds in (0, 86400]",
-                             field="lease_ttl_seconds")
+        rollout_id, mode, ttl = _submission(body)
         telemetry = _telemetry(body)
         req = kit_request(body, rollout_id, capture_tokens=self.config.capture_tokens)
         if (refused := unknown_seed(self.config, req.env.seed, "seed")) is not None:
@@ -453,11 +475,7 @@ class ContainersWire:
             return bad_request_response(exc)
         if telemetry is None:
             return JSONResponse({"detail": "prepare_requires_telemetry"}, status_code=400)
-        seed = body.get("seed")
-        instance = body.get("task_instance_id")
-        if seed is None and isinstance(instance, str) and instance.startswith("seed:") \
-                and instance[5:].isdigit():
-            seed = int(instance[5:])
+        seed, instance = _seed(body, {}), body.get("task_instance_id")
         identity = {"seed": seed, "task_instance_id": instance or (
                         None if seed is None else f"seed:{seed}"),
                     "policy_ref": body.get("policy_ref") or {},
