@@ -13,12 +13,18 @@ its events, its result. What makes it durable:
 - **the trace store**: with one, each rollout's record is stored when it starts and its
   answer when it ends (`RolloutRecords`), so a client that restarts reads it there, and a
   server that restarts answers ``interrupted`` for a rollout it lost (never 404, never a
-  hang). Without one, records live in memory, for as long as the server does.
+  hang). Without one, records live in memory only.
+- **bounded memory**: a finished rollout is answered from memory (its events in full) for
+  `FINISHED_KEPT_S`, and at most the `FINISHED_KEPT` newest are; past that it is answered
+  from its stored record (its start and end as events), or, with no store, not at all (404).
+- **a terminal state, whatever stop lands when**: a rollout's status is written and its
+  slot given back once, in `_finish`, which a stop cannot reach (`RolloutStop.final`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import time
@@ -47,6 +53,9 @@ from synth_deploy.tracing import (
 
 RunRollout = Callable[[RolloutRequest, bytes, RolloutStop], Awaitable[RolloutOutcome]]
 DEFAULT_LEASE_S = 300.0
+# How long, and how many, finished rollouts stay in memory (README, "Durable rollouts").
+FINISHED_KEPT_S = 600.0
+FINISHED_KEPT = 1_000
 TERMINAL = ("completed", "failed", "cancelled", "interrupted")
 # synth-containers' success_status for each status (its wire.py), and ours for `interrupted`.
 _SUCCESS = {"running": "running", "completed": "success", "failed": "failed",
@@ -185,6 +194,10 @@ class AsyncRollouts:
         self.default_ttl_s = default_ttl_s
         self.owner = uuid.uuid4().hex  # this process: a record running under another is lost
         self.live: dict[str, _Live] = {}
+        # Finished rollouts still in `live`, oldest first: (when each finished, it).
+        self.finished: collections.deque[tuple[float, _Live]] = collections.deque()
+        self.finished_kept, self.finished_kept_s = FINISHED_KEPT, FINISHED_KEPT_S
+        self._trimming: asyncio.TimerHandle | None = None
         self._sweeping: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -357,13 +370,26 @@ class AsyncRollouts:
             live.status = status
             live.event(f"rollout.{status}", http_status=http_status)
             self.stats.release()
-            if self.records is not None:  # its record answers from now on; memory let go
-                asyncio.get_running_loop().call_later(
-                    max(live.ttl_s, 60.0), self._forget, live)
+            live.req, live.request_json = None, b""  # only its answer is read from now on
+            self.finished.append((time.monotonic(), live))
+            self._trim()
 
-    def _forget(self, live: _Live) -> None:
-        if self.live.get(live.rollout_id) is live:
-            del self.live[live.rollout_id]
+    def _trim(self) -> None:
+        """Let go of the finished rollouts past `finished_kept` or `finished_kept_s` (a
+        timer comes back for the oldest one left)."""
+        finished, live = self.finished, self.live
+        oldest = time.monotonic() - self.finished_kept_s
+        while finished and (len(finished) > self.finished_kept or finished[0][0] <= oldest):
+            _, gone = finished.popleft()
+            if live.get(gone.rollout_id) is gone:
+                del live[gone.rollout_id]
+        if finished and self._trimming is None:
+            self._trimming = asyncio.get_running_loop().call_later(
+                max(0.0, finished[0][0] - oldest), self._trim_timer)
+
+    def _trim_timer(self) -> None:
+        self._trimming = None
+        self._trim()
 
     def _sweep_leases(self) -> None:
         loop = asyncio.get_running_loop()
