@@ -12,9 +12,6 @@ import httpx
 from toy_apps import toy_config
 
 from synth_deploy.serving import RolloutLimits, create_app
-from synth_deploy.serving._admission import RolloutStats
-from synth_deploy.serving._rollout_run import RolloutOutcome, stopped
-from synth_deploy.serving.containers._durable import AsyncRollouts
 from synth_deploy.taskapp import RolloutContext, RolloutRequest
 from synth_deploy.tracing import RolloutRecords, open_trace_store
 
@@ -85,27 +82,29 @@ def test_terminate_and_lease_expiry_raced_against_finishing(tmp_path, serve, api
     assert statuses.count("completed") and statuses.count("cancelled")
 
 
-def test_finished_rollouts_in_memory_are_bounded_by_count_and_age():
-    async def finishes_at_once(req, body, stop):
-        return RolloutOutcome(req.run_id, failure=stopped("terminated", req.run_id))
+def test_finished_rollouts_in_memory_are_bounded(serve, api_key):
+    """With no store, the newest 1,000 finished rollouts are answered; older ones are let
+    go (404), and nothing is left counted."""
+    app = serve(create_app(toy_config(), api_keys=[api_key]))
 
-    def request(i: int) -> RolloutRequest:
-        return RolloutRequest.model_validate(
-            {"run_id": f"m-{i}", "env": {"seed": 1}, "policy": {"config": {}}})
+    async def submit_all() -> list[int]:
+        gate = asyncio.Semaphore(32)
 
-    async def scenario() -> tuple[int, int, bool, int]:
-        rollouts = AsyncRollouts(finishes_at_once, stats=RolloutStats(100), records=None)
-        rollouts.finished_kept, rollouts.finished_kept_s = 10, 0.3
-        for i in range(50):
-            await rollouts.submit(request(i), b"{}", f"d{i}", mode="async", ttl_s=None)
-        while any(not live.done for live in rollouts.live.values()):
-            await asyncio.sleep(0.01)
-        by_count = len(rollouts.live)
-        newest = await rollouts.find("m-49") is not None
-        await asyncio.sleep(0.5)  # past the age: the timer lets go of the rest
-        return by_count, len(rollouts.live), newest, rollouts.stats.in_flight
+        async def one(i: int) -> int:
+            async with gate:
+                return (await c.post("/rollouts", json=_body(f"m-{i}", 0, None))).status_code
 
-    by_count, by_age, newest, in_flight = asyncio.run(scenario())
-    assert by_count == 10 and newest
-    assert by_age == 0
-    assert in_flight == 0
+        async with httpx.AsyncClient(base_url=app.url + "/containers", timeout=30,
+                                     headers={"X-API-Key": api_key}) as c:
+            return await asyncio.gather(*(one(i) for i in range(1_050)))
+
+    assert set(asyncio.run(submit_all())) == {202}
+    with httpx.Client(base_url=app.url + "/containers", timeout=30,
+                      headers={"X-API-Key": api_key}) as c:
+        for i in range(1_049, 1_000, -1):  # the newest: still answered, in full
+            doc = c.get(f"/rollouts/m-{i}").json()
+            assert doc["status"] == "completed", doc
+        gone = [c.get(f"/rollouts/m-{i}").status_code for i in range(20)]
+        health = c.get(app.url + "/health").json()
+    assert gone.count(404) >= 1  # submitted first, finished first: past the newest 1,000
+    assert health["rollouts"]["in_flight"] == 0

@@ -10,10 +10,15 @@ its events, its result. What makes it durable:
 - **a lease**: the client holds the rollout by asking after it (any read of it, or
   ``POST .../renew``); a rollout nobody asked after for its lease's ``ttl_seconds`` is
   cancelled, and its trace says so (``status: cancelled``, ``error.code: lease_expired``).
-- **the trace store**: with one, each rollout's record is stored when it starts and its
-  answer when it ends (`RolloutRecords`), so a client that restarts reads it there, and a
-  server that restarts answers ``interrupted`` for a rollout it lost (never 404, never a
-  hang). Without one, records live in memory only.
+- **shared records**: with a store of records (`SharedRecords`: the trace store's
+  `RolloutRecords`, or on Modal a `modal.Dict`, see `synth_deploy.modal`), each rollout's
+  record is claimed there when it starts (atomically: of two servers claiming one id, one
+  runs it) and its answer stored when it ends. Every server on that store answers for it:
+  its state, result, events and stream from the record, a read or renew there holding its
+  lease, a terminate there stopping it (its runner reads both at its tick, every
+  `TICK_S`). A rollout whose runner stopped beating (`RUNNER_LOST_S`) answers
+  ``interrupted`` (never 404, never a hang), and never while its runner lives. Without a
+  store, records live in memory only.
 - **bounded memory**: a finished rollout is answered from memory (its events in full) for
   `FINISHED_KEPT_S`, and at most the `FINISHED_KEPT` newest are; past that it is answered
   from its stored record (its start and end as events), or, with no store, not at all (404).
@@ -30,8 +35,9 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -45,10 +51,12 @@ from synth_deploy.serving._rollout_run import (
 )
 from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse
 from synth_deploy.tracing import (
+    RUNNER_LOST_S,
+    TICK_S,
     RolloutClaim,
     RolloutFinish,
     RolloutRecord,
-    RolloutRecords,
+    RunnerNews,
 )
 
 RunRollout = Callable[[RolloutRequest, bytes, RolloutStop], Awaitable[RolloutOutcome]]
@@ -62,6 +70,38 @@ _SUCCESS = {"running": "running", "completed": "success", "failed": "failed",
             "cancelled": "cancelled", "interrupted": "interrupted"}
 # Fields of a submission that do not make it another request: how it is waited for and held.
 _NOT_IDENTITY = ("submission_mode", "lease_ttl_seconds")
+
+
+# How often a runner prunes its app's finished records in the store.
+PRUNE_EVERY_S = 3_600.0
+
+
+class SharedRecords(Protocol):
+    """Where servers keep the records of their async rollouts and find each other's
+    (`synth_deploy.tracing.RolloutRecords`, the Modal Dict's records). Blocking calls, run
+    off the event loop; every one names the app, so apps sharing a store never meet."""
+
+    def apply(self, app_id: str, owner: str, claims: list[RolloutClaim],
+              finishes: list[RolloutFinish], now: float) -> dict[str, RolloutRecord]:
+        """Claim and finish at once (``owner``'s heartbeat with them); the record already
+        there for each claim another holds."""
+
+    def get(self, app_id: str, rollout_id: str) -> RolloutRecord | None: ...
+
+    def touch(self, app_id: str, rollout_id: str, now: float, ttl_s: float | None = None
+              ) -> None:
+        """A client asked after a running rollout here: its lease holds from ``now``."""
+
+    def request_stop(self, app_id: str, rollout_id: str, reason: str) -> None: ...
+
+    def news(self, app_id: str, owner: str, asked: list[str], now: float) -> RunnerNews:
+        """``owner``'s tick: its heartbeat, the stops asked of its rollouts, the touches of
+        those ``asked``."""
+
+    def prune(self, app_id: str, now: float) -> None: ...
+
+    def retire(self, owner: str) -> None:
+        """``owner`` stops: the rollouts it still runs are lost now, not once it is silent."""
 
 
 def iso(epoch_s: float) -> str:
@@ -138,8 +178,8 @@ class _RecordBatches:
     transaction, on one worker thread, while the loop serves (a thousand submissions in a
     second cost a few commits, not a thousand thread hops)."""
 
-    def __init__(self, records: RolloutRecords) -> None:
-        self.records = records
+    def __init__(self, records: SharedRecords, app_id: str, owner: str) -> None:
+        self.records, self.app_id, self.owner = records, app_id, owner
         self.claims: list[tuple[RolloutClaim, asyncio.Future[Any]]] = []
         self.finishes: list[tuple[RolloutFinish, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
@@ -164,7 +204,8 @@ class _RecordBatches:
             waiting = [f for _, f in claims] + [f for _, f in finishes]
             try:
                 found = await anyio.to_thread.run_sync(
-                    self.records.apply, [c for c, _ in claims], [f for f, _ in finishes])
+                    self.records.apply, self.app_id, self.owner, [c for c, _ in claims],
+                    [f for f, _ in finishes], time.time())
             except Exception as exc:  # noqa: BLE001 - each waiter raises it
                 for future in waiting:
                     if not future.done():
@@ -186,13 +227,16 @@ class AsyncRollouts:
     only).
     """
 
-    def __init__(self, run: RunRollout, *, stats: RolloutStats, records: RolloutRecords | None,
+    def __init__(self, run: RunRollout, *, stats: RolloutStats, records: SharedRecords | None,
                  app_id: str = "", default_ttl_s: float = DEFAULT_LEASE_S) -> None:
         self.run, self.stats, self.records = run, stats, records
-        self._batches = None if records is None else _RecordBatches(records)
         self.app_id = app_id
         self.default_ttl_s = default_ttl_s
-        self.owner = uuid.uuid4().hex  # this process: a record running under another is lost
+        self.owner = uuid.uuid4().hex  # this process: its records' runner, while it beats
+        self._batches = None if records is None else _RecordBatches(records, app_id,
+                                                                    self.owner)
+        self._heard = self._pruned = 0.0  # when this runner last beat, last pruned (monotonic)
+        self._ticking = self._retired = False
         self.live: dict[str, _Live] = {}
         # Finished rollouts still in `live`, oldest first: (when each finished, it).
         self.finished: collections.deque[tuple[float, _Live]] = collections.deque()
@@ -225,7 +269,7 @@ class AsyncRollouts:
         if self._batches is not None:
             try:
                 found = await self._batches.claim(RolloutClaim(rollout_id, digest, self.owner,
-                                                               now))
+                                                               now, live.ttl_s))
             except Exception as exc:
                 self._release(live)
                 raise Refused(500, "record_write_failed",
@@ -257,40 +301,71 @@ class AsyncRollouts:
         return {**document, "replayed": True}
 
     async def find(self, rollout_id: str, *, renew: bool = True) -> dict[str, Any] | None:
-        """The document of ``rollout_id`` (asking after it renews its lease), or None when
-        no rollout has the id."""
+        """The document of ``rollout_id`` (asking after it renews its lease, wherever it
+        runs), or None when no rollout has the id."""
         live = self.live.get(rollout_id)
         if live is not None:
             if renew and not live.done:
                 live.renew()
             return live.document()
+        found = await self._stored(rollout_id)
+        if found is None:
+            return None
+        now = time.time()
+        if renew and self._held(found, now) and (
+                found.touched_at is None or now - found.touched_at > (found.ttl_s or 0) / 8):
+            await self._on_store(self.records.touch, self.app_id, rollout_id, now)
+            found = replace(found, touched_at=now)
+        return self._stored_document(found, now)
+
+    async def _stored(self, rollout_id: str) -> RolloutRecord | None:
         if self.records is None:
             return None
+        return await self._on_store(self.records.get, self.app_id, rollout_id)
+
+    async def _on_store(self, call: Callable[..., Any], *args: Any) -> Any:
         try:
-            found = await anyio.to_thread.run_sync(self.records.get, rollout_id)
+            return await anyio.to_thread.run_sync(call, *args)
         except Exception as exc:
             raise Refused(500, "record_read_failed",
-                          f"rollout {rollout_id}'s record could not be read "
+                          f"rollout {args[1]}'s record could not be read or written "
                           f"({type(exc).__name__}); see the server's log") from exc
-        return None if found is None else self._stored_document(found)
 
-    def _stored_document(self, found: Any) -> dict[str, Any]:
+    def _held(self, found: RolloutRecord, now: float) -> bool:
+        """A record another server runs, alive: asks of it go to its runner."""
+        return found.status == "running" and not found.lost(self.owner, now)
+
+    def _stored_document(self, found: RolloutRecord, now: float | None = None
+                         ) -> dict[str, Any]:
         if found.result is not None:
             return found.result
-        document = {"rollout_id": found.rollout_id, "status": found.status,
-                    "success_status": _SUCCESS.get(found.status, found.status),
-                    "created_at": found.created_at, "updated_at": found.updated_at,
-                    "metadata": {}, "summary": {}}
-        if found.lost_by(self.owner):
+        now = time.time() if now is None else now
+        document: dict[str, Any] = {
+            "rollout_id": found.rollout_id, "status": found.status,
+            "success_status": _SUCCESS.get(found.status, found.status),
+            "created_at": found.created_at, "updated_at": found.updated_at,
+            "metadata": {}, "summary": {}}
+        if found.lost(self.owner, now):
             document.update(status="interrupted", success_status="interrupted",
                             status_detail="the server running it stopped before it finished; "
                                           "submit it again under a new rollout_id")
+        elif found.status == "running" and found.ttl_s:
+            held_from = found.touched_at or 0.0
+            document["lease"] = {"ttl_seconds": found.ttl_s,
+                                 "expires_in_s": round(max(0.0, held_from + found.ttl_s - now),
+                                                       3),
+                                 "renew_route": f"/rollouts/{found.rollout_id}/renew"}
         return document
 
-    def renew(self, rollout_id: str, ttl_s: float | None) -> dict[str, Any] | None:
+    async def renew(self, rollout_id: str, ttl_s: float | None) -> dict[str, Any] | None:
         live = self.live.get(rollout_id)
         if live is None:
-            return None
+            found = await self._stored(rollout_id)
+            now = time.time()
+            if found is not None and self._held(found, now):
+                await self._on_store(self.records.touch, self.app_id, rollout_id, now, ttl_s)
+                found = replace(found, touched_at=now, ttl_s=ttl_s or found.ttl_s)
+            return None if found is None else self._stored_document(found, now)
         if not live.done:
             if ttl_s is not None:
                 live.ttl_s = ttl_s
@@ -298,10 +373,15 @@ class AsyncRollouts:
             live.event("rollout.lease.renewed", ttl_seconds=live.ttl_s)
         return live.document()
 
-    def terminate(self, rollout_id: str, reason: str) -> dict[str, Any] | None:
+    async def terminate(self, rollout_id: str, reason: str) -> dict[str, Any] | None:
         live = self.live.get(rollout_id)
-        if live is None:
-            return None
+        if live is None:  # another server's: its runner stops it at its next tick
+            found = await self._stored(rollout_id)
+            now = time.time()
+            if found is not None and self._held(found, now):
+                await self._on_store(self.records.request_stop, self.app_id, rollout_id,
+                                     reason)
+            return None if found is None else self._stored_document(found, now)
         self._cancel(live, reason)
         return live.document()
 
@@ -329,9 +409,10 @@ class AsyncRollouts:
             try:
                 outcome = await self.run(live.req, live.request_json, stop)
             except asyncio.CancelledError:
-                # The server is stopping: the record stays `running`, which the next
-                # server answers as interrupted.
+                # The server is stopping: the record stays `running`, and this runner says
+                # it is gone, so every server answers it as interrupted from now on.
                 self.stats.release()
+                self._retire()
                 raise
             except Exception as exc:  # the kit's own failure: the app's are in the outcome
                 outcome = RolloutOutcome(live.rollout_id, failure=RolloutFailure(
@@ -374,6 +455,15 @@ class AsyncRollouts:
             self.finished.append((time.monotonic(), live))
             self._trim()
 
+    def _retire(self) -> None:
+        if self.records is None or self._retired:
+            return
+        self._retired = True
+        try:  # on the loop, once: it is closing, and nothing else waits on it
+            self.records.retire(self.owner)
+        except Exception:  # noqa: BLE001 - then its rollouts are lost once it is silent
+            pass
+
     def _trim(self) -> None:
         """Let go of the finished rollouts past `finished_kept` or `finished_kept_s` (a
         timer comes back for the oldest one left)."""
@@ -401,23 +491,67 @@ class AsyncRollouts:
     def _sweep_interval(self) -> float:
         shortest = min((live.ttl_s for live in self.live.values() if not live.done),
                        default=self.default_ttl_s)
-        return min(1.0, shortest / 4)
+        return min(TICK_S, shortest / 4)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._sweeping is not loop:
             return
         now = time.monotonic()
         running = False
+        expired = []
         for live in list(self.live.values()):
             if live.done:
                 continue
             running = True
             if live.expires <= now:
-                self._cancel(live, "lease_expired")
+                expired.append(live)
         if not running:
             self._sweeping = None  # the next submission starts a new sweep
             return
+        if self.records is None:
+            for live in expired:
+                self._cancel(live, "lease_expired")
+        elif not self._ticking and (expired or now - self._heard >= TICK_S):
+            # A lease may be held on another server: the store says, and a stop asked
+            # there, and this runner's heartbeat goes with it.
+            self._ticking = True
+            loop.create_task(self._tick(expired))
         loop.call_later(self._sweep_interval(), self._sweep, loop)
+
+    async def _tick(self, expired: list[_Live]) -> None:
+        """This runner's beat in the store, and what other servers asked of its rollouts."""
+        assert self.records is not None
+        try:
+            started = time.monotonic()
+            now = time.time()
+            try:
+                news = await anyio.to_thread.run_sync(
+                    self.records.news, self.app_id, self.owner,
+                    [live.rollout_id for live in expired], now)
+            except Exception:  # noqa: BLE001 - the store is away: leases run out as they are
+                news = RunnerNews({}, {})
+            else:
+                self._heard = started
+            for rollout_id, reason in news.stops.items():
+                live = self.live.get(rollout_id)
+                if live is not None and reason in ("terminated", "lease_expired"):
+                    self._cancel(live, reason)
+            for live in expired:
+                touched = news.touched.get(live.rollout_id)
+                if touched is not None and touched[1]:
+                    live.ttl_s = touched[1]
+                    live.expires = max(live.expires,
+                                       started - (now - touched[0]) + touched[1])
+                if live.expires <= time.monotonic():
+                    self._cancel(live, "lease_expired")
+            if started - self._pruned >= PRUNE_EVERY_S:
+                self._pruned = started
+                try:
+                    await anyio.to_thread.run_sync(self.records.prune, self.app_id, now)
+                except Exception:  # noqa: BLE001 - pruned at the next chance
+                    self._pruned = 0.0
+        finally:
+            self._ticking = False
 
 
 def _completed_fields(result: RolloutResponse, task_id: str) -> dict[str, Any]:
@@ -443,4 +577,5 @@ def _completed_fields(result: RolloutResponse, task_id: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["AsyncRollouts", "DEFAULT_LEASE_S", "Refused", "TERMINAL", "request_digest"]
+__all__ = ["AsyncRollouts", "DEFAULT_LEASE_S", "RUNNER_LOST_S", "Refused", "SharedRecords",
+           "TERMINAL", "request_digest"]

@@ -335,7 +335,7 @@ class ContainersWire:
                        request.query_params.get("after"))
 
         async def frames() -> Any:
-            nonlocal after
+            nonlocal after, found
             while True:
                 live = rollouts.live.get(rollout_id)
                 events = _events(rollouts, found) if live is None else live.events
@@ -343,6 +343,12 @@ class ContainersWire:
                     after = event["seq"]
                     yield (f"id: {event['seq']}\nevent: {event['kind']}\n"
                            f"data: {json.dumps(event)}\n\n")
+                if live is None and found["status"] == "running":  # another server runs it
+                    await asyncio.sleep(min(heartbeat_s, 1.0))
+                    found = await rollouts.find(rollout_id) or found
+                    if found["status"] == "running":
+                        yield ": heartbeat\n\n"
+                    continue
                 if live is None or live.done:
                     return
                 live.renew()  # a client reading its stream holds its lease
@@ -363,13 +369,14 @@ class ContainersWire:
                                  field="ttl_seconds")
         except BadRequest as exc:
             return bad_request_response(exc)
-        document = self.rollouts.renew(rollout_id, ttl)
+        document = await self.rollouts.renew(rollout_id, ttl)
         if document is None:
             return await self.get_rollout(request)  # a stored one, or 404
         return JSONResponse(document)
 
     async def terminate(self, request: Request) -> Response:
-        document = self.rollouts.terminate(request.path_params["rollout_id"], "terminated")
+        document = await self.rollouts.terminate(request.path_params["rollout_id"],
+                                                 "terminated")
         if document is None:
             return await self.get_rollout(request)
         await asyncio.sleep(0)  # the cancellation lands before the answer is read
