@@ -18,6 +18,7 @@ from synth_deploy.runs._rollouts import (
     RolloutOutcome,
     RunOptions,
     RunReport,
+    admission_notes,
     path_notes,
     run_rollouts,
 )
@@ -208,7 +209,7 @@ def run_seeds(target: RunTarget, seeds: Sequence[int], options: RunOptions = Run
     elapsed = time.perf_counter() - started
     store_returned_traces(target, outcomes)
     return RunReport(target.url, options.mode, concurrency, outcomes, elapsed,
-                     notes + path_notes(outcomes))
+                     notes + path_notes(outcomes) + admission_notes(outcomes))
 
 
 def store_returned_traces(target: RunTarget, outcomes: Sequence[RolloutOutcome]) -> None:

@@ -3,6 +3,8 @@
 the kit's runners and `check` share (`_client`; light: no server imports)."""
 
 from synth_deploy.serving.containers._client import (
+    ADMISSION_MAX_DELAY_S,
+    ADMISSION_PATIENCE_S,
     FIRST_POLL_S,
     MAX_POLL_S,
     METADATA_PATH,
@@ -10,6 +12,7 @@ from synth_deploy.serving.containers._client import (
     POLL_WAIT_MS,
     PREFIX,
     SUBMIT_PATH,
+    AdmissionWaits,
     advertises_async,
     async_submission,
     document_path,
@@ -19,6 +22,7 @@ from synth_deploy.serving.containers._client import (
     rollout_answer,
 )
 
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
+__all__ = ["ADMISSION_MAX_DELAY_S", "ADMISSION_PATIENCE_S", "AdmissionWaits", "FIRST_POLL_S",
+           "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
            "POLL_WAIT_MS", "PREFIX", "SUBMIT_PATH", "advertises_async", "async_submission",
            "document_path", "next_poll_delay", "poll_path", "retryable", "rollout_answer"]
