@@ -2,7 +2,9 @@
 
     python modal_container.py ROOT MODULE QUALNAME PORT_FILE ALLOWED_DISTS_JSON
 
-The Volumes the function mounts are played by modal_volume.py (``STANDIN_MODAL_VOLUMES``:
+Modal's Dicts are played by the service of modal_dict.py, a process of its own
+(``STANDIN_MODAL_DICT_URL``). The Volumes the function mounts are played by modal_volume.py
+(``STANDIN_MODAL_VOLUMES``:
 JSON {name: [committed folder, this container's view]}): its client is the ``modal`` this
 container imports, it commits in the background every ``STANDIN_VOLUME_BACKGROUND_S``, and
 once more when the server has shut down (SIGTERM); SIGKILL loses what was not committed.
@@ -81,6 +83,10 @@ def main() -> int:
 
     modal_volume.install(json.loads(os.environ.pop("STANDIN_MODAL_VOLUMES", "{}")),
                          float(os.environ.pop("STANDIN_VOLUME_BACKGROUND_S", "5")))
+    if dict_url := os.environ.pop("STANDIN_MODAL_DICT_URL", None):
+        import modal_dict
+
+        modal_dict.install(sys.modules["modal"], dict_url)  # the Dict service, elsewhere
     _isolate(root_path)
     sys.meta_path.insert(0, _InstalledOnly(set(json.loads(allowed)), root_path,
                                            root_path.parent / "imports.json"))
