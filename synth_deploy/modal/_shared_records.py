@@ -130,8 +130,8 @@ class DictRolloutRecords:
         touched = {}
         for rollout_id in asked:
             touch = store.get(_key("touch", app_id, rollout_id))
-            if touch is not None and touch.get("ttl_s"):
-                touched[rollout_id] = (touch["at"], touch["ttl_s"])
+            if touch is not None:
+                touched[rollout_id] = (touch["at"], touch.get("ttl_s"))
         return RunnerNews(stops, touched)
 
     def prune(self, app_id: str, now: float) -> None:

@@ -96,10 +96,11 @@ class RolloutFinish(NamedTuple):
 
 class RunnerNews(NamedTuple):
     """What other servers asked of a runner's rollouts: stops (id → reason) and the
-    latest touch of those it asked about (id → epoch seconds, lease seconds)."""
+    latest touch of those it asked about (id → epoch seconds, lease seconds: None keeps
+    the lease it has)."""
 
     stops: dict[str, str]
-    touched: dict[str, tuple[float, float]]
+    touched: dict[str, tuple[float, float | None]]
 
 
 _CLAIM = (f"INSERT INTO {TABLE} (app_id, rollout_id, digest, status, owner, created_at, "

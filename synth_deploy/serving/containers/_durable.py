@@ -538,10 +538,10 @@ class AsyncRollouts:
                     self._cancel(live, reason)
             for live in expired:
                 touched = news.touched.get(live.rollout_id)
-                if touched is not None and touched[1]:
-                    live.ttl_s = touched[1]
-                    live.expires = max(live.expires,
-                                       started - (now - touched[0]) + touched[1])
+                if touched is not None:  # asked after elsewhere: held from then
+                    at, ttl_s = touched
+                    live.ttl_s = ttl_s or live.ttl_s
+                    live.expires = max(live.expires, started - (now - at) + live.ttl_s)
                 if live.expires <= time.monotonic():
                     self._cancel(live, "lease_expired")
             if started - self._pruned >= PRUNE_EVERY_S:
