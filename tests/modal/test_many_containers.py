@@ -28,6 +28,7 @@ from standins.round_robin import RoundRobinRouter
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
+from synth_deploy.serving.containers import retryable
 from synth_deploy.tracing import RUNNER_LOST_S, TICK_S
 
 ROLLOUTS = 300
@@ -86,8 +87,8 @@ def test_three_containers_300_rollouts_polled_anywhere_one_killed(standin, monke
     containers, runs = _deploy(tmp_path, monkeypatch, 3)
     key = standin["key"]
     rng = random.Random(64)
-    sleeps = {f"many-{i}": rng.uniform(1.0, 6.0) for i in range(ROLLOUTS)}
-    killed = containers[0]
+    sleeps = {f"many-{i}": rng.uniform(2.0, 8.0) for i in range(ROLLOUTS)}
+    killed: dict = {}  # the container SIGKILLed, chosen mid-run
     with RoundRobinRouter([c["url"] for c in containers]) as router, \
             StrictModalFrontEnd(router.url) as front:
 
@@ -110,14 +111,23 @@ def test_three_containers_300_rollouts_polled_anywhere_one_killed(standin, monke
                 while True:
                     await asyncio.sleep(1.0)
                     async with gate:  # through the router: mostly another container
-                        doc = (await c.get(f"/containers/rollouts/{rollout_id}")).json()
+                        polled = await c.get(f"/containers/rollouts/{rollout_id}")
+                    if retryable(polled.status_code):  # as the kit's clients: asked again
+                        continue
+                    doc = polled.json()
                     if doc["status"] != "running":
                         seen[rollout_id], ended_at[rollout_id] = doc, time.monotonic()
                         return
 
             async def kill() -> None:
                 await submitted.wait()
-                await asyncio.sleep(0.5)  # mid-run: every rollout is running somewhere
+                async with httpx.AsyncClient(timeout=10, headers={"X-API-Key": key}) as probe:
+                    running = [(await probe.get(c["url"] + "/health")).json()["rollouts"][
+                        "in_flight"] for c in containers]
+                # Mid-run: the one running the most (round robin spreads requests, not
+                # submissions: a cadence of polls can leave one with none running).
+                killed.update(containers[running.index(max(running))])
+                assert max(running) > 0, running
                 os.kill(killed["pid"], signal.SIGKILL)
                 killed_at.append(time.monotonic())
                 killed_wall.append(time.time())

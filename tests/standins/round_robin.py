@@ -1,7 +1,8 @@
 """Modal's load balancer in front of a deployment's containers, as far as a client sees it:
 each request goes to the next container in turn (round robin), so a client's next request
 lands on any of them; a container that refuses the connection (dead) is skipped for the next,
-as Modal stops routing to a container it lost. Real HTTP both ways, loopback only. Put the
+as Modal stops routing to a container it lost (a GET it dropped is sent to the next; any
+other request it dropped is a 502). Real HTTP both ways, loopback only. Put the
 strict front end in front of it, as Modal's is in front of its balancer:
 
     with RoundRobinRouter(container_urls) as router, StrictModalFrontEnd(router.url) as front:
@@ -36,6 +37,11 @@ class RoundRobinRouter(_Proxy):
                 upstream = await self._client.send(upstream_request, stream=True)
             except httpx.ConnectError:
                 continue  # a container gone: the balancer routes to another
+            except Exception:  # noqa: BLE001 - a socket gone mid-connect fails as it can
+                if request.method == "GET":  # it died holding the request: another answers
+                    continue
+                return Response("upstream connection lost", status_code=502,
+                                media_type="text/plain")
             self.sent[turn] += 1
 
             async def relay(upstream: httpx.Response = upstream) -> Any:
