@@ -83,11 +83,11 @@ def test_terminate_and_lease_expiry_raced_against_finishing(tmp_path, serve, api
 
 
 def test_finished_rollouts_in_memory_are_bounded(serve, api_key):
-    """With no store, the newest 1,000 finished rollouts are answered; older ones are let
-    go (404), and nothing is left counted."""
+    """With no store, a finished rollout stays until its end is read (a crowd that ends at
+    once is never lost to its own pollers), then only the newest 1,000 do (404 after)."""
     app = serve(create_app(toy_config(), api_keys=[api_key]))
 
-    async def submit_all() -> list[int]:
+    async def submit(ids: range) -> list[int]:
         gate = asyncio.Semaphore(32)
 
         async def one(i: int) -> int:
@@ -96,15 +96,22 @@ def test_finished_rollouts_in_memory_are_bounded(serve, api_key):
 
         async with httpx.AsyncClient(base_url=app.url + "/containers", timeout=30,
                                      headers={"X-API-Key": api_key}) as c:
-            return await asyncio.gather(*(one(i) for i in range(1_050)))
+            return await asyncio.gather(*(one(i) for i in ids))
 
-    assert set(asyncio.run(submit_all())) == {202}
+    def read(c: httpx.Client, i: int) -> int:
+        resp = c.get(f"/rollouts/m-{i}", params={"wait_ms": 5000})
+        assert resp.status_code == 404 or resp.json()["status"] == "completed", resp.text
+        return resp.status_code
+
+    assert set(asyncio.run(submit(range(1_050)))) == {202}
     with httpx.Client(base_url=app.url + "/containers", timeout=30,
                       headers={"X-API-Key": api_key}) as c:
-        for i in range(1_049, 1_000, -1):  # the newest: still answered, in full
-            doc = c.get(f"/rollouts/m-{i}").json()
-            assert doc["status"] == "completed", doc
-        gone = [c.get(f"/rollouts/m-{i}").status_code for i in range(20)]
+        # 1,050 ended, none read yet: all still answered, each read once.
+        assert [read(c, i) for i in range(1_050)] == [200] * 1_050
+        assert set(asyncio.run(submit(range(1_050, 1_051)))) == {202}
+        assert read(c, 1_050) == 200
+        # Read, and past the newest 1,000: let go.
+        assert [read(c, i) for i in range(20)] == [404] * 20
+        assert read(c, 1_049) == 200
         health = c.get(app.url + "/health").json()
-    assert gone.count(404) >= 1  # submitted first, finished first: past the newest 1,000
     assert health["rollouts"]["in_flight"] == 0

@@ -20,8 +20,9 @@ its events, its result. What makes it durable:
   ``interrupted`` (never 404, never a hang), and never while its runner lives. Without a
   store, records live in memory only.
 - **bounded memory**: a finished rollout is answered from memory (its events in full) for
-  `FINISHED_KEPT_S`, and at most the `FINISHED_KEPT` newest are; past that it is answered
-  from its stored record (its start and end as events), or, with no store, not at all (404).
+  `FINISHED_KEPT_S` at most; past the `FINISHED_KEPT` newest, one is let go once its end
+  was read (or its lease ran out unread). After that it is answered from its stored record
+  (its start and end as events), or, with no store, not at all (404).
 - **a terminal state, whatever stop lands when**: a rollout's status is written and its
   slot given back once, in `_finish`, which a stop cannot reach (`RolloutStop.final`).
 """
@@ -129,7 +130,7 @@ class _Live:
 
     __slots__ = ("rollout_id", "digest", "mode", "created_at", "updated_at", "status", "answer",
                  "http_status", "events", "changed", "task", "ttl_s", "expires", "stop", "req",
-                 "request_json")
+                 "request_json", "read")
 
     def __init__(self, rollout_id: str, digest: str, mode: str, req: RolloutRequest,
                  request_json: bytes, ttl_s: float, now: float) -> None:
@@ -145,6 +146,7 @@ class _Live:
         self.ttl_s = ttl_s
         self.expires = time.monotonic() + ttl_s
         self.stop = RolloutStop()  # its task is set once the rollout's task takes it
+        self.read = False  # its end was answered to someone: it may be let go
 
     @property
     def done(self) -> bool:
@@ -307,6 +309,7 @@ class AsyncRollouts:
         if live is not None:
             if renew and not live.done:
                 live.renew()
+            live.read = live.done
             return live.document()
         found = await self._stored(rollout_id)
         if found is None:
@@ -465,17 +468,25 @@ class AsyncRollouts:
             pass
 
     def _trim(self) -> None:
-        """Let go of the finished rollouts past `finished_kept` or `finished_kept_s` (a
-        timer comes back for the oldest one left)."""
+        """Let go of finished rollouts: any past `finished_kept_s`; past the newest
+        `finished_kept`, those whose end was read or whose lease ran out unread (a client
+        polling a crowd that all ended at once reads each end). A timer comes back for the
+        oldest one left."""
         finished, live = self.finished, self.live
-        oldest = time.monotonic() - self.finished_kept_s
-        while finished and (len(finished) > self.finished_kept or finished[0][0] <= oldest):
-            _, gone = finished.popleft()
-            if live.get(gone.rollout_id) is gone:
-                del live[gone.rollout_id]
+        now = time.monotonic()
+        while finished:
+            ended, oldest = finished[0]
+            if not (now - ended >= self.finished_kept_s or len(finished) > self.finished_kept
+                    and (oldest.read or now - ended >= oldest.ttl_s)):
+                break
+            finished.popleft()
+            if live.get(oldest.rollout_id) is oldest:
+                del live[oldest.rollout_id]
         if finished and self._trimming is None:
-            self._trimming = asyncio.get_running_loop().call_later(
-                max(0.0, finished[0][0] - oldest), self._trim_timer)
+            ended, oldest = finished[0]
+            due = ended + min(self.finished_kept_s, oldest.ttl_s) - now
+            self._trimming = asyncio.get_running_loop().call_later(max(0.05, due),
+                                                                   self._trim_timer)
 
     def _trim_timer(self) -> None:
         self._trimming = None
