@@ -434,25 +434,23 @@ class AsyncRollouts:
 
     async def _finish(self, live: _Live, status: str, http_status: int,
                       answer: dict[str, Any]) -> None:
-        """Record ``live``'s terminal ``status``: whatever happens while its record is
-        stored, the status is set and its slot given back."""
+        """Set ``live``'s terminal ``status`` (its waiters answered at once: its trace is
+        stored already), then store its record; whatever happens meanwhile, its slot is
+        given back."""
         updated = time.time()
         live.updated_at = iso(updated)
         live.answer, live.http_status = answer, http_status
+        live.status = status
+        live.event(f"rollout.{status}", http_status=http_status)
         try:
             if self._batches is not None:
-                document = {**live.document(), "status": status,
-                            "success_status": _SUCCESS[status]}
-                document.pop("lease", None)
                 try:
                     await self._batches.finish(RolloutFinish(live.rollout_id, status,
-                                                             document, updated))
+                                                             live.document(), updated))
                 except Exception as exc:  # noqa: BLE001 - answered in memory, said in it
                     live.answer = {**answer, "warning": f"its record could not be stored "
                                                         f"({type(exc).__name__})"}
         finally:
-            live.status = status
-            live.event(f"rollout.{status}", http_status=http_status)
             self.stats.release()
             live.req, live.request_json = None, b""  # only its answer is read from now on
             self.finished.append((time.monotonic(), live))
