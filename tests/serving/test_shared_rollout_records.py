@@ -182,3 +182,19 @@ def test_two_apps_on_one_trace_file_never_answer_each_others_ids(tmp_path, serve
     assert "replayed" not in on_rel.json()  # another app's id: a rollout of its own
     assert done["math"]["task_id"] == "math" and done["relapp"]["task_id"] == "relapp"
     assert unknown.status_code == 404
+
+
+def test_a_stream_on_another_server_follows_the_rollout_to_its_end(tmp_path, serve, api_key):
+    async def slow(request: RolloutRequest, ctx: RolloutContext) -> dict:
+        await asyncio.sleep(1.5)
+        return {"run_id": request.run_id, "metrics": {"outcome_reward": 1.0}}
+
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        a, b = (serve(create_app(toy_config(slow), api_keys=[api_key], trace_store=store,
+                                 rollout_records=RolloutRecords(store))) for _ in range(2))
+        with httpx.Client(timeout=30, headers={"X-API-Key": api_key}) as c:
+            assert c.post(a.url + "/containers/rollouts", json=body("streamed")
+                          ).status_code == 202
+            with c.stream("GET", b.url + "/containers/rollouts/streamed/stream") as stream:
+                lines = [line for line in stream.iter_lines() if line.startswith("event:")]
+    assert lines == ["event: rollout.accepted", "event: rollout.completed"]
