@@ -52,8 +52,6 @@ class DictRolloutRecords:
     """`SharedRecords` over ``store``: a `modal.Dict` (or anything with its ``get``,
     ``put(skip_if_exists=)`` and ``pop``). Blocking calls: a server runs them off its loop."""
 
-    shared = True
-
     def __init__(self, store: Any) -> None:
         self.store = store
         self._read: dict[str, int] = {}  # each runner's next mailbox slot (this process's)

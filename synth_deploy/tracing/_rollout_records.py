@@ -116,8 +116,6 @@ class RolloutRecords:
     """The shared records of ``store`` (its tables made by the schema, version 12).
     Blocking calls: a server runs them off its event loop."""
 
-    shared = True  # other servers on the same store read and ask through it
-
     def __init__(self, store: TraceStore) -> None:
         self.database = store.database
         self._claims = 0
