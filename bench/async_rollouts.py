@@ -5,11 +5,13 @@ The server is `synth-deploy serve APP` as users run it (traced to a SQLite file:
 records live there too), pinned to core 0 with its writer child; the load client runs on
 core 1. Async: each rollout submits ``POST /containers/rollouts`` (``submission_mode:
 async``) on its own keep-alive connection, the submissions spread over the first second,
-then polls ``GET /containers/rollouts/{id}`` on it every ``--poll-s`` until done. Printed for
-each: rollouts done, errors (any status but 200/202, a connection dropped twice), p50/p99 of a
-rollout from submission to the answer seen, and the server's CPU per rollout (its process
-tree, from /proc); for async also polls, p50/p99 of a poll, and the polling's cost: the
-async CPU per rollout minus the sync one, divided by the polls a rollout made.
+then polls it as the kit's clients do, a long poll (``?wait_ms=``, answered as soon as the
+rollout ends) every ``--poll-s``: a pause of half of it, a wait of at most the other half.
+Printed for each: rollouts done, errors (any status but 200/202, a connection dropped
+twice), p50/p99 of a rollout from submission to the answer seen, and the server's CPU per
+rollout (its process tree, from /proc); for async also polls, p50/p99 of a poll, and the
+polling's cost: the async CPU per rollout minus the sync one, divided by the polls a rollout
+made.
 
     python bench/async_rollouts.py [--n 4000] [--rollout-s 10] [--poll-s 2] [--runs 1]
 """
@@ -64,9 +66,12 @@ async def _async_one(host: str, port: int, rollout_id: str, delay: float, poll_s
         status, answer = await _answer(reader)
         if status != 202:
             return status, time.perf_counter() - started
-        poll = _http(host, port, "GET", f"/containers/rollouts/{rollout_id}")
+        # As the kit's clients poll: a long poll (answered as soon as the rollout ends),
+        # here half of each poll_s, after a pause of the other half.
+        wait_ms = round(poll_s * 500)
+        poll = _http(host, port, "GET", f"/containers/rollouts/{rollout_id}?wait_ms={wait_ms}")
         while True:
-            await asyncio.sleep(poll_s)
+            await asyncio.sleep(poll_s / 2)
             asked = time.perf_counter()
             try:
                 writer.write(poll)

@@ -353,11 +353,16 @@ class EndpointSteps:
                 # Its trace says whether the app's sandboxes started, and how fast.
                 "record": {"return_trace": True}, "safety": {"max_time_s": timeout_s}}
         path, why = self.rollout_path()
+        waits = durable.AdmissionWaits()
         if path == "async":
-            response, latency, failure = self.async_rollout(body, timeout_s)
+            response, latency, failure = self.async_rollout(body, timeout_s, waits)
         else:
-            response, latency, failure = self.request("POST", "/rollout", key=self.api_key,
-                                                      json=body, timeout=timeout_s)
+            response, latency, failure = self.admitted(waits, "POST", "/rollout",
+                                                       key=self.api_key, json=body,
+                                                       timeout=timeout_s)
+        if waits.refusals:  # the app was full: said, and not counted as the rollout's time
+            why += (f"; waited {waits.waited_s:.1f}s for a slot ({waits.refusals} x 503 "
+                    "Retry-After: the app was full)")
         if failure is not None:
             self.fail("rollout", expected, failure, latency)
             return
@@ -436,14 +441,27 @@ class EndpointSteps:
         answered = "no answer" if failure is not None else response.status_code
         return "sync", f"POST /rollout (no async rollouts advertised: {answered})"
 
-    def async_rollout(self, body: dict[str, Any], timeout_s: float
+    def admitted(self, waits: durable.AdmissionWaits, method: str, path: str, **kwargs: Any
+                 ) -> tuple[Any, float, dx.Diagnosis | None]:
+        """`request`, sent again while a full app refuses it for a slot (503 with
+        Retry-After; ``waits`` says how long)."""
+        answer = self.request(method, path, **kwargs)
+        while answer[2] is None and (pause := waits.after(
+                answer[0].status_code, answer[0].headers)) is not None:
+            time.sleep(pause)
+            answer = self.request(method, path, **kwargs)
+        return answer
+
+    def async_rollout(self, body: dict[str, Any], timeout_s: float,
+                      waits: durable.AdmissionWaits | None = None
                       ) -> tuple[Any, float, dx.Diagnosis | None]:
         """Submit ``body`` asynchronously and long-poll it (backing off after a failed
         poll): (a response as POST
         /rollout would have answered, latency ms, None), or a diagnosis of no answer."""
         started = time.perf_counter()
-        response, _, failure = self.request("POST", durable.SUBMIT_PATH, key=self.api_key,
-                                            json=durable.async_submission(body))
+        response, _, failure = self.admitted(waits or durable.AdmissionWaits(), "POST",
+                                             durable.SUBMIT_PATH, key=self.api_key,
+                                             json=durable.async_submission(body))
         document = None if failure is not None else dx.body_json(response)
         if failure is not None or response.status_code not in (200, 202) \
                 or not isinstance(document, dict):

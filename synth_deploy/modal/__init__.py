@@ -23,6 +23,7 @@ The modules, one concept each:
     _deployed      stop_app          the kit's deployed apps, listed and stopped
     _trace_volume  VolumeSnapshots   a container's new traces, copied to the Volume each interval
     _trace_pull    pull_traces       the Volume's traces, merged into a local store
+    _shared_records DictRolloutRecords async rollouts' records every container shares
 """
 
 from synth_deploy.modal._container import container_memory
@@ -57,6 +58,11 @@ from synth_deploy.modal._plan import DeployPlan, build_plan
 from synth_deploy.modal._reachability import modal_api_endpoints, require_modal_reachable
 from synth_deploy.modal._secrets import SecretSource
 from synth_deploy.modal._settings import ModalSettings
+from synth_deploy.modal._shared_records import (
+    ROLLOUT_DICT_VAR,
+    DictRolloutRecords,
+    rollout_dict_name,
+)
 from synth_deploy.modal._trace_pull import (
     ContainerPull,
     FilePull,
@@ -76,6 +82,9 @@ from synth_deploy.modal._trace_volume import (
 __all__ = [
     "CONTAINER_MEMORY_VAR",
     "DEFAULT_TRACE_COMMIT_S",
+    "ROLLOUT_DICT_VAR",
+    "DictRolloutRecords",
+    "rollout_dict_name",
     "MODAL_REQUIREMENT",
     "SERVING_PACKAGES",
     "SOURCE_EXCLUDED_PACKAGES",

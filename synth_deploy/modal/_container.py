@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from synth_deploy.env import Env, load_env
 from synth_deploy.errors import TaskAppError, TraceStoreError
 from synth_deploy.handoff import SANDBOX_APP_VAR, TASK_APP_VAR
+from synth_deploy.modal._shared_records import ROLLOUT_DICT_VAR, DictRolloutRecords
 from synth_deploy.modal._trace_volume import (
     CONTAINER_MEMORY_VAR,
     DEFAULT_TRACE_COMMIT_S,
@@ -91,13 +92,15 @@ def web() -> Any:
         from synth_deploy.sandbox import ModalBackend, use_backend
 
         use_backend(ModalBackend(sandbox_app))
+    records = shared_records(env)
     try:
-        app = LocalRunner(settings).build()
+        app = LocalRunner(settings, rollout_records=records).build()
     except TraceStoreError as exc:
         if settings.traces is not None and settings.traces.is_remote:
             raise  # a configured shared store that fails is a deployment error, not a detail
         logger.warning("traces are not recorded in this container: %s", exc)
-        return LocalRunner(replace(settings, traces=None, trace_destination=None)).build()
+        return LocalRunner(replace(settings, traces=None, trace_destination=None),
+                           rollout_records=records).build()
     return app if snapshots is None else with_snapshots(app, snapshots)
 
 
@@ -123,6 +126,17 @@ def container_memory(env: Env, cgroup: Path = CGROUP_ROOT) -> int | None:
             known.append(int(text))
         break  # the first file present is the hierarchy in use ("max": no limit)
     return min(known, default=None)
+
+
+def shared_records(env: Env) -> DictRolloutRecords | None:
+    """The records every container of the deployment shares (its `modal.Dict`), when the
+    plan named one: a rollout submitted to one container is answered by any."""
+    name = env.get(ROLLOUT_DICT_VAR)
+    if not name:
+        return None
+    import modal
+
+    return DictRolloutRecords(modal.Dict.from_name(name, create_if_missing=True))
 
 
 def _volume_snapshots(env: Env, traces: TraceDbSetting | None) -> VolumeSnapshots | None:

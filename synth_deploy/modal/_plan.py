@@ -17,6 +17,7 @@ from synth_deploy.handoff import SANDBOX_APP_VAR, TASK_APP_VAR
 from synth_deploy.modal._image import ImageRecipe, app_remote_file
 from synth_deploy.modal._secrets import SecretSource, resolve_secrets
 from synth_deploy.modal._settings import APP_NAME_PATTERN, FUNCTION_NAME, ModalSettings
+from synth_deploy.modal._shared_records import ROLLOUT_DICT_VAR, rollout_dict_name
 from synth_deploy.modal._trace_volume import (
     CONTAINER_MEMORY_VAR,
     TRACE_COMMIT_VAR,
@@ -184,6 +185,7 @@ def build_plan(entry: Any, env: Env, *, name: str | None = None,
         secrets=tuple(resolve_secrets(settings, env, source.parent, destination.traces)),
         env={**settings.env, TASK_APP_VAR: app_remote_file(source), **volume_env,
              **sandbox_env,
+             ROLLOUT_DICT_VAR: rollout_dict_name(app_name),
              **{var: str(value) for var, value in (
                  (MAX_ROLLOUTS_VAR, settings.max_rollouts),
                  (HEAD_AFTER_VAR, settings.head_after_s),

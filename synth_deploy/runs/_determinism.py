@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 
 from synth_deploy.env import redact
-from synth_deploy.runs._rollouts import transport_error
+from synth_deploy.runs._rollouts import admitted, transport_error
 from synth_deploy.serving import answered_status
+from synth_deploy.serving.containers import AdmissionWaits
 from synth_deploy.tls import client_ssl_context
 
 VOLATILE_KEYS = frozenset({
@@ -132,8 +133,9 @@ async def check_determinism(base_url: str, api_key: str, seed: int,
             result.task_info_difference = first_difference(infos[0], infos[1])
             answers = []
             for attempt in range(2):
-                resp = await client.post("/rollout", json=body_for(
-                    f"{time.time_ns():x}-{attempt}"))
+                body = body_for(f"{time.time_ns():x}-{attempt}")
+                resp = await admitted(lambda body=body: client.post("/rollout", json=body),
+                                      AdmissionWaits())
                 answer = resp.json() if resp.status_code == 200 else None
                 if (status := answered_status(resp.status_code, answer)) != 200:
                     result.error = f"rollout of seed {seed} answered HTTP {status}: " \

@@ -32,7 +32,12 @@ from synth_deploy.runs._determinism import check_determinism
 from synth_deploy.runs._idle import LOCAL_IDLE_S, REMOTE_IDLE_S, idle_probe
 from synth_deploy.runs._measured import record_capacity
 from synth_deploy.runs._rehearsal_report import CHECKS, RehearsalCheck, RehearsalReport
-from synth_deploy.runs._rollouts import PolicyTarget, RolloutOutcome, path_notes
+from synth_deploy.runs._rollouts import (
+    PolicyTarget,
+    RolloutOutcome,
+    admission_notes,
+    path_notes,
+)
 from synth_deploy.runs._suite import RunTarget, is_url, open_target
 from synth_deploy.runs._timeouts import (
     TimeoutLayer,
@@ -197,7 +202,8 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
         await asyncio.wait({idle, first}, return_when=asyncio.FIRST_COMPLETED)
         first.cancel()
     step = await run.training_step()
-    report.notes += run.notes + path_notes([o for g in step.groups for o in g.outcomes])
+    outcomes = [o for g in step.groups for o in g.outcomes]
+    report.notes += run.notes + path_notes(outcomes) + admission_notes(outcomes)
     report.checks += [verdicts.step_check(step), verdicts.signal_check(step),
                       verdicts.tokens_check(step), verdicts.sandbox_check(step)]
     report.checks.append(await run.determinism(mocked) if "determinism" not in options.skip

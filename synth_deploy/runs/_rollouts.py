@@ -13,7 +13,7 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +93,8 @@ class RolloutOutcome:
     kind: str | None = None
     retryable: bool | None = None
     attempts: int = 1
+    waited_s: float = 0.0  # for a slot on a full app (503 + Retry-After), before it ran
+    refusals: int = 0  # those 503s
     steps: int | None = None  # the steps (turns) its metrics report
 
     def warn(self, text: str) -> None:
@@ -106,7 +108,8 @@ class RolloutOutcome:
                 "latency_s": round(self.latency_s, 4), "reward": self.reward,
                 "outcome_score": self.outcome_score, "events_score": self.events_score,
                 "tokens": self.tokens, "details": self.details, "error": self.error,
-                "warning": self.warning,
+                "warning": self.warning, "waited_s": round(self.waited_s, 3),
+                "refusals": self.refusals,
                 "ledger": self.ledger.to_dict() if self.ledger is not None else None}
 
 
@@ -266,14 +269,15 @@ async def run_rollouts(
                                  follow_redirects=True, verify=client_ssl_context()) as client:
         path = await rollout_path(client)
 
-        async def attempt(seed: int, body: dict[str, Any]) -> RolloutOutcome:
+        async def attempt(seed: int, body: dict[str, Any],
+                          waits: durable.AdmissionWaits) -> RolloutOutcome:
             started = time.perf_counter()
             try:
                 if path.name == "async":
-                    status, data = await submit_and_poll(client, body, max_time_s)
+                    status, data = await submit_and_poll(client, body, max_time_s, waits)
                     return _outcome(seed, body["run_id"], status, data, "",
                                     time.perf_counter() - started)
-                resp = await client.post("/rollout", json=body)
+                resp = await admitted(lambda: client.post("/rollout", json=body), waits)
                 return _outcome(seed, body["run_id"], resp.status_code, _json_or_none(resp),
                                 resp.text, time.perf_counter() - started)
             except httpx.HTTPError as exc:  # no answer: the network's, worth another try
@@ -288,15 +292,17 @@ async def run_rollouts(
             async with limit:
                 if streak.why is not None:
                     return None  # the run has stopped: this seed is not run
-                outcome = await attempt(seed, body)
+                waits = durable.AdmissionWaits()
+                outcome = await attempt(seed, body, waits)
                 while not outcome.ok and outcome.retryable and \
                         outcome.attempts <= options.retries and streak.why is None:
                     # A new id: under the same one an app answers the failure it stored.
                     retried = await attempt(seed, {**body, "run_id": f"{body['run_id']}-"
-                                                               f"r{outcome.attempts}"})
+                                                               f"r{outcome.attempts}"}, waits)
                     retried.attempts = outcome.attempts + 1
                     outcome = retried
             outcome.path = path
+            outcome.waited_s, outcome.refusals = waits.waited_s, waits.refusals
             streak.add(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)
@@ -320,14 +326,28 @@ async def rollout_path(client: httpx.AsyncClient) -> RolloutPath:
                                f"(GET {durable.METADATA_PATH} answered {resp.status_code})")
 
 
+async def admitted(send: Callable[[], Awaitable[httpx.Response]],
+                   waits: durable.AdmissionWaits) -> httpx.Response:
+    """``send()``'s response, sent again while a full app refuses it for a slot (503 with
+    Retry-After: `AdmissionWaits` says how long to wait, and for how long in all)."""
+    resp = await send()
+    while (pause := waits.after(resp.status_code, resp.headers)) is not None:
+        await asyncio.sleep(pause)
+        resp = await send()
+    return resp
+
+
 async def submit_and_poll(client: httpx.AsyncClient, body: dict[str, Any],
-                          max_time_s: float) -> tuple[int, Any]:
+                          max_time_s: float, waits: durable.AdmissionWaits | None = None
+                          ) -> tuple[int, Any]:
     """Run ``body`` (a synth-ai rollout request) as an async rollout: (status, body) as
     ``POST /rollout`` would have answered. Each poll waits at the app up to a second for
     the rollout to end (so its end is seen as it comes); a poll that fails (a proxy's 5xx,
     a dropped connection) is asked again a few times with backoff, as the rollout runs on
     regardless."""
-    resp = await client.post(durable.SUBMIT_PATH, json=durable.async_submission(body))
+    submission = durable.async_submission(body)
+    resp = await admitted(lambda: client.post(durable.SUBMIT_PATH, json=submission),
+                          waits or durable.AdmissionWaits())
     document = _json_or_none(resp)
     if resp.status_code not in (200, 202) or not isinstance(document, dict):
         return resp.status_code, document
@@ -368,6 +388,20 @@ def path_notes(outcomes: Sequence[RolloutOutcome]) -> list[str]:
             counts[outcome.path] = counts.get(outcome.path, 0) + 1
     return [f"{n} rollout{'' if n == 1 else 's'} {path.name}: {path.why}"
             for path, n in counts.items()]
+
+
+def admission_notes(outcomes: Sequence[RolloutOutcome]) -> list[str]:
+    """A line saying how long rollouts waited for a slot on a full app, when any did."""
+    waited = [o for o in outcomes if o.refusals]
+    if not waited:
+        return []
+    total = sum(o.waited_s for o in waited)
+    longest = max(o.waited_s for o in waited)
+    refusals = sum(o.refusals for o in waited)
+    return [f"{len(waited)} rollout{'' if len(waited) == 1 else 's'} waited for a slot (the "
+            f"app was full: {refusals} x 503 Retry-After): {total:.1f}s in all, "
+            f"{longest:.1f}s at most; raise the app's --max-rollouts or lower --concurrency "
+            "to wait less"]
 
 
 def _json_or_none(resp: httpx.Response) -> Any:
@@ -517,6 +551,6 @@ def transport_error(exc: httpx.HTTPError) -> str:
 
 
 __all__ = ["FailureStreak", "PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions",
-           "RunReport", "failure_breakdown", "failure_kind",
+           "RunReport", "admission_notes", "admitted", "failure_breakdown", "failure_kind",
            "path_notes", "rollout_ledger", "rollout_path", "rollout_request", "rollout_tokens",
            "run_ledger", "run_rollouts", "submit_and_poll"]

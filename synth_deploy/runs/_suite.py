@@ -19,6 +19,7 @@ from synth_deploy.runs._rollouts import (
     RolloutOutcome,
     RunOptions,
     RunReport,
+    admission_notes,
     path_notes,
     run_rollouts,
 )
@@ -215,7 +216,8 @@ def run_seeds(target: RunTarget, seeds: Sequence[int], options: RunOptions = Run
         left = len(seeds) - len(outcomes)
         stopped = f"{streak.why}; {plural_seeds(left)} not run"
     return RunReport(target.url, options.mode, concurrency, outcomes, elapsed,
-                     notes + path_notes(outcomes), stopped=stopped)
+                     notes + path_notes(outcomes) + admission_notes(outcomes),
+                     stopped=stopped)
 
 
 def plural_seeds(n: int) -> str:

@@ -198,8 +198,11 @@ def _destination(traces: TraceDbSetting | None) -> Mapping[str, Any] | None:
 class LocalRunner:
     """Owns one served task app: its entry, its ASGI app, its trace store and its server."""
 
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, *, rollout_records: Any = None) -> None:
+        """``rollout_records``: where async rollouts' records are shared (a Modal
+        deployment's Dict); else the trace store's, when there is one."""
         self.settings = settings
+        self.rollout_records = rollout_records
         self.app: Any = None
         self.store: TraceStore | None = None
         self.live_export: Any = None  # synth_deploy.otel.LiveExporter, when OTEL_* ask for it
@@ -245,6 +248,8 @@ class LocalRunner:
                 self.store = None
                 raise
             records = RolloutRecords(self.store)  # async rollouts outlive the process
+        if self.rollout_records is not None:
+            records = self.rollout_records
         self.live_export = _live_export(s.env)
         self.app = create_app(config, api_keys=s.keys.values, trace_store=self.store,
                               env=s.env, limits=s.rollouts, on_session=self.live_export.offer

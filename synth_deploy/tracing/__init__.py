@@ -34,10 +34,15 @@ from synth_deploy.tracing._errors import (
 from synth_deploy.tracing._ledger import CostLedger, ModelTokens, event_tokens, ledger_of
 from synth_deploy.tracing._rollout_facts import RolloutFacts, describe_session
 from synth_deploy.tracing._rollout_records import (
+    RECORD_KEPT,
+    RECORD_KEPT_S,
+    RUNNER_LOST_S,
+    TICK_S,
     RolloutClaim,
     RolloutFinish,
     RolloutRecord,
     RolloutRecords,
+    RunnerNews,
 )
 from synth_deploy.tracing._session import (
     Event,
@@ -136,6 +141,11 @@ __all__ = [
     "RolloutFinish",
     "RolloutRecord",
     "RolloutRecords",
+    "RunnerNews",
+    "RECORD_KEPT",
+    "RECORD_KEPT_S",
+    "RUNNER_LOST_S",
+    "TICK_S",
     "SchemaTooNewError",
     "SessionConflictError",
     "SessionFilter",

@@ -88,7 +88,8 @@ def test_math_app_builds_with_its_function_resources_and_secrets(api_key):
     # No remote store: the traces go to the app's Volume, mounted, named in the env.
     assert {"SYNTH_DEPLOY_TASK_APP": "task_app/task_app.py", "SYNTH_TRACE_VOLUME":
             "synth-math-traces", "SYNTH_TRACE_VOLUME_DIR": "/synth-traces/synth-math",
-            "SYNTH_TRACE_COMMIT_S": "10", "SYNTH_CONTAINER_MEMORY_MIB": "512"} in envs
+            "SYNTH_TRACE_COMMIT_S": "10", "SYNTH_CONTAINER_MEMORY_MIB": "512",
+            "SYNTH_DEPLOY_ROLLOUT_DICT": "synth-math-rollouts"} in envs
     assert {p: modal_inspect.volume_name(v) for p, v in spec.volumes.items()} == {
         "/synth-traces": "synth-math-traces"}
 

@@ -36,6 +36,9 @@ does: an unknown name is its NotFoundError, a stopped app "App is already stoppe
 ``-y`` without a terminal is refused; with ``-y`` the app's containers are killed at once
 (SIGKILL: Modal "immediately terminates" them, no drain) and the app is stopped. Its Volumes
 are left as they are: a Volume is not the app's.
+
+Modal's Dicts (the containers' shared rollout records) are one modal_dict.py service per
+state dir, started with the first container.
 """
 
 from __future__ import annotations
@@ -167,6 +170,26 @@ def _mount_volumes(spec, root: Path, state: Path, env: dict[str, str]) -> dict[s
     return views
 
 
+def dict_service(state: Path) -> str:
+    """The URL of the Dict service of this stand-in Modal (modal_dict.py, one process for
+    every container, started once; its pid in ``pids``). ``STANDIN_MODAL_DICT_IDLE_S``: how
+    long an entry lives unused (Modal: 7 days)."""
+    port_file = state / "dict.port"
+    if not port_file.exists():
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "modal_dict.py"), str(port_file),
+             os.environ.get("STANDIN_MODAL_DICT_IDLE_S", "604800")],
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(state / "pids", "a") as fh:
+            fh.write(f"{proc.pid}\n")
+        deadline = time.monotonic() + 15
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the Dict service did not start")
+            time.sleep(0.02)
+    return f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+
 def _start_container(function, app_name: str, index: int = 0) -> str:
     state = Path(os.environ["STANDIN_MODAL_STATE_DIR"])
     spec = modal_inspect.function_spec(function)
@@ -187,6 +210,7 @@ def _start_container(function, app_name: str, index: int = 0) -> str:
     env["STANDIN_MODAL_VOLUMES"] = json.dumps(_mount_volumes(spec, root, state, env))
     env["STANDIN_VOLUME_BACKGROUND_S"] = os.environ.get("STANDIN_VOLUME_BACKGROUND_S", "5")
     env["STANDIN_MODAL_SANDBOXES"] = str(state / "sandboxes")  # modal_sandbox.py's state
+    env["STANDIN_MODAL_DICT_URL"] = dict_service(state)
     raw = modal_inspect._raw(function)
     info = raw._get_source_info()
     port_file = root / "port"

@@ -3,7 +3,9 @@
     python modal_container.py ROOT MODULE QUALNAME PORT_FILE ALLOWED_DISTS_JSON
 
 Its Sandboxes are played by modal_sandbox.py (``STANDIN_MODAL_SANDBOXES``: its state dir).
-The Volumes the function mounts are played by modal_volume.py (``STANDIN_MODAL_VOLUMES``:
+Modal's Dicts are played by the service of modal_dict.py, a process of its own
+(``STANDIN_MODAL_DICT_URL``). The Volumes the function mounts are played by modal_volume.py
+(``STANDIN_MODAL_VOLUMES``:
 JSON {name: [committed folder, this container's view]}): its client is the ``modal`` this
 container imports, it commits in the background every ``STANDIN_VOLUME_BACKGROUND_S``, and
 once more when the server has shut down (SIGTERM); SIGKILL loses what was not committed.
@@ -86,6 +88,10 @@ def main() -> int:
         from modal_sandbox import ModalSandboxStandin
 
         ModalSandboxStandin(Path(sandboxes)).install(sys.modules["modal"])
+    if dict_url := os.environ.pop("STANDIN_MODAL_DICT_URL", None):
+        import modal_dict
+
+        modal_dict.install(sys.modules["modal"], dict_url)  # the Dict service, elsewhere
     _isolate(root_path)
     sys.meta_path.insert(0, _InstalledOnly(set(json.loads(allowed)), root_path,
                                            root_path.parent / "imports.json"))

@@ -1,9 +1,11 @@
-"""Async rollouts' records in the trace store: a table of their own, claims that never
-overwrite, and a record that outlives the process that wrote it."""
+"""Async rollouts' records in the trace store: keyed by app and id, claims that never
+overwrite (one winner among servers), a runner's heartbeat, asks that reach the runner, a
+bounded table, and a store of the old layout upgraded."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import datetime, timedelta
 
 import httpx
@@ -11,6 +13,8 @@ from toy_apps import toy_config
 
 from synth_deploy.serving import BackgroundServer, create_app
 from synth_deploy.tracing import (
+    RECORD_KEPT_S,
+    RUNNER_LOST_S,
     RolloutClaim,
     RolloutFinish,
     RolloutRecords,
@@ -23,27 +27,100 @@ def test_claims_finishes_and_a_record_another_owner_left_running(tmp_path):
     path = str(tmp_path / "t.db")
     with open_trace_store(path) as store:
         records = RolloutRecords(store)
-        found = records.apply([RolloutClaim("a", "d1", "owner-1", 1.0),
-                               RolloutClaim("b", "d2", "owner-1", 1.0)], [])
+        found = records.apply("app", "owner-1", [RolloutClaim("a", "d1", "owner-1", 1.0),
+                                                 RolloutClaim("b", "d2", "owner-1", 1.0)], [],
+                              1.0)
         assert found == {}
         # Claimed again (another body, another owner): the first record answers, unchanged.
-        again = records.apply([RolloutClaim("a", "other", "owner-2", 2.0)],
-                              [RolloutFinish("b", "completed", {"status": "completed"}, 3.0)])
+        again = records.apply("app", "owner-2", [RolloutClaim("a", "other", "owner-2", 2.0)],
+                              [], 2.0)
+        records.apply("app", "owner-1", [],
+                      [RolloutFinish("b", "completed", {"status": "completed"}, 3.0)], 3.0)
         assert again["a"].digest == "d1" and again["a"].owner == "owner-1"
         assert store.count_sessions() == 0  # the session tables are not touched
     with open_trace_store(path) as store:  # another process, later
         records = RolloutRecords(store)
-        a, b = records.get("a"), records.get("b")
-        assert a.status == "running" and a.lost_by("owner-2") and not a.lost_by("owner-1")
+        a, b = records.get("app", "a"), records.get("app", "b")
+        assert a.status == "running" and a.runner_seen == 3.0
+        # Its runner beat at 3.0: alive until RUNNER_LOST_S later, then lost; never to itself.
+        assert not a.lost("owner-2", 3.0 + RUNNER_LOST_S)
+        assert a.lost("owner-2", 3.1 + RUNNER_LOST_S) and not a.lost("owner-1", 1e9)
         assert b.status == "completed" and b.result == {"status": "completed"}
-        assert records.get("never") is None
+        assert records.get("app", "never") is None
+
+
+def test_two_apps_on_one_store_never_see_each_others_ids(tmp_path):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        records = RolloutRecords(store)
+        assert records.apply("math", "o1", [RolloutClaim("r-1", "dm", "o1", 1.0)], [], 1.0) == {}
+        assert records.apply("rel", "o2", [RolloutClaim("r-1", "dr", "o2", 1.0)], [], 1.0) == {}
+        records.apply("math", "o1", [], [RolloutFinish("r-1", "completed", {"app": "math"},
+                                                       2.0)], 2.0)
+        assert records.get("math", "r-1").result == {"app": "math"}
+        assert records.get("rel", "r-1").digest == "dr"
+        assert records.get("rel", "r-1").status == "running"
+
+
+def test_touches_and_stops_reach_the_runner(tmp_path):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        records = RolloutRecords(store)
+        records.apply("app", "runner", [RolloutClaim("a", "d", "runner", 1.0, 5.0),
+                                        RolloutClaim("b", "d", "runner", 1.0, 5.0)], [], 1.0)
+        records.touch("app", "a", 4.0, 30.0)  # asked after on another server
+        records.request_stop("app", "b", "terminated")
+        news = records.news("app", "runner", ["a"], 5.0)
+        assert news.stops == {"b": "terminated"} and news.touched == {"a": (4.0, 30.0)}
+        assert records.get("app", "a").runner_seen == 5.0
+        records.apply("app", "runner", [], [RolloutFinish("b", "cancelled", {}, 6.0)], 6.0)
+        assert records.news("app", "runner", [], 7.0).stops == {}  # answered: asked no more
+        records.request_stop("app", "b", "terminated")  # a finished one is not asked again
+        assert records.get("app", "b").stop is None
+
+
+def test_finished_records_are_pruned_past_their_retention(tmp_path):
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        records = RolloutRecords(store)
+        claims = [RolloutClaim(f"r{i}", "d", "o", float(i)) for i in range(6)]
+        records.apply("app", "o", claims, [RolloutFinish(f"r{i}", "completed", {}, float(i))
+                                           for i in range(5)], 5.0)
+        records.prune("app", 2.5 + RECORD_KEPT_S)  # r0..r2 finished before the retention
+        assert [records.get("app", f"r{i}") is None for i in range(6)] == [
+            True, True, True, False, False, False]
+        records.kept = 1  # and at most the newest one
+        records.prune("app", 10.0)
+        assert [records.get("app", f"r{i}") is None for i in range(3, 6)] == [
+            True, False, False]  # r5 is running: never pruned while its runner beats
+
+
+def test_a_store_with_the_old_table_is_upgraded_and_its_records_kept(tmp_path):
+    path = tmp_path / "t.db"
+    with open_trace_store(str(path)):
+        pass
+    conn = sqlite3.connect(path)  # a store as version 11 left it, its table made at first use
+    conn.execute("DROP TABLE async_rollouts")
+    conn.execute("DROP TABLE rollout_runners")
+    conn.execute("DELETE FROM synth_deploy_schema WHERE version = 13")
+    conn.execute("CREATE TABLE async_rollouts (rollout_id TEXT PRIMARY KEY, digest TEXT NOT "
+                 "NULL, status TEXT NOT NULL, owner TEXT NOT NULL, created_at TEXT NOT NULL, "
+                 "updated_at TEXT NOT NULL, result TEXT)")
+    conn.execute("INSERT INTO async_rollouts VALUES ('old', 'd', 'completed', 'o', "
+                 "'2026-01-01 00:00:00', '2026-01-01 00:00:00', '{\"status\": \"completed\"}')")
+    conn.commit()
+    conn.close()
+    with open_trace_store(str(path)) as store:
+        records = RolloutRecords(store)
+        assert store.schema_version == 13
+        assert records.get("", "old").result == {"status": "completed"}
+        assert records.get("math", "old") is None  # no app claims a record of unknown app
+        assert records.apply("math", "o", [RolloutClaim("old", "d2", "o", 1.0)], [], 1.0) == {}
 
 
 def test_a_records_times_are_given_with_their_zone(tmp_path):
     with open_trace_store(str(tmp_path / "t.db")) as store:
         records = RolloutRecords(store)
-        records.apply([RolloutClaim("a", "d1", "owner-1", 1_796_000_000.25)], [])
-        record = records.get("a")
+        records.apply("app", "owner-1", [RolloutClaim("a", "d1", "owner-1", 1_796_000_000.25)],
+                      [], 1_796_000_000.25)
+        record = records.get("app", "a")
     assert record.created_at == record.updated_at == "2026-11-30T00:53:20.250000+00:00"
     assert record.created_at == utc_text(1_796_000_000.25)
 

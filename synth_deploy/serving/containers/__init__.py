@@ -5,6 +5,8 @@ asynchronous rollouts it submits (`_durable`), and the client's side the kit's r
 `check` share (`_client`; light: no server imports)."""
 
 from synth_deploy.serving.containers._client import (
+    ADMISSION_MAX_DELAY_S,
+    ADMISSION_PATIENCE_S,
     FIRST_POLL_S,
     MAX_POLL_S,
     METADATA_PATH,
@@ -12,6 +14,7 @@ from synth_deploy.serving.containers._client import (
     POLL_WAIT_MS,
     PREFIX,
     SUBMIT_PATH,
+    AdmissionWaits,
     advertises_async,
     async_submission,
     document_path,
@@ -22,7 +25,8 @@ from synth_deploy.serving.containers._client import (
 )
 from synth_deploy.serving.containers._events import envelope_digest
 
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
+__all__ = ["ADMISSION_MAX_DELAY_S", "ADMISSION_PATIENCE_S", "AdmissionWaits", "FIRST_POLL_S",
+           "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
            "POLL_WAIT_MS", "PREFIX", "SUBMIT_PATH", "advertises_async", "async_submission",
            "document_path", "envelope_digest", "next_poll_delay", "poll_path", "retryable",
            "rollout_answer"]

@@ -8,10 +8,19 @@ submitted, how long to wait between polls, and what a finished rollout's documen
         while document["status"] == "running":        # GET poll_path(id): a long poll
             document = poll(...)                      # (after a failure: sleep, back off)
         status, answer = rollout_answer(document)     # as POST /rollout would have
+
+A full app (``503`` with ``Retry-After``: every slot taken) is asked again, not failed, by
+every client (`AdmissionWaits`, sync and async alike):
+
+    waits = AdmissionWaits()
+    while (pause := waits.after(resp.status_code, resp.headers)) is not None:
+        sleep(pause); resp = send()                   # waits.waited_s: said in reports
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Mapping
 from typing import Any
 
 PREFIX = "/containers"
@@ -26,6 +35,46 @@ POLL_WAIT_MS = 1000
 # up: the rollout runs on regardless, and its result waits for the next ask.
 POLL_FAILURES_ALLOWED = 5
 _RETRYABLE = (429, 502, 503, 504, 520, 522, 524)
+# A request refused for a slot is sent again after its Retry-After, growing by half each
+# time to at most ADMISSION_MAX_DELAY_S, until it waited ADMISSION_PATIENCE_S in all.
+ADMISSION_MAX_DELAY_S = 10.0
+ADMISSION_PATIENCE_S = 600.0
+
+
+class AdmissionWaits:
+    """How one request waits for a slot on a full app: ``after(status, headers)`` is the
+    pause before sending it again (a 503 with ``Retry-After``), or None (answered, or
+    patience spent: the refusal is its answer). ``waited_s`` and ``refusals`` say how long
+    and how often it waited."""
+
+    __slots__ = ("waited_s", "refusals")
+
+    def __init__(self) -> None:
+        self.waited_s = 0.0
+        self.refusals = 0
+
+    def after(self, status: int, headers: Mapping[str, str]) -> float | None:
+        asked = _seconds(headers.get("retry-after")) if status == 503 else None
+        if asked is None:
+            return None
+        pause = min(ADMISSION_MAX_DELAY_S, max(asked, 0.05) * 1.5 ** min(self.refusals, 8))
+        pause *= random.uniform(0.8, 1.2)  # a crowd refused at once does not return at once
+        if self.waited_s + pause > ADMISSION_PATIENCE_S:
+            return None
+        self.refusals += 1
+        self.waited_s += pause
+        return pause
+
+
+def _seconds(value: str | None) -> float | None:
+    """Retry-After as seconds (an HTTP date is taken as 1 s: the kit's server sends
+    seconds)."""
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return 1.0
 
 
 def advertises_async(metadata: Any) -> bool:
@@ -86,6 +135,7 @@ def rollout_answer(document: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return status, {"detail": {"error": {**error, "code": code, "message": message}}}
 
 
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
+__all__ = ["ADMISSION_MAX_DELAY_S", "ADMISSION_PATIENCE_S", "AdmissionWaits", "FIRST_POLL_S",
+           "MAX_POLL_S", "METADATA_PATH", "POLL_FAILURES_ALLOWED",
            "POLL_WAIT_MS", "PREFIX", "SUBMIT_PATH", "advertises_async", "async_submission",
            "document_path", "next_poll_delay", "poll_path", "retryable", "rollout_answer"]

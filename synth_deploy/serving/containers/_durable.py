@@ -10,22 +10,35 @@ its events, its result. What makes it durable:
 - **a lease**: the client holds the rollout by asking after it (any read of it, or
   ``POST .../renew``); a rollout nobody asked after for its lease's ``ttl_seconds`` is
   cancelled, and its trace says so (``status: cancelled``, ``error.code: lease_expired``).
-- **the trace store**: with one, each rollout's record is stored when it starts and its
-  answer when it ends (`RolloutRecords`), so a client that restarts reads it there, and a
-  server that restarts answers ``interrupted`` for a rollout it lost (never 404, never a
-  hang). Without one, records live in memory, for as long as the server does.
+- **shared records**: with a store of records (`SharedRecords`: the trace store's
+  `RolloutRecords`, or on Modal a `modal.Dict`, see `synth_deploy.modal`), each rollout's
+  record is claimed there when it starts (atomically: of two servers claiming one id, one
+  runs it) and its answer stored when it ends. Every server on that store answers for it:
+  its state, result, events and stream from the record, a read or renew there holding its
+  lease, a terminate there stopping it (its runner reads both at its tick, every
+  `TICK_S`). A rollout whose runner stopped beating (`RUNNER_LOST_S`) answers
+  ``interrupted`` (never 404, never a hang), and never while its runner lives. Without a
+  store, records live in memory only.
+- **bounded memory**: a finished rollout is answered from memory (its events in full) for
+  `FINISHED_KEPT_S` at most; past the `FINISHED_KEPT` newest, one is let go once its end
+  was read (or its lease ran out unread). After that it is answered from its stored record
+  (its start and end as events), or, with no store, not at all (404).
+- **a terminal state, whatever stop lands when**: a rollout's status is written and its
+  slot given back once, in `_finish`, which a stop cannot reach (`RolloutStop.final`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -42,20 +55,57 @@ from synth_deploy.serving.containers._document import result_fields
 from synth_deploy.serving.containers._events import envelope
 from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse
 from synth_deploy.tracing import (
+    RUNNER_LOST_S,
+    TICK_S,
     RolloutClaim,
     RolloutFinish,
     RolloutRecord,
-    RolloutRecords,
+    RunnerNews,
 )
 
 RunRollout = Callable[[RolloutRequest, bytes, RolloutStop], Awaitable[RolloutOutcome]]
 DEFAULT_LEASE_S = 300.0
+# How long, and how many, finished rollouts stay in memory (README, "Durable rollouts").
+FINISHED_KEPT_S = 600.0
+FINISHED_KEPT = 1_000
 TERMINAL = ("completed", "failed", "cancelled", "interrupted")
 # synth-containers' success_status for each status (its wire.py), and ours for `interrupted`.
 _SUCCESS = {"running": "running", "completed": "success", "failed": "failed",
             "cancelled": "cancelled", "interrupted": "interrupted"}
 # Fields of a submission that do not make it another request: how it is waited for and held.
 _NOT_IDENTITY = ("submission_mode", "lease_ttl_seconds")
+
+
+# How often a runner prunes its app's finished records in the store.
+PRUNE_EVERY_S = 3_600.0
+
+
+class SharedRecords(Protocol):
+    """Where servers keep the records of their async rollouts and find each other's
+    (`synth_deploy.tracing.RolloutRecords`, the Modal Dict's records). Blocking calls, run
+    off the event loop; every one names the app, so apps sharing a store never meet."""
+
+    def apply(self, app_id: str, owner: str, claims: list[RolloutClaim],
+              finishes: list[RolloutFinish], now: float) -> dict[str, RolloutRecord]:
+        """Claim and finish at once (``owner``'s heartbeat with them); the record already
+        there for each claim another holds."""
+
+    def get(self, app_id: str, rollout_id: str) -> RolloutRecord | None: ...
+
+    def touch(self, app_id: str, rollout_id: str, now: float, ttl_s: float | None = None
+              ) -> None:
+        """A client asked after a running rollout here: its lease holds from ``now``."""
+
+    def request_stop(self, app_id: str, rollout_id: str, reason: str) -> None: ...
+
+    def news(self, app_id: str, owner: str, asked: list[str], now: float) -> RunnerNews:
+        """``owner``'s tick: its heartbeat, the stops asked of its rollouts, the touches of
+        those ``asked``."""
+
+    def prune(self, app_id: str, now: float) -> None: ...
+
+    def retire(self, owner: str) -> None:
+        """``owner`` stops: the rollouts it still runs are lost now, not once it is silent."""
 
 
 def iso(epoch_s: float) -> str:
@@ -83,7 +133,7 @@ class _Live:
 
     __slots__ = ("rollout_id", "digest", "mode", "created_at", "updated_at", "status", "answer",
                  "http_status", "events", "changed", "task", "ttl_s", "expires", "stop", "req",
-                 "request_json")
+                 "request_json", "read")
 
     def __init__(self, rollout_id: str, digest: str, mode: str, req: RolloutRequest,
                  request_json: bytes, ttl_s: float, now: float) -> None:
@@ -99,6 +149,7 @@ class _Live:
         self.ttl_s = ttl_s
         self.expires = time.monotonic() + ttl_s
         self.stop = RolloutStop()  # its task is set once the rollout's task takes it
+        self.read = False  # its end was answered to someone: it may be let go
 
     @property
     def done(self) -> bool:
@@ -136,8 +187,8 @@ class _RecordBatches:
     transaction, on one worker thread, while the loop serves (a thousand submissions in a
     second cost a few commits, not a thousand thread hops)."""
 
-    def __init__(self, records: RolloutRecords) -> None:
-        self.records = records
+    def __init__(self, records: SharedRecords, app_id: str, owner: str) -> None:
+        self.records, self.app_id, self.owner = records, app_id, owner
         self.claims: list[tuple[RolloutClaim, asyncio.Future[Any]]] = []
         self.finishes: list[tuple[RolloutFinish, asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
@@ -162,7 +213,8 @@ class _RecordBatches:
             waiting = [f for _, f in claims] + [f for _, f in finishes]
             try:
                 found = await anyio.to_thread.run_sync(
-                    self.records.apply, [c for c, _ in claims], [f for f, _ in finishes])
+                    self.records.apply, self.app_id, self.owner, [c for c, _ in claims],
+                    [f for f, _ in finishes], time.time())
             except Exception as exc:  # noqa: BLE001 - each waiter raises it
                 for future in waiting:
                     if not future.done():
@@ -184,14 +236,21 @@ class AsyncRollouts:
     only).
     """
 
-    def __init__(self, run: RunRollout, *, stats: RolloutStats, records: RolloutRecords | None,
+    def __init__(self, run: RunRollout, *, stats: RolloutStats, records: SharedRecords | None,
                  app_id: str = "", default_ttl_s: float = DEFAULT_LEASE_S) -> None:
         self.run, self.stats, self.records = run, stats, records
-        self._batches = None if records is None else _RecordBatches(records)
         self.app_id = app_id
         self.default_ttl_s = default_ttl_s
-        self.owner = uuid.uuid4().hex  # this process: a record running under another is lost
+        self.owner = uuid.uuid4().hex  # this process: its records' runner, while it beats
+        self._batches = None if records is None else _RecordBatches(records, app_id,
+                                                                    self.owner)
+        self._heard = self._pruned = 0.0  # when this runner last beat, last pruned (monotonic)
+        self._ticking = self._retired = False
         self.live: dict[str, _Live] = {}
+        # Finished rollouts still in `live`, oldest first: (when each finished, it).
+        self.finished: collections.deque[tuple[float, _Live]] = collections.deque()
+        self.finished_kept, self.finished_kept_s = FINISHED_KEPT, FINISHED_KEPT_S
+        self._trimming: asyncio.TimerHandle | None = None
         self._sweeping: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -219,7 +278,7 @@ class AsyncRollouts:
         if self._batches is not None:
             try:
                 found = await self._batches.claim(RolloutClaim(rollout_id, digest, self.owner,
-                                                               now))
+                                                               now, live.ttl_s))
             except Exception as exc:
                 self._release(live)
                 raise Refused(500, "record_write_failed",
@@ -251,40 +310,72 @@ class AsyncRollouts:
         return {**document, "replayed": True}
 
     async def find(self, rollout_id: str, *, renew: bool = True) -> dict[str, Any] | None:
-        """The document of ``rollout_id`` (asking after it renews its lease), or None when
-        no rollout has the id."""
+        """The document of ``rollout_id`` (asking after it renews its lease, wherever it
+        runs), or None when no rollout has the id."""
         live = self.live.get(rollout_id)
         if live is not None:
             if renew and not live.done:
                 live.renew()
+            live.read = live.done
             return live.document()
+        found = await self._stored(rollout_id)
+        if found is None:
+            return None
+        now = time.time()
+        if renew and self._held(found, now) and (
+                found.touched_at is None or now - found.touched_at > (found.ttl_s or 0) / 8):
+            await self._on_store(self.records.touch, self.app_id, rollout_id, now)
+            found = replace(found, touched_at=now)
+        return self._stored_document(found, now)
+
+    async def _stored(self, rollout_id: str) -> RolloutRecord | None:
         if self.records is None:
             return None
+        return await self._on_store(self.records.get, self.app_id, rollout_id)
+
+    async def _on_store(self, call: Callable[..., Any], *args: Any) -> Any:
         try:
-            found = await anyio.to_thread.run_sync(self.records.get, rollout_id)
+            return await anyio.to_thread.run_sync(call, *args)
         except Exception as exc:
             raise Refused(500, "record_read_failed",
-                          f"rollout {rollout_id}'s record could not be read "
+                          f"rollout {args[1]}'s record could not be read or written "
                           f"({type(exc).__name__}); see the server's log") from exc
-        return None if found is None else self._stored_document(found)
 
-    def _stored_document(self, found: Any) -> dict[str, Any]:
+    def _held(self, found: RolloutRecord, now: float) -> bool:
+        """A record another server runs, alive: asks of it go to its runner."""
+        return found.status == "running" and not found.lost(self.owner, now)
+
+    def _stored_document(self, found: RolloutRecord, now: float | None = None
+                         ) -> dict[str, Any]:
         if found.result is not None:
             return found.result
-        document = {"rollout_id": found.rollout_id, "status": found.status,
-                    "success_status": _SUCCESS.get(found.status, found.status),
-                    "created_at": found.created_at, "updated_at": found.updated_at,
-                    "metadata": {}, "summary": {}}
-        if found.lost_by(self.owner):
+        now = time.time() if now is None else now
+        document: dict[str, Any] = {
+            "rollout_id": found.rollout_id, "status": found.status,
+            "success_status": _SUCCESS.get(found.status, found.status),
+            "created_at": found.created_at, "updated_at": found.updated_at,
+            "metadata": {}, "summary": {}}
+        if found.lost(self.owner, now):
             document.update(status="interrupted", success_status="interrupted",
                             status_detail="the server running it stopped before it finished; "
                                           "submit it again under a new rollout_id")
+        elif found.status == "running" and found.ttl_s:
+            held_from = found.touched_at or 0.0
+            document["lease"] = {"ttl_seconds": found.ttl_s,
+                                 "expires_in_s": round(max(0.0, held_from + found.ttl_s - now),
+                                                       3),
+                                 "renew_route": f"/rollouts/{found.rollout_id}/renew"}
         return document
 
-    def renew(self, rollout_id: str, ttl_s: float | None) -> dict[str, Any] | None:
+    async def renew(self, rollout_id: str, ttl_s: float | None) -> dict[str, Any] | None:
         live = self.live.get(rollout_id)
         if live is None:
-            return None
+            found = await self._stored(rollout_id)
+            now = time.time()
+            if found is not None and self._held(found, now):
+                await self._on_store(self.records.touch, self.app_id, rollout_id, now, ttl_s)
+                found = replace(found, touched_at=now, ttl_s=ttl_s or found.ttl_s)
+            return None if found is None else self._stored_document(found, now)
         if not live.done:
             if ttl_s is not None:
                 live.ttl_s = ttl_s
@@ -292,10 +383,15 @@ class AsyncRollouts:
             live.event("rollout.lease.renewed", ttl_seconds=live.ttl_s)
         return live.document()
 
-    def terminate(self, rollout_id: str, reason: str) -> dict[str, Any] | None:
+    async def terminate(self, rollout_id: str, reason: str) -> dict[str, Any] | None:
         live = self.live.get(rollout_id)
-        if live is None:
-            return None
+        if live is None:  # another server's: its runner stops it at its next tick
+            found = await self._stored(rollout_id)
+            now = time.time()
+            if found is not None and self._held(found, now):
+                await self._on_store(self.records.request_stop, self.app_id, rollout_id,
+                                     reason)
+            return None if found is None else self._stored_document(found, now)
         self._cancel(live, reason)
         return live.document()
 
@@ -323,9 +419,10 @@ class AsyncRollouts:
             try:
                 outcome = await self.run(live.req, live.request_json, stop)
             except asyncio.CancelledError:
-                # The server is stopping: the record stays `running`, which the next
-                # server answers as interrupted.
+                # The server is stopping: the record stays `running`, and this runner says
+                # it is gone, so every server answers it as interrupted from now on.
                 self.stats.release()
+                self._retire()
                 raise
             except Exception as exc:  # the kit's own failure: the app's are in the outcome
                 outcome = RolloutOutcome(live.rollout_id, failure=RolloutFailure(
@@ -344,33 +441,61 @@ class AsyncRollouts:
 
     async def _finish(self, live: _Live, status: str, http_status: int,
                       answer: dict[str, Any]) -> None:
-        """Record ``live``'s terminal ``status``: whatever happens while its record is
-        stored, the status is set and its slot given back."""
+        """Set ``live``'s terminal ``status`` (its waiters answered at once: its trace is
+        stored already), then store its record; whatever happens meanwhile, its slot is
+        given back."""
         updated = time.time()
         live.updated_at = iso(updated)
         live.answer, live.http_status = answer, http_status
+        live.status = status
+        live.event(f"rollout.{status}", http_status=http_status)
         try:
             if self._batches is not None:
-                document = {**live.document(), "status": status,
-                            "success_status": _SUCCESS[status]}
-                document.pop("lease", None)
                 try:
                     await self._batches.finish(RolloutFinish(live.rollout_id, status,
-                                                             document, updated))
+                                                             live.document(), updated))
                 except Exception as exc:  # noqa: BLE001 - answered in memory, said in it
                     live.answer = {**answer, "warning": f"its record could not be stored "
                                                         f"({type(exc).__name__})"}
         finally:
-            live.status = status
-            live.event(f"rollout.{status}", http_status=http_status)
             self.stats.release()
-            if self.records is not None:  # its record answers from now on; memory let go
-                asyncio.get_running_loop().call_later(
-                    max(live.ttl_s, 60.0), self._forget, live)
+            live.req, live.request_json = None, b""  # only its answer is read from now on
+            self.finished.append((time.monotonic(), live))
+            self._trim()
 
-    def _forget(self, live: _Live) -> None:
-        if self.live.get(live.rollout_id) is live:
-            del self.live[live.rollout_id]
+    def _retire(self) -> None:
+        if self.records is None or self._retired:
+            return
+        self._retired = True
+        try:  # on the loop, once: it is closing, and nothing else waits on it
+            self.records.retire(self.owner)
+        except Exception:  # noqa: BLE001 - then its rollouts are lost once it is silent
+            pass
+
+    def _trim(self) -> None:
+        """Let go of finished rollouts: any past `finished_kept_s`; past the newest
+        `finished_kept`, those whose end was read or whose lease ran out unread (a client
+        polling a crowd that all ended at once reads each end). A timer comes back for the
+        oldest one left."""
+        finished, live = self.finished, self.live
+        now = time.monotonic()
+        while finished:
+            ended, oldest = finished[0]
+            if not (now - ended >= self.finished_kept_s or len(finished) > self.finished_kept
+                    and (oldest.read or now - ended >= oldest.ttl_s)):
+                break
+            finished.popleft()
+            if live.get(oldest.rollout_id) is oldest:
+                del live[oldest.rollout_id]
+        if finished and self._trimming is None:
+            ended, oldest = finished[0]
+            due = ended + min(self.finished_kept_s, oldest.ttl_s) - now
+            self._trimming = asyncio.get_running_loop().call_later(max(0.05, due),
+                                                                   self._trim_timer)
+
+    def _trim_timer(self) -> None:
+        self._trimming = None
+        self._trim()
 
     def _sweep_leases(self) -> None:
         loop = asyncio.get_running_loop()
@@ -382,23 +507,67 @@ class AsyncRollouts:
     def _sweep_interval(self) -> float:
         shortest = min((live.ttl_s for live in self.live.values() if not live.done),
                        default=self.default_ttl_s)
-        return min(1.0, shortest / 4)
+        return min(TICK_S, shortest / 4)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._sweeping is not loop:
             return
         now = time.monotonic()
         running = False
+        expired = []
         for live in list(self.live.values()):
             if live.done:
                 continue
             running = True
             if live.expires <= now:
-                self._cancel(live, "lease_expired")
+                expired.append(live)
         if not running:
             self._sweeping = None  # the next submission starts a new sweep
             return
+        if self.records is None:
+            for live in expired:
+                self._cancel(live, "lease_expired")
+        elif not self._ticking and (expired or now - self._heard >= TICK_S):
+            # A lease may be held on another server: the store says, and a stop asked
+            # there, and this runner's heartbeat goes with it.
+            self._ticking = True
+            loop.create_task(self._tick(expired))
         loop.call_later(self._sweep_interval(), self._sweep, loop)
+
+    async def _tick(self, expired: list[_Live]) -> None:
+        """This runner's beat in the store, and what other servers asked of its rollouts."""
+        assert self.records is not None
+        try:
+            started = time.monotonic()
+            now = time.time()
+            try:
+                news = await anyio.to_thread.run_sync(
+                    self.records.news, self.app_id, self.owner,
+                    [live.rollout_id for live in expired], now)
+            except Exception:  # noqa: BLE001 - the store is away: leases run out as they are
+                news = RunnerNews({}, {})
+            else:
+                self._heard = started
+            for rollout_id, reason in news.stops.items():
+                live = self.live.get(rollout_id)
+                if live is not None and reason in ("terminated", "lease_expired"):
+                    self._cancel(live, reason)
+            for live in expired:
+                touched = news.touched.get(live.rollout_id)
+                if touched is not None:  # asked after elsewhere: held from then
+                    at, ttl_s = touched
+                    live.ttl_s = ttl_s or live.ttl_s
+                    live.expires = max(live.expires, started - (now - at) + live.ttl_s)
+                if live.expires <= time.monotonic():
+                    self._cancel(live, "lease_expired")
+            if started - self._pruned >= PRUNE_EVERY_S:
+                self._pruned = started
+                try:
+                    await anyio.to_thread.run_sync(self.records.prune, self.app_id, now)
+                except Exception:  # noqa: BLE001 - pruned at the next chance
+                    self._pruned = 0.0
+        finally:
+            self._ticking = False
 
 
 def _completed_fields(result: RolloutResponse, task_id: str) -> dict[str, Any]:
@@ -424,4 +593,5 @@ def _completed_fields(result: RolloutResponse, task_id: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["AsyncRollouts", "DEFAULT_LEASE_S", "Refused", "TERMINAL", "request_digest"]
+__all__ = ["AsyncRollouts", "DEFAULT_LEASE_S", "RUNNER_LOST_S", "Refused", "SharedRecords",
+           "TERMINAL", "request_digest"]

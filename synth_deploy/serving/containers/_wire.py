@@ -588,7 +588,7 @@ class ContainersWire:
         give_up = time.monotonic() + rollouts.default_ttl_s
 
         async def frames() -> Any:
-            nonlocal after
+            nonlocal after, found
             while True:
                 live = rollouts.live.get(rollout_id)
                 if live is None and rollout_id in prepared and time.monotonic() < give_up:
@@ -600,6 +600,12 @@ class ContainersWire:
                     after = sealed(event)["sequence"]
                     yield (f"id: {after}\nevent: {event['kind']}\n"
                            f"data: {json.dumps(event, separators=(',', ':'))}\n\n")
+                if live is None and found["status"] == "running":  # another server runs it
+                    await asyncio.sleep(min(heartbeat_s, 1.0))
+                    found = await rollouts.find(rollout_id) or found
+                    if found["status"] == "running":
+                        yield ": heartbeat\n\n"
+                    continue
                 if live is None or live.done:
                     return
                 live.renew()  # a client reading its stream holds its lease
@@ -620,7 +626,7 @@ class ContainersWire:
                                  field="ttl_seconds")
         except BadRequest as exc:
             return bad_request_response(exc)
-        document = self.rollouts.renew(rollout_id, ttl)
+        document = await self.rollouts.renew(rollout_id, ttl)
         if document is None:
             return await self.get_rollout(request)  # a stored one, or 404
         return JSONResponse(document)
@@ -633,11 +639,12 @@ class ContainersWire:
             await _json_object(request, self.config.max_body_bytes, empty_ok=True)
         except BadRequest as exc:
             return bad_request_response(exc)
-        if self.rollouts.terminate(rollout_id, "terminated") is None:
-            found = await self.document_of(request)
+        document = await self.rollouts.terminate(rollout_id, "terminated")
+        live = self.rollouts.live.get(rollout_id)
+        if live is None:  # stored, another server's (its runner stops it), or none
+            found = document if document is not None else await self.document_of(request)
             return found if isinstance(found, Response) else \
                 JSONResponse(views.state_view(found))
-        live = self.rollouts.live[rollout_id]
         until = time.monotonic() + TERMINATE_WAIT_S
         while not live.done and (left := until - time.monotonic()) > 0:
             await self.rollouts.wait(live, left)

@@ -25,6 +25,10 @@ and `AMENDMENTS_TABLE`, what a lost answer says of a session whose row is not th
 Version 12 adds `REWARD_VERSIONS_TABLE`: a session's reward again, as a scorer gave it from
 the stored trace (`traces rescore`), one row per session and version beside the original,
 which is never rewritten.
+Version 13 keys async rollouts' records (``async_rollouts``, until then made when first used,
+keyed by rollout id alone) by app and rollout id, with the columns that let servers on one
+store share them (a claim's token, the lease's last touch, a stop asked for), and adds
+``rollout_runners``, each runner's heartbeat (`synth_deploy.tracing._rollout_records`).
 
 Reads never migrate: a version 1 or 2 file opened read-only is read through
 `session_fields`, which derives what its columns lack (or may lack) from the metadata.
@@ -41,7 +45,7 @@ from typing import Any
 from synth_deploy.tracing._db._columns import METADATA_PATHS
 from synth_deploy.tracing._db._totals import migration as totals_migration
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 VERSION_TABLE = "synth_deploy_schema"
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -384,6 +388,33 @@ def _v11_statements() -> list[str]:
     ]
 
 
+SHARED_RECORDS_VERSION = 13
+_RECORD_COLUMNS = ("app_id TEXT NOT NULL, rollout_id TEXT NOT NULL, digest TEXT NOT NULL, "
+                   "status TEXT NOT NULL, owner TEXT NOT NULL, created_at TEXT NOT NULL, "
+                   "updated_at TEXT NOT NULL, result TEXT, claim TEXT, touched_at REAL, "
+                   "ttl_s REAL, stop TEXT, PRIMARY KEY (app_id, rollout_id)")
+
+
+def _v13_statements(columns: Callable[[str], set[str]], current: int) -> list[str]:
+    old = columns("async_rollouts") if current >= 1 else set()
+    made = [f"CREATE TABLE IF NOT EXISTS async_rollouts ({_RECORD_COLUMNS})",
+            # The runners' tick reads its own running rollouts.
+            "CREATE INDEX IF NOT EXISTS async_rollouts_running ON async_rollouts (owner) "
+            "WHERE status = 'running'",
+            "CREATE TABLE IF NOT EXISTS rollout_runners (owner TEXT PRIMARY KEY, "
+            "seen_at REAL NOT NULL)"]
+    if not old or "app_id" in old:
+        return made
+    # Records a server made when first used, keyed by rollout id alone: the app that wrote
+    # each is not known (""), so they are kept (running ones read as interrupted) and read
+    # by no app; new ones are the apps' own.
+    return ["ALTER TABLE async_rollouts RENAME TO async_rollouts_v11", *made,
+            "INSERT INTO async_rollouts (app_id, rollout_id, digest, status, owner, created_at, "
+            "updated_at, result) SELECT '', rollout_id, digest, status, owner, created_at, "
+            "updated_at, result FROM async_rollouts_v11",
+            "DROP TABLE async_rollouts_v11"]
+
+
 def migration_plan(current: int, columns: Callable[[str], set[str]],
                    now: str) -> list[tuple[int, str, list[Statement]]]:
     """The steps from ``current`` to `SCHEMA_VERSION`: (version, description, statements).
@@ -432,6 +463,10 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
         steps.append((REWARD_VERSIONS_VERSION, "rewards given again from stored traces, "
                       "by version, beside the originals",
                       [(sql, ()) for sql in _V12_STATEMENTS]))
+    if current < SHARED_RECORDS_VERSION:
+        steps.append((SHARED_RECORDS_VERSION, "async rollouts' records keyed by app and id, "
+                      "shared by the servers on a store; runners' heartbeats",
+                      [(sql, ()) for sql in _v13_statements(columns, current)]))
     for version, description, stmts in steps:
         if version >= 2:
             stmts.append((f"INSERT OR IGNORE INTO {VERSION_TABLE} (version, applied_at, "
@@ -441,7 +476,8 @@ def migration_plan(current: int, columns: Callable[[str], set[str]],
 
 __all__ = ["AMENDMENTS_TABLE", "FILTERED_METADATA", "GLANCE_INDEX", "GLANCE_INDEX_VERSION",
            "INDEXED_METADATA_VERSION", "JOURNAL_TABLE", "JOURNAL_VERSION",
-           "REWARD_VERSIONS_TABLE", "REWARD_VERSIONS_VERSION", "SCHEMA_VERSION",
+           "REWARD_VERSIONS_TABLE", "REWARD_VERSIONS_VERSION", "SHARED_RECORDS_VERSION",
+           "SCHEMA_VERSION",
            "SESSION_FIELDS", "TOKENS_COLUMNS",
            "TOKENS_TABLE", "TOKENS_VERSION",
            "V2_COLUMNS", "V7_COLUMNS", "VERSION_TABLE", "detect_version", "metadata_field",
