@@ -38,8 +38,9 @@ import asyncio, os
 from synth_deploy.modal import ModalSettings, modal_app
 from synth_deploy.taskapp import TaskApp
 
-task_app = TaskApp("many", name="Many", description="Waits, and says where it ran.",
-                   modal=ModalSettings(name="synth-many", env={"RUNS_FILE": %(runs)r}))
+task_app = TaskApp(%(app_id)r, name="Many", description="Waits, and says where it ran.",
+                   modal=ModalSettings(name="synth-" + %(app_id)r,
+                                       env={"RUNS_FILE": %(runs)r}))
 
 
 @task_app.rollout
@@ -64,7 +65,8 @@ def _deploy(tmp_path: Path, monkeypatch, containers: int) -> tuple[list[dict], P
     runs = tmp_path / "runs"
     app_file = tmp_path / "many" / "task_app.py"
     app_file.parent.mkdir()
-    app_file.write_text(APP % {"runs": str(runs)})
+    # An id of its own: the tests of one process share its registry of apps.
+    app_file.write_text(APP % {"runs": str(runs), "app_id": f"many-{containers}"})
     monkeypatch.setenv("STANDIN_MODAL_CONTAINERS", str(containers))
     deployed = CliRunner().invoke(cli_app, ["deploy", str(app_file), "--no-check",
                                             "--modal-cli", STANDIN], catch_exceptions=False)

@@ -184,7 +184,9 @@ def install(client: Any, url: str) -> None:
     """Give the stand-in ``modal`` module ``client`` a Dict served at ``url``."""
     Dict.url = url
     client.Dict = Dict
-    client.exception = type(sys)("modal.exception")
+    # Added to what is there: another stand-in (the Sandboxes') puts its errors there too.
+    if getattr(client, "exception", None) is None:
+        client.exception = type(sys)("modal.exception")
     client.exception.NotFoundError = NotFoundError
 
 

@@ -301,8 +301,12 @@ class ModalSandboxStandin:
 
     def install(self, client: Any) -> None:
         """Give the ``modal`` client a stand-in container imports these calls."""
-        client.Sandbox, client.App, client.Image, client.exception = (
-            self.Sandbox, self.App, self.Image, self.exception)
+        client.Sandbox, client.App, client.Image = self.Sandbox, self.App, self.Image
+        # Added to what is there: another stand-in (the Dict's) puts its errors there too.
+        if getattr(client, "exception", None) is None:
+            client.exception = self.exception
+        else:
+            client.exception.Error = Error
 
     def processes(self, object_id: str) -> list[int]:
         """The live processes of a sandbox: its supervisor and its commands' groups."""

@@ -133,12 +133,14 @@ class _Live:
 
     __slots__ = ("rollout_id", "digest", "mode", "created_at", "updated_at", "status", "answer",
                  "http_status", "events", "changed", "task", "ttl_s", "expires", "stop", "req",
-                 "request_json", "read")
+                 "request_json", "read", "correlation_id")
 
     def __init__(self, rollout_id: str, digest: str, mode: str, req: RolloutRequest,
                  request_json: bytes, ttl_s: float, now: float) -> None:
         self.rollout_id, self.digest, self.mode = rollout_id, digest, mode
         self.req, self.request_json = req, request_json
+        # Kept apart: the request is let go once the rollout has its answer.
+        self.correlation_id = correlation_id(req.policy.config) or rollout_id
         self.created_at = self.updated_at = iso(now)  # text once: polls read it often
         self.status = "running"
         self.answer: dict[str, Any] = {}  # the result's fields, once it has one
@@ -169,7 +171,7 @@ class _Live:
         doc: dict[str, Any] = {
             "rollout_id": self.rollout_id, "status": self.status,
             "success_status": _SUCCESS[self.status], "status_detail": self.status,
-            "trace_correlation_id": correlation_id(self.req.policy.config) or self.rollout_id,
+            "trace_correlation_id": self.correlation_id,
             "created_at": self.created_at, "updated_at": self.updated_at,
             "metadata": {"submission_mode": self.mode}, "summary": {}}
         if not self.done:
