@@ -144,112 +144,163 @@ def _retire_later(spec: EnvironmentSpec, env: Any, running: list[threading.Event
 
 async def _play(spec: EnvironmentSpec, env: Any, first: Step, request: RolloutRequest, ctx: Any,
                 call_policy: Callable[..., Any], limit: tuple[int, str]) -> dict[str, Any]:
-    tracer = ctx.tracer
-    tool_name = " or ".join(t["function"]["name"] for t in await spec.offered(env))
-    system = {"role": "system", "content": await spec.system_prompt(env)}
-    noop = getattr(env, "noop", None)
-    ended = "the environment was done at reset"
-    keep = getattr(env, "history_turns", None)
-    history: list[list[dict[str, Any]]] = []
-    steps: list[RolloutStep] = []
+    episode = _Episode(spec, env, request, ctx, call_policy, limit)
+    await episode.begin()
     observation, done = first.observation, first.done
-    turn, capped = 0, False
-    max_turns, cap_source = limit
     while not done:
-        turn += 1
-        tools = await spec.offered(env)  # each turn: the moves legal now may change
-        tool_name = " or ".join(t["function"]["name"] for t in tools)
-        no_call = getattr(env, "no_call_message", None) or (
-            f"You did not call the {tool_name} tool. Reply with a call of {tool_name}.")
-        tracer.start_timestep(f"turn-{turn}", turn_number=turn,
-                              metadata=timestep_metadata(env, request.env.seed))
+        observation, done = await episode.turn(observation)
+    return await episode.answer()
+
+
+class _Episode:
+    """One derived episode as it is played: the conversation so far (its history, shown to
+    the policy), the steps taken, and how it ended."""
+
+    def __init__(self, spec: EnvironmentSpec, env: Any, request: RolloutRequest, ctx: Any,
+                 call_policy: Callable[..., Any], limit: tuple[int, str]) -> None:
+        self.spec, self.env, self.request, self.ctx = spec, env, request, ctx
+        self.call_policy = call_policy
+        self.max_turns, self.cap_source = limit
+        self.tracer = ctx.tracer
+        self.noop = getattr(env, "noop", None)
+        self.keep = getattr(env, "history_turns", None)
+        self.history: list[list[dict[str, Any]]] = []
+        self.steps: list[RolloutStep] = []
+        self.turns, self.capped = 0, False
+        self.ended = "the environment was done at reset"
+        self.tool_name = ""
+        self.system: dict[str, Any] = {}
+
+    async def begin(self) -> None:
+        spec, env = self.spec, self.env
+        self.tool_name = " or ".join(t["function"]["name"] for t in await spec.offered(env))
+        self.system = {"role": "system", "content": await spec.system_prompt(env)}
+
+    async def turn(self, observation: Any) -> tuple[Any, bool]:
+        """Play one turn from ``observation``: the next observation, and whether done."""
+        self.turns += 1
+        turn, env = self.turns, self.env
+        tools = await self.spec.offered(env)  # each turn: the moves legal now may change
+        self.tool_name = " or ".join(t["function"]["name"] for t in tools)
+        self.tracer.start_timestep(f"turn-{turn}", turn_number=turn,
+                                   metadata=timestep_metadata(env, self.request.env.seed))
         content = prompt_of(env, observation)
-        shown = history if keep is None else history[-keep:] if keep else []
-        messages = [system, *(m for group in shown for m in group),
-                    {"role": "user", "content": content}]
-        reply = await call_policy(ctx, messages, tools=tools)
-        exchange = [reply.message]
-        attempt, problem = await _attempt(env, reply.calls, tools), None
-        if attempt.step is None:  # one correction, one more try
-            problem = attempt.problem
-            exchange += attempt.corrections(no_call)
-            reply = await call_policy(ctx, [*messages, *exchange], tools=tools)
-            exchange.append(reply.message)
-            attempt = await _attempt(env, reply.calls, tools)
+        attempt, problem, exchange = await self._reply(content, tools)
         missed = attempt.step is None
-        if not missed:
-            result = attempt.step
-        elif noop is not None:
-            result = await step(env, noop)
-        else:
-            result = Step(observation, done=True, truncated=True,
-                          message="no valid action: the episode ends")
-        capped = not result.done and turn >= max_turns
-        if capped:
+        result = await self._result(attempt, observation)
+        self.capped = not result.done and turn >= self.max_turns
+        if self.capped:
             result.done = result.truncated = True
         exchange += attempt.answers(_result_text(result))
+        self._record(result, attempt, content, problem=problem, missed=missed)
+        self.history.append([{"role": "user", "content": text_of(content)}, *exchange])
+        self.ended = self._ending(result, attempt, missed)
+        return result.observation, result.done
+
+    async def _reply(self, content: Any, tools: list[dict[str, Any]]
+                     ) -> tuple[Any, str | None, list[dict[str, Any]]]:
+        """The policy's action for this turn, asked again once when its reply holds none:
+        the attempt, the first reply's problem, and the exchange to keep."""
+        shown = self.history if self.keep is None else \
+            self.history[-self.keep:] if self.keep else []
+        messages = [self.system, *(m for group in shown for m in group),
+                    {"role": "user", "content": content}]
+        reply = await self.call_policy(self.ctx, messages, tools=tools)
+        exchange = [reply.message]
+        attempt, problem = await _attempt(self.env, reply.calls, tools), None
+        if attempt.step is None:  # one correction, one more try
+            problem = attempt.problem
+            no_call = getattr(self.env, "no_call_message", None) or (
+                f"You did not call the {self.tool_name} tool. Reply with a call of "
+                f"{self.tool_name}.")
+            exchange += attempt.corrections(no_call)
+            reply = await self.call_policy(self.ctx, [*messages, *exchange], tools=tools)
+            exchange.append(reply.message)
+            attempt = await _attempt(self.env, reply.calls, tools)
+        return attempt, problem, exchange
+
+    async def _result(self, attempt: Any, observation: Any) -> Step:
+        """The step the turn took: the action's, the noop's, or the end of the episode."""
+        if attempt.step is not None:
+            return attempt.step
+        if self.noop is not None:
+            return await step(self.env, self.noop)
+        return Step(observation, done=True, truncated=True,
+                    message="no valid action: the episode ends")
+
+    def _record(self, result: Step, attempt: Any, content: Any, *, problem: str | None,
+                missed: bool) -> None:
+        """The turn's environment event, its rewards, and its step of the trajectory."""
         info = {**result.info, "reply_problem": problem, "noop_after_invalid_replies": missed}
-        if capped:
-            info["turn_cap"] = max_turns
-        event = tracer.record_environment_event(
+        if self.capped:
+            info["turn_cap"] = self.max_turns
+        event = self.tracer.record_environment_event(
             reward=float(result.reward), terminated=result.done and not result.truncated,
             truncated=result.truncated, state_after=result.state, metadata=info)
         for r in result.rewards:
-            tracer.record_event_reward(r.value, reward_type=r.kind, source="environment",
-                                       turn_number=turn, event_id=event.id,
-                                       annotation=r.annotation)
+            self.tracer.record_event_reward(r.value, reward_type=r.kind, source="environment",
+                                            turn_number=self.turns, event_id=event.id,
+                                            annotation=r.annotation)
         executed = attempt.executed
-        steps.append(RolloutStep(
+        self.steps.append(RolloutStep(
             obs={"text": text_of(content)}, reward=float(result.reward), done=result.done,
             truncated=result.truncated, info=info,
             tool_calls=[{"id": executed.id, "type": "function",
                          "function": {"name": executed.name,
                                       "arguments": executed.raw_arguments}}]
             if executed else []))
-        history.append([{"role": "user", "content": text_of(content)}, *exchange])
-        observation, done = result.observation, result.done
-        if missed and noop is None:
-            ended = (f"no valid action at turn {turn}, twice ({attempt.problem}): the episode "
-                     f"was cut (to play on instead, give the environment an action for such a "
-                     f"turn: a `noop = {{...}}` class attribute holding {tool_name}'s "
-                     "arguments, or `task_app.openenv(..., noop={...})` with an action's "
-                     "fields)")
-        elif capped:
-            ended = (f"cut at the turn cap: max_turns={max_turns} ({cap_source}); the "
-                     "environment had not said done")
-        elif result.truncated:
-            ended = f"truncated at turn {turn}"
+
+    def _ending(self, result: Step, attempt: Any, missed: bool) -> str:
+        """How the episode stands after this turn, said in its details."""
+        turn = self.turns
+        if missed and self.noop is None:
+            return (f"no valid action at turn {turn}, twice ({attempt.problem}): the episode "
+                    f"was cut (to play on instead, give the environment an action for such a "
+                    f"turn: a `noop = {{...}}` class attribute holding {self.tool_name}'s "
+                    "arguments, or `task_app.openenv(..., noop={...})` with an action's "
+                    "fields)")
+        if self.capped:
+            return (f"cut at the turn cap: max_turns={self.max_turns} ({self.cap_source}); "
+                    "the environment had not said done")
+        if result.truncated:
+            return f"truncated at turn {turn}"
+        return f"done at turn {turn}"
+
+    async def answer(self) -> dict[str, Any]:
+        """The episode's outcome recorded, and its answer as a rollout's result."""
+        env, steps, spec, request = self.env, self.steps, self.spec, self.request
+        if callable(getattr(env, "outcome", None)):
+            outcome = await call(env.outcome, steps)
         else:
-            ended = f"done at turn {turn}"
-    if callable(getattr(env, "outcome", None)):
-        outcome = await call(env.outcome, steps)
-    else:
-        outcome = Outcome(reward=sum(s.reward or 0.0 for s in steps))
-    tracer.record_outcome_reward(float(outcome.reward), achievements_count=outcome.achievements,
-                                 total_steps=len(steps), metadata=dict(outcome.metadata))
-    policy = request.policy
-    inference_url = policy.config.get("inference_url")
-    metrics = dict(outcome.metrics)
-    details = metrics.get("details")
-    seed_ignored = getattr(env, "seed_ignored", None)
-    metrics["details"] = {"ended": ended, **({"seed_ignored": seed_ignored} if seed_ignored
-                                             else {}),
-                          **(dict(details) if isinstance(details, Mapping) else {})}
-    if capped:
-        metrics["details"]["turn_cap"] = max_turns
-    return {
-        "metrics": metrics,
-        "trajectories": [RolloutTrajectory(
-            env_id=outcome.env_id or f"{spec.app_id}:{request.env.seed}",
-            policy_id=policy.policy_id or policy.policy_name or "policy", steps=steps,
-            length=len(steps), inference_url=inference_url,
-            final=dict(outcome.final) if outcome.final is not None else {
-                "reward": float(outcome.reward)})],
-        "inference_url": inference_url,
-        "pipeline_metadata": {"model": policy.config.get("model"), "tool": tool_name},
-    }
+            outcome = Outcome(reward=sum(s.reward or 0.0 for s in steps))
+        self.tracer.record_outcome_reward(
+            float(outcome.reward), achievements_count=outcome.achievements,
+            total_steps=len(steps), metadata=dict(outcome.metadata))
+        policy = request.policy
+        inference_url = policy.config.get("inference_url")
+        return {
+            "metrics": self._metrics(outcome),
+            "trajectories": [RolloutTrajectory(
+                env_id=outcome.env_id or f"{spec.app_id}:{request.env.seed}",
+                policy_id=policy.policy_id or policy.policy_name or "policy", steps=steps,
+                length=len(steps), inference_url=inference_url,
+                final=dict(outcome.final) if outcome.final is not None else {
+                    "reward": float(outcome.reward)})],
+            "inference_url": inference_url,
+            "pipeline_metadata": {"model": policy.config.get("model"), "tool": self.tool_name},
+        }
 
-
+    def _metrics(self, outcome: Outcome) -> dict[str, Any]:
+        """The outcome's metrics, their details saying how the episode ended."""
+        metrics = dict(outcome.metrics)
+        details = metrics.get("details")
+        seed_ignored = getattr(self.env, "seed_ignored", None)
+        metrics["details"] = {"ended": self.ended,
+                              **({"seed_ignored": seed_ignored} if seed_ignored else {}),
+                              **(dict(details) if isinstance(details, Mapping) else {})}
+        if self.capped:
+            metrics["details"]["turn_cap"] = self.max_turns
+        return metrics
 
 
 # -- an OpenEnv Environment class as a declared environment ---------------------------------------
