@@ -30,6 +30,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PYTHON = re.compile(r"^3\.(9|1[0-9])$")
 
 
+def _bad(field_name: str, problem: str, hint: str | None = None) -> UsageError:
+    return UsageError(f"ModalSettings.{field_name}: {problem}", hint=hint)
+
+
 def _tuple(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -108,36 +112,45 @@ class ModalSettings:
         self._validate()
 
     def _validate(self) -> None:
-        def bad(field_name: str, problem: str, hint: str | None = None) -> UsageError:
-            return UsageError(f"ModalSettings.{field_name}: {problem}", hint=hint)
-
         if self.name is not None and not APP_NAME_PATTERN.match(self.name):
-            raise bad("name", f"{self.name!r} is not a valid Modal app name",
-                      "use letters, digits, '-', '_' or '.', at most 64 characters")
+            raise _bad("name", f"{self.name!r} is not a valid Modal app name",
+                       "use letters, digits, '-', '_' or '.', at most 64 characters")
         if not _PYTHON.match(self.python_version):
-            raise bad("python_version", f"{self.python_version!r} is not a Python version",
-                      'write it as "3.11"')
-        for key in self.env:
-            if not _ENV_NAME.match(key):
-                raise bad(f"env.{key}", "is not a valid variable name")
-            if is_secret_name(key):
-                raise bad(f"env.{key}", "looks like a secret; plain env vars are baked into the "
-                          "deployment in clear", "list it in forward_env or a secret instead")
-        for key in self.forward_env:
-            if not _ENV_NAME.match(key):
-                raise bad("forward_env", f"{key!r} is not a valid variable name")
-        for mount, volume in self.volumes.items():
-            if not mount.startswith("/"):
-                raise bad(f"volumes.{mount}", "mount paths must be absolute (e.g. /data)")
-            if not volume:
-                raise bad(f"volumes.{mount}", "needs a volume name")
-        for local, remote in self.local_dirs.items():
-            if not remote.startswith("/"):
-                raise bad(f"local_dirs.{local}", f"remote path {remote!r} must be absolute")
+            raise _bad("python_version", f"{self.python_version!r} is not a Python version",
+                       'write it as "3.11"')
+        self._validate_env()
+        self._validate_paths()
         if not isinstance(self.trace_volume, bool) and not (
                 isinstance(self.trace_volume, str) and APP_NAME_PATTERN.match(self.trace_volume)):
-            raise bad("trace_volume", f"{self.trace_volume!r} is not a Volume name",
-                      "give True (a Volume named after the app), a name, or False (none)")
+            raise _bad("trace_volume", f"{self.trace_volume!r} is not a Volume name",
+                       "give True (a Volume named after the app), a name, or False (none)")
+        self._validate_sizes()
+
+    def _validate_env(self) -> None:
+        """Variable names only, and no secret in clear."""
+        for key in self.env:
+            if not _ENV_NAME.match(key):
+                raise _bad(f"env.{key}", "is not a valid variable name")
+            if is_secret_name(key):
+                raise _bad(f"env.{key}", "looks like a secret; plain env vars are baked into "
+                           "the deployment in clear", "list it in forward_env or a secret instead")
+        for key in self.forward_env:
+            if not _ENV_NAME.match(key):
+                raise _bad("forward_env", f"{key!r} is not a valid variable name")
+
+    def _validate_paths(self) -> None:
+        """Mounts and copies go to absolute paths in the container."""
+        for mount, volume in self.volumes.items():
+            if not mount.startswith("/"):
+                raise _bad(f"volumes.{mount}", "mount paths must be absolute (e.g. /data)")
+            if not volume:
+                raise _bad(f"volumes.{mount}", "needs a volume name")
+        for local, remote in self.local_dirs.items():
+            if not remote.startswith("/"):
+                raise _bad(f"local_dirs.{local}", f"remote path {remote!r} must be absolute")
+
+    def _validate_sizes(self) -> None:
+        """Every size and time is positive; the container bounds are in order."""
         positive = {"timeout": self.timeout, "trace_commit_s": self.trace_commit_s,
                     "concurrent_inputs": self.concurrent_inputs,
                     "memory": self.memory, "cpu": self.cpu, "max_containers": self.max_containers,
@@ -145,12 +158,12 @@ class ModalSettings:
                     "heartbeat_s": self.heartbeat_s}
         for key, value in positive.items():
             if value is not None and (not isinstance(value, int | float) or value <= 0):
-                raise bad(key, f"must be a positive number, got {value!r}")
+                raise _bad(key, f"must be a positive number, got {value!r}")
         if not isinstance(self.min_containers, int) or self.min_containers < 0:
-            raise bad("min_containers", f"must be 0 or more, got {self.min_containers!r}")
+            raise _bad("min_containers", f"must be 0 or more, got {self.min_containers!r}")
         if self.max_containers is not None and self.min_containers > self.max_containers:
-            raise bad("min_containers", f"{self.min_containers} is more than max_containers "
-                      f"({self.max_containers})")
+            raise _bad("min_containers", f"{self.min_containers} is more than max_containers "
+                       f"({self.max_containers})")
 
     def app_name(self, app_id: str) -> str:
         """The Modal app name: ``name`` or ``synth-<app_id>``."""

@@ -238,12 +238,7 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
     require_modal_reachable(env, connect_timeout_s)
     trace_volume = TraceVolume(name, env, cli=cli)
     files = trace_volume.files(app_name)
-    if download_dir is None:
-        path = store.setting.path
-        download_dir = (path.parent if path is not None and not store.setting.is_remote
-                        else Path("traces")) / "pulled"
-    folder = download_dir / name / app_name
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _pull_folder(store, download_dir, name, app_name)
     ledger_path = folder / LEDGER_NAME
     ledger = _read_ledger(ledger_path)
     result = PullResult(volume=name, folder=app_name, trace_db=store.display)
@@ -268,12 +263,7 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
                 result.files.append(FilePull(file.container, 0, 0,
                                              ledger[file.path]["added"]))
             else:
-                local = folder / Path(file.path).name
-                early = None if fetched is None else fetched / local.name
-                if early is not None and early.is_file():
-                    os.replace(early, local)
-                else:
-                    singles.wait(file)
+                local = _fetched(file, folder, fetched, singles)
                 try:
                     result.files.append(_merge_one(store, file, local, ledger))
                 except _FILE_FAULTS as exc:
@@ -289,6 +279,30 @@ def pull_traces(app: str, store: Any, env: Env, *, volume: str | None = None,
         if together:  # the copies of files merged before, and of any listed after
             shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+def _pull_folder(store: Any, download_dir: Path | None, volume: str, app_name: str) -> Path:
+    """Where a pull keeps its copies and ledger: ``download_dir`` (default: ``pulled/``
+    beside a local store, ``traces/pulled`` for a remote one), by Volume and app."""
+    if download_dir is None:
+        path = store.setting.path
+        download_dir = (path.parent if path is not None and not store.setting.is_remote
+                        else Path("traces")) / "pulled"
+    folder = download_dir / volume / app_name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _fetched(file: VolumeFile, folder: Path, fetched: Path | None, singles: Any) -> Path:
+    """``file``'s local copy, once in place: from the folder fetched whole, else its own
+    download."""
+    local = folder / Path(file.path).name
+    early = None if fetched is None else fetched / local.name
+    if early is not None and early.is_file():
+        os.replace(early, local)
+    else:
+        singles.wait(file)
+    return local
 
 
 class _Fetches:
