@@ -362,7 +362,9 @@ def from_openenv(env: Callable[[], Any], action_cls: Any, *, tool_name: str | No
     - the schemas, as OpenEnv's ``/schema`` has them: the action class's, the observation's
       (``reset_observation_cls`` for a reset's, when it differs) and the state's, from the
       classes given or else the environment's declaration (``Environment[Action,
-      Observation, State]``, or ``step``'s and ``state``'s types).
+      Observation, State]``, or ``step``'s and ``state``'s types); without ``state_cls``,
+      OpenEnv's own ``State`` (as ``create_app`` publishes it) when the observation derives
+      from OpenEnv's ``Observation``.
 
     An observation is its fields but ``reward`` and ``done`` (as OpenEnv 0.10 serializes it:
     ``metadata`` included, and beside them), the metadata also going to the step's info; each
@@ -412,7 +414,9 @@ def from_openenv(env: Callable[[], Any], action_cls: Any, *, tool_name: str | No
 
         @property
         def state_schema(self) -> dict[str, Any] | None:
-            return _model_schema(self._declared("state", state_cls))
+            # create_app's default: OpenEnv's own State, whatever the environment declares.
+            default = _openenv_state(self._declared("observation", observation_cls))
+            return _model_schema(state_cls or default or self._declared("state", None))
 
         def _declared(self, key: str, given: Any) -> Any:
             return given or _declared_models(type(self.env)).get(key)
@@ -517,6 +521,17 @@ def _mcp_actions(action_cls: Any) -> dict[str, Any]:
     found = {"list_tools": getattr(module, "ListToolsAction", None),
              "call_tool": getattr(module, "CallToolAction", None)}
     return found if action_cls in found.values() and all(found.values()) else {}
+
+
+def _openenv_state(observation_cls: Any) -> Any:
+    """OpenEnv's ``State``, read from the module of the ``Observation`` an observation class
+    derives from (the kit never imports openenv); None for a class not derived from it."""
+    import sys
+
+    for base in getattr(observation_cls, "__mro__", ()):
+        if base.__name__ == "Observation":
+            return getattr(sys.modules.get(base.__module__), "State", None)
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -277,6 +277,31 @@ def test_create_apps_session_arguments_must_agree_and_stay_safe():
     assert "'mode'" in str(unknown.value)
 
 
+class Observation(_Strict):  # OpenEnv's base, beside its State (types.py has both)
+    done: bool = False
+    reward: float | None = None
+    metadata: dict = Field(default_factory=dict)
+
+
+class State(BaseModel):
+    episode_id: str | None = None
+    step_count: int = 0
+
+
+class CellObservation(Observation):
+    x: int = 0
+
+
+def test_without_state_cls_the_schema_is_openenvs_state_as_create_app_publishes_it(serve,
+                                                                                   api_key):
+    task_app = TaskApp("cell", name="Cell", description="d")
+    task_app.openenv(GridWorld, MoveAction, CellObservation)  # GridWorld declares GridState
+    server = serve(create_app(task_app.build_config(), api_keys=[api_key]))
+    schema = httpx.get(server.url + "/openenv/schema", timeout=5).json()
+    assert schema["state"] == State.model_json_schema()
+    assert schema["observation"] == CellObservation.model_json_schema()
+
+
 class Strict(CountEnv):
     tool = function_tool("add", "Add 1, 2 or 3.", {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
