@@ -11,11 +11,13 @@ The environment is openenv-scaling's `benchmark` (its `step` sleeps `wait_second
 unchanged by `synth-deploy serve` (`task_app.openenv(BenchmarkEnvironment, ...)`, --no-trace,
 --no-auth: their client sends no key) pinned to core 0; their `tests/test_scaling.py` (WebSocket
 mode: each session connects, resets, steps once, closes) runs on core 1, unmodified, its
-results read from its `raw.jsonl`. Per run, one server takes batches of 2,048, 4,096 and
+results read from its `raw.jsonl`. Per run, one server declaring 16,384 sessions (past the
+kit's default of 4,096, to find where one core stops) takes batches of 2,048, 4,096 and
 8,192 sessions in turn; per batch: sessions ok, step p50/p99 over the wait (target: >= 95 % ok,
 p99 <= 3x the wait at 4,096 and 8,192 in every run).
 
-Then `limit`: a server whose session limit is --limit takes a batch of --limit + 2,048; a
+Then `limit`: a server whose session limit is --limit (default: the kit's own) takes a
+batch of --limit + 2,048; a
 probe connecting while it is full times its refusal (target: CAPACITY_REACHED within a
 second) and the sessions held finish (target: >= 95 % of those admitted ok).
 """

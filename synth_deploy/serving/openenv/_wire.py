@@ -63,6 +63,10 @@ API_VERSION = "1.0.0"  # the OpenEnv HTTP API this wire follows (openenv-http/1.
 _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": True,
                  "properties": {"episode_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                                 "step_count": {"type": "integer", "minimum": 0}}}
+# Sessions a process holds when its environment declares no number: what one core held in
+# every run of bench/openenv_scaling.py; past it a new session is refused, not a crowd let in
+# that stalls the loop for the sessions held (each sync environment's step is a thread).
+MAX_SESSIONS = 4096
 _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
 _CLOSE_TOO_BIG = 1009
@@ -83,12 +87,12 @@ def unkey(scope: dict[str, Any]) -> None:
 def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailures,
                      trace_store: Any = None, on_session: Any = None) -> EnvSessions | None:
     """The episode sessions OpenEnv's wire holds for ``config`` (None when it declares no
-    environment). ``capacity``: sessions held at once; ``failures``: where an environment's
-    failures are logged."""
+    environment). ``capacity``: sessions held at once (at most the environment's own number,
+    else `MAX_SESSIONS`); ``failures``: where an environment's failures are logged."""
     if config.environment is None:
         return None
     declared = config.environment.max_sessions  # the environment's own cap, if lower
-    capacity = min(capacity, declared) if declared is not None else capacity
+    capacity = min(capacity, declared if declared is not None else MAX_SESSIONS)
     return EnvSessions(config.environment, app_id=config.app_id, capacity=capacity,
                        idle_s=config.session_idle_seconds, failures=failures,
                        trace_store=trace_store, on_session=on_session)
