@@ -39,7 +39,9 @@ Methods may be sync (run on a worker thread) or async (run on the loop). Beside 
   server's capacity (1 for an environment that is not safe to run twice in one process):
   /rollout's episodes and OpenEnv's sessions together; an episode waits its turn, a session
   is refused;
-- ``observation_schema``, ``state_schema``: JSON schemas ``/openenv/schema`` publishes.
+- ``observation_schema``, ``state_schema`` (and ``reset_observation_schema``,
+  ``action_schema`` when they differ from the observation's and the tool's): JSON schemas
+  ``/openenv/schema`` publishes.
 
 ``reset`` gets only the keywords its signature accepts (``episode_id``, ``config``), as
 OpenEnv's server passes a reset's arguments. An action is checked against the tool's schema
@@ -95,6 +97,9 @@ class Step:
     state: dict[str, Any] | None = None
     rewards: Sequence[Reward] = ()
     message: str | None = None
+    # An OpenEnv environment's step as OpenEnv's server sends it (`from_openenv`): its wire
+    # carries this as the environment made it (a reset's reward of None, its metadata).
+    served: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -411,33 +416,47 @@ def text_of(content: Any) -> str:
 
 # -- the episode loop /rollout runs ---------------------------------------------------------------
 
-def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str | None = None,
+def from_openenv(env: Callable[[], Any], action_cls: Any, *, tool_name: str | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, max_sessions: int | None = None,
                  observation_cls: Any = None, state_cls: Any = None,
+                 reset_observation_cls: Any = None, env_name: str | None = None,
                  noop: Mapping[str, Any] | None = None) -> type:
-    """An environment class wrapping OpenEnv's ``env_cls`` (an ``Environment``: reset/step/
-    state, pydantic ``Action`` and ``Observation``) and ``action_cls``, duck-typed: OpenEnv is
-    needed by the wrapped class, never by the kit. Served as OpenEnv's server serves it:
+    """An environment class wrapping OpenEnv's ``env`` (an ``Environment`` class, or a factory
+    of them as OpenEnv's ``create_app`` takes: reset/step/state, pydantic ``Action`` and
+    ``Observation``) and ``action_cls``, duck-typed: OpenEnv is needed by the wrapped class,
+    never by the kit. Served as OpenEnv's server serves it:
 
     - ``reset`` gets only the arguments it accepts (``seed`` when one was asked,
       ``episode_id``, the reset's other options);
     - sessions: one at a time unless the class sets ``SUPPORTS_CONCURRENT_SESSIONS``; then
       ``max_sessions`` (default: the server's capacity). More than one for a class that does
-      not say it is safe is refused, as OpenEnv's ``create_app`` refuses it;
+      not say it is safe is refused, as OpenEnv's ``create_app`` refuses it (a factory is
+      called once to learn its class, as OpenEnv's server does);
     - a ``ValueError`` from ``step`` (the environment refusing the action) is an
       `InvalidAction`: the policy is told, once; over the wire, a validation error;
-    - the schemas: the action class's (its ``metadata`` field aside); the observation's and
-      the state's, from ``observation_cls``/``state_cls`` or else the class's declaration
-      (``Environment[Action, Observation, State]``, or ``step``'s and ``state``'s types).
+    - the schemas, as OpenEnv's ``/schema`` has them: the action class's, the observation's
+      (``reset_observation_cls`` for a reset's, when it differs) and the state's, from the
+      classes given or else the environment's declaration (``Environment[Action,
+      Observation, State]``, or ``step``'s and ``state``'s types); without ``state_cls``,
+      OpenEnv's own ``State`` (as ``create_app`` publishes it) when the observation derives
+      from OpenEnv's ``Observation``.
 
-    An observation is its fields but ``reward``, ``done`` and ``metadata`` (as OpenEnv
-    serializes it), the latter going to the step's info. An episode the environment never
-    ends is cut after ``max_turns`` steps (``env.config.max_turns``). ``noop``: an action's
-    fields, played on a turn whose two replies hold no valid action (without it such a turn
-    ends the episode). A ``reset`` that takes no seed is noted in each episode's details
-    (``seed_ignored``): the same seed cannot repeat its episode."""
-    concurrent = bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False))
-    label = getattr(env_cls, "__name__", "the environment")
+    An observation is its fields but ``reward`` and ``done`` (as OpenEnv 0.10 serializes it:
+    ``metadata`` included, and beside them), the metadata also going to the step's info; each
+    step carries OpenEnv's own serialization (`Step.served`) to its wire. An episode the
+    environment never ends is cut after ``max_turns`` steps (``env.config.max_turns``) on
+    ``/rollout``; on OpenEnv's wire the environment says when it is done. ``noop``: an
+    action's fields, played on a turn whose two replies hold no valid action (without it such
+    a turn ends the episode). A ``reset`` that takes no seed is noted in each episode's
+    details (``seed_ignored``): the same seed cannot repeat its episode."""
+    made = env.func if isinstance(env, functools.partial) else env
+    if max_sessions is not None and max_sessions > 1 and not inspect.isclass(made):
+        probe = env()  # a factory: its class says whether sessions may run together
+        made = type(probe)
+        if callable(getattr(probe, "close", None)):
+            probe.close()
+    concurrent = bool(getattr(made, "SUPPORTS_CONCURRENT_SESSIONS", False))
+    label = env_name or getattr(made, "__name__", "the environment")
     if max_sessions is not None and max_sessions > 1 and not concurrent:
         raise TaskAppError(
             f"{label} does not set SUPPORTS_CONCURRENT_SESSIONS = True, so it runs one session "
@@ -463,22 +482,35 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
                                ) from None
     name = tool_name or _snake(action_cls.__name__)
     description = (action_cls.__doc__ or f"Take a {action_cls.__name__}.").strip().split("\n")[0]
-    declared = _declared_models(env_cls)
-    observation_cls = observation_cls or declared.get("observation")
-    state_cls = state_cls or declared.get("state")
     from synth_deploy.taskapp.tools import function_tool
 
     class OpenEnvEnvironment:
         tool = function_tool(name, description, schema)
-        observation_schema = _without(_model_schema(observation_cls),
-                                      ("reward", "done", "metadata"))
-        state_schema = _model_schema(state_cls)
+        action_schema = dict(action_cls.model_json_schema())
 
         def __init__(self) -> None:
-            self.env = env_cls()
+            self.env = env()
             self.turns, self.limit = 0, max_turns
             self.seed_ignored: str | None = None
             self._listed: list[dict[str, Any]] | None = None
+
+        # What OpenEnv's /schema publishes: read off the instance, for a factory's class.
+        @property
+        def observation_schema(self) -> dict[str, Any] | None:
+            return _model_schema(self._declared("observation", observation_cls))
+
+        @property
+        def reset_observation_schema(self) -> dict[str, Any] | None:
+            return _model_schema(reset_observation_cls) or self.observation_schema
+
+        @property
+        def state_schema(self) -> dict[str, Any] | None:
+            # create_app's default: OpenEnv's own State, whatever the environment declares.
+            default = _openenv_state(self._declared("observation", observation_cls))
+            return _model_schema(state_cls or default or self._declared("state", None))
+
+        def _declared(self, key: str, given: Any) -> Any:
+            return given or _declared_models(type(self.env)).get(key)
 
         def reset(self, seed: int | None, *, episode_id: str, config: dict[str, Any]) -> Step:
             options = dict(config)
@@ -556,20 +588,23 @@ def from_openenv(env_cls: Callable[[], Any], action_cls: Any, *, tool_name: str 
 
         @staticmethod
         def _step(observation: Any) -> Step:
-            data = observation.model_dump(exclude={"reward", "done", "metadata"})
-            data = json.loads(json.dumps(data, default=_plain))  # e.g. an MCP tool's result
-            return Step(data, reward=float(observation.reward or 0.0),
-                        done=bool(observation.done),
-                        info=json.loads(json.dumps(dict(observation.metadata or {}),
-                                                   default=_plain)))
+            # OpenEnv's serialize_observation, made JSON once (e.g. an MCP tool's result).
+            served = {"observation": observation.model_dump(exclude={"reward", "done"}),
+                      "reward": observation.reward, "done": observation.done}
+            if observation.metadata:
+                served["metadata"] = observation.metadata
+            served = json.loads(json.dumps(served, default=_plain))
+            return Step(served["observation"], reward=float(observation.reward or 0.0),
+                        done=bool(observation.done), info=dict(served.get("metadata") or {}),
+                        served=served)
 
     OpenEnvEnvironment.max_sessions = max_sessions if concurrent else 1
     if noop is not None:
         OpenEnvEnvironment.noop = dict(noop)
     if not mcp:
         OpenEnvEnvironment.mcp = None  # /mcp answers as for an environment without tools
-    OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = getattr(
-        env_cls, "__name__", "OpenEnvEnvironment")
+    OpenEnvEnvironment.__name__ = OpenEnvEnvironment.__qualname__ = env_name or getattr(
+        made, "__name__", "OpenEnvEnvironment")
     return OpenEnvEnvironment
 
 
@@ -582,6 +617,17 @@ def _mcp_actions(action_cls: Any) -> dict[str, Any]:
     found = {"list_tools": getattr(module, "ListToolsAction", None),
              "call_tool": getattr(module, "CallToolAction", None)}
     return found if action_cls in found.values() and all(found.values()) else {}
+
+
+def _openenv_state(observation_cls: Any) -> Any:
+    """OpenEnv's ``State``, read from the module of the ``Observation`` an observation class
+    derives from (the kit never imports openenv); None for a class not derived from it."""
+    import sys
+
+    for base in getattr(observation_cls, "__mro__", ()):
+        if base.__name__ == "Observation":
+            return getattr(sys.modules.get(base.__module__), "State", None)
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -40,6 +40,10 @@ from synth_deploy.taskapp.contracts import LimitsInfo, TaskDescriptor, TaskInfo
 from synth_deploy.taskapp.registry import TaskAppEntry, add_entry, caller_file
 from synth_deploy.taskapp.scoring import ScoreFunction, Scorer, scorer_decorator
 
+# create_app's arguments for OpenEnv's web interface, which the kit does not serve.
+_WEB_INTERFACE = frozenset({"gradio_builder", "custom_tab_name", "custom_tab_primary",
+                            "show_default_tab", "title_override"})
+
 
 class TaskApp:
     """A task app's identity, datasets, rubrics and deployment settings, stated once."""
@@ -91,22 +95,45 @@ class TaskApp:
 
         return declare if factory is None else declare(factory)
 
-    def openenv(self, env_cls: Callable[[], Any], action_cls: Any, *,
-                tool_name: str | None = None, max_turns: int | None = None,
-                max_sessions: int | None = None, observation_cls: Any = None,
-                state_cls: Any = None, noop: Mapping[str, Any] | None = None) -> None:
-        """Declare an OpenEnv ``Environment`` class (with its ``Action`` class) as this app's
-        environment: served, traced and trained on like any other (see `from_openenv`).
-        ``max_turns``: as `environment`'s; ``max_sessions``: sessions held at once, for a
-        class that supports concurrent sessions (one at a time otherwise). ``noop``: an
-        action's fields, played on a turn whose replies hold no valid action (without it,
-        such a turn ends the episode)."""
+    def openenv(self, env: Callable[[], Any], action_cls: Any, observation_cls: Any = None,
+                env_name: str | None = None, max_concurrent_envs: int | None = None,
+                concurrency_config: Any = None, *, state_cls: Any = None,
+                reset_observation_cls: Any = None, tool_name: str | None = None,
+                max_turns: int | None = None, max_sessions: int | None = None,
+                noop: Mapping[str, Any] | None = None, **web_interface: Any) -> None:
+        """Declare an OpenEnv environment as this app's environment, with the arguments
+        OpenEnv's ``create_app`` takes (``env``: its ``Environment`` class, or a factory such
+        as an ``app.py``'s ``create_..._environment``, served as it builds the environment):
+        served, traced and trained on like any other (see `from_openenv`).
+
+        ``max_concurrent_envs`` (or ``concurrency_config.max_concurrent_envs``, or
+        ``max_sessions``): sessions held at once, for a class that supports concurrent
+        sessions (one at a time otherwise). ``create_app``'s web-interface arguments
+        (``gradio_builder``, ``custom_tab_name``...) are accepted and unused: the kit serves
+        no ``/web``; idle sessions close after the app's ``session_idle_seconds``.
+        ``max_turns``: as `environment`'s; ``noop``: an action's fields, played on a turn whose
+        replies hold no valid action (without it, such a turn ends the episode)."""
+        unknown = sorted(set(web_interface) - _WEB_INTERFACE)
+        if unknown:
+            raise TaskAppError(f"task_app.openenv() got an unexpected argument {unknown[0]!r}",
+                               hint="it takes what OpenEnv's create_app takes (env, action_cls, "
+                                    "observation_cls, env_name, max_concurrent_envs, "
+                                    "concurrency_config, state_cls, reset_observation_cls) and "
+                                    "tool_name, max_turns, max_sessions")
+        sessions = [n for n in (max_sessions, max_concurrent_envs,
+                                getattr(concurrency_config, "max_concurrent_envs", None))
+                    if n is not None]
+        if len(set(sessions)) > 1:
+            raise TaskAppError(f"task app {self.app_id!r}: the session counts given disagree "
+                               f"({', '.join(map(str, sessions))})",
+                               hint="give one of max_sessions, max_concurrent_envs or "
+                                    "concurrency_config")
         cap = next((n for n in (max_turns, self.max_turns) if n is not None), DEFAULT_MAX_TURNS)
-        self.environment(from_openenv(env_cls, action_cls, tool_name=tool_name,
-                                      max_turns=cap, max_sessions=max_sessions,
-                                      observation_cls=observation_cls, state_cls=state_cls,
-                                      noop=noop),
-                         max_turns=cap)
+        self.environment(from_openenv(
+            env, action_cls, tool_name=tool_name, max_turns=cap,
+            max_sessions=sessions[0] if sessions else None, observation_cls=observation_cls,
+            state_cls=state_cls, reset_observation_cls=reset_observation_cls,
+            env_name=env_name, noop=noop), max_turns=cap)
 
     def scorer(self, fn: ScoreFunction | None = None, *, stateless: bool = True,
                reason: str | None = None) -> Any:

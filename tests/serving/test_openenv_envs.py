@@ -103,10 +103,13 @@ def test_a_reset_that_takes_no_arguments_plays_over_the_wire_and_rollout(serve, 
     server = serve(create_app(grid_config(), api_keys=[api_key]))
     with ws(server, api_key) as env:
         first = env.reset(seed=3, episode_id="e1")  # both dropped: reset() takes neither
-        assert first["observation"] == {"x": 0, "message": "at 0; reach 2"}
+        # As OpenEnv 0.10 serializes it: metadata in the observation, the reward as made.
+        assert first == {"observation": {"x": 0, "message": "at 0; reach 2", "metadata": {}},
+                         "reward": None, "done": False}
         env.step({"direction": "right"})
         assert env.step({"direction": "right"}) == {
-            "observation": {"x": 2, "message": ""}, "reward": 1.0, "done": True}
+            "observation": {"x": 2, "message": "", "metadata": {}}, "reward": 1.0,
+            "done": True}
     policy = serve(scripted_policy([calls(tool_call("move", {"direction": "right"}))]))
     resp = httpx.post(server.url + "/rollout", headers={"X-API-Key": api_key}, timeout=30,
                       json={"run_id": "r1", "env": {"seed": 1},
@@ -152,6 +155,18 @@ def test_a_concurrent_environment_holds_its_own_cap_apart_from_max_rollouts(serv
                                 limits=RolloutLimits(max_in_flight=3)))
     capacity = httpx.get(uncapped.url + "/openenv/health", timeout=5).json()["capacity"]
     assert capacity["max_sessions"] == 3
+
+
+def test_sessions_stop_at_what_one_process_holds_unless_the_environment_says_more(serve,
+                                                                                 api_key):
+    limits = RolloutLimits(max_in_flight=10_000)
+    default = serve(create_app(grid_config(ConcurrentGrid), api_keys=[api_key], limits=limits))
+    capacity = httpx.get(default.url + "/openenv/health", timeout=5).json()["capacity"]
+    assert capacity["max_sessions"] == 4096  # as the README says
+    declared = serve(create_app(grid_config(ConcurrentGrid, max_concurrent_envs=6000),
+                                api_keys=[api_key], limits=limits))
+    capacity = httpx.get(declared.url + "/openenv/health", timeout=5).json()["capacity"]
+    assert capacity["max_sessions"] == 6000
 
 
 def test_a_declared_environment_sets_its_own_session_cap(serve, api_key):
@@ -211,9 +226,92 @@ def test_a_step_before_reset_is_a_clear_error_not_an_app_failure(serve, api_key,
 def test_schema_gives_observation_and_state_from_the_declaration(serve, api_key):
     server = serve(create_app(grid_config(), api_keys=[api_key]))
     schema = httpx.get(server.url + "/openenv/schema", timeout=5).json()
-    assert set(schema["observation"]["properties"]) == {"x", "message"}
-    assert {"x", "episode_id", "step_count"} <= set(schema["state"]["properties"])
-    assert set(schema["action"]["properties"]) == {"direction"}
+    # OpenEnv's /schema: each model's own schema, the reset's observation beside the step's.
+    assert schema["observation"] == GridObservation.model_json_schema()
+    assert schema["reset_observation"] == schema["observation"]
+    assert schema["state"] == GridState.model_json_schema()
+    assert schema["action"] == MoveAction.model_json_schema()
+
+
+class SizedGrid(GridWorld):
+    """wildfire's shape: a size the class defaults, an app.py's factory sets; a state whose
+    step_count is the environment's own (it counts moves twice)."""
+
+    def __init__(self, size: int = 32):
+        super().__init__()
+        self.size = size
+
+    def reset(self):
+        first = super().reset()
+        self._state.x = 0
+        return first
+
+    def step(self, action):
+        result = super().step(action)
+        self._state.step_count += 1
+        return result
+
+    @property
+    def state(self):
+        return GridState(**{**self._state.model_dump(), "size": self.size})
+
+
+def create_sized_grid():
+    return SizedGrid(size=16)
+
+
+def test_a_factory_is_served_as_it_builds_the_environment(serve, api_key):
+    task_app = TaskApp("sized", name="Sized", description="A factory's grid.")
+    # create_app's own arguments, as an app.py passes them
+    task_app.openenv(create_sized_grid, MoveAction, GridObservation, env_name="sized_env",
+                     max_concurrent_envs=1)
+    server = serve(create_app(task_app.build_config(), api_keys=[api_key]))
+    with ws(server, api_key) as env:
+        env.reset(episode_id="e1")
+        env.step({"direction": "right"})
+        assert env.state() == {"episode_id": None, "step_count": 2, "x": 1, "size": 16}
+    schema = httpx.get(server.url + "/openenv/schema", timeout=5).json()
+    assert schema["state"] == GridState.model_json_schema()  # read off the factory's class
+    assert schema["reset_observation"] == GridObservation.model_json_schema()
+
+
+def test_create_apps_session_arguments_must_agree_and_stay_safe():
+    with pytest.raises(TaskAppError) as unsafe:
+        TaskApp("f1", name="F", description="d").openenv(create_sized_grid, MoveAction,
+                                                          max_concurrent_envs=2)
+    assert "SizedGrid" in str(unsafe.value)  # the factory's class, learned by calling it
+    with pytest.raises(TaskAppError) as both:
+        TaskApp("f2", name="F", description="d").openenv(GridWorld, MoveAction,
+                                                          max_concurrent_envs=1, max_sessions=2)
+    assert "disagree" in str(both.value)
+    with pytest.raises(TaskAppError) as unknown:
+        TaskApp("f3", name="F", description="d").openenv(GridWorld, MoveAction, mode="prod")
+    assert "'mode'" in str(unknown.value)
+
+
+class Observation(_Strict):  # OpenEnv's base, beside its State (types.py has both)
+    done: bool = False
+    reward: float | None = None
+    metadata: dict = Field(default_factory=dict)
+
+
+class State(BaseModel):
+    episode_id: str | None = None
+    step_count: int = 0
+
+
+class CellObservation(Observation):
+    x: int = 0
+
+
+def test_without_state_cls_the_schema_is_openenvs_state_as_create_app_publishes_it(serve,
+                                                                                   api_key):
+    task_app = TaskApp("cell", name="Cell", description="d")
+    task_app.openenv(GridWorld, MoveAction, CellObservation)  # GridWorld declares GridState
+    server = serve(create_app(task_app.build_config(), api_keys=[api_key]))
+    schema = httpx.get(server.url + "/openenv/schema", timeout=5).json()
+    assert schema["state"] == State.model_json_schema()
+    assert schema["observation"] == CellObservation.model_json_schema()
 
 
 class Strict(CountEnv):

@@ -161,7 +161,7 @@ def test_openenv_clients_play_episodes_over_websocket_each_traced(serve, api_key
     for seed in range(3):
         with WSEnvClient(base, headers={"X-API-Key": api_key}) as env:
             first = env.reset(seed=seed, episode_id=f"ep-{seed}")
-            assert first["reward"] is None and not first["done"]
+            assert first["reward"] == 0.0 and not first["done"]  # as OpenEnv's reset has it
             target = first["observation"]["target"]
             result = first
             while not result["done"]:
@@ -229,11 +229,39 @@ def test_openenv_http_clients_play_episodes_by_cookie(serve, api_key, store):
                       headers={**headers, "openenv-session-id": session_id}).status_code == 422
 
 
+def test_an_http_session_closes_and_never_locks_out_a_websocket_client(serve, api_key, store):
+    # One slot (a single-session environment's): OpenEnv's HTTP calls hold none between calls.
+    server = serve(create_app(env_config(), api_keys=[api_key], trace_store=store,
+                              limits=RolloutLimits(max_in_flight=1)))
+    base, headers = server.url + "/openenv", {"X-API-Key": api_key}
+    with HTTPEnvClient(base, headers=headers) as http:
+        http.reset(seed=0)
+        http.step({"n": 1})
+        with WSEnvClient(base, headers=headers) as env:  # takes the idle HTTP session's slot
+            assert not env.reset(seed=1)["done"]
+            refused = httpx.post(base + "/reset", json={}, headers=headers, timeout=5)
+            assert refused.status_code == 503  # a session in use is never taken
+            lost = http.http.post("/step", json={"action": {"n": 1}})
+            assert lost.status_code == 404 and "gives its slot" in lost.text
+        wait_for(lambda: sessions_of(server, api_key)["active_sessions"] == 0)
+        http.reset(seed=2)
+        assert sessions_of(server, api_key)["active_sessions"] == 1
+        closed = http.http.post("/close")
+        assert closed.status_code == 200 and closed.json()["closed"] is True
+        assert sessions_of(server, api_key)["active_sessions"] == 0
+        assert http.http.post("/close").status_code == 409  # the cookie went with it
+    wait_for(lambda: store.count_sessions(app="count") == 3)
+    reasons = {s.metadata.get("error", {}).get("message", "") for s in
+               (store.get_session(t.session_id) for t in store.list_sessions(app="count"))}
+    assert any("a new session took its slot" in r for r in reasons)
+    assert any("the client closed the session" in r for r in reasons)
+
+
 def test_an_episode_open_when_the_server_stops_is_traced_as_unfinished(api_key, store):
     from synth_deploy.serving import BackgroundServer
 
-    # OpenEnv's HTTP protocol has no close: the last episode of an HTTP client is still open
-    # when the server stops, and is traced then, not lost.
+    # A client that never closes (OpenEnv's HTTP protocol has no close): its last episode is
+    # still open when the server stops, and is traced then, not lost.
     with BackgroundServer(create_app(env_config(), api_keys=[api_key],
                                      trace_store=store)) as server:
         with HTTPEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
@@ -272,6 +300,7 @@ def test_what_openenv_validate_reads_answers_without_a_key(serve, api_key):
     schema = httpx.get(base + "/schema", timeout=5).json()
     assert schema["action"]["properties"]["n"]["enum"] == [1, 2, 3]
     assert isinstance(schema["observation"], dict) and isinstance(schema["state"], dict)
+    assert schema["reset_observation"] == schema["observation"]
     mcp = httpx.post(base + "/mcp", json={}, timeout=5)
     assert mcp.status_code == 200 and mcp.json()["jsonrpc"] == "2.0"
     # The app's own routes keep their rule.
@@ -443,13 +472,15 @@ def test_an_openenv_environment_class_becomes_a_task_app(serve, mock_policy, api
     assert all(s["info"]["step"] == i + 1 for i, s in enumerate(steps))
     base = server.url + "/openenv"
     schema = httpx.get(base + "/schema", timeout=5).json()["action"]
-    assert set(schema["properties"]) == {"message"} and schema["required"] == ["message"]
+    assert set(schema["properties"]) == {"message", "metadata"}  # OpenEnv's: the whole class
+    assert schema["required"] == ["message"]
     with WSEnvClient(base, headers={"X-API-Key": api_key}) as env:
         assert env.reset(seed=0)["observation"] == {"echoed_message": "Echo environment ready!",
-                                                   "message_length": 0}
-        result = env.step({"message": "hello"})
-        assert result == {"observation": {"echoed_message": "hello", "message_length": 5},
-                          "reward": 0.5, "done": False}
+                                                   "message_length": 0, "metadata": {}}
+        result = env.step({"message": "hello"})  # OpenEnv 0.10's shape: metadata twice
+        assert result == {"observation": {"echoed_message": "hello", "message_length": 5,
+                                          "metadata": {"step": 1}},
+                          "reward": 0.5, "done": False, "metadata": {"step": 1}}
         with pytest.raises(ServerError) as wrong:
             env.step({"text": "hello"})
         assert wrong.value.code == "VALIDATION_ERROR" and "message" in str(wrong.value)

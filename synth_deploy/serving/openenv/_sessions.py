@@ -7,7 +7,9 @@ default (sessions pile up until it answers ``CAPACITY_REACHED`` for good, OpenEn
 - **a lease**: a session nobody has used for the app's ``session_idle_seconds`` is closed by
   the reaper, its episode traced as incomplete; a step still running keeps it alive;
 - **capacity**: at most ``capacity`` sessions at once; the next is refused at once with a
-  retry hint (`AtCapacity`), never queued; the count is advertised;
+  retry hint (`AtCapacity`), never queued; the count is advertised. An HTTP session holds
+  its slot only while a call runs (OpenEnv's HTTP calls hold none): a new session at
+  capacity takes the slot of the least recently used idle HTTP session;
 - **traces**: each episode (a reset and the steps after it) is one session in the trace
   store, like a rollout: its steps, rewards and outcome; finished (``ok``) or, when the
   client reset again, closed or vanished first, an ``error`` that says which.
@@ -87,6 +89,7 @@ class EnvSessions:
         self.capacity, self.idle_s = capacity, idle_s
         self.trace_store, self.on_session = trace_store, on_session
         self.sessions: dict[str, EnvSession] = {}
+        self._http: dict[str, EnvSession] = {}  # HTTP sessions, least recently used first
         self.reserved = 0  # slots taken by sessions whose environment is being made
         self._sweeping: asyncio.AbstractEventLoop | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -97,12 +100,21 @@ class EnvSessions:
 
     async def open(self, transport: str, *, on_reap: Callable[[], None] | None = None
                    ) -> EnvSession:
-        """A new session (`AtCapacity` when every slot is taken)."""
-        active = len(self.sessions) + self.reserved
-        if active >= self.capacity:
-            raise AtCapacity(active, self.capacity)
-        if not self.spec.take_slot():  # /rollout's episodes hold the environment's own cap
-            raise AtCapacity(self.spec.live, self.spec.max_sessions or self.capacity)
+        """A new session (`AtCapacity` when every slot is taken by a session in use). An HTTP
+        session between its calls gives its slot up to a new one, oldest first: OpenEnv's HTTP
+        calls hold no slot, so no HTTP client locks out a WebSocket one."""
+        while True:
+            active = len(self.sessions) + self.reserved
+            # /rollout's episodes hold the environment's own cap too (`take_slot`).
+            if active < self.capacity and self.spec.take_slot():
+                break
+            idle = next((s for s in self._http.values() if not s.busy), None)
+            if idle is None:
+                if active >= self.capacity:
+                    raise AtCapacity(active, self.capacity)
+                raise AtCapacity(self.spec.live, self.spec.max_sessions or self.capacity)
+            await self.close(idle, "a new session took its slot (an HTTP session holds one "
+                                   "only while a call runs)")
         self.reserved += 1
         try:
             env = await environment.call(self.spec.new)
@@ -114,6 +126,8 @@ class EnvSessions:
         loop = asyncio.get_running_loop()
         session = EnvSession(uuid.uuid4().hex, transport, env, loop.time(), on_reap)
         self.sessions[session.id] = session
+        if transport == "http":
+            self._http[session.id] = session
         if self._sweeping is not loop:
             self._sweeping = loop
             loop.call_later(self._interval, self._sweep, loop)
@@ -169,9 +183,9 @@ class EnvSessions:
             extra = {}
             if callable(getattr(session.env, "state", None)):
                 extra = dict(await environment.call(session.env.state) or {})
-            episode = session.episode
-            return {**extra, "episode_id": episode.episode_id if episode else None,
-                    "step_count": session.step_count}
+            episode = session.episode  # the environment's own fields win: its step_count
+            return {"episode_id": episode.episode_id if episode else None,
+                    "step_count": session.step_count, **extra}
 
     async def close(self, session: EnvSession, reason: str) -> None:
         """End ``session``: its episode traced, its environment closed, its slot free."""
@@ -179,6 +193,7 @@ class EnvSessions:
             return
         session.closed = True
         self.sessions.pop(session.id, None)
+        self._http.pop(session.id, None)
         try:
             if session.episode is not None:
                 await self._end_episode(session, reason)
@@ -213,6 +228,8 @@ class EnvSessions:
         finally:
             session.busy -= 1
             session.last_used = asyncio.get_running_loop().time()
+            if session.id in self._http:  # the most recently used last: the last to yield
+                self._http[session.id] = self._http.pop(session.id)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._sweeping is not loop:

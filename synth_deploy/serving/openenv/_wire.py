@@ -13,14 +13,18 @@ openenv-core's ``http_server.py``; it is not imported):
   call makes and drops an environment); here ``/reset`` opens a session (or resets the one
   named) and names it in a cookie and the ``openenv-session-id`` header, which ``/step`` and
   ``/state`` read back: a ``requests.Session`` client (openenv-core 0.1's ``HTTPEnvClient``)
-  plays whole episodes. A full server answers 503 with ``Retry-After``.
+  plays whole episodes, and ``POST /close`` ends it. As OpenEnv's HTTP calls hold no
+  session slot, an HTTP session holds its slot only while a call runs: at capacity, a new
+  session (a WebSocket's first) takes the slot of the least recently used idle HTTP session,
+  whose next call answers 404 ``session_gone``. A server full of sessions in use answers
+  503 with ``Retry-After``.
 - ``GET /health``, ``/metadata``, ``/schema``, ``/openapi.json``, ``POST /mcp``: what the
   environment is, and a JSON-RPC endpoint that says it offers no MCP tools.
 
 Access: the key rule of every other route, except the five descriptive routes above, which
 ``openenv validate`` reads without a key and which tell nothing but the environment's name,
 description, schemas and session capacity. A keyless WebSocket is refused at the handshake
-(401/403, no session made). Sessions, their lease and their traces: `_env_sessions`.
+(401/403, no session made). Sessions, their lease and their traces: `_sessions`.
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": Tru
                  "properties": {"episode_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                                 "step_count": {"type": "integer", "minimum": 0}}}
 _ELSEWHERE = "openenv_base_url"  # a probe of OpenEnv's sent to the app's root
+# Sessions a process holds when its environment declares no number: what one core held in
+# every run of bench/openenv_scaling.py; past it a new session is refused, not a crowd let in
+# that stalls the loop for the sessions held (each sync environment's step is a thread).
+MAX_SESSIONS = 4096
 _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
 _CLOSE_TOO_BIG = 1009
@@ -80,12 +88,12 @@ def unkey(scope: dict[str, Any]) -> None:
 def openenv_sessions(config: TaskAppConfig, *, capacity: int, failures: AppFailures,
                      trace_store: Any = None, on_session: Any = None) -> EnvSessions | None:
     """The episode sessions OpenEnv's wire holds for ``config`` (None when it declares no
-    environment). ``capacity``: sessions held at once; ``failures``: where an environment's
-    failures are logged."""
+    environment). ``capacity``: sessions held at once (at most the environment's own number,
+    else `MAX_SESSIONS`); ``failures``: where an environment's failures are logged."""
     if config.environment is None:
         return None
     declared = config.environment.max_sessions  # the environment's own cap, if lower
-    capacity = min(capacity, declared) if declared is not None else capacity
+    capacity = min(capacity, declared if declared is not None else MAX_SESSIONS)
     return EnvSessions(config.environment, app_id=config.app_id, capacity=capacity,
                        identity=config.identity.session_fields(),
                        idle_s=config.session_idle_seconds, failures=failures,
@@ -111,6 +119,8 @@ def openenv_endpoints(config: TaskAppConfig, sessions: EnvSessions | None,
                  errors=(404, 422)),
         Endpoint(PREFIX + "/state", "GET", wire.state, "OpenEnv: the episode's state",
                  errors=(404,)),
+        Endpoint(PREFIX + "/close", "POST", wire.close, "OpenEnv: end the HTTP session",
+                 errors=(404, 409)),
         Endpoint(PREFIX + "/health", "GET", wire.health, "OpenEnv: health and capacity",
                  **public),
         Endpoint(PREFIX + "/metadata", "GET", wire.metadata, "OpenEnv: the environment",
@@ -154,10 +164,13 @@ async def _elsewhere_socket(websocket: WebSocket) -> None:
         await websocket.close(1008)
 
 
-def observation_payload(result: Step, *, first: bool = False) -> dict[str, Any]:
-    """OpenEnv's ``{"observation", "reward", "done"}`` (a reset has no reward)."""
-    return {"observation": result.observation,
-            "reward": None if first else float(result.reward), "done": bool(result.done)}
+def observation_payload(result: Step) -> dict[str, Any]:
+    """OpenEnv's ``{"observation", "reward", "done"}``: an OpenEnv environment's own
+    serialization when it made one (its ``metadata`` beside them), else the step's."""
+    if result.served is not None:
+        return dict(result.served)
+    return {"observation": result.observation, "reward": float(result.reward),
+            "done": bool(result.done)}
 
 
 class _Wire:
@@ -186,11 +199,15 @@ class _Wire:
 
                 env = await environment.call(self.spec.new)
                 try:
-                    observation = getattr(env, "observation_schema", None) or {"type": "object"}
-                    self._described = {"action": self.spec.action_schema(env),
-                                       "observation": dict(observation),
-                                       "state": _state_schema(getattr(env, "state_schema",
-                                                                      None))}
+                    observation = dict(getattr(env, "observation_schema", None)
+                                       or {"type": "object"})
+                    self._described = {
+                        "action": dict(getattr(env, "action_schema", None)
+                                       or self.spec.action_schema(env)),
+                        "observation": observation,
+                        "reset_observation": dict(getattr(env, "reset_observation_schema",
+                                                          None) or observation),
+                        "state": _state_schema(getattr(env, "state_schema", None))}
                 finally:
                     await environment.close(env)
         return JSONResponse(self._described)
@@ -212,6 +229,7 @@ class _Wire:
                 "/reset": op("post", "Reset the environment (opens or names a session)"),
                 "/step": op("post", "Take an action in the session's environment"),
                 "/state": op("get", "The session's state"),
+                "/close": op("post", "End the session (its slot is free at once)"),
                 "/health": op("get", "Health and session capacity", False),
                 "/metadata": op("get", "The environment's name and description", False),
                 "/schema": op("get", "Action, observation and state JSON schemas", False),
@@ -305,7 +323,7 @@ class _Wire:
             return _bad_request(exc)
         except SessionGone:
             return _gone(self.sessions)
-        response = JSONResponse(observation_payload(first, first=True),
+        response = JSONResponse(observation_payload(first),
                                 headers={SESSION_HEADER: session.id})
         response.set_cookie(SESSION_COOKIE, session.id, path=PREFIX, httponly=True,
                             samesite="strict")
@@ -339,6 +357,14 @@ class _Wire:
             return JSONResponse(await self.sessions.state(session))
         except SessionGone:
             return _gone(self.sessions)
+
+    async def close(self, request: Request) -> Response:
+        if (session := self._named(request)) is None:
+            return self._unnamed(request)
+        await self.sessions.close(session, "the client closed the session")
+        response = JSONResponse({"session_id": session.id, "closed": True})
+        response.delete_cookie(SESSION_COOKIE, path=PREFIX, httponly=True, samesite="strict")
+        return response
 
     def _named(self, request: HTTPConnection) -> EnvSession | None:
         session_id = _session_id(request)
@@ -448,7 +474,7 @@ class _Wire:
                     raise BadRequest("reset data must be an object", field="data")
                 seed, episode_id, options = self._reset_args(data)
                 first = await self.sessions.reset(session, seed, episode_id, options)
-                return {"type": "observation", "data": observation_payload(first, first=True)}
+                return {"type": "observation", "data": observation_payload(first)}
             if kind == "step":
                 if not isinstance(data, dict):
                     raise BadRequest("step data must be the action, an object", field="data")
@@ -478,7 +504,7 @@ def _state_schema(declared: Mapping[str, Any] | None) -> dict[str, Any]:
     if not declared:
         return _STATE_SCHEMA
     schema = dict(declared)
-    schema["properties"] = {**schema.get("properties", {}), **_STATE_SCHEMA["properties"]}
+    schema["properties"] = {**_STATE_SCHEMA["properties"], **schema.get("properties", {})}
     return schema
 
 
@@ -494,8 +520,9 @@ def _bad_request(exc: BadRequest) -> Response:
 
 def _gone(sessions: EnvSessions) -> Response:
     return error_response(404, "session_gone", "this session is closed or unknown (sessions "
-                          f"idle for {sessions.idle_s:g} s are closed); POST {PREFIX}/reset "
-                          "for a new one")
+                          f"idle for {sessions.idle_s:g} s are closed, and an idle HTTP "
+                          "session gives its slot to a new session when the server is full); "
+                          f"POST {PREFIX}/reset for a new one")
 
 
 def _ws_error(code: str, message: str, **extra: Any) -> dict[str, Any]:
