@@ -17,7 +17,7 @@ from synth_deploy.health._http import HTTPClient, RequestFailed, Response
 from synth_deploy.health._options import CheckOptions, RolloutOptions
 from synth_deploy.health._report import CheckResult, HealthReport
 from synth_deploy.health._schema import short_repr, validate
-from synth_deploy.serving import answered_status
+from synth_deploy.serving import answered_status, failure_kind
 from synth_deploy.serving import containers as durable
 from synth_deploy.taskapp.contracts import NO_REWARD, recorded_reward
 
@@ -370,6 +370,9 @@ class EndpointSteps:
         status = answered_status(response.status_code, data)  # a late failure is in the body
         if status != 200:
             code, message = dx.error_code(data), dx.error_message(data) or dx.excerpt(response)
+            kind, retryable = failure_kind(status, data)
+            if kind is not None:  # who failed, as the app classified it
+                message = f"{message} [{kind}{', retryable' if retryable else ''}]"
             if status == 422 and code in (None, "invalid_request"):
                 self.fail("rollout", expected, dx.Diagnosis(
                     "rollout_rejected", f"422 {message}",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from synth_deploy.env import redact
-from synth_deploy.serving import answered_status
+from synth_deploy.serving import answered_status, failure_kind
 from synth_deploy.serving import containers as durable
 from synth_deploy.taskapp.contracts import NO_REWARD, recorded_reward
 from synth_deploy.tls import client_ssl_context
@@ -504,25 +504,6 @@ _PROXY_STATUS = {
 }
 
 
-def failure_kind(status: int, data: Any) -> tuple[str | None, bool | None]:
-    """Who failed a rollout answered ``status`` with ``data``, and whether a retry may help:
-    as the app classified it (``detail.error.kind``/``retryable``, or a synth-containers
-    document's ``error``); else from the status alone, for apps that do not say (a proxy's
-    5xx and a 429 are the network's and retryable, a 4xx the client's; other answers are
-    left unclassified)."""
-    error: Any = None
-    if isinstance(data, dict):
-        detail = data.get("detail")
-        error = detail.get("error") if isinstance(detail, dict) else data.get("error")
-    if isinstance(error, dict) and isinstance(error.get("kind"), str):
-        return error["kind"], bool(error.get("retryable"))
-    if status in _PROXY_STATUS or status in (429, 503):
-        return "network", True
-    if 400 <= status < 500:
-        return "client", False
-    return None, None
-
-
 def _error_message(status: int, text: str, data: Any) -> str:
     if isinstance(data, dict):
         detail = data.get("detail")
@@ -551,6 +532,6 @@ def transport_error(exc: httpx.HTTPError) -> str:
 
 
 __all__ = ["FailureStreak", "PolicyTarget", "RolloutOutcome", "RolloutPath", "RunOptions",
-           "RunReport", "admission_notes", "admitted", "failure_breakdown", "failure_kind",
+           "RunReport", "admission_notes", "admitted", "failure_breakdown",
            "path_notes", "rollout_ledger", "rollout_path", "rollout_request", "rollout_tokens",
            "run_ledger", "run_rollouts", "submit_and_poll"]

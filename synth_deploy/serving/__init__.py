@@ -22,6 +22,7 @@ from synth_deploy.serving._admission import (
     ConnectionLimits,
     RolloutLimits,
     answered_status,
+    failure_kind,
     rollout_limits,
 )
 from synth_deploy.serving._auth import ApiKeyAuth, KeyRule, ServerKeys, server_keys
@@ -60,6 +61,7 @@ __all__ = [
     "answered_status",
     "create_app",
     "error_response",
+    "failure_kind",
     "prepare_serving_process",
     "rollout_limits",
     "server_keys",

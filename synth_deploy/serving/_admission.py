@@ -181,6 +181,30 @@ def answered_status(status_code: int, body: Any) -> int:
     return status_code
 
 
+def failure_kind(status: int, data: Any) -> tuple[str | None, bool | None]:
+    """Who failed a rollout answered ``status`` with ``data``, and whether a retry may help:
+    as the app classified it (``detail.error.kind``/``retryable``, or a synth-containers
+    document's ``error``); else from the status alone, for apps that do not say (a proxy's
+    5xx and a 429 are the network's and retryable, a 4xx the client's; other answers are
+    left unclassified)."""
+    error: Any = None
+    if isinstance(data, dict):
+        detail = data.get("detail")
+        error = detail.get("error") if isinstance(detail, dict) else data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("kind"), str):
+        return error["kind"], bool(error.get("retryable"))
+    if status in _NETWORK_STATUS:
+        return "network", True
+    if 400 <= status < 500:
+        return "client", False
+    return None, None
+
+
+# A proxy's answer on the way to the app (Cloudflare's 52x, a gateway's 502/504), a 429, or a
+# full app's 503: the network's, and worth sending again.
+_NETWORK_STATUS = frozenset((429, 502, 503, 504, 520, 521, 522, 523, 524))
+
+
 class InFlight:
     """One rollout in flight, as `EarlyHeads` keeps it: its early head and heartbeat (sent by
     a task of its own once due), and whether its client is still there. Once the rollout has
@@ -328,4 +352,4 @@ class ConnectionLimits:
 
 __all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "HEAD_AFTER_VAR",
            "HEARTBEAT_VAR", "InFlight", "MAX_ROLLOUTS_VAR", "RolloutLimits", "RolloutStats",
-           "answered_status", "at_capacity", "rollout_limits"]
+           "answered_status", "at_capacity", "failure_kind", "rollout_limits"]

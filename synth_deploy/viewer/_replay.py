@@ -74,9 +74,17 @@ def _header(session: SessionTrace) -> dict[str, Any]:
         "split": env_config.get("split"),
         "status": meta.get("status") or "ok",
         "duration_s": meta.get("duration_s"),
-        "error": error.get("message") if error else None,
+        "error": _error_text(error),
         "metrics": meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {},
     }
+
+
+def _error_text(error: dict[str, Any] | None) -> str | None:
+    """A failed rollout's message, after who failed (its kind) when the session says."""
+    if not error:
+        return None
+    kind = error.get("kind")
+    return f"[{kind}] {error.get('message')}" if kind else error.get("message")
 
 
 def _rewards_by_place(session: SessionTrace

@@ -10,6 +10,11 @@ import sqlite3
 import textwrap
 
 from processes import run_cli
+from toy_apps import raising_rollout, toy_config
+
+from synth_deploy.health import CheckOptions, RolloutOptions, check
+from synth_deploy.serving import create_app
+from synth_deploy.tracing import browse_sessions, open_trace_store
 
 APP = '''
 from synth_deploy.errors import BadRequest
@@ -58,6 +63,20 @@ def test_each_failure_says_who_failed_and_whether_a_retry_may_help(tmp_path):
             "SELECT metadata FROM session_traces")}
     assert errors[1]["kind"] == "environment" and errors[1]["retryable"] is False
     assert errors[2]["kind"] == "client"
+    # The viewer's rows (and replay) say who failed before what.
+    with open_trace_store(tmp_path / "traces" / "v3" / "synth_ai.db", create=False) as store:
+        shown = {r.seed: r.error for r in browse_sessions(store).rows}
+    assert shown[1].startswith("[environment] rollout ") and shown[0] is None
+    assert shown[2].startswith("[client] ")
+
+
+def test_check_says_who_failed_its_rollout(serve, mock_policy, api_key):
+    app = serve(create_app(toy_config(raising_rollout), api_keys=[api_key]))
+    report = check(app.url, api_key, CheckOptions(seeds=(0,), rollout=RolloutOptions(
+        inference_url=mock_policy.url + "/v1", model="mock")))
+    failed = report.to_dict()["failure"]
+    assert failed["name"] == "rollout" and failed["code"] == "rollout_failed"
+    assert failed["actual"].endswith("[environment]"), failed
 
 
 def test_an_unreachable_policy_is_the_networks_retried_once_then_the_run_stops(tmp_path):

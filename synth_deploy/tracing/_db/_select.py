@@ -101,7 +101,10 @@ class SessionSql:
         self.expr = {name: db.fields[column] for name, column in FIELDS.items()}
         self.indexed = {name for name, column in FIELDS.items()
                         if self.expr[name] == f"s.{column}"} | {"created"}
-        self.expr.update(error=schema.metadata_field("$.error.message", "s"),
+        # A failed rollout's message, after who failed (its kind) when the session says.
+        kind = schema.metadata_field("$.error.kind", "s")
+        self.expr.update(error=f"COALESCE('[' || {kind} || '] ', '') || "
+                               f"{schema.metadata_field('$.error.message', 's')}",
                          created="s.created_at",
                          **{name: schema.metadata_field(path, "s")
                             for name, path in IDENTITY_PATHS.items()})
