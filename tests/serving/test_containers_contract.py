@@ -152,7 +152,12 @@ def test_a_rollout_nobody_asks_after_is_cancelled_when_its_lease_ends(tmp_path, 
         with client(app, api_key) as c:
             assert c.post("/rollouts", json={**body("l-1"), "lease_ttl_seconds": 0.5}
                           ).status_code == 202
-            time.sleep(2.0)  # nobody asks: the lease ends and the sweep cancels it
+            # Nobody asks: the lease ends, the sweep cancels it and its session is stored.
+            # Waited for in the store, which asking the server would not be (it renews).
+            deadline = time.monotonic() + 15
+            while store.count_sessions() == 0:
+                assert time.monotonic() < deadline, "the lease never ended the rollout"
+                time.sleep(0.05)
             doc = c.get("/rollouts/l-1").json()
         assert doc["status"] == "cancelled" and doc["error"]["code"] == "lease_expired"
         [session] = store.list_sessions(limit=None)
