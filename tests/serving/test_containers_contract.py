@@ -158,7 +158,7 @@ def test_a_rollout_nobody_asks_after_is_cancelled_when_its_lease_ends(tmp_path, 
             while store.count_sessions() == 0:
                 assert time.monotonic() < deadline, "the lease never ended the rollout"
                 time.sleep(0.05)
-            doc = c.get("/rollouts/l-1").json()
+            doc = wait_done(c, "l-1")  # its outcome is final: asking now renews nothing
         assert doc["status"] == "cancelled" and doc["error"]["code"] == "lease_expired"
         [session] = store.list_sessions(limit=None)
         assert session.run_id == "l-1" and session.status == "cancelled"
