@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -81,7 +81,7 @@ def check_command(
         if api_key and env_file:
             raise UsageError("pass either --api-key or --env-file, not both",
                              hint="--env-file reads ENVIRONMENT_API_KEY from the file")
-        from synth_deploy.health import CheckOptions, check, wait_until_healthy
+        from synth_deploy.health import CheckOptions
 
         # Read only when something is taken from it: `check URL --api-key K` reads no file.
         env = resolve_env(env_file) if url is None or not api_key or load else None
@@ -91,11 +91,7 @@ def check_command(
             asked = _rollout(stack, url, inference_url, model, quiet=json_output) \
                 if rollout else None
             options = CheckOptions(seeds=seed_list, rollout=asked, timeout_s=timeout)
-            if wait is None:
-                report = check(url, key, options, key_source=source)
-            else:
-                report = wait_until_healthy(url, key, options, key_source=source,
-                                            timeout_s=wait, on_attempt=_progress(url, wait))
+            report = _checked(url, key, options, source, wait)
         capacity = None
         if load and report.healthy:
             from synth_deploy.runs import LoadOptions
@@ -103,6 +99,12 @@ def check_command(
             capacity = _load(report.url, key, env, inference_url, model,
                              LoadOptions(max_concurrency=max_concurrency, budget_s=max_time),
                              quiet=json_output)
+    _finish(report, capacity, json_output)
+
+
+def _finish(report: Any, capacity: Any, json_output: bool) -> NoReturn:
+    """The report (and the load ramp's), then the exit: 1 when not even one rollout at a
+    time held, else the check's."""
     if json_output:
         print_json(report.to_dict() | ({"load": capacity.to_dict()} if capacity else {}))
     else:
@@ -111,6 +113,17 @@ def check_command(
             _render_load(capacity)
     raise typer.Exit(1 if capacity is not None and not capacity.sustained
                      else report.exit_code)
+
+
+def _checked(url: str, key: str | None, options: Any, source: Any, wait: float | None
+             ) -> Any:
+    """The check's report: one pass, or (``--wait``) passes until healthy or out of time."""
+    from synth_deploy.health import check, wait_until_healthy
+
+    if wait is None:
+        return check(url, key, options, key_source=source)
+    return wait_until_healthy(url, key, options, key_source=source, timeout_s=wait,
+                              on_attempt=_progress(url, wait))
 
 
 def _rollout(stack: ExitStack, url: str, inference_url: str | None, model: str | None, *,
@@ -224,12 +237,7 @@ def _render(report: Any) -> None:
     table.add_column("latency", justify="right", no_wrap=True)
     table.add_column("actual (expected)", overflow="fold")
     for result in report.checks:
-        label, style = _STYLES[result.verdict]
-        cell = Text(result.actual, style="dim" if result.verdict == "skip" else "")
-        if result.verdict in ("fail", "warn") and result.expected:
-            cell.append(f"\nexpected: {result.expected}", style="dim")
-        latency = "" if result.latency_ms is None else f"{result.latency_ms:.0f} ms"
-        table.add_row(result.name, Text(label, style=style), latency, cell)
+        table.add_row(*_result_row(result))
     out.print(table)
     for result in report.checks:
         if result.hint and result.verdict in ("fail", "warn"):
@@ -237,6 +245,26 @@ def _render(report: Any) -> None:
             line = Text(f"{label.split()[0]} {result.name}: ", style=style)
             line.append(result.hint)
             out.print(line, soft_wrap=True)  # whole: a fix is copied, never cut
+    _render_footer(out, report)
+
+
+def _result_row(result: Any) -> tuple[Any, ...]:
+    """A check's row: name, verdict, latency, what was seen (and, failed, what was
+    expected)."""
+    from rich.text import Text
+
+    label, style = _STYLES[result.verdict]
+    cell = Text(result.actual, style="dim" if result.verdict == "skip" else "")
+    if result.verdict in ("fail", "warn") and result.expected:
+        cell.append(f"\nexpected: {result.expected}", style="dim")
+    latency = "" if result.latency_ms is None else f"{result.latency_ms:.0f} ms"
+    return result.name, Text(label, style=style), latency, cell
+
+
+def _render_footer(out: Any, report: Any) -> None:
+    """The key in use, where traces go, the app's code, then the verdict and exit code."""
+    from rich.text import Text
+
     key = (f"key: {report.key_source}, sha256:{report.key_fingerprint}"
            if report.key_fingerprint else "key: none (pass --api-key or set ENVIRONMENT_API_KEY)")
     out.print(Text(key, style="dim"))

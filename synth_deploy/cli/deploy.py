@@ -46,7 +46,6 @@ def _render_plan(plan: Any) -> None:
     out = console()
     out.soft_wrap = True  # a plan line is a unit; let the terminal wrap it
     d = plan.to_dict()
-    res = d["resources"]
     out.print(f"[bold]Deploy plan[/bold]: {escape(d['app_id'])} -> Modal app "
               f"[bold]{escape(d['modal_app'])}[/bold] ({escape(d['source'])})")
     out.print(f"  expected URL  {d['expected_url']}", markup=False)
@@ -60,34 +59,49 @@ def _render_plan(plan: Any) -> None:
         out.print(f"  {step}", markup=False)
     out.print(f"  {d['image']['dependency_count']} Python distributions in the image: "
               f"{', '.join(d['image']['dependencies'])}", markup=False)
+    _render_secrets(out, d["secrets"])
+    if d["env"]:
+        out.print("[bold]Env[/bold]")
+        for key, value in d["env"].items():
+            out.print(f"  {key}={value}", markup=False)
+    out.print(_resources_line(d["resources"]))
+    out.print(f"[bold]Tracing[/bold]  {escape(d['tracing'])}")
+    if (box := d["sandbox"]) is not None:
+        out.print(_sandbox_line(box))
+    for message in d["warnings"]:
+        warn(message)
+
+
+def _render_secrets(out: Any, secrets: list[dict[str, Any]]) -> None:
+    """Each Modal Secret: a stored one by name, one made here with each key and its source."""
     out.print("[bold]Secrets[/bold] (Modal Secrets, not in the image)")
-    for secret in d["secrets"]:
+    for secret in secrets:
         if secret["kind"] == "name":
             out.print(f"  {secret['name']} (Secret.from_name, stored in Modal)", markup=False)
             continue
         out.print(f"  {secret['name']} (Secret.from_dict)", markup=False)
         for key, info in secret["keys"].items():
             out.print(f"    {key} = {info['value']}  from {info['from']}", markup=False)
-    if d["env"]:
-        out.print("[bold]Env[/bold]")
-        for key, value in d["env"].items():
-            out.print(f"  {key}={value}", markup=False)
+
+
+def _resources_line(res: dict[str, Any]) -> str:
+    """The container's resources in one line, Modal's defaults said as such."""
     containers = f"{res['min_containers']}..{res['max_containers'] or 'auto'}"
     memory = f"{res['memory_mib']} MiB" if res["memory_mib"] else "Modal's default"
     cpu = res["cpu"] or "Modal's default"
-    out.print(f"[bold]Resources[/bold]  timeout {res['timeout_s']}s · memory {memory} · "
-              f"cpu {cpu} · containers {containers} · {res['concurrent_inputs']} concurrent "
-              f"inputs/container" + (f" · volumes {res['volumes']}" if res["volumes"] else ""))
-    out.print(f"[bold]Tracing[/bold]  {escape(d['tracing'])}")
-    if (box := d["sandbox"]) is not None:
-        out.print(f"[bold]Sandboxes[/bold]  modal.Sandbox in app {escape(box['modal_app'])} · "
-                  f"image {escape(box['image'] or 'debian_slim')}"
-                  + (f" + {escape(' '.join(box['packages']))}" if box["packages"] else "")
-                  + f" · cpu {box['cpu']} · memory {box['memory_mb']} MiB · life "
-                  f"{box['timeout_s']:g}s · command {box['command_timeout_s']:g}s · files ≤ "
-                  f"{box['max_file_mb']} MiB · network {escape(box['network'])}")
-    for message in d["warnings"]:
-        warn(message)
+    return (f"[bold]Resources[/bold]  timeout {res['timeout_s']}s · memory {memory} · "
+            f"cpu {cpu} · containers {containers} · {res['concurrent_inputs']} concurrent "
+            f"inputs/container" + (f" · volumes {res['volumes']}" if res["volumes"] else ""))
+
+
+def _sandbox_line(box: dict[str, Any]) -> str:
+    """The app's sandboxes in one line: where, image and packages, limits, network."""
+    return (f"[bold]Sandboxes[/bold]  modal.Sandbox in app {escape(box['modal_app'])} · "
+            f"image {escape(box['image'] or 'debian_slim')}"
+            + (f" + {escape(' '.join(box['packages']))}" if box["packages"] else "")
+            + f" · cpu {box['cpu']} · memory {box['memory_mb']} MiB · life "
+            f"{box['timeout_s']:g}s · command {box['command_timeout_s']:g}s · files ≤ "
+            f"{box['max_file_mb']} MiB · network {escape(box['network'])}")
 
 
 def _progress():

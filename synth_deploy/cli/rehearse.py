@@ -211,24 +211,9 @@ def _render(report: Any, warnings: list[str], prices: Any = None) -> None:
     capacity = report.check("capacity")
     if capacity is not None and capacity.data.get("levels"):
         out.print(load_table(capacity.data["levels"], width=width))
-    timeouts = report.check("timeouts")
-    if timeouts is not None and timeouts.data.get("layers"):
-        rows = [[layer["name"], f"{layer['seconds']:g}s", escape(layer["source"])]
-                for layer in timeouts.data["layers"]]
-        out.print(fitted_table([Column("timeout (inside first)"), Column("limit",
-                                justify="right"), Column("set by", wrap=True)], rows,
-                               width=width, box=box.SIMPLE_HEAD))
+    _render_timeouts(out, report, width)
     for check in report.checks:
-        if check.verdict not in ("fail", "warn") and not check.details:
-            continue
-        label, style = _STYLES[check.verdict]
-        # Wrapped at word boundaries, never cut: a cause or a fix is read whole.
-        for line in check.details:
-            out.print(Text(f"  {check.name}: {line}", style="dim"))
-        if check.fix and check.verdict in ("fail", "warn"):
-            line = Text(f"{label.split()[0]} {check.name}: ", style=style)
-            line.append(check.fix)
-            out.print(line)
+        _render_check_lines(out, check)
     if (ledger := _ledger(report)) is not None:
         out.print(Text(cost_lines(ledger, prices)[0], style="dim"))
     out.print(Text(f"traces → {report.traces}", style="dim"))
@@ -239,6 +224,46 @@ def _render(report: Any, warnings: list[str], prices: Any = None) -> None:
     out.print(verdict)
 
 
+def _render_timeouts(out: Any, report: Any, width: int) -> None:
+    """The timeout layers, inside first, each with its limit and who set it."""
+    from rich import box
+
+    timeouts = report.check("timeouts")
+    if timeouts is None or not timeouts.data.get("layers"):
+        return
+    rows = [[layer["name"], f"{layer['seconds']:g}s", escape(layer["source"])]
+            for layer in timeouts.data["layers"]]
+    out.print(fitted_table([Column("timeout (inside first)"), Column("limit",
+                            justify="right"), Column("set by", wrap=True)], rows,
+                           width=width, box=box.SIMPLE_HEAD))
+
+
+def _render_check_lines(out: Any, check: Any) -> None:
+    """A check's details, then its fix when it failed or warned; wrapped at word
+    boundaries, never cut: a cause or a fix is read whole."""
+    from rich.text import Text
+
+    if check.verdict not in ("fail", "warn") and not check.details:
+        return
+    label, style = _STYLES[check.verdict]
+    for line in check.details:
+        out.print(Text(f"  {check.name}: {line}", style="dim"))
+    if check.fix and check.verdict in ("fail", "warn"):
+        fix = Text(f"{label.split()[0]} {check.name}: ", style=style)
+        fix.append(check.fix)
+        out.print(fix)
+
+
+def _group_row(group: dict[str, Any]) -> list[str]:
+    """A group's row: its rewards (and failures), their variance, a flag when it is zero."""
+    rewards = " ".join(f"{r:g}" for r in group["rewards"]) or "-"
+    if group["failures"]:
+        rewards += f" ({group['failures']} failed)"
+    variance = "-" if group["variance"] is None else f"{group['variance']:.3f}"
+    flag = "[yellow]zero[/yellow]" if group["zero_variance"] else ""
+    return [str(group["group"]), str(group["seed"]), rewards, variance, flag]
+
+
 def _render_groups(out: Any, report: Any, width: int) -> None:
     from rich import box
 
@@ -246,14 +271,7 @@ def _render_groups(out: Any, report: Any, width: int) -> None:
     groups = (signal.data.get("groups") if signal is not None else None) or []
     if not groups:
         return
-    rows = []
-    for group in groups[:_GROUPS_SHOWN]:
-        rewards = " ".join(f"{r:g}" for r in group["rewards"]) or "-"
-        if group["failures"]:
-            rewards += f" ({group['failures']} failed)"
-        variance = "-" if group["variance"] is None else f"{group['variance']:.3f}"
-        flag = "[yellow]zero[/yellow]" if group["zero_variance"] else ""
-        rows.append([str(group["group"]), str(group["seed"]), rewards, variance, flag])
+    rows = [_group_row(group) for group in groups[:_GROUPS_SHOWN]]
     out.print(fitted_table([Column("group", justify="right"), Column("seed", justify="right"),
                             Column("rewards", wrap=True), Column("variance", justify="right"),
                             Column("signal", optional=True)], rows, width=width,

@@ -261,27 +261,9 @@ def _render_report(report, where: str, prices=None) -> None:
     columns = [Column("seed", justify="right"), Column("status"), Column("reward"),
                Column("outcome", optional=True), Column("events", optional=True),
                Column("latency s"), Column("details", wrap=True, min_width=20)]
-    rows = []
-    for o in report.outcomes:
-        if o.ok:
-            detail = escape(" ".join(f"{k}={v}" for k, v in list(o.details.items())[:3]))
-            rows.append([str(o.seed), "[green]ok[/green]", _fmt(o.reward), _fmt(o.outcome_score),
-                         _fmt(o.events_score), _fmt(o.latency_s, 3), detail])
-        else:  # the cause is printed whole below the table, never cut to fit a cell
-            rows.append([str(o.seed), f"[red]{o.status or 'error'}[/red]", "-", "-", "-",
-                         _fmt(o.latency_s, 3), "[red]failed, see below[/red]"])
+    rows = [_outcome_row(o) for o in report.outcomes]
     out.print(fitted_table(columns, rows, width=out.width, box=box.SIMPLE_HEAD))
-    failed = [o for o in report.outcomes if not o.ok]
-    if failed:
-        out.print(f"[red]{plural(len(failed), 'failed rollout')}:[/red]")
-        for o in failed:
-            who = "" if o.kind is None else \
-                f" [{o.kind}{', retryable' if o.retryable else ''}]"
-            tries = f" after {o.attempts} attempts" if o.attempts > 1 else ""
-            out.print(f"  seed {o.seed} ({o.run_id}){escape(who)}{tries}: {escape(o.error)}",
-                      soft_wrap=True, highlight=False)
-        kinds = ", ".join(f"{kind} {n}" for kind, n in report.failure_kinds.items())
-        out.print(f"  by kind: {kinds}", highlight=False)
+    _print_failures(out, report)
     if report.stopped:
         out.print(f"[red]{escape(report.stopped)}[/red]", soft_wrap=True)
     warned = [o for o in report.outcomes if o.warning]
@@ -290,17 +272,49 @@ def _render_report(report, where: str, prices=None) -> None:
         for o in warned:
             out.print(f"  seed {o.seed} ({o.run_id}): {escape(o.warning)}", soft_wrap=True,
                       highlight=False)
+    out.print(folded(_summary_line(report), out.width), soft_wrap=True)
+    if (ledger := report.ledger) is not None:
+        out.print(escape(folded(cost_lines(ledger, prices)[0], out.width)), soft_wrap=True)
+    out.print(f"traces → {escape(where)}", soft_wrap=True)
+
+
+def _outcome_row(o) -> list[str]:
+    """One rollout's table row; a failure's cause is printed whole below the table, never
+    cut to fit a cell."""
+    if o.ok:
+        detail = escape(" ".join(f"{k}={v}" for k, v in list(o.details.items())[:3]))
+        return [str(o.seed), "[green]ok[/green]", _fmt(o.reward), _fmt(o.outcome_score),
+                _fmt(o.events_score), _fmt(o.latency_s, 3), detail]
+    return [str(o.seed), f"[red]{o.status or 'error'}[/red]", "-", "-", "-",
+            _fmt(o.latency_s, 3), "[red]failed, see below[/red]"]
+
+
+def _print_failures(out, report) -> None:
+    """Each failed rollout's whole cause (its kind, whether a retry may help, its attempts),
+    then the count by kind."""
+    failed = [o for o in report.outcomes if not o.ok]
+    if not failed:
+        return
+    out.print(f"[red]{plural(len(failed), 'failed rollout')}:[/red]")
+    for o in failed:
+        who = "" if o.kind is None else \
+            f" [{o.kind}{', retryable' if o.retryable else ''}]"
+        tries = f" after {o.attempts} attempts" if o.attempts > 1 else ""
+        out.print(f"  seed {o.seed} ({o.run_id}){escape(who)}{tries}: {escape(o.error)}",
+                  soft_wrap=True, highlight=False)
+    kinds = ", ".join(f"{kind} {n}" for kind, n in report.failure_kinds.items())
+    out.print(f"  by kind: {kinds}", highlight=False)
+
+
+def _summary_line(report) -> str:
+    """The run in one line: rollouts, errors, mean scores (over the ok ones: failed rollouts
+    have no reward, and the line says so), tokens, latency, elapsed time."""
     s = report.summary()
     tokens = f" · {s['tokens']} tokens" if s["tokens"] is not None else ""
-    # Failed rollouts have no reward: the means are over the others, and say so.
     over = f" over {s['ok']} ok ({s['errors']} failed left out)" if s["errors"] else ""
-    out.print(folded(
+    return (
         f"{plural(s['rollouts'], 'rollout')} ({report.mode}), {plural(s['errors'], 'error')} · "
         f"mean reward {_fmt(s['mean_reward'], 3)}{over} · outcome "
         f"{_fmt(s['mean_outcome_score'], 3)} · events {_fmt(s['mean_events_score'], 3)}{tokens}"
         f" · p50 {_secs(s['latency_p50_s'])} · p95 {_secs(s['latency_p95_s'])} · "
-        f"{s['elapsed_s']:.2f}s at concurrency {report.concurrency}", out.width),
-        soft_wrap=True)
-    if (ledger := report.ledger) is not None:
-        out.print(escape(folded(cost_lines(ledger, prices)[0], out.width)), soft_wrap=True)
-    out.print(f"traces → {escape(where)}", soft_wrap=True)
+        f"{s['elapsed_s']:.2f}s at concurrency {report.concurrency}")

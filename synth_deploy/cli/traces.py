@@ -85,26 +85,37 @@ def where(trace_db: TraceDbOption = None, env_file: EnvFilesOption = None,
     if json_output:
         print_json(report.to_dict())
     else:
-        out = console()
-        out.print(f"[bold]trace database[/bold]  {_esc(report.url)}", markup=True)
-        out.print(f"  source             {report.source}", markup=False)
-        out.print(f"  kind               {report.kind}", markup=False)
-        if report.token is not None:
-            out.print(f"  auth token         {report.token}", markup=False)
-        state = ("not created yet" if not report.exists and report.error is None else
-                 "reachable" if report.reachable or (report.ok and report.exists) else
-                 "NOT reachable" if report.reachable is False else "unusable")
-        out.print(f"  state              {state}", markup=False)
-        if report.schema_version is not None:
-            out.print(f"  schema version     {report.schema_version}", markup=False)
-        for table, count in report.counts.items():
-            out.print(f"  {table:<19}{count}", markup=False)
-        if report.error:
-            print_error(report.error, report.hint)
-        elif report.hint:
-            console(stderr=True).print(f"  [dim]hint:[/dim] {_esc(report.hint)}", markup=True)
+        _print_where(report)
     if report.error:
         raise typer.Exit(EXIT_UNREACHABLE if report.reachable is False else EXIT_FAILURE)
+
+
+def _where_state(report: Any) -> str:
+    """The database's state in one word or three, as `traces where` says it."""
+    if not report.exists and report.error is None:
+        return "not created yet"
+    if report.reachable or (report.ok and report.exists):
+        return "reachable"
+    return "NOT reachable" if report.reachable is False else "unusable"
+
+
+def _print_where(report: Any) -> None:
+    """`traces where` for humans: the URL, why it is in force, its state and tables."""
+    out = console()
+    out.print(f"[bold]trace database[/bold]  {_esc(report.url)}", markup=True)
+    out.print(f"  source             {report.source}", markup=False)
+    out.print(f"  kind               {report.kind}", markup=False)
+    if report.token is not None:
+        out.print(f"  auth token         {report.token}", markup=False)
+    out.print(f"  state              {_where_state(report)}", markup=False)
+    if report.schema_version is not None:
+        out.print(f"  schema version     {report.schema_version}", markup=False)
+    for table, count in report.counts.items():
+        out.print(f"  {table:<19}{count}", markup=False)
+    if report.error:
+        print_error(report.error, report.hint)
+    elif report.hint:
+        console(stderr=True).print(f"  [dim]hint:[/dim] {_esc(report.hint)}", markup=True)
 
 
 @traces_app.command("init")
@@ -141,41 +152,69 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
     with handling_errors(json_output):
         if group not in (None, "identity"):
             raise UsageError(f"cannot group by {group!r}", hint="use --group identity")
+        filters = {"app": app, "status": status, "model": model, "app_digest": app_digest}
         with _open(trace_db, env_file) as store:
             if group == "identity":
                 from synth_deploy.tracing import SessionFilter, identity_groups
 
-                groups = identity_groups(store, SessionFilter(
-                    app=app, status=status, model=model, app_digest=app_digest), limit=limit)
+                groups = identity_groups(store, SessionFilter(**filters), limit=limit)
             else:
-                rows = store.list_sessions(limit=limit, app=app, status=status, model=model,
-                                           app_digest=app_digest)
-                # Counted only when the limit may hide some: then the title says how many.
-                stored = (store.count_sessions(app=app, status=status, model=model,
-                                               app_digest=app_digest)
-                          if len(rows) == limit else len(rows))
+                rows, stored = _newest_sessions(store, limit, filters)
     if group == "identity":
         _print_identity_groups(groups, store.display, json_output)
         return
     if json_output:
         print_json([r.to_dict() for r in rows])
         return
-    from rich import box
+    _print_sessions(rows, stored, store.display)
 
-    title = (f"newest {len(rows)} of {stored} sessions in {_esc(store.display)} (--limit N "
-             "shows more)" if stored > len(rows)
-             else f"{len(rows)} session(s) in {_esc(store.display)}")
-    # An app, code or model every row shares is said once, above the table: a column of the
-    # same value over and over would take the room the others need to stay whole.
+
+def _newest_sessions(store: Any, limit: int, filters: dict[str, Any]) -> tuple[list[Any], int]:
+    """The newest ``limit`` sessions and how many match: counted only when the limit may hide
+    some (then the title says how many)."""
+    rows = store.list_sessions(limit=limit, **filters)
+    stored = store.count_sessions(**filters) if len(rows) == limit else len(rows)
+    return rows, stored
+
+
+def _shared_values(rows: list[Any]) -> dict[str, Any]:
+    """An app, code or model every row shares, said once above the table: a column of the
+    same value over and over would take the room the others need to stay whole."""
     shared = {}
     for name, values in (("app", {r.app_id for r in rows}),
                          ("code", {_code(r.app_version, r.app_digest) for r in rows}),
                          ("model", {r.model for r in rows})):
         if len(values) == 1 and None not in values:
             shared[name] = values.pop()
+    return shared
+
+
+def _print_sessions(rows: list[Any], stored: int, display: str) -> None:
+    """`traces ls` for humans: a title, what every row shares, then a table that fits."""
+    from rich import box
+
+    title = (f"newest {len(rows)} of {stored} sessions in {_esc(display)} (--limit N "
+             "shows more)" if stored > len(rows)
+             else f"{len(rows)} session(s) in {_esc(display)}")
+    shared = _shared_values(rows)
     # Sessions stored before apps said which code they ran (or by another writer): no column.
     unknown = {"code"} if all(r.app_digest is None and r.app_version is None
                               for r in rows) else set()
+    columns = _session_columns({*shared, *unknown})
+    cells = [[_esc(cell[name]) for name in columns] for cell in map(_session_cells, rows)]
+    out = console()
+    out.print(title, markup=True)
+    if shared:
+        out.print(folded("every one shown: " + " · ".join(
+            f"{name} {value}" for name, value in shared.items()), out.width), markup=False,
+            soft_wrap=True)
+    out.print(fitted_table(list(columns.values()), cells, width=out.width,
+                           box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                           padding=(0, 1, 0, 0)))
+
+
+def _session_columns(hidden: set[str]) -> dict[str, Column]:
+    """`traces ls`'s columns by name, but those said above the table or never known."""
     # 16 characters: ids are time-ordered (11 are the millisecond), the other 5 tell apart
     # the sessions a busy millisecond holds, so `traces show` takes what is printed. Neither
     # it nor the time is ever cut: at 60 columns the time goes rather than lose its seconds.
@@ -190,23 +229,18 @@ def ls(limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Rows to 
                "steps": Column("steps", justify="right", optional=True),
                "events": Column("events", justify="right", optional=True),
                "msgs": Column("msgs", justify="right", optional=True)}
-    for name in {*shared, *unknown}:
+    for name in hidden:
         del columns[name]
-    cells = [[_esc(cell[name]) for name in columns] for cell in ({
-        "session": r.session_id[:16], "created (UTC)": r.created_at[5:19].replace("T", " "),
-        "app": r.app_id or "-", "code": _code(r.app_version, r.app_digest) or "-",
-        "seed": _num(r.seed), "model": r.model or "-",
-        "status": r.status or "-", "reward": _num(r.total_reward), "steps": r.num_timesteps,
-        "events": r.num_events, "msgs": r.num_messages} for r in rows)]
-    out = console()
-    out.print(title, markup=True)
-    if shared:
-        out.print(folded("every one shown: " + " · ".join(
-            f"{name} {value}" for name, value in shared.items()), out.width), markup=False,
-            soft_wrap=True)
-    out.print(fitted_table(list(columns.values()), cells, width=out.width,
-                           box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                           padding=(0, 1, 0, 0)))
+    return columns
+
+
+def _session_cells(r: Any) -> dict[str, Any]:
+    """One session's `traces ls` cells by column name, before escaping."""
+    return {"session": r.session_id[:16], "created (UTC)": r.created_at[5:19].replace("T", " "),
+            "app": r.app_id or "-", "code": _code(r.app_version, r.app_digest) or "-",
+            "seed": _num(r.seed), "model": r.model or "-",
+            "status": r.status or "-", "reward": _num(r.total_reward),
+            "steps": r.num_timesteps, "events": r.num_events, "msgs": r.num_messages}
 
 
 def _code(version: str | None, digest: str | None) -> str | None:
@@ -263,6 +297,16 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
                     "reward": chosen, "reward_versions": versions})
         return
     out = console()
+    _print_session_head(out, trace, tokens)
+    from synth_deploy.tracing import replay
+
+    for played in replay(trace):
+        _print_step(out, played)
+    _print_rewards(out, trace, versions, chosen)
+
+
+def _print_session_head(out: Any, trace: Any, tokens: Any) -> None:
+    """`traces show`'s first lines: the session's metadata, its error and its tokens."""
     meta = trace.metadata
     out.print(f"[bold]session {_esc(trace.session_id)}[/bold]", markup=True)
     shown = {**meta, "app_id": meta.get("app_id") or meta.get("env_name")}  # synth-ai: env
@@ -277,40 +321,57 @@ def show(session: Annotated[str, typer.Argument(metavar="SESSION",
             out.print(f"  [yellow]! {_esc(broke.describe())}[/yellow]", markup=True)
         for reason in tokens.absent:
             out.print(f"  [yellow]! no token data: {_esc(reason)}[/yellow]", markup=True)
-    from synth_deploy.tracing import message_text, replay
 
-    for played in replay(trace):
-        step = played.step
-        out.print(f"[bold]· {_esc(step.step_id)}[/bold] (turn {_num(step.turn_number)})"
-                  + (f" [dim]({played.repeated} earlier messages not repeated)[/dim]"
-                     if played.repeated else ""), markup=True)
-        for m in played.messages:
-            text = message_text(m)
-            text = text if len(text) <= 2000 else text[:2000] + " …"
-            out.print(f"    [cyan]{_esc(f'{m.message_type:>9}')}[/cyan] {_esc(text)}",
-                      markup=True, highlight=False)
-        for e in step.events:
-            if e.event_type == "cais":
-                ids = "" if e.tokens is None else (
-                    f" ids={len(e.tokens.prompt_ids)}+{len(e.tokens.completion_ids)}"
-                    if e.tokens.observed else " ids=none")
-                out.print(f"    [dim]lm call {_esc(e.model_name)} in={_num(e.input_tokens)} "
-                          f"out={_num(e.output_tokens)}{ids} {_num(e.latency_ms, 4)}ms[/dim]",
-                          markup=True)
-            elif (line := _sandbox_line(e)) is not None:
-                out.print(f"    [dim]{_esc(line)}[/dim]", markup=True)
-                record = e.metadata["sandbox"]
-                for stream in ("stdout", "stderr"):
-                    text = str(record.get(stream) or "").strip()
-                    if text:
-                        shown = text if len(text) <= 400 else text[:400] + " …"
-                        out.print(f"      [dim]{stream}: {_esc(shown)}[/dim]", markup=True)
-            else:
-                actions = e.metadata.get("actions")
-                out.print(f"    [dim]{_esc(e.event_type)} reward={_num(e.reward)} "
-                          f"terminated={e.terminated}"
-                          + (f" actions={_esc(','.join(map(str, actions)))}"
-                             if isinstance(actions, list) else "") + "[/dim]", markup=True)
+
+def _print_step(out: Any, played: Any) -> None:
+    """One timestep as replayed: its new messages (long ones cut), then its events."""
+    from synth_deploy.tracing import message_text
+
+    step = played.step
+    out.print(f"[bold]· {_esc(step.step_id)}[/bold] (turn {_num(step.turn_number)})"
+              + (f" [dim]({played.repeated} earlier messages not repeated)[/dim]"
+                 if played.repeated else ""), markup=True)
+    for m in played.messages:
+        text = message_text(m)
+        text = text if len(text) <= 2000 else text[:2000] + " …"
+        out.print(f"    [cyan]{_esc(f'{m.message_type:>9}')}[/cyan] {_esc(text)}",
+                  markup=True, highlight=False)
+    for e in step.events:
+        _print_event(out, e)
+
+
+def _print_event(out: Any, e: Any) -> None:
+    """One event's dim line: an LM call, a sandbox run (with its output) or an env step."""
+    if e.event_type == "cais":
+        ids = "" if e.tokens is None else (
+            f" ids={len(e.tokens.prompt_ids)}+{len(e.tokens.completion_ids)}"
+            if e.tokens.observed else " ids=none")
+        out.print(f"    [dim]lm call {_esc(e.model_name)} in={_num(e.input_tokens)} "
+                  f"out={_num(e.output_tokens)}{ids} {_num(e.latency_ms, 4)}ms[/dim]",
+                  markup=True)
+    elif (line := _sandbox_line(e)) is not None:
+        out.print(f"    [dim]{_esc(line)}[/dim]", markup=True)
+        _print_sandbox_output(out, e.metadata["sandbox"])
+    else:
+        actions = e.metadata.get("actions")
+        out.print(f"    [dim]{_esc(e.event_type)} reward={_num(e.reward)} "
+                  f"terminated={e.terminated}"
+                  + (f" actions={_esc(','.join(map(str, actions)))}"
+                     if isinstance(actions, list) else "") + "[/dim]", markup=True)
+
+
+def _print_sandbox_output(out: Any, record: dict[str, Any]) -> None:
+    """A sandbox run's stdout and stderr, each cut at 400 characters."""
+    for stream in ("stdout", "stderr"):
+        text = str(record.get(stream) or "").strip()
+        if text:
+            shown = text if len(text) <= 400 else text[:400] + " …"
+            out.print(f"      [dim]{stream}: {_esc(shown)}[/dim]", markup=True)
+
+
+def _print_rewards(out: Any, trace: Any, versions: list[dict[str, Any]],
+                   chosen: dict[str, Any]) -> None:
+    """`traces show`'s last lines: event and outcome rewards, each version, the one shown."""
     for r in trace.event_rewards:
         out.print(f"  event reward {r.reward_type}={_num(r.reward_value)} ({r.source}, "
                   f"turn {_num(r.turn_number)})", markup=False)

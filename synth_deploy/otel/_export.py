@@ -119,7 +119,7 @@ def export_otlp(store: TraceStore, setting: OtlpSetting,
     Raises `OtlpExportError` when the receiver refuses a batch: what was acknowledged before
     stays remembered, so running the export again resumes.
     """
-    from synth_deploy.otel._spans import SpanMaker, span_count
+    from synth_deploy.otel._spans import SpanMaker
 
     started = time.perf_counter()
     if options.limit is not None and options.limit < 1:
@@ -130,23 +130,12 @@ def export_otlp(store: TraceStore, setting: OtlpSetting,
     own_exporter = exporter is None
     try:
         done = set() if options.resend else sent_before.sent()
-        todo = [sid for sid in ids if sid not in done]
-        if options.limit is not None:
-            todo = todo[:options.limit]
+        todo = _unsent(ids, done, options.limit)
         exporter = exporter or otlp_exporter(setting)
         maker = SpanMaker(service_name=setting.service_name,
                           capture_content=setting.capture_content)
-        sent = spans_sent = 0
-        if on_progress is not None:
-            on_progress(0, len(todo), 0)
-        for batch in _batches(store, todo, span_count):
-            spans = [span for session in batch for span in maker.spans(session)]
-            _send(exporter, spans, setting)
-            sent_before.record([(s.session_id, span_count(s)) for s in batch])
-            sent += len(batch)
-            spans_sent += len(spans)
-            if on_progress is not None:
-                on_progress(sent, len(todo), spans_sent)
+        sent, spans_sent = _send_all(store, todo, maker, exporter, setting, sent_before,
+                                     on_progress)
     finally:
         sent_before.close()
         if own_exporter and exporter is not None:
@@ -154,6 +143,33 @@ def export_otlp(store: TraceStore, setting: OtlpSetting,
     return OtlpExportResult(endpoint=setting.display, matched=len(ids), sent=sent,
                             spans=spans_sent, already_sent=sum(i in done for i in ids),
                             seconds=time.perf_counter() - started, state=str(state_path))
+
+
+def _unsent(ids: list[str], done: set[str], limit: int | None) -> list[str]:
+    """The sessions still to send, oldest first, at most ``limit`` of them."""
+    todo = [sid for sid in ids if sid not in done]
+    return todo if limit is None else todo[:limit]
+
+
+def _send_all(store: TraceStore, todo: list[str], maker: Any, exporter: Any,
+              setting: OtlpSetting, sent_before: SentSessions, on_progress: Progress | None
+              ) -> tuple[int, int]:
+    """Each batch's spans sent, then remembered as sent (so a rerun resumes after the last
+    batch the receiver took); returns the sessions and spans sent."""
+    from synth_deploy.otel._spans import span_count
+
+    sent = spans_sent = 0
+    if on_progress is not None:
+        on_progress(0, len(todo), 0)
+    for batch in _batches(store, todo, span_count):
+        spans = [span for session in batch for span in maker.spans(session)]
+        _send(exporter, spans, setting)
+        sent_before.record([(s.session_id, span_count(s)) for s in batch])
+        sent += len(batch)
+        spans_sent += len(spans)
+        if on_progress is not None:
+            on_progress(sent, len(todo), spans_sent)
+    return sent, spans_sent
 
 
 def _batches(store: TraceStore, ids: list[str], count: Callable[[Any], int]) -> Iterator[list]:

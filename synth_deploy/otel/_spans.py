@@ -87,9 +87,6 @@ class SpanMaker:
         sid = session.session_id
         meta = session.metadata if isinstance(session.metadata, Mapping) else {}
         trace_id = session_trace_id(sid, meta)
-        caller = session_trace_parent(meta)
-        root_parent = None if caller is None else SpanContext(
-            trace_id, int(caller.parent_id, 16), True, TraceFlags(int(caller.flags, 16)))
         resource = self._resource(_text(meta.get("app_id") or meta.get("env_name")))
         root_ctx = SpanContext(trace_id, rollout_span_id(sid), False, _SAMPLED)
         ledger = ledger_of(session)
@@ -106,19 +103,11 @@ class SpanMaker:
                                 start_time=begin, end_time=max(finish, begin),
                                 instrumentation_scope=SCOPE)
 
-        step_of_event = {e.id: i for i, step in enumerate(session.timesteps) for e in step.events}
-        rewards_by_step: dict[int | None, list[EventReward]] = {}
-        for reward in session.event_rewards:
-            index = step_of_event.get(reward.event_id) if reward.event_id else None
-            if index is None and reward.turn_number is not None:
-                index = next((i for i, s in enumerate(session.timesteps)
-                              if s.turn_number == reward.turn_number), None)
-            rewards_by_step.setdefault(index, []).append(reward)
-
+        rewards_by_step = _rewards_by_step(session)
         out: list[ReadableSpan] = []
         status, error_attrs = _status(meta)
         out.append(span(f"rollout {_text(meta.get('app_id')) or 'task app'}", root_ctx,
-                        root_parent,
+                        _root_parent(meta, trace_id),
                         start, end, {**_rollout_attributes(sid, meta, session), **error_attrs,
                                      **_ledger_attributes(ledger)},
                         events=[_reward_event(r, end) for r in rewards_by_step.get(None, [])],
@@ -126,18 +115,10 @@ class SpanMaker:
         for index, step in enumerate(session.timesteps):
             step_ctx = SpanContext(trace_id, span_id_of(sid, "step", index, step.step_id),
                                    False, _SAMPLED)
-            step_start = _ns(step.timestamp) or start
-            events = [_environment_event(e, step_start) for e in step.events
-                      if e.event_type != "cais"]
-            events += [_reward_event(r, step_start) for r in rewards_by_step.get(index, [])]
-            out.append(span(step.step_id or f"step {index}", step_ctx, root_ctx, step_start,
-                            _step_end(step, step_start), {
-                                "synth.step.id": step.step_id, "synth.step.index": index,
-                                "synth.step.turn": step.turn_number},
-                            events=sorted(events, key=lambda e: e.timestamp)))
-            for event in step.events:
-                if event.event_type == "cais":
-                    out.append(self._lm_span(span, sid, trace_id, step_ctx, step, event))
+            out.append(_step_span(span, step_ctx, root_ctx, index, step, start,
+                                  rewards_by_step.get(index, [])))
+            out += [self._lm_span(span, sid, trace_id, step_ctx, step, event)
+                    for event in step.events if event.event_type == "cais"]
         return out
 
     def _lm_span(self, span: Any, sid: str, trace_id: int, parent: SpanContext,
@@ -145,32 +126,80 @@ class SpanMaker:
         record = _first_record(event)
         request = record.get("request") if isinstance(record.get("request"), Mapping) else {}
         model = _text(request.get("model")) or event.model_name or "unknown"
-        tokens_in, tokens_out = event_tokens(event)
         end = _ns(event.event_time) or _ns(step.timestamp)
         latency = event.latency_ms if isinstance(event.latency_ms, int | float) else 0.0
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-            "gen_ai.response.model": event.model_name,
-            "gen_ai.usage.input_tokens": tokens_in, "gen_ai.usage.output_tokens": tokens_out,
-            "gen_ai.provider.name": _provider(event.provider),
-            "server.address": event.provider,
-            "gen_ai.request.temperature": request.get("temperature"),
-            "gen_ai.request.top_p": request.get("top_p"),
-            "gen_ai.request.max_tokens": request.get("max_tokens")
-            or request.get("max_completion_tokens"),
-            "synth.cost_usd": event.cost_usd,
-        }
+        attributes = _lm_attributes(model, request, event)
         if self.capture_content:
-            inputs, response = request.get("messages"), record.get("response")
-            if not isinstance(inputs, list):  # no call record (synth-ai, record_lm_call):
-                inputs, response = _step_chat(step)  # the timestep's conversation
-            attributes["gen_ai.input.messages"] = _json([_message_parts(m) for m in inputs
-                                                         if isinstance(m, Mapping)])
-            if isinstance(response, Mapping):
-                attributes["gen_ai.output.messages"] = _json([_message_parts(response)])
+            attributes.update(_content_attributes(record, request, step))
         ctx = SpanContext(trace_id, span_id_of(sid, "lm", event.id), False, _SAMPLED)
         return span(f"chat {model}", ctx, parent, end - int(max(latency, 0.0) * 1_000_000),
                     end, attributes, kind=SpanKind.CLIENT)
+
+
+def _root_parent(meta: Mapping[str, Any], trace_id: int) -> SpanContext | None:
+    """The caller's span the rollout's joins, when the rollout came with trace context."""
+    caller = session_trace_parent(meta)
+    return None if caller is None else SpanContext(
+        trace_id, int(caller.parent_id, 16), True, TraceFlags(int(caller.flags, 16)))
+
+
+def _rewards_by_step(session: SessionTrace) -> dict[int | None, list[EventReward]]:
+    """The session's event rewards by the index of their step (by event, else by turn);
+    None: the rollout's own."""
+    step_of_event = {e.id: i for i, step in enumerate(session.timesteps) for e in step.events}
+    rewards_by_step: dict[int | None, list[EventReward]] = {}
+    for reward in session.event_rewards:
+        index = step_of_event.get(reward.event_id) if reward.event_id else None
+        if index is None and reward.turn_number is not None:
+            index = next((i for i, s in enumerate(session.timesteps)
+                          if s.turn_number == reward.turn_number), None)
+        rewards_by_step.setdefault(index, []).append(reward)
+    return rewards_by_step
+
+
+def _step_span(span: Any, step_ctx: SpanContext, root_ctx: SpanContext, index: int,
+               step: Timestep, start: int, rewards: list[EventReward]) -> ReadableSpan:
+    """A timestep's span: its environment steps and rewards as span events, in time order."""
+    step_start = _ns(step.timestamp) or start
+    events = [_environment_event(e, step_start) for e in step.events
+              if e.event_type != "cais"]
+    events += [_reward_event(r, step_start) for r in rewards]
+    return span(step.step_id or f"step {index}", step_ctx, root_ctx, step_start,
+                _step_end(step, step_start), {
+                    "synth.step.id": step.step_id, "synth.step.index": index,
+                    "synth.step.turn": step.turn_number},
+                events=sorted(events, key=lambda e: e.timestamp))
+
+
+def _lm_attributes(model: str, request: Mapping[str, Any], event: Event) -> dict[str, Any]:
+    """An LM call's GenAI attributes: models, tokens, provider, sampling settings, cost."""
+    tokens_in, tokens_out = event_tokens(event)
+    return {
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+        "gen_ai.response.model": event.model_name,
+        "gen_ai.usage.input_tokens": tokens_in, "gen_ai.usage.output_tokens": tokens_out,
+        "gen_ai.provider.name": _provider(event.provider),
+        "server.address": event.provider,
+        "gen_ai.request.temperature": request.get("temperature"),
+        "gen_ai.request.top_p": request.get("top_p"),
+        "gen_ai.request.max_tokens": request.get("max_tokens")
+        or request.get("max_completion_tokens"),
+        "synth.cost_usd": event.cost_usd,
+    }
+
+
+def _content_attributes(record: Mapping[str, Any], request: Mapping[str, Any],
+                        step: Timestep) -> dict[str, Any]:
+    """The messages an LM call was sent and answered (only with capture_content)."""
+    attributes = {}
+    inputs, response = request.get("messages"), record.get("response")
+    if not isinstance(inputs, list):  # no call record (synth-ai, record_lm_call):
+        inputs, response = _step_chat(step)  # the timestep's conversation
+    attributes["gen_ai.input.messages"] = _json([_message_parts(m) for m in inputs
+                                                 if isinstance(m, Mapping)])
+    if isinstance(response, Mapping):
+        attributes["gen_ai.output.messages"] = _json([_message_parts(response)])
+    return attributes
 
 
 def _rollout_attributes(sid: str, meta: Mapping[str, Any],
@@ -301,18 +330,22 @@ def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
     anything else as JSON text."""
     out: dict[str, Any] = {}
     for key, value in attributes.items():
-        if value is None:
-            continue
-        if isinstance(value, str | bool | int | float):
-            out[key] = value
-        elif isinstance(value, list | tuple) and value and \
-                len({type(v) for v in value}) == 1 and isinstance(value[0], str | int | float):
-            out[key] = list(value)
-        elif isinstance(value, list | tuple) and not value:
-            continue
-        else:
-            out[key] = _json(value)
+        kept = _otlp_value(value)
+        if kept is not None:
+            out[key] = kept
     return out
+
+
+def _otlp_value(value: Any) -> Any:
+    """``value`` as an OTLP attribute holds it; None for one to drop (None, an empty list)."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple):
+        if not value:
+            return None
+        if len({type(v) for v in value}) == 1 and isinstance(value[0], str | int | float):
+            return list(value)
+    return _json(value)
 
 
 __all__ = ["SCOPE", "SpanMaker", "span_count", "span_id_of", "trace_id_of"]

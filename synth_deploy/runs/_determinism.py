@@ -40,30 +40,43 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     """Where ``a`` and ``b`` first differ (``path: a ≠ b``), or None when they match."""
     where = path or "(top)"
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b), key=str):
-            if _volatile(key):
-                continue
-            sub = f"{path}.{key}" if path else str(key)
-            if key not in a or key not in b:
-                return f"{sub}: only in the {'second' if key not in a else 'first'} answer"
-            found = first_difference(a[key], b[key], sub)
-            if found:
-                return found
-        return None
+        return _dict_difference(a, b, path)
     if isinstance(a, list) and isinstance(b, list):
-        for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            found = first_difference(x, y, f"{path}[{i}]")
-            if found:
-                return found
-        if len(a) != len(b):
-            return f"{where}: {len(a)} items ≠ {len(b)} items"
-        return None
+        return _list_difference(a, b, path, where)
+    return None if _same_value(a, b) else f"{where}: {_short(a)} ≠ {_short(b)}"
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal, numbers within rounding (a float sum may differ in its last bits)."""
     if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
-        if math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
-            return None
-    elif a == b:
-        return None
-    return f"{where}: {_short(a)} ≠ {_short(b)}"
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def _dict_difference(a: dict[Any, Any], b: dict[Any, Any], path: str) -> str | None:
+    """The first key (in sorted order, volatile ones left out) whose values differ, or that
+    only one side has."""
+    for key in sorted(set(a) | set(b), key=str):
+        if _volatile(key):
+            continue
+        sub = f"{path}.{key}" if path else str(key)
+        if key not in a or key not in b:
+            return f"{sub}: only in the {'second' if key not in a else 'first'} answer"
+        found = first_difference(a[key], b[key], sub)
+        if found:
+            return found
+    return None
+
+
+def _list_difference(a: list[Any], b: list[Any], path: str, where: str) -> str | None:
+    """The first item that differs, else the lengths when they do."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        found = first_difference(x, y, f"{path}[{i}]")
+        if found:
+            return found
+    if len(a) != len(b):
+        return f"{where}: {len(a)} items ≠ {len(b)} items"
+    return None
 
 
 def _short(value: Any) -> str:

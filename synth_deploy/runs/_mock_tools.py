@@ -27,25 +27,38 @@ _MAX_DEPTH = 6
 def mock_tool_reply(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any], *,
                     tool_choice: Any = None, sample: str | None = None) -> dict[str, Any]:
     """The assistant message answering ``messages`` when ``tools`` are offered."""
-    functions = [t["function"] for t in tools if isinstance(t, Mapping)
-                 and t.get("type", "function") == "function"
-                 and isinstance(t.get("function"), Mapping) and t["function"].get("name")]
+    functions = [t["function"] for t in tools if _is_function(t)]
     key = json.dumps(list(messages), sort_keys=True, default=str) + (sample or "")
     rng = random.Random(hashlib.sha256(key.encode()).digest())
     if not functions or tool_choice == "none":
         return {"role": "assistant", "content": TEXT_REPLY}
     chosen = _named_choice(tool_choice, functions)
-    # A first turn is never text: a prompt every seed shares would get it on every seed.
-    first_turn = not any(m.get("role") == "assistant" for m in messages)
-    if chosen is None and not first_turn and not _missed_a_call(messages) \
-            and tool_choice != "required" and rng.random() < TEXT_REPLY_RATE:
+    if chosen is None and _may_answer_text(messages, tool_choice) \
+            and rng.random() < TEXT_REPLY_RATE:
         return {"role": "assistant", "content": TEXT_REPLY}
-    function = chosen or rng.choice(functions)
+    return {"role": "assistant", "content": None,
+            "tool_calls": [_tool_call(chosen or rng.choice(functions), key, rng)]}
+
+
+def _tool_call(function: Mapping[str, Any], key: str, rng: random.Random) -> dict[str, Any]:
+    """A call of ``function`` with sampled arguments; its id is keyed by the conversation."""
     arguments = sample_schema(function.get("parameters") or {"type": "object"}, rng)
     call_id = "call_" + hashlib.sha256(f"{key}:{function['name']}".encode()).hexdigest()[:24]
-    return {"role": "assistant", "content": None, "tool_calls": [{
-        "id": call_id, "type": "function",
-        "function": {"name": function["name"], "arguments": json.dumps(arguments)}}]}
+    return {"id": call_id, "type": "function",
+            "function": {"name": function["name"], "arguments": json.dumps(arguments)}}
+
+
+def _is_function(tool: Any) -> bool:
+    """Whether an offered tool is a named function (the only kind the mock calls)."""
+    return (isinstance(tool, Mapping) and tool.get("type", "function") == "function"
+            and isinstance(tool.get("function"), Mapping) and bool(tool["function"].get("name")))
+
+
+def _may_answer_text(messages: Sequence[Mapping[str, Any]], tool_choice: Any) -> bool:
+    """Whether this reply may be plain text: not a first turn (a prompt every seed shares
+    would get it on every seed), not right after a miss, not when a call is required."""
+    first_turn = not any(m.get("role") == "assistant" for m in messages)
+    return not first_turn and not _missed_a_call(messages) and tool_choice != "required"
 
 
 def _named_choice(tool_choice: Any, functions: list[Mapping[str, Any]]
@@ -79,33 +92,73 @@ def sample_schema(schema: Mapping[str, Any], rng: random.Random, depth: int = 0,
     for combined in ("anyOf", "oneOf"):
         if schema.get(combined):
             return sample_schema(rng.choice(schema[combined]), rng, depth + 1, root)
+    return _SAMPLERS.get(_kind(schema), _sample_string)(schema, rng, depth, root)
+
+
+def _kind(schema: Mapping[str, Any]) -> str:
+    """The JSON type to sample: the first non-null one listed, else what the keywords imply."""
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind is None:
         kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    if kind == "object":
-        properties = schema.get("properties") or {}
-        required = set(schema.get("required") or ())
-        return {name: sample_schema(sub, rng, depth + 1, root)
-                for name, sub in properties.items()
-                if name in required or rng.random() < 0.5}
-    if kind == "array":
-        low = int(schema.get("minItems", 1))
-        high = int(schema.get("maxItems", max(low, 3)))
-        return [sample_schema(schema.get("items") or {}, rng, depth + 1, root)
-                for _ in range(rng.randint(low, max(low, high)))]
-    if kind == "integer":
-        low = int(schema.get("minimum", 0))
-        return rng.randint(low, int(schema.get("maximum", low + 10)))
-    if kind == "number":
-        low = float(schema.get("minimum", 0.0))
-        return round(rng.uniform(low, float(schema.get("maximum", low + 1.0))), 3)
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "null":
-        return None
+    return kind
+
+
+def _sample_object(schema: Mapping[str, Any], rng: random.Random, depth: int,
+                   root: Mapping[str, Any]) -> Any:
+    """Every required property, and each optional one half the time."""
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    return {name: sample_schema(sub, rng, depth + 1, root)
+            for name, sub in properties.items()
+            if name in required or rng.random() < 0.5}
+
+
+def _sample_array(schema: Mapping[str, Any], rng: random.Random, depth: int,
+                  root: Mapping[str, Any]) -> Any:
+    """Between ``minItems`` (default 1) and ``maxItems`` (default 3) items."""
+    low = int(schema.get("minItems", 1))
+    high = int(schema.get("maxItems", max(low, 3)))
+    return [sample_schema(schema.get("items") or {}, rng, depth + 1, root)
+            for _ in range(rng.randint(low, max(low, high)))]
+
+
+def _sample_integer(schema: Mapping[str, Any], rng: random.Random, depth: int,
+                    root: Mapping[str, Any]) -> Any:
+    """Within ``minimum`` and ``maximum`` (default: the ten above the minimum)."""
+    low = int(schema.get("minimum", 0))
+    return rng.randint(low, int(schema.get("maximum", low + 10)))
+
+
+def _sample_number(schema: Mapping[str, Any], rng: random.Random, depth: int,
+                   root: Mapping[str, Any]) -> Any:
+    """Within ``minimum`` and ``maximum`` (default: one above the minimum), 3 decimals."""
+    low = float(schema.get("minimum", 0.0))
+    return round(rng.uniform(low, float(schema.get("maximum", low + 1.0))), 3)
+
+
+def _sample_boolean(schema: Mapping[str, Any], rng: random.Random, depth: int,
+                    root: Mapping[str, Any]) -> Any:
+    """True half the time."""
+    return rng.random() < 0.5
+
+
+def _sample_null(schema: Mapping[str, Any], rng: random.Random, depth: int,
+                 root: Mapping[str, Any]) -> Any:
+    """The only value there is."""
+    return None
+
+
+def _sample_string(schema: Mapping[str, Any], rng: random.Random, depth: int,
+                   root: Mapping[str, Any]) -> Any:
+    """One fixed word (a string, or a type the mock does not know)."""
     return "mock"
+
+
+# How each JSON type is sampled (any other type gets a string).
+_SAMPLERS = {"object": _sample_object, "array": _sample_array, "integer": _sample_integer,
+             "number": _sample_number, "boolean": _sample_boolean, "null": _sample_null}
 
 
 def _resolved(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -115,9 +168,7 @@ def _resolved(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str
         ref = merged.pop("$ref", None)
         if not isinstance(ref, str):
             break
-        target: Any = root
-        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else ():
-            target = target.get(part) if isinstance(target, Mapping) else None
+        target = _ref_target(ref, root)
         if not isinstance(target, Mapping) or target is root:
             break  # a remote or broken reference: sampled as what the rest says
         merged = {**target, **merged}
@@ -125,6 +176,14 @@ def _resolved(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str
         if isinstance(part, Mapping):
             merged = {**_resolved(part, root), **merged}
     return merged
+
+
+def _ref_target(ref: str, root: Mapping[str, Any]) -> Any:
+    """What a local ``$ref`` points to in ``root`` (``root`` itself for a remote one)."""
+    target: Any = root
+    for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else ():
+        target = target.get(part) if isinstance(target, Mapping) else None
+    return target
 
 
 __all__ = ["TEXT_REPLY", "TEXT_REPLY_RATE", "mock_tool_reply", "sample_schema"]

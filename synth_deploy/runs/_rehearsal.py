@@ -198,9 +198,7 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
                      budget_s=options.budget_s or app_limit or DEFAULT_BUDGET_S)
     idle = run.start_idle_probe() if "idle" not in options.skip else None
     if idle is not None:  # its first rollout must not crowd the step's
-        first = asyncio.ensure_future(run.idle_first_done.wait())
-        await asyncio.wait({idle, first}, return_when=asyncio.FIRST_COMPLETED)
-        first.cancel()
+        await _first_idle_rollout(run, idle)
     step = await run.training_step()
     outcomes = [o for g in step.groups for o in g.outcomes]
     report.notes += run.notes + path_notes(outcomes) + admission_notes(outcomes)
@@ -215,22 +213,47 @@ async def _run_checks(report: RehearsalReport, target: RunTarget, plan: TrainerP
         report.checks.append(RehearsalCheck("capacity", "skip", "skipped (--skip)"))
     else:
         capacity = await run.capacity()
-        report.checks.append(verdicts.capacity_check(capacity, plan.max_concurrent_rollouts,
-                                                     modal, one_process=target.local,
-                                                     mocked=mocked))
-        if entry is not None and target.local:  # one process, as a container runs one:
-            record_capacity(entry.app_id, capacity)  # kept for `deploy` to hold settings to
+        report.checks.append(_capacity_check(capacity, entry, target, plan, mocked=mocked))
     run.idle_release.set()  # the measurements are done: the idle probe may send its second
-    budget_source = ("--max-time" if options.budget_s else "the app's limits.timeout_seconds"
-                     if app_limit else "default")
+    budget_source = _budget_source(options, app_limit)
     report.checks.append(run.timeouts(app_limit, budget_source, modal,
                                       _slowest(step, capacity, run.concurrency), head_after_s))
+    report.checks.append(await _idle_check(idle, on_progress))
+
+
+def _budget_source(options: RehearsalOptions, app_limit: float | None) -> str:
+    """Where the rollout budget came from: --max-time, the app's limit, or the default."""
+    return ("--max-time" if options.budget_s else "the app's limits.timeout_seconds"
+            if app_limit else "default")
+
+
+async def _first_idle_rollout(run: _Rehearsal, idle: asyncio.Task) -> None:
+    """Until the idle probe's first rollout is done (or the probe ends)."""
+    first = asyncio.ensure_future(run.idle_first_done.wait())
+    await asyncio.wait({idle, first}, return_when=asyncio.FIRST_COMPLETED)
+    first.cancel()
+
+
+def _capacity_check(capacity: Any, entry: Any, target: RunTarget, plan: TrainerPlan, *,
+                    mocked: bool) -> RehearsalCheck:
+    """The ramp's verdict; an app served here (one process, as a container runs one) has
+    its capacity kept for `deploy` to hold settings to."""
+    modal = entry.modal if entry is not None else None
+    check = verdicts.capacity_check(capacity, plan.max_concurrent_rollouts, modal,
+                                    one_process=target.local, mocked=mocked)
+    if entry is not None and target.local:
+        record_capacity(entry.app_id, capacity)
+    return check
+
+
+async def _idle_check(idle: asyncio.Task | None,
+                      on_progress: ProgressCallback | None) -> RehearsalCheck:
+    """The idle probe's verdict, once its second rollout is back (skipped: said so)."""
     if idle is None:
-        report.checks.append(RehearsalCheck("idle connection", "skip", "skipped (--skip)"))
-    else:
-        if on_progress is not None and not idle.done():
-            on_progress(RehearsalProgress("idle connection", 1, 2))
-        report.checks.append(verdicts.idle_check(await idle))
+        return RehearsalCheck("idle connection", "skip", "skipped (--skip)")
+    if on_progress is not None and not idle.done():
+        on_progress(RehearsalProgress("idle connection", 1, 2))
+    return verdicts.idle_check(await idle)
 
 
 class _Rehearsal:
@@ -316,26 +339,41 @@ class _Rehearsal:
                           else plan.trainer_timeout_source)
         layers = _timeout_layers(self.target.url, self.budget_s, budget_source, app_limit,
                                  modal, trainer_s, trainer_source)
-        # Proxies cut silence, not length: an app that sends its head early passes them.
-        proxies = [layer for layer in layers if layer.proxy]
-        passed = head_after_s is not None and proxies and all(
-            head_after_s < layer.seconds for layer in proxies)
+        passed = _proxies_passed(layers, head_after_s)
         if passed:
             layers = [layer for layer in layers if not layer.proxy]
         assessment = assess_timeouts(layers, self.budget_s, slowest_s)
         if passed:
-            names = " and ".join(f"the {layer.name} ({layer.seconds:g}s)" for layer in proxies)
+            names = " and ".join(f"the {layer.name} ({layer.seconds:g}s)" for layer in passed)
             assessment.notes.append(f"the app sends a long rollout's head after "
                                     f"{head_after_s:g}s, then a byte at intervals: {names} "
                                     "never see it silent")
-        if trainer_s is None:
-            assessment.notes.append("the trainer's per-rollout timeout is not in the config: "
-                                    "pass --trainer-timeout S to check it too")
-        if modal is None and any(layer.name.startswith("Modal") for layer in layers):
-            assessment.notes.append("the Modal function timeout is not known from a URL: "
-                                    "rehearse with --app to check the app's "
-                                    "ModalSettings(timeout=...)")
+        assessment.notes += _unchecked_timeouts(trainer_s, modal, layers)
         return verdicts.timeouts_check(assessment)
+
+
+def _unchecked_timeouts(trainer_s: float | None, modal: Any, layers: list[TimeoutLayer]
+                        ) -> list[str]:
+    """Notes on the timeouts that could not be checked, and how to check them."""
+    notes = []
+    if trainer_s is None:
+        notes.append("the trainer's per-rollout timeout is not in the config: "
+                     "pass --trainer-timeout S to check it too")
+    if modal is None and any(layer.name.startswith("Modal") for layer in layers):
+        notes.append("the Modal function timeout is not known from a URL: "
+                     "rehearse with --app to check the app's "
+                     "ModalSettings(timeout=...)")
+    return notes
+
+
+def _proxies_passed(layers: list[TimeoutLayer], head_after_s: float | None
+                    ) -> list[TimeoutLayer]:
+    """The proxy layers, when the app's early head passes every one of them (else none):
+    proxies cut silence, not length."""
+    proxies = [layer for layer in layers if layer.proxy]
+    if head_after_s is None or not all(head_after_s < layer.seconds for layer in proxies):
+        return []
+    return proxies
 
 
 def _slowest(step: Any, capacity: Any, concurrency: int) -> float | None:

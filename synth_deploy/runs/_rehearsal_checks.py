@@ -39,71 +39,79 @@ def health_check(report: Any) -> RehearsalCheck:
 
 
 def step_check(step: StepResult) -> RehearsalCheck:
-    plan = step.plan
-    n = len(step.outcomes)
-    tokens = "tokens not reported" if step.tokens is None else f"{step.tokens} tokens"
-    run = (f"whole run ≈ {duration(step.projected_run_s)} of rollouts ({plan.steps} steps)"
-           if step.projected_run_s is not None else "run length unknown (no "
-           "iterations_per_epoch)")
-    finding = (f"{step.failures} of {n} rollouts failed · {duration(step.wall_s)} per step at "
-               f"concurrency {step.concurrency} · {run} · {tokens}")
+    finding = _step_finding(step)
     details = [f"{count}× {cause}" for cause, count in step.causes()]
-    unrewarded = [o for o in step.outcomes if o.ok and o.reward is None]
+    unrewarded = sum(1 for o in step.outcomes if o.ok and o.reward is None)
     if unrewarded:
-        details.append(f"{len(unrewarded)}× {NO_REWARD}")
-    cap = plan.max_turns
-    over = [o.steps for o in step.outcomes if o.ok and cap and o.steps and o.steps > cap]
+        details.append(f"{unrewarded}× {NO_REWARD}")
+    over = _past_max_turns(step)
     if over:
-        details.append(f"{len(over)}× ran past [rollout] max_turns = {cap} (up to "
-                       f"{max(over)} steps): the app does not honour env.config.max_turns")
+        details.append(f"{len(over)}× ran past [rollout] max_turns = {step.plan.max_turns} "
+                       f"(up to {max(over)} steps): the app does not honour "
+                       "env.config.max_turns")
     if step.failures:
-        kinds = ", ".join(f"{kind} {n}" for kind, n in step.failure_kinds().items())
-        details.append(f"by kind: {kinds}")
-        return RehearsalCheck("training step", "fail", finding, details=details,
-                              fix="fix the causes listed: the trainer gets no reward from a "
-                                  "failed rollout", data=step.to_dict())
+        return _step_failure(step, finding, details)
     if unrewarded or over:
-        said = [f"{len(unrewarded)} of {n} recorded no reward" if unrewarded else "",
-                f"{len(over)} of {n} ran past max_turns" if over else ""]
-        return RehearsalCheck("training step", "warn", " · ".join([finding, *filter(None, said)]),
-                              details=details,
-                              fix="record each rollout's reward (ctx.tracer."
-                                  "record_outcome_reward, or outcome_reward in its metrics); "
-                                  "end an episode at env.config.max_turns (an environment the "
-                                  "kit drives does)", data=step.to_dict())
+        return _step_warning(step, finding, details, unrewarded=unrewarded, over=len(over))
     return RehearsalCheck("training step", "pass", finding, data=step.to_dict())
+
+
+def _step_failure(step: StepResult, finding: str, details: list[str]) -> RehearsalCheck:
+    """Failed: some rollouts failed (their causes listed, then the count by kind)."""
+    kinds = ", ".join(f"{kind} {n}" for kind, n in step.failure_kinds().items())
+    return RehearsalCheck("training step", "fail", finding, details=[*details, f"by kind: {kinds}"],
+                          fix="fix the causes listed: the trainer gets no reward from a "
+                              "failed rollout", data=step.to_dict())
+
+
+def _step_warning(step: StepResult, finding: str, details: list[str], *, unrewarded: int,
+                  over: int) -> RehearsalCheck:
+    """Warned: every rollout ran, but some recorded no reward or ran past max_turns."""
+    n = len(step.outcomes)
+    said = [f"{unrewarded} of {n} recorded no reward" if unrewarded else "",
+            f"{over} of {n} ran past max_turns" if over else ""]
+    return RehearsalCheck("training step", "warn", " · ".join([finding, *filter(None, said)]),
+                          details=details,
+                          fix="record each rollout's reward (ctx.tracer."
+                              "record_outcome_reward, or outcome_reward in its metrics); "
+                              "end an episode at env.config.max_turns (an environment the "
+                              "kit drives does)", data=step.to_dict())
+
+
+def _step_finding(step: StepResult) -> str:
+    """The step in one line: failures, time per step, the whole run's projection, tokens."""
+    tokens = "tokens not reported" if step.tokens is None else f"{step.tokens} tokens"
+    run = (f"whole run ≈ {duration(step.projected_run_s)} of rollouts ({step.plan.steps} "
+           "steps)" if step.projected_run_s is not None else "run length unknown (no "
+           "iterations_per_epoch)")
+    return (f"{step.failures} of {len(step.outcomes)} rollouts failed · "
+            f"{duration(step.wall_s)} per step at concurrency {step.concurrency} · {run} · "
+            f"{tokens}")
+
+
+def _past_max_turns(step: StepResult) -> list[int]:
+    """The step counts of the ok rollouts that ran past the plan's max_turns."""
+    cap = step.plan.max_turns
+    return [o.steps for o in step.outcomes if o.ok and cap and o.steps and o.steps > cap]
 
 
 def tokens_check(step: StepResult) -> RehearsalCheck:
     """Token capture of the step's rollouts (their returned traces): skipped unless some
     policy call asked for it; failed when a turn's prompt does not begin with the previous
     turn's ids, which on-policy training would then learn from ids never sampled."""
-    from synth_deploy.tracing import TraceFormatError, session_from_trace, summarize
-
-    summaries = []
-    for outcome in step.outcomes:
-        if not outcome.trace:
-            continue
-        try:
-            turns = session_from_trace(outcome.trace).turn_tokens
-        except TraceFormatError:
-            continue
-        if turns:
-            summaries.append((outcome, summarize(turns)))
+    summaries = _token_summaries(step)
     if not summaries:
         return RehearsalCheck("token continuity", "skip", "no policy call asked for token ids "
                               "(set capture_tokens = true in [rollout] policy_config)")
     broken = [(o, s) for o, s in summaries if s.breaks]
     absent = [(o, s) for o, s in summaries if s.absent]
-    sampled = sum(s.sampled for _, s in summaries)
-    finding = (f"{len(summaries)} rollout(s) with token ids · {sampled} sampled · "
+    data = _token_data(summaries, broken)
+    finding = (f"{len(summaries)} rollout(s) with token ids · {data['sampled']} sampled · "
                f"{len(broken)} broke continuity")
-    data = {"rollouts": len(summaries), "sampled": sampled, "broken": len(broken),
-            "breaks": [{"run_id": o.run_id, **s.breaks[0].__dict__} for o, s in broken]}
     if broken:
-        details = [f"{o.run_id}: {s.breaks[0].describe()}" for o, s in broken[:5]]
         return RehearsalCheck(
-            "token continuity", "warn", finding, details=details, data=data,
+            "token continuity", "warn", finding, data=data,
+            details=[f"{o.run_id}: {s.breaks[0].describe()}" for o, s in broken[:5]],
             fix="a turn's prompt does not begin with the previous turn's prompt and "
                 "completion: the chat template re-renders history (dropped reasoning, "
                 "reformatted tool calls) or the app trims it. The token export starts a new "
@@ -117,6 +125,31 @@ def tokens_check(step: StepResult) -> RehearsalCheck:
             fix="serve the policy with vLLM >= 0.10.2 (return_token_ids), or train from "
                 "re-tokenized text knowing it may differ from what was sampled")
     return RehearsalCheck("token continuity", "pass", finding, data=data)
+
+
+def _token_data(summaries: list[tuple[Any, Any]], broken: list[tuple[Any, Any]]
+                ) -> dict[str, Any]:
+    """The check's data: rollouts with token ids, tokens sampled, and each break."""
+    return {"rollouts": len(summaries), "sampled": sum(s.sampled for _, s in summaries),
+            "broken": len(broken),
+            "breaks": [{"run_id": o.run_id, **s.breaks[0].__dict__} for o, s in broken]}
+
+
+def _token_summaries(step: StepResult) -> list[tuple[Any, Any]]:
+    """Each rollout whose returned trace holds token ids, with their summary."""
+    from synth_deploy.tracing import TraceFormatError, session_from_trace, summarize
+
+    summaries = []
+    for outcome in step.outcomes:
+        if not outcome.trace:
+            continue
+        try:
+            turns = session_from_trace(outcome.trace).turn_tokens
+        except TraceFormatError:
+            continue
+        if turns:
+            summaries.append((outcome, summarize(turns)))
+    return summaries
 
 
 def sandbox_check(step: StepResult) -> RehearsalCheck:
@@ -154,20 +187,35 @@ def signal_check(step: StepResult) -> RehearsalCheck:
                               f"({total} groups)", fix="make the rollout record a reward "
                               "(ctx.tracer.record_outcome_reward)", data=data)
     if step.groups_without_rewards:
-        failed = sum(1 for g in step.groups if g.outcomes and g.failures == len(g.outcomes))
-        unrecorded = step.groups_without_rewards - failed
-        why = ", ".join(part for part in (
-            f"{failed} had every rollout fail" if failed else "",
-            f"{unrecorded} recorded no reward" if unrecorded else "") if part)
-        return RehearsalCheck(
-            "reward signal", "fail", f"{step.groups_without_rewards} of {total} groups have no "
-            f"reward to compare ({why}); {zero} of the {scored} others have zero variance",
-            fix="a group without rewards teaches nothing: fix the failed rollouts (training "
-                "step) and make every rollout record a reward", data=data)
+        return _unrewarded_groups_check(step, data)
     if plan.group_size < 2:
         return RehearsalCheck("reward signal", "warn", f"group_size {plan.group_size}: no "
                               "group to compare", fix="set [training] group_size to 2 or more "
                               "for GRPO/GSPO", data=data)
+    return _variance_check(step, finding, data)
+
+
+def _unrewarded_groups_check(step: StepResult, data: dict[str, Any]) -> RehearsalCheck:
+    """Failed: some groups have no reward to compare (every rollout failed, or none
+    recorded one)."""
+    total, zero = step.plan.groups, step.zero_variance_groups
+    scored = total - step.groups_without_rewards
+    failed = sum(1 for g in step.groups if g.outcomes and g.failures == len(g.outcomes))
+    unrecorded = step.groups_without_rewards - failed
+    why = ", ".join(part for part in (
+        f"{failed} had every rollout fail" if failed else "",
+        f"{unrecorded} recorded no reward" if unrecorded else "") if part)
+    return RehearsalCheck(
+        "reward signal", "fail", f"{step.groups_without_rewards} of {total} groups have no "
+        f"reward to compare ({why}); {zero} of the {scored} others have zero variance",
+        fix="a group without rewards teaches nothing: fix the failed rollouts (training "
+            "step) and make every rollout record a reward", data=data)
+
+
+def _variance_check(step: StepResult, finding: str, data: dict[str, Any]) -> RehearsalCheck:
+    """Every group scored: failed when none varies, warned when most do not."""
+    total, zero = step.plan.groups, step.zero_variance_groups
+    scored = total - step.groups_without_rewards
     rewards = {r for g in step.groups for r in g.rewards}
     if zero == scored:
         same = (f"every rollout scored {rewards.pop():g}" if len(rewards) == 1
@@ -224,10 +272,42 @@ def capacity_check(report: CapacityReport, wanted: int, modal: Any = None, *,
     (a remote URL may be many containers: no per-container advice then). ``mocked``: the
     rollouts called the mock policy, whose replies take milliseconds."""
     data = report.to_dict(wanted)
-    rec = data["recommended"]
     stopped = report.stopped_by
     tested = report.levels[-1].concurrency if report.levels else 0
     sustained = report.sustained
+    details = _capacity_details(report, data["recommended"], one_process=one_process,
+                                mocked=mocked)
+    if sustained == 0:
+        return RehearsalCheck("capacity", "fail", "fails even one rollout at a time",
+                              details=details, fix="fix the failures first (see the training "
+                              "step)", data=data)
+    knee = report.knee
+    if stopped is None:  # the ramp ended without a failure: a lower bound, not a limit
+        finding = f"held {sustained} concurrent rollouts, not measured above"
+    else:
+        finding = (f"held {sustained} concurrent rollouts (tried up to {tested}); knee at "
+                   f"{knee.concurrency} ({knee.rate})")
+    if sustained < wanted:
+        return RehearsalCheck("capacity", "fail", f"{finding}; the config asks for {wanted}",
+                              details=details, fix=_short_capacity_fix(report, wanted),
+                              data=data)
+    warnings = []
+    if tested < wanted:
+        warnings.append(f"only tried up to {tested} (the config asks for {wanted})")
+    if modal is not None:
+        warnings += _modal_warnings(modal, report, wanted)
+    if warnings:
+        return RehearsalCheck("capacity", "warn", f"{finding}; {warnings[0]}",
+                              details=warnings[1:] + details,
+                              fix="adjust ModalSettings as recommended", data=data)
+    return RehearsalCheck("capacity", "pass", finding, details=details, data=data)
+
+
+def _capacity_details(report: CapacityReport, rec: dict[str, Any], *, one_process: bool,
+                      mocked: bool) -> list[str]:
+    """Where the ramp stopped, the settings to paste (per container only when one process
+    was measured), the mock policy's caveat, the report's notes."""
+    stopped, sustained = report.stopped_by, report.sustained
     details = [f"stopped at {stopped.concurrency}: {stopped.problem}"] if stopped else []
     if rec["concurrent_inputs"] and one_process:
         # Settings to paste, each where it is written; a limit only where one was found.
@@ -246,41 +326,33 @@ def capacity_check(report: CapacityReport, wanted: int, modal: Any = None, *,
         details.append("measured with the mock policy, whose replies take milliseconds: with "
                        "a real model each rollout holds its slot longer (rehearse with "
                        "--inference-url for figures that hold)")
-    details += report.notes
-    if sustained == 0:
-        return RehearsalCheck("capacity", "fail", "fails even one rollout at a time",
-                              details=details, fix="fix the failures first (see the training "
-                              "step)", data=data)
-    knee = report.knee
-    if stopped is None:  # the ramp ended without a failure: a lower bound, not a limit
-        finding = f"held {sustained} concurrent rollouts, not measured above"
-    else:
-        finding = (f"held {sustained} concurrent rollouts (tried up to {tested}); knee at "
-                   f"{knee.concurrency} ({knee.rate})")
-    if sustained < wanted:
-        fix = (f"set [rollout] max_concurrent_rollouts = {sustained}, or give the app more "
-               "capacity (Modal: concurrent_inputs, max_containers)") if stopped else (
-            f"nothing failed up to {sustained}: measure up to {wanted} (rehearse "
+    return details + report.notes
+
+
+def _short_capacity_fix(report: CapacityReport, wanted: int) -> str:
+    """The fix when less than ``wanted`` was held: a limit where one was found, else a
+    ramp that goes as far as the config asks."""
+    sustained = report.sustained
+    if report.stopped_by:
+        return (f"set [rollout] max_concurrent_rollouts = {sustained}, or give the app more "
+                "capacity (Modal: concurrent_inputs, max_containers)")
+    return (f"nothing failed up to {sustained}: measure up to {wanted} (rehearse "
             f"--max-concurrency {wanted}, with the app's own limit at least that), or set "
             f"[rollout] max_concurrent_rollouts = {sustained}")
-        return RehearsalCheck("capacity", "fail", f"{finding}; the config asks for {wanted}",
-                              details=details, fix=fix, data=data)
-    warnings = []
-    if tested < wanted:
-        warnings.append(f"only tried up to {tested} (the config asks for {wanted})")
-    if modal is not None:
-        if modal.concurrent_inputs > sustained and stopped is not None:
-            warnings.append(f"ModalSettings.concurrent_inputs = {modal.concurrent_inputs} is "
-                            f"more than one app process held here ({sustained})")
-        if modal.max_containers and modal.max_containers * modal.concurrent_inputs < wanted:
-            warnings.append(f"Modal carries at most {modal.max_containers} × "
-                            f"{modal.concurrent_inputs} rollouts at once; the config asks for "
-                            f"{wanted}")
-    if warnings:
-        return RehearsalCheck("capacity", "warn", f"{finding}; {warnings[0]}",
-                              details=warnings[1:] + details,
-                              fix="adjust ModalSettings as recommended", data=data)
-    return RehearsalCheck("capacity", "pass", finding, details=details, data=data)
+
+
+def _modal_warnings(modal: Any, report: CapacityReport, wanted: int) -> list[str]:
+    """ModalSettings that ask one process for more than it held, or cap the deployment
+    below what the config asks."""
+    sustained, warnings = report.sustained, []
+    if modal.concurrent_inputs > sustained and report.stopped_by is not None:
+        warnings.append(f"ModalSettings.concurrent_inputs = {modal.concurrent_inputs} is "
+                        f"more than one app process held here ({sustained})")
+    if modal.max_containers and modal.max_containers * modal.concurrent_inputs < wanted:
+        warnings.append(f"Modal carries at most {modal.max_containers} × "
+                        f"{modal.concurrent_inputs} rollouts at once; the config asks for "
+                        f"{wanted}")
+    return warnings
 
 
 def timeouts_check(assessment: TimeoutAssessment) -> RehearsalCheck:

@@ -101,16 +101,7 @@ def plan_from_config(config: Any) -> TrainerPlan:
     notes: list[str] = []
 
     def positive(section: Any, table: str, name: str, *, required: bool) -> int | None:
-        value = _get(section, name)
-        if value is None:
-            if required:
-                raise UsageError(f"{where}: [{table}] {name} is not set",
-                                 hint=f"the trainer needs it; set {table}.{name} in the config")
-            return None
-        if not isinstance(value, int) or value < 1:
-            raise UsageError(f"{where}: [{table}] {name} must be a positive integer, "
-                             f"got {value!r}")
-        return value
+        return _positive(where, section, table, name, required=required)
 
     episodes = positive(rollout, "rollout", "episodes_per_batch", required=True)
     concurrency = positive(rollout, "rollout", "max_concurrent_rollouts", required=True)
@@ -121,25 +112,10 @@ def plan_from_config(config: Any) -> TrainerPlan:
                      f"({group_size}): the last group is short")
 
     policy_section = _get(model, "policy") or _get(model, "model")
-    sampling: dict[str, Any] = {}
-    for name in _SAMPLING_FIELDS:
-        if (value := _get(policy_section, name)) is not None:
-            sampling[name] = value
-    sampling.update(_get(rollout, "policy_config") or {})
-    if "temperature" not in sampling:
-        sampling["temperature"] = TRAINER_DEFAULT_TEMPERATURE
-        notes.append(f"no sampling temperature in the config: using {TRAINER_DEFAULT_TEMPERATURE}"
-                     " (synth-ai's default)")
+    sampling = _sampling(policy_section, rollout, notes)
     model_name = next((v for v in (_get(policy_section, n) for n in ("model_name", "source",
                                                                         "base")) if v), None)
-
-    timeout_s, timeout_source = None, None
-    for name in _TRAINER_TIMEOUT_FIELDS:
-        value = _get(rollout, name)
-        if isinstance(value, int | float) and value > 0:
-            timeout_s, timeout_source = float(value), f"{where}: [rollout] {name}"
-            break
-
+    timeout_s, timeout_source = _trainer_timeout(rollout, where)
     return TrainerPlan(
         config_path=where, episodes_per_batch=episodes, group_size=group_size,
         max_concurrent_rollouts=concurrency, batches_per_step=batches,
@@ -151,6 +127,46 @@ def plan_from_config(config: Any) -> TrainerPlan:
         max_turns=positive(rollout, "rollout", "max_turns", required=False), sampling=sampling,
         model=model_name, trainer_timeout_s=timeout_s, trainer_timeout_source=timeout_source,
         notes=tuple(notes))
+
+
+def _positive(where: str, section: Any, table: str, name: str, *, required: bool
+              ) -> int | None:
+    """A setting that must be a positive integer; `UsageError` naming it when it is not (or
+    when it is required and not set)."""
+    value = _get(section, name)
+    if value is None:
+        if required:
+            raise UsageError(f"{where}: [{table}] {name} is not set",
+                             hint=f"the trainer needs it; set {table}.{name} in the config")
+        return None
+    if not isinstance(value, int) or value < 1:
+        raise UsageError(f"{where}: [{table}] {name} must be a positive integer, "
+                         f"got {value!r}")
+    return value
+
+
+def _sampling(policy_section: Any, rollout: Any, notes: list[str]) -> dict[str, Any]:
+    """The policy's sampling settings, [rollout] policy_config over them; synth-ai's
+    temperature (noted) when none is given."""
+    sampling: dict[str, Any] = {}
+    for name in _SAMPLING_FIELDS:
+        if (value := _get(policy_section, name)) is not None:
+            sampling[name] = value
+    sampling.update(_get(rollout, "policy_config") or {})
+    if "temperature" not in sampling:
+        sampling["temperature"] = TRAINER_DEFAULT_TEMPERATURE
+        notes.append(f"no sampling temperature in the config: using {TRAINER_DEFAULT_TEMPERATURE}"
+                     " (synth-ai's default)")
+    return sampling
+
+
+def _trainer_timeout(rollout: Any, where: str) -> tuple[float | None, str | None]:
+    """The trainer's per-rollout timeout and where it was set, if the config says it."""
+    for name in _TRAINER_TIMEOUT_FIELDS:
+        value = _get(rollout, name)
+        if isinstance(value, int | float) and value > 0:
+            return float(value), f"{where}: [rollout] {name}"
+    return None, None
 
 
 def fold_run_ids(message: str) -> str:

@@ -70,29 +70,40 @@ def app_identity(source: Path, *, version: str | None,
     chosen = {source}
     chosen.update(p.resolve() for p in folder.glob("*.py") if p.is_file())
     for pattern in code_files:
-        matched = [p for p in folder.glob(pattern.rstrip("/") or ".")]
-        files = [f for p in matched for f in ([p] if p.is_file() else sorted(p.rglob("*")))
-                 if f.is_file() and not any(part in _SKIPPED_PARTS for part in f.parts)]
-        if not files:
-            raise TaskAppError(f"task app {source}: code_files pattern {pattern!r} matches no "
-                               f"file under {folder}",
-                               hint="give paths or globs relative to the app's folder, or "
-                                    "drop the pattern")
-        chosen.update(f.resolve() for f in files)
+        chosen.update(f.resolve() for f in _declared_files(source, folder, pattern))
     hasher = hashlib.sha256()
     names = []
     for path in sorted(chosen, key=lambda p: _relative(p, folder)):
         name = _relative(path, folder)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise TaskAppError(f"task app {source}: cannot read {path} for its code digest: "
-                               f"{exc.strerror or exc}") from exc
+        data = _code_bytes(source, path)
         hasher.update(b"%s\0%d\0" % (name.encode(), len(data)))
         hasher.update(data)
         names.append(name)
     return AppIdentity(version=version, digest=hasher.hexdigest()[:DIGEST_HEX],
                        files=tuple(names))
+
+
+def _declared_files(source: Path, folder: Path, pattern: str) -> list[Path]:
+    """The files one ``code_files`` pattern names (a folder: every file below it, caches
+    and environments left out); `TaskAppError` when it names none."""
+    matched = [p for p in folder.glob(pattern.rstrip("/") or ".")]
+    files = [f for p in matched for f in ([p] if p.is_file() else sorted(p.rglob("*")))
+             if f.is_file() and not any(part in _SKIPPED_PARTS for part in f.parts)]
+    if not files:
+        raise TaskAppError(f"task app {source}: code_files pattern {pattern!r} matches no "
+                           f"file under {folder}",
+                           hint="give paths or globs relative to the app's folder, or "
+                                "drop the pattern")
+    return files
+
+
+def _code_bytes(source: Path, path: Path) -> bytes:
+    """A hashed file's bytes; `TaskAppError` naming it when it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TaskAppError(f"task app {source}: cannot read {path} for its code digest: "
+                           f"{exc.strerror or exc}") from exc
 
 
 def _relative(path: Path, folder: Path) -> str:

@@ -123,6 +123,52 @@ async def call_policy(
         raise BadRequest(f"{INFERENCE_URL_FIELD} is missing from the rollout request",
                          code="missing_inference_url", field=INFERENCE_URL_FIELD,
                          hint="send the OpenAI-compatible base URL the app should call")
+    body = _request_body(config, messages)
+    body.update(params)
+    plain = body
+    capture = wants_tokens(config, ctx.config.capture_tokens)
+    if capture:
+        body = capture_fields(body)
+    # Recorded as the bytes sent and answered (`record_exchange`): the caller's list grows
+    # with later turns, and the record must show what this call sent.
+    content = _json_bytes(body)
+    headers = _request_headers(ctx, config)
+    url = chat_completions_url(inference_url)
+    started = time.perf_counter()
+    resp, content, refused = await _post_asking_tokens(ctx, url, content, headers,
+                                                        capture and body != plain, plain)
+    if refused:
+        body = plain
+    latency_ms = (time.perf_counter() - started) * 1000
+    data, message = _completion(ctx, url, resp)
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+    event = ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
+                                      provider=_host(url), usage=usage,
+                                      latency_ms=round(latency_ms, 3),
+                                      tokens=reply_tokens(data, refused) if capture else None)
+    ctx.tracer.record_exchange(event, content, resp.content)
+    content = message.get("content") or ""
+    tool_calls = list(message.get("tool_calls") or [])
+    return PolicyReply(content=content, tool_calls=tool_calls, raw=data,
+                       latency_ms=latency_ms)
+
+
+async def _post_asking_tokens(ctx: RolloutContext, url: str, content: bytes,
+                              headers: dict[str, str], asked: bool, plain: dict[str, Any]
+                              ) -> tuple[PolicyAnswer, bytes, bool]:
+    """The answer, the bytes it answered, and whether the policy refused the token fields
+    ``asked`` for: OpenAI and Groq refuse fields they do not know (400), so the call is made
+    again without ours."""
+    resp = await _post_with_retry(ctx.http, url, content, headers)
+    if not (asked and resp.status_code == 400):
+        return resp, content, False
+    content = _json_bytes(plain)
+    return await _post_with_retry(ctx.http, url, content, headers), content, True
+
+
+def _request_body(config: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat completion request: the model, the messages and the sampling settings the
+    rollout's policy config gives (each checked: an error names the field)."""
     body: dict[str, Any] = {"model": config.get("model"), "messages": messages}
     if not isinstance(body["model"], str | None):
         raise BadRequest("policy.config.model must be a string (the model's name)",
@@ -133,14 +179,12 @@ async def call_policy(
             if isinstance(value, float) and not math.isfinite(value):  # 1e400 reads as inf
                 raise BadRequest(f"policy.config.{name} must be a finite number, got {value}",
                                  code="invalid_policy_config", field=f"policy.config.{name}")
-    body.update(params)
-    plain = body
-    capture = wants_tokens(config, ctx.config.capture_tokens)
-    if capture:
-        body = capture_fields(body)
-    # Recorded as the bytes sent and answered (`record_exchange`): the caller's list grows
-    # with later turns, and the record must show what this call sent.
-    content = _json_bytes(body)
+    return body
+
+
+def _request_headers(ctx: RolloutContext, config: dict[str, Any]) -> dict[str, str]:
+    """The policy's key as a bearer token, and the rollout's trace context if it came with
+    one."""
     headers = {}
     if api_key := config.get("api_key"):
         if not (isinstance(api_key, str) and api_key.isascii() and api_key.isprintable()):
@@ -153,15 +197,12 @@ async def call_policy(
         from synth_deploy.otel import rollout_span_id
 
         headers["traceparent"] = parent.child(rollout_span_id(ctx.tracer.session_id))
-    url = chat_completions_url(inference_url)
-    started = time.perf_counter()
-    resp = await _post_with_retry(ctx.http, url, content, headers)
-    refused = capture and body != plain and resp.status_code == 400
-    if refused:  # OpenAI and Groq refuse fields they do not know: ask again without ours
-        body = plain
-        content = _json_bytes(body)
-        resp = await _post_with_retry(ctx.http, url, content, headers)
-    latency_ms = (time.perf_counter() - started) * 1000
+    return headers
+
+
+def _completion(ctx: RolloutContext, url: str, resp: PolicyAnswer) -> tuple[Any, Any]:
+    """The answer's JSON and its first choice's message; `PolicyError` (the answer logged)
+    for a status other than 2xx or anything that is not an OpenAI chat completion."""
     if resp.status_code >= 300:
         _log_answer(ctx, url, resp)
         redirect = " (a redirect; redirects are not followed)" if resp.status_code < 400 else ""
@@ -178,16 +219,7 @@ async def call_policy(
                           f"({resp.headers.get('content-type', 'no content type')}, "
                           f"{len(resp.content)} bytes{_why(exc)})",
                           status=resp.status_code) from exc
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
-    event = ctx.tracer.record_lm_call(model_name=data.get("model") or body["model"],
-                                      provider=_host(url), usage=usage,
-                                      latency_ms=round(latency_ms, 3),
-                                      tokens=reply_tokens(data, refused) if capture else None)
-    ctx.tracer.record_exchange(event, content, resp.content)
-    content = message.get("content") or ""
-    tool_calls = list(message.get("tool_calls") or [])
-    return PolicyReply(content=content, tool_calls=tool_calls, raw=data,
-                       latency_ms=latency_ms)
+    return data, message
 
 
 class _WrongShape(TypeError):
@@ -240,10 +272,7 @@ async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
     """``content`` (JSON) POSTed through the app's session, the answer read whole (at most
     `MAX_ANSWER_BYTES`: whoever holds a key picks the policy URL, and must not make the
     server hold gigabytes)."""
-    if "Authorization" in headers and "@" in url and urlsplit(url).username is not None:
-        raise BadRequest(f"{INFERENCE_URL_FIELD} {CREDENTIALS_CONFLICT}",
-                         code="conflicting_policy_credentials", field=INFERENCE_URL_FIELD,
-                         hint=CREDENTIALS_HINT)
+    _check_one_credential(url, headers)
     headers = {"Content-Type": "application/json", **headers}
     for attempt in range(1, POLICY_ATTEMPTS + 1):
         try:
@@ -269,6 +298,15 @@ async def _post_with_retry(client: OutboundClient, url: str, content: bytes,
             raise PolicyError(f"policy at {_origin(url)} did not answer: "
                               f"{_failure(exc)}") from exc
     raise AssertionError("unreachable")
+
+
+def _check_one_credential(url: str, headers: dict[str, str]) -> None:
+    """`BadRequest` when the URL carries user:password@ and an Authorization header is set
+    too: both would go in the one header, and one of them would be dropped."""
+    if "Authorization" in headers and "@" in url and urlsplit(url).username is not None:
+        raise BadRequest(f"{INFERENCE_URL_FIELD} {CREDENTIALS_CONFLICT}",
+                         code="conflicting_policy_credentials", field=INFERENCE_URL_FIELD,
+                         hint=CREDENTIALS_HINT)
 
 
 def _failure(exc: Exception) -> str:

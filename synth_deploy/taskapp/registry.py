@@ -189,42 +189,53 @@ def load_app(ref: str, search_paths: Iterable[Path] | None = None) -> TaskAppEnt
     """The registered entry for an app id, or for the task app file at a path."""
     candidate = Path(ref)
     if ref.endswith(".py") or candidate.is_file() or "/" in ref:
-        if not candidate.is_file():
-            raise AppNotFoundError(f"no task app file at {ref}",
-                                   hint="pass an app id (see `synth-deploy apps`) or a .py path")
-        entries = _import_file(candidate.resolve())
-        if len(entries) != 1:
-            ids = ", ".join(e.app_id for e in entries) or "none"
-            raise AppNotFoundError(
-                f"{ref} registers {len(entries)} task apps ({ids})",
-                hint="a task app file calls register_task_app(...) exactly once; "
-                     "or pass the app id instead")
-        return entries[0]
+        return _load_file(ref, candidate)
     if ref in _REGISTRY:
         return _REGISTRY[ref]
     search_paths = list(search_paths) if search_paths is not None else None
     match = next((a for a in scan_apps(search_paths, mentioning=ref).apps if a.app_id == ref),
                  None)
-    if match is None:  # every file, read for the error: close ids, unreadable files
-        scan = scan_apps(search_paths)
-        ids = [a.app_id for a in scan.apps]
-        close = difflib.get_close_matches(ref, ids, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else (
-            f"known apps: {', '.join(ids)}" if ids else
-            f"no apps found under ./apps or ./*/{SCAFFOLD_FILE}")
-        message = f"no task app with id {ref!r}"
-        if scan.problems:
-            # The app may be declared in a file that cannot be read: say which, and why.
-            listing = "\n".join(f"  {p}" for p in scan.problems)
-            message += (f"; {len(scan.problems)} app file(s) could not be read, so the apps "
-                        f"they declare are unknown:\n{listing}")
-            hint = "fix the file(s) above" + (f"; or {hint}" if close else "")
-        raise AppNotFoundError(message, hint=hint)
+    if match is None:
+        raise _unknown_app(ref, search_paths)
     _import_file(match.path.resolve())
     if ref not in _REGISTRY:
         raise TaskAppError(f"{match.path} mentions app id {ref!r} but did not register it "
                            "when imported", hint="call register_task_app(...) at module level")
     return _REGISTRY[ref]
+
+
+def _load_file(ref: str, candidate: Path) -> TaskAppEntry:
+    """The one app the task app file at ``candidate`` registers."""
+    if not candidate.is_file():
+        raise AppNotFoundError(f"no task app file at {ref}",
+                               hint="pass an app id (see `synth-deploy apps`) or a .py path")
+    entries = _import_file(candidate.resolve())
+    if len(entries) != 1:
+        ids = ", ".join(e.app_id for e in entries) or "none"
+        raise AppNotFoundError(
+            f"{ref} registers {len(entries)} task apps ({ids})",
+            hint="a task app file calls register_task_app(...) exactly once; "
+                 "or pass the app id instead")
+    return entries[0]
+
+
+def _unknown_app(ref: str, search_paths: list[Path] | None) -> AppNotFoundError:
+    """The error for an app id no file declares: every file read for it (close ids, and the
+    files that could not be read, where the app may be declared)."""
+    scan = scan_apps(search_paths)
+    ids = [a.app_id for a in scan.apps]
+    close = difflib.get_close_matches(ref, ids, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else (
+        f"known apps: {', '.join(ids)}" if ids else
+        f"no apps found under ./apps or ./*/{SCAFFOLD_FILE}")
+    message = f"no task app with id {ref!r}"
+    if scan.problems:
+        # The app may be declared in a file that cannot be read: say which, and why.
+        listing = "\n".join(f"  {p}" for p in scan.problems)
+        message += (f"; {len(scan.problems)} app file(s) could not be read, so the apps "
+                    f"they declare are unknown:\n{listing}")
+        hint = "fix the file(s) above" + (f"; or {hint}" if close else "")
+    return AppNotFoundError(message, hint=hint)
 
 
 def _import_file(path: Path) -> list[TaskAppEntry]:
@@ -264,43 +275,62 @@ def _mentions(path: Path, texts: tuple[str, ...]) -> bool:
 
 
 def _scan_file(path: Path) -> tuple[list[AppInfo], AppFileProblem | None]:
+    tree = _parsed(path)
+    if isinstance(tree, AppFileProblem):
+        return [], tree
+    constants = _string_constants(tree)
+    apps = []
+    for node in ast.walk(tree):
+        kw = _registration(node)
+        if kw is None:
+            continue
+        app_id = _literal(kw.get("app_id") or (node.args[0] if node.args else None), constants)
+        if app_id:
+            apps.append(AppInfo(app_id, path, _literal(kw.get("description"), constants) or ""))
+    return apps, None
+
+
+def _parsed(path: Path) -> ast.Module | AppFileProblem:
+    """The file's syntax tree, or why it cannot be read."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except SyntaxError as exc:  # IndentationError and TabError included
-        return [], AppFileProblem(path, f"{type(exc).__name__}: {exc.msg}", exc.lineno,
-                                  exc.offset)
+        return AppFileProblem(path, f"{type(exc).__name__}: {exc.msg}", exc.lineno, exc.offset)
     except UnicodeDecodeError as exc:
-        return [], AppFileProblem(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        return AppFileProblem(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
     except OSError as exc:
-        return [], AppFileProblem(path, f"cannot be read: {exc.strerror or exc}")
-    # Module-level string constants, so `app_id=APP_ID` resolves too.
-    constants = {
+        return AppFileProblem(path, f"cannot be read: {exc.strerror or exc}")
+
+
+def _string_constants(tree: ast.Module) -> dict[str, str]:
+    """Module-level string constants, so `app_id=APP_ID` resolves too."""
+    return {
         target.id: node.value.value
         for node in tree.body if isinstance(node, ast.Assign)
         and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
         for target in node.targets if isinstance(target, ast.Name)
     }
 
-    def literal(value: ast.expr | None) -> str | None:
-        if isinstance(value, ast.Constant) and isinstance(value.value, str):
-            return value.value
-        if isinstance(value, ast.Name):
-            return constants.get(value.id)
-        return None
 
-    apps = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-        if name not in ("register_task_app", "TaskApp"):
-            continue
-        kw = {k.arg: k.value for k in node.keywords}
-        app_id = literal(kw.get("app_id") or (node.args[0] if node.args else None))
-        if app_id:
-            apps.append(AppInfo(app_id, path, literal(kw.get("description")) or ""))
-    return apps, None
+def _registration(node: ast.AST) -> dict[str | None, ast.expr] | None:
+    """The keywords of a ``register_task_app(...)`` or ``TaskApp(...)`` call; None for any
+    other node."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+    if name not in ("register_task_app", "TaskApp"):
+        return None
+    return {k.arg: k.value for k in node.keywords}
+
+
+def _literal(value: ast.expr | None, constants: dict[str, str]) -> str | None:
+    """A string literal's value, or a module constant's it names."""
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        return value.value
+    if isinstance(value, ast.Name):
+        return constants.get(value.id)
+    return None
 
 
 def caller_file(depth: int) -> Path | None:

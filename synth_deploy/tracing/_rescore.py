@@ -88,6 +88,38 @@ def rescore_sessions(store: TraceStore, where: SessionFilter, score: Score, *, v
     returns for it, as reward version ``version``; ``scorer`` says which scorer that is
     (stored with each row: the app, its code, the function)."""
     started = time.perf_counter()
+    _check_rescore(store, where, version)
+    db = store.database
+    sql = SessionSql(db)
+    ok_where = dataclasses.replace(where, status="ok")
+    clause, params, _ = sql.where(ok_where)
+    matched = _count(db, clause, params) if where.status != "error" else 0
+    failed_clause, failed_params, _ = sql.where(dataclasses.replace(where, status="error"))
+    failed = _count(db, failed_clause, failed_params) if where.status != "ok" else 0
+    tally = _Tally(score, version, json.dumps(dict(scorer), sort_keys=True))
+    recorded = sql.reward(None)
+    done = 0
+    after_key: list[Any] = []
+    while matched:
+        rows = _session_page(db, clause, params, after_key, recorded)
+        if not rows:
+            break
+        after_key = [rows[-1][2], rows[-1][3]]
+        db.run(tally.page_writes(db, rows))  # a page at a time, each in one transaction
+        done += len(rows)
+        if progress is not None:
+            progress(done, matched)
+    return RescoreResult(
+        version=version, scorer=dict(scorer), matched=matched, rescored=tally.rescored,
+        changed=tally.changed, replaced=tally.replaced, mean_before=_mean(tally.before),
+        mean_after=_mean(tally.after), unscored_count=sum(tally.reasons.values()),
+        unscored=tally.unscored, unscored_reasons=dict(tally.reasons), failed_left_out=failed,
+        seconds=time.perf_counter() - started)
+
+
+def _check_rescore(store: TraceStore, where: SessionFilter, version: str) -> None:
+    """`UsageError` for a label that cannot name a version, a filter by reward version, or
+    a store opened read-only."""
     if version == ORIGINAL_REWARD or not VERSION_LABEL.fullmatch(version):
         raise UsageError(f"{version[:40]!r} cannot name a reward version",
                          hint="letters, digits, '.', '_', '+', '-' (up to 64), not "
@@ -97,71 +129,81 @@ def rescore_sessions(store: TraceStore, where: SessionFilter, score: Score, *, v
                          "version", hint="leave --reward-version out")
     if store.read_only:
         raise UsageError(f"{store.display} was opened read-only: a rescore writes versions")
-    db = store.database
-    sql = SessionSql(db)
-    ok_where = dataclasses.replace(where, status="ok")
-    clause, params, _ = sql.where(ok_where)
 
-    def count(selected: str, values: list[Any]) -> int:
-        return int(db.query(f"SELECT COUNT(*) AS n FROM session_traces s{selected}",
-                            values)[0]["n"])
 
-    matched = count(clause, params) if where.status != "error" else 0
-    failed_clause, failed_params, _ = sql.where(dataclasses.replace(where, status="error"))
-    failed = count(failed_clause, failed_params) if where.status != "ok" else 0
-    said = json.dumps(dict(scorer), sort_keys=True)
-    recorded = sql.reward(None)
-    rescored = changed = replaced = done = 0
-    before: list[float] = []
-    after: list[float] = []
-    unscored: list[Unscored] = []
-    reasons: Counter[str] = Counter()
-    after_key: list[Any] = []
-    while matched:
-        keyset = "(s.created_at, s.rowid) > (?, ?)" if after_key else ""
-        page_where = clause + (" AND " if clause and keyset else " WHERE " if keyset
-                               else "") + keyset
-        rows = db.rows(f"SELECT s.session_id, {recorded}, s.created_at, s.rowid FROM "
-                       f"session_traces s{page_where} ORDER BY s.created_at, s.rowid "
-                       f"LIMIT {PAGE_SESSIONS}", params + after_key)
-        if not rows:
-            break
-        after_key = [rows[-1][2], rows[-1][3]]
-        ids = [r[0] for r in rows]
+def _count(db: Any, selected: str, values: list[Any]) -> int:
+    """How many sessions a WHERE clause selects."""
+    return int(db.query(f"SELECT COUNT(*) AS n FROM session_traces s{selected}",
+                        values)[0]["n"])
+
+
+def _session_page(db: Any, clause: str, params: list[Any], after_key: list[Any],
+                  recorded: str) -> list[tuple[Any, ...]]:
+    """The next page of selected sessions, oldest first, as (session id, recorded reward,
+    created_at, rowid), after ``after_key`` (created_at, rowid) when given."""
+    keyset = "(s.created_at, s.rowid) > (?, ?)" if after_key else ""
+    page_where = clause + (" AND " if clause and keyset else " WHERE " if keyset
+                           else "") + keyset
+    return db.rows(f"SELECT s.session_id, {recorded}, s.created_at, s.rowid FROM "
+                   f"session_traces s{page_where} ORDER BY s.created_at, s.rowid "
+                   f"LIMIT {PAGE_SESSIONS}", params + after_key)
+
+
+@dataclass
+class _Tally:
+    """A rescore's running counts, and the writes each page of sessions makes."""
+
+    score: Score
+    version: str
+    said: str  # the scorer, as JSON stored with each row
+    rescored: int = 0
+    changed: int = 0
+    replaced: int = 0
+    before: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    unscored: list[Unscored] = field(default_factory=list)
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def page_writes(self, db: Any, rows: list[tuple[Any, ...]]
+                    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """Each session of the page scored: its version's row written, or (no reward)
+        removed."""
+        version = self.version
         held = {r[0] for r in db.rows(
             f"SELECT session_id FROM {REWARD_VERSIONS_TABLE} WHERE version = ? AND "
-            "session_id IN (SELECT value FROM json_each(?))", (version, json.dumps(ids)))}
+            "session_id IN (SELECT value FROM json_each(?))",
+            (version, json.dumps([r[0] for r in rows])))}
         now = iso(time.time())
         writes: list[tuple[str, tuple[Any, ...]]] = []
         for session_id, old, _, _ in rows:
-            reward, why = _scored(score, db.session(session_id))
+            reward, why = _scored(self.score, db.session(session_id))
             if why is not None:
-                if len(unscored) < MAX_LISTED:
-                    unscored.append(Unscored(session_id, why))
-                reasons[why.split(":", 1)[0]] += 1
+                self._unscored(session_id, why)
                 # A version that no longer scores a session keeps no reward for it.
                 writes.append((f"DELETE FROM {REWARD_VERSIONS_TABLE} WHERE session_id = ? "
                                "AND version = ?", (session_id, version)))
                 continue
             writes.append((f"INSERT OR REPLACE INTO {REWARD_VERSIONS_TABLE} (session_id, "
                            "version, reward, scorer, created_at) VALUES (?, ?, ?, ?, ?)",
-                           (session_id, version, reward, said, now)))
-            rescored += 1
-            replaced += session_id in held
-            changed += old is None or float(old) != reward
-            after.append(reward)
-            if old is not None:
-                before.append(float(old))
-        db.run(writes)  # a page at a time, each in one transaction
-        done += len(rows)
-        if progress is not None:
-            progress(done, matched)
-    return RescoreResult(
-        version=version, scorer=dict(scorer), matched=matched, rescored=rescored,
-        changed=changed, replaced=replaced, mean_before=_mean(before), mean_after=_mean(after),
-        unscored_count=sum(reasons.values()), unscored=unscored,
-        unscored_reasons=dict(reasons), failed_left_out=failed,
-        seconds=time.perf_counter() - started)
+                           (session_id, version, reward, self.said, now)))
+            self._rescored(reward, old, session_id in held)
+        return writes
+
+    def _unscored(self, session_id: str, why: str) -> None:
+        """A session left without a reward: named (up to `MAX_LISTED`), counted by reason."""
+        if len(self.unscored) < MAX_LISTED:
+            self.unscored.append(Unscored(session_id, why))
+        self.reasons[why.split(":", 1)[0]] += 1
+
+    def _rescored(self, reward: float, old: Any, held: bool) -> None:
+        """A session given ``reward`` (``old``: its recorded one; ``held``: it had one in
+        this version already)."""
+        self.rescored += 1
+        self.replaced += held
+        self.changed += old is None or float(old) != reward
+        self.after.append(reward)
+        if old is not None:
+            self.before.append(float(old))
 
 
 def _scored(score: Score, session: SessionTrace | None) -> tuple[float, None] | tuple[None, str]:

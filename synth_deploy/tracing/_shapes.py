@@ -64,14 +64,33 @@ def _session(trace: dict[str, Any], fallback_id: str | None) -> SessionTrace:
     for source in (body.get("session_metadata"), body.get("metadata"), trace.get("metadata")):
         if isinstance(source, dict):
             metadata.update(source)
+    sid = _session_id(body, trace, metadata, fallback_id)
+    created = _time(body.get("created_at")) or time.time()
+    return SessionTrace(
+        session_id=sid, created_at=created, timesteps=_steps(body, created, _Ids(sid)),
+        metadata=metadata,
+        event_rewards=[_build(EventReward, r) for r in _dicts(body.get("event_rewards"))],
+        outcome_rewards=[_build(OutcomeReward, r) for r in _dicts(body.get("outcome_rewards"))],
+        experiment_id=body.get("experiment_id") if isinstance(body.get("experiment_id"),
+                                                              str) else None)
+
+
+def _session_id(body: dict[str, Any], trace: dict[str, Any], metadata: dict[str, Any],
+                fallback_id: str | None) -> str:
+    """The first session id given (the body's, the trace's, the metadata's, the fallback);
+    `TraceFormatError` when there is none."""
     sid = next((s for s in (body.get("session_id"), trace.get("session_id"),
                             metadata.get("session_id"), fallback_id)
                 if isinstance(s, str) and s.strip()), None)
     if sid is None:
         raise TraceFormatError("the trace names no session_id (top level or metadata)",
                                hint="return a v3 trace, or give the rollout's run id")
-    created = _time(body.get("created_at")) or time.time()
-    ids = _Ids(sid)
+    return sid
+
+
+def _steps(body: dict[str, Any], created: float, ids: _Ids) -> list[Timestep]:
+    """The session's timesteps (else ones grouped from its histories), each step without
+    messages given its LM calls' prompt and reply."""
     steps = [_timestep(raw, i, created, ids) for i, raw in
              enumerate(_dicts(body.get("session_time_steps")))]
     if not steps:
@@ -79,12 +98,7 @@ def _session(trace: dict[str, Any], fallback_id: str | None) -> SessionTrace:
     for step in steps:
         if not step.messages:
             step.messages = _messages_of_lm_calls(step.events, ids)
-    return SessionTrace(
-        session_id=sid, created_at=created, timesteps=steps, metadata=metadata,
-        event_rewards=[_build(EventReward, r) for r in _dicts(body.get("event_rewards"))],
-        outcome_rewards=[_build(OutcomeReward, r) for r in _dicts(body.get("outcome_rewards"))],
-        experiment_id=body.get("experiment_id") if isinstance(body.get("experiment_id"),
-                                                              str) else None)
+    return steps
 
 
 class _Ids:
@@ -147,37 +161,59 @@ def _steps_from_history(body: dict[str, Any], created: float, ids: _Ids) -> list
 
 
 def _event(raw: dict[str, Any], created: float, ids: _Ids) -> Event:
-    kind = raw.get("event_type") or raw.get("type")
-    if kind not in _EVENT_KINDS:
-        kind = ("cais" if kind in _LM_CALL_KINDS or any(k in raw for k in _LM_FIELDS) else
-                "environment" if any(k in raw for k in _ENV_FIELDS) else "runtime")
+    kind = _event_kind(raw)
     metadata = dict(raw.get("metadata") or {})
     for extra in ("actions", "correlation_id"):
         if extra in raw:
             metadata.setdefault(extra, raw[extra])
     event = Event(event_type=kind, system_instance_id=str(raw.get("system_instance_id") or
                                                           ("policy" if kind == "cais" else kind)),
-                  event_time=_time(raw.get("event_time")) or _time(raw.get("time_record"))
-                  or _time(raw.get("timestamp")) or created,
-                  metadata=metadata, id=ids(raw, "e"))
+                  event_time=_event_time(raw, created), metadata=metadata, id=ids(raw, "e"))
     if kind == "cais":
         _fill_lm_call(event, raw)
     elif kind == "environment":
-        event.reward = _number(raw.get("reward"))
-        event.terminated = _flag(raw.get("terminated"))
-        event.truncated = _flag(raw.get("truncated"))
-        event.system_state_before = _dict_or_none(raw.get("system_state_before"))
-        event.system_state_after = _dict_or_none(raw.get("system_state_after"))
+        _fill_environment_step(event, raw)
     return event
+
+
+def _event_time(raw: dict[str, Any], created: float) -> float:
+    """When the event happened: its event_time, time_record or timestamp, else the
+    session's start."""
+    return (_time(raw.get("event_time")) or _time(raw.get("time_record"))
+            or _time(raw.get("timestamp")) or created)
+
+
+def _event_kind(raw: dict[str, Any]) -> str:
+    """The event's kind as named, else what its fields say it is (an LM call, an
+    environment step), else runtime."""
+    kind = raw.get("event_type") or raw.get("type")
+    if kind in _EVENT_KINDS:
+        return kind
+    return ("cais" if kind in _LM_CALL_KINDS or any(k in raw for k in _LM_FIELDS) else
+            "environment" if any(k in raw for k in _ENV_FIELDS) else "runtime")
+
+
+def _fill_environment_step(event: Event, raw: dict[str, Any]) -> None:
+    """An environment step's reward, end flags and states, where they have the right type."""
+    event.reward = _number(raw.get("reward"))
+    event.terminated = _flag(raw.get("terminated"))
+    event.truncated = _flag(raw.get("truncated"))
+    event.system_state_before = _dict_or_none(raw.get("system_state_before"))
+    event.system_state_after = _dict_or_none(raw.get("system_state_after"))
+
+
+def _raw_usage(raw: dict[str, Any], response: dict[str, Any] | None) -> dict[str, Any]:
+    """The LM call's usage: its own, else its response's, else none."""
+    usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else None
+    if usage is None and response is not None and isinstance(response.get("usage"), dict):
+        usage = response["usage"]
+    return usage or {}
 
 
 def _fill_lm_call(event: Event, raw: dict[str, Any]) -> None:
     request = raw.get("llm_request") if isinstance(raw.get("llm_request"), dict) else None
     response = raw.get("llm_response") if isinstance(raw.get("llm_response"), dict) else None
-    usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else None
-    if usage is None and response is not None and isinstance(response.get("usage"), dict):
-        usage = response["usage"]
-    usage = usage or {}
+    usage = _raw_usage(raw, response)
     event.model_name = raw.get("model_name") or (request or {}).get("model") or None
     event.provider = raw.get("provider")
     event.input_tokens = _int(raw.get("input_tokens"), usage.get("prompt_tokens"),
@@ -189,16 +225,23 @@ def _fill_lm_call(event: Event, raw: dict[str, Any]) -> None:
     event.latency_ms = _number(raw.get("latency_ms"))
     event.usage = dict(usage) if "prompt_tokens" in usage else usage_from_counts(
         event.input_tokens, event.output_tokens, event.total_tokens)
-    records = _dicts(raw.get("call_records"))
-    if not records and (request is not None or response is not None):
-        reply = (response or {}).get("message", response)
-        records = [{"request": request or {}, "response": reply,
-                    **({"usage": event.usage} if event.usage else {})}]
-    event.call_records = records or None
+    event.call_records = _call_records(raw, request, response, event.usage) or None
     try:
         event.tokens = TurnTokens.from_dict(raw.get("tokens"))
     except ValueError as exc:
         raise TraceFormatError(f"event {event.id}: tokens: {exc}") from None
+
+
+def _call_records(raw: dict[str, Any], request: dict[str, Any] | None,
+                  response: dict[str, Any] | None, usage: dict[str, Any] | None
+                  ) -> list[dict[str, Any]]:
+    """The LM call's records as given, else one made of its request and response."""
+    records = _dicts(raw.get("call_records"))
+    if not records and (request is not None or response is not None):
+        reply = (response or {}).get("message", response)
+        records = [{"request": request or {}, "response": reply,
+                    **({"usage": usage} if usage else {})}]
+    return records
 
 
 def _message(raw: dict[str, Any], created: float, ids: _Ids) -> Message:

@@ -116,22 +116,30 @@ def _totals(session: SessionTrace, turns: list[dict[str, Any]]) -> dict[str, Any
     return {
         "turns": len(turns),
         "lm_calls": len(lm_calls),
-        "input_tokens": sum(c["input_tokens"] or 0 for c in lm_calls),
-        "output_tokens": sum(c["output_tokens"] or 0 for c in lm_calls),
-        "latency_ms": sum(c["latency_ms"] or 0.0 for c in lm_calls),
+        "input_tokens": _sum_of(lm_calls, "input_tokens", 0),
+        "output_tokens": _sum_of(lm_calls, "output_tokens", 0),
+        "latency_ms": _sum_of(lm_calls, "latency_ms", 0.0),
         "event_reward": sum(r.reward_value for r in session.event_rewards),
         "event_rewards": len(session.event_rewards),
-        "images": sum(1 for t in turns for m in t["messages"] for p in m["parts"]
-                      if p["type"] == "image"),
+        "images": _images(turns),
     }
+
+
+def _sum_of(rows: list[dict[str, Any]], key: str, none: float) -> float:
+    """The sum of ``key`` over ``rows``, a missing value counted as ``none``."""
+    return sum(row[key] or none for row in rows)
+
+
+def _images(turns: list[dict[str, Any]]) -> int:
+    """How many images the turns' messages show."""
+    return sum(1 for t in turns for m in t["messages"] for p in m["parts"]
+               if p["type"] == "image")
 
 
 def _turn(replayed: ReplayStep, by_event: dict[str, list[EventReward]],
           by_turn: dict[int | None, list[EventReward]],
           breaks: dict[str, ContinuityBreak]) -> dict[str, Any]:
     step = replayed.step
-    duration = (None if step.completed_at is None or not step.timestamp
-                else round((step.completed_at - step.timestamp) * 1000, 3))
     env_events = [_env_event(e, by_event.get(e.id, [])) for e in step.events
                   if e.event_type != "cais"]
     loose = by_turn.pop(step.turn_number, []) if step.turn_number is not None else []
@@ -140,7 +148,7 @@ def _turn(replayed: ReplayStep, by_event: dict[str, list[EventReward]],
         "index": step.step_index,
         "turn": step.turn_number,
         "started_at": _iso(step.timestamp),
-        "duration_ms": duration,
+        "duration_ms": _duration_ms(step),
         # Each policy call records the whole conversation: a turn shows what it added.
         "messages": [_message(m) for m in replayed.messages],
         "repeated_messages": replayed.repeated,
@@ -148,14 +156,34 @@ def _turn(replayed: ReplayStep, by_event: dict[str, list[EventReward]],
                      if e.event_type == "cais"],
         "env_events": env_events,
         "rewards": [_reward(r) for r in loose],
-        # Two different numbers: the rewards the environment's events carry, and the event
-        # rewards (rubric scores) recorded for the turn.
-        "env_reward": sum(e["reward"] for e in env_events if e["reward"] is not None)
-        if any(e["reward"] is not None for e in env_events) else None,
+        **_turn_rewards(env_events, loose),
+    }
+
+
+def _turn_rewards(env_events: list[dict[str, Any]], loose: list[EventReward]
+                  ) -> dict[str, Any]:
+    """Two different numbers: the rewards the environment's events carry, and the event
+    rewards (rubric scores) recorded for the turn (on its events, or loose); and how many
+    of those there are."""
+    return {
+        "env_reward": _env_reward(env_events),
         "reward": sum(r["value"] for ev in env_events for r in ev["rewards"])
         + sum(r.reward_value for r in loose),
         "event_rewards": sum(len(ev["rewards"]) for ev in env_events) + len(loose),
     }
+
+
+def _duration_ms(step: Any) -> float | None:
+    """How long the step took, where both its ends were recorded."""
+    if step.completed_at is None or not step.timestamp:
+        return None
+    return round((step.completed_at - step.timestamp) * 1000, 3)
+
+
+def _env_reward(env_events: list[dict[str, Any]]) -> float | None:
+    """The sum of the rewards the environment's events carry; None when none carries one."""
+    rewards = [e["reward"] for e in env_events if e["reward"] is not None]
+    return sum(rewards) if rewards else None
 
 
 def _message(m: Message) -> dict[str, Any]:
@@ -176,22 +204,21 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
         content = [content]
     if not isinstance(content, list):
         return [{"type": "text", "text": str(content)}]
-    parts: list[dict[str, Any]] = []
-    for part in content:
-        if isinstance(part, str):
-            parts.append({"type": "text", "text": part})
-            continue
-        if not isinstance(part, dict):
-            parts.append({"type": "json", "value": part})
-            continue
-        kind = part.get("type")
-        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind in ("image_url", "input_image", "image"):
-            parts.append(_image(part))
-        else:
-            parts.append({"type": "json", "value": part})
-    return parts
+    return [_part(part) for part in content]
+
+
+def _part(part: Any) -> dict[str, Any]:
+    """One part of a list content: text, an image, or anything else as JSON."""
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    if not isinstance(part, dict):
+        return {"type": "json", "value": part}
+    kind = part.get("type")
+    if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind in ("image_url", "input_image", "image"):
+        return _image(part)
+    return {"type": "json", "value": part}
 
 
 def _image(part: dict[str, Any]) -> dict[str, Any]:

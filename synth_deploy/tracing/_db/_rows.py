@@ -14,6 +14,7 @@ Two ways to write a batch of sessions, both inserting parents before children:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic_core import to_json
@@ -123,88 +124,116 @@ def _table_rows(sessions: list[SessionTrace], next_ids: tuple[int, int, int] | N
     their own id and children hold their parents' ids; without, children hold their parents'
     natural keys (in the places `insert_statements` looks them up)."""
     out: dict[str, list[tuple[Any, ...]]] = {t: [] for t in _TABLES}
-    sessions_out, steps_out, events_out, messages_out = (
-        out["session_traces"], out["session_timesteps"], out["events"], out["messages"])
-    explicit = next_ids is not None
-    step_pk, event_pk, message_pk = next_ids or (0, 0, 0)
+    ids = None if next_ids is None else list(next_ids)  # the next free id, counted up
     for s in sessions:
         s.expand_exchanges()  # a served app's policy calls arrive as the bytes they were
-        sid, meta = s.session_id, s.metadata
-        seed = meta.get("seed")
         # Each message once: a timestep's rows are what its conversation adds (`_once`).
         stored = compact_steps([step.messages for step in s.timesteps], _message_key)
-        calls = CallChain()
-        num_events = num_messages = 0
-        for step, (_, kept) in zip(s.timesteps, stored, strict=True):
-            num_events += len(step.events)
-            num_messages += len(kept)
-        sessions_out.append((
-            sid, iso(s.created_at), len(s.timesteps), num_events, num_messages,
+        out["session_traces"].append(_session_row(s, stored))
+        event_ids, message_ids = _step_rows(out, s, stored, ids)
+        for o in s.outcome_rewards:
+            out["outcome_rewards"].append((
+                s.session_id, o.total_reward, o.achievements_count, o.total_steps,
+                iso(o.created_at), _json(o.reward_metadata), _json(o.annotation)))
+        for r in s.event_rewards:
+            out["event_rewards"].append(_event_reward_row(s.session_id, r, event_ids,
+                                                          message_ids, ids is not None))
+    return out
+
+
+def _session_row(s: SessionTrace, stored: list[tuple[int, Sequence[Message]]]) -> tuple[Any, ...]:
+    """The session's own row: its counts (messages as stored, once) and its indexed fields."""
+    meta, seed = s.metadata, s.metadata.get("seed")
+    num_events = sum(len(step.events) for step in s.timesteps)
+    num_messages = sum(len(kept) for _, kept in stored)
+    return (s.session_id, iso(s.created_at), len(s.timesteps), num_events, num_messages,
             _json(meta), s.experiment_id, meta.get("app_id"), meta.get("run_id"),
             meta.get("status"), _json_value(meta.get("model")),  # a client's, any JSON
             seed if isinstance(seed, int) and -2**63 <= seed < 2**63 else None,
-            session_reward(s), *[_metadata_value(meta, keys) for keys in _METADATA_KEYS]))
-        seen: set[str] = set()
-        packed = iter(_tokens.pack_turns(s.turn_tokens))
-        event_ids: dict[str, int] = {}
-        message_ids: dict[str, int] = {}
-        for step, (shared, kept) in zip(s.timesteps, stored, strict=True):
-            step_id = step.step_id
-            while step_id in seen:  # (session_id, step_id) is unique in the v3 schema
-                step_id += "+"
-            seen.add(step_id)
-            row = (sid, step_id, step.step_index, step.turn_number, iso(step.timestamp),
-                   iso(step.completed_at), len(step.events), len(kept),
-                   _json(step.step_metadata))
-            if explicit:
-                parent: tuple[Any, ...] = (sid, step_pk)
-                steps_out.append((step_pk, *row))
-                step_pk += 1
-            else:
-                parent = (sid, sid, step_id)
-                steps_out.append(row)
-            for e in step.events:
-                row = (*parent, e.id, e.event_type, e.system_instance_id, e.event_time,
-                       step.step_index, iso(e.event_time), e.model_name, e.provider,
-                       e.input_tokens, e.output_tokens, e.total_tokens, e.cost_usd,
-                       e.latency_ms, _json(calls.compact(e.id, e.call_records)), e.reward,
-                       _bool(e.terminated),
-                       _bool(e.truncated), _json(e.system_state_before),
-                       _json(e.system_state_after), _json(e.metadata), None)
-                if e.tokens is not None:
-                    out[TOKENS_TABLE].append((event_pk if explicit else e.id, *next(packed)))
-                if explicit:
-                    event_ids[e.id] = event_pk
-                    row = (event_pk, *row)
-                    event_pk += 1
-                events_out.append(row)
-            for i, m in enumerate(kept):
-                content, metadata = m.content, m.metadata
-                if not isinstance(content, str) and content is not None:
-                    content, metadata = _json(content), {**metadata, JSON_CONTENT: True}
-                if shared and not i:
-                    metadata = {**metadata, SHARED: shared}
-                row = (*parent, m.id, m.message_type, content, iso(m.timestamp), m.timestamp,
-                       step.step_index, _json(metadata))
-                if explicit:
-                    message_ids[m.id] = message_pk
-                    row = (message_pk, *row)
-                    message_pk += 1
-                messages_out.append(row)
-        for o in s.outcome_rewards:
-            out["outcome_rewards"].append((
-                sid, o.total_reward, o.achievements_count, o.total_steps, iso(o.created_at),
-                _json(o.reward_metadata), _json(o.annotation)))
-        for r in s.event_rewards:
-            rest = (sid, r.turn_number, r.reward_value, r.reward_type, r.key,
-                    _json(r.annotation), r.source, iso(r.created_at))
-            if explicit:  # an id from this batch, else looked up (another session's event)
-                out["event_rewards"].append((
-                    event_ids.get(r.event_id), r.event_id, rest[0],
-                    message_ids.get(r.message_id), r.message_id, *rest[1:]))
-            else:
-                out["event_rewards"].append((r.event_id, rest[0], r.message_id, *rest[1:]))
-    return out
+            session_reward(s), *[_metadata_value(meta, keys) for keys in _METADATA_KEYS])
+
+
+def _step_rows(out: dict[str, list[tuple[Any, ...]]], s: SessionTrace,
+               stored: list[tuple[int, Sequence[Message]]], ids: list[int] | None
+               ) -> tuple[dict[str, int], dict[str, int]]:
+    """Each timestep's row, then its events' and messages' rows; returns the ids given to
+    events and messages (by their uid), which the session's event rewards point to."""
+    sid = s.session_id
+    seen: set[str] = set()
+    calls = CallChain()
+    packed = iter(_tokens.pack_turns(s.turn_tokens))
+    event_ids: dict[str, int] = {}
+    message_ids: dict[str, int] = {}
+    for step, (shared, kept) in zip(s.timesteps, stored, strict=True):
+        step_id = step.step_id
+        while step_id in seen:  # (session_id, step_id) is unique in the v3 schema
+            step_id += "+"
+        seen.add(step_id)
+        row = (sid, step_id, step.step_index, step.turn_number, iso(step.timestamp),
+               iso(step.completed_at), len(step.events), len(kept),
+               _json(step.step_metadata))
+        if ids is not None:
+            parent: tuple[Any, ...] = (sid, ids[0])
+            out["session_timesteps"].append((ids[0], *row))
+            ids[0] += 1
+        else:
+            parent = (sid, sid, step_id)
+            out["session_timesteps"].append(row)
+        _event_rows(out, parent, step, calls, packed, ids, event_ids)
+        _message_rows(out, parent, step, shared, kept, ids, message_ids)
+    return event_ids, message_ids
+
+
+def _event_rows(out: dict[str, list[tuple[Any, ...]]], parent: tuple[Any, ...], step: Timestep,
+                calls: CallChain, packed: Any, ids: list[int] | None,
+                event_ids: dict[str, int]) -> None:
+    """A timestep's events' rows, and the token row of each event that has tokens."""
+    for e in step.events:
+        row = (*parent, e.id, e.event_type, e.system_instance_id, e.event_time,
+               step.step_index, iso(e.event_time), e.model_name, e.provider,
+               e.input_tokens, e.output_tokens, e.total_tokens, e.cost_usd,
+               e.latency_ms, _json(calls.compact(e.id, e.call_records)), e.reward,
+               _bool(e.terminated),
+               _bool(e.truncated), _json(e.system_state_before),
+               _json(e.system_state_after), _json(e.metadata), None)
+        if e.tokens is not None:
+            out[TOKENS_TABLE].append((e.id if ids is None else ids[1], *next(packed)))
+        if ids is not None:
+            event_ids[e.id] = ids[1]
+            row = (ids[1], *row)
+            ids[1] += 1
+        out["events"].append(row)
+
+
+def _message_rows(out: dict[str, list[tuple[Any, ...]]], parent: tuple[Any, ...],
+                  step: Timestep, shared: int, kept: Sequence[Message], ids: list[int] | None,
+                  message_ids: dict[str, int]) -> None:
+    """The rows of the messages a timestep adds; the first says how many it shares."""
+    for i, m in enumerate(kept):
+        content, metadata = m.content, m.metadata
+        if not isinstance(content, str) and content is not None:
+            content, metadata = _json(content), {**metadata, JSON_CONTENT: True}
+        if shared and not i:
+            metadata = {**metadata, SHARED: shared}
+        row = (*parent, m.id, m.message_type, content, iso(m.timestamp), m.timestamp,
+               step.step_index, _json(metadata))
+        if ids is not None:
+            message_ids[m.id] = ids[2]
+            row = (ids[2], *row)
+            ids[2] += 1
+        out["messages"].append(row)
+
+
+def _event_reward_row(sid: str, r: EventReward, event_ids: dict[str, int],
+                      message_ids: dict[str, int], explicit: bool) -> tuple[Any, ...]:
+    """An event reward's row: with explicit ids, an id from this batch, else looked up
+    (another session's event)."""
+    rest = (sid, r.turn_number, r.reward_value, r.reward_type, r.key,
+            _json(r.annotation), r.source, iso(r.created_at))
+    if explicit:
+        return (event_ids.get(r.event_id), r.event_id, rest[0],
+                message_ids.get(r.message_id), r.message_id, *rest[1:])
+    return (r.event_id, rest[0], r.message_id, *rest[1:])
 
 
 def _insert_sql(table: str, columns: tuple[str, ...], values: str) -> str:
@@ -284,43 +313,35 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
                         step_metadata=read_json(st["step_metadata"], {}))
         by_step[st["id"]] = step
         timesteps.append(step)
-    orphan = None
+    orphan: Timestep | None = None
     event_uid: dict[Any, str] = {}
     calls = CallChain()
     for ev in sorted(events, key=lambda r: r["id"]):
         uid = ev.get("event_uid") or str(ev["id"])
         event_uid[ev["id"]] = uid
-        call_records = calls.rebuild(uid, read_json(ev["call_records"]))
-        event = Event(
-            event_type=ev["event_type"], system_instance_id=ev["system_instance_id"] or "",
-            event_time=ev["event_time"] or 0.0, metadata=read_json(ev["metadata"], {}),
-            model_name=ev["model_name"], provider=ev["provider"],
-            input_tokens=ev["input_tokens"], output_tokens=ev["output_tokens"],
-            total_tokens=ev["total_tokens"], cost_usd=cost_usd(ev),
-            latency_ms=ev["latency_ms"], call_records=call_records,
-            usage=_stored_usage(ev, call_records),
-            reward=ev["reward"], terminated=_opt_bool(ev["terminated"]),
-            truncated=_opt_bool(ev["truncated"]),
-            system_state_before=read_json(ev["system_state_before"]),
-            system_state_after=read_json(ev["system_state_after"]), id=uid,
-            tokens=turns.get(ev["id"]))
+        event = _built_event(ev, uid, calls.rebuild(uid, read_json(ev["call_records"])), turns)
         orphan = _step_for(ev["timestep_id"], by_step, timesteps, orphan)
         (by_step.get(ev["timestep_id"]) or orphan).events.append(event)
+    message_uid = _place_messages(messages, by_step, timesteps, orphan)
+    return SessionTrace(
+        session_id=row["session_id"], created_at=epoch(row["created_at"]) or 0.0,
+        timesteps=timesteps, metadata=read_json(row["metadata"], {}),
+        experiment_id=row["experiment_id"],
+        outcome_rewards=[_built_outcome(o) for o in sorted(outcomes, key=lambda r: r["id"])],
+        event_rewards=[_built_event_reward(r, event_uid, message_uid)
+                       for r in sorted(rewards, key=lambda r: r["id"])])
+
+
+def _place_messages(messages: list[dict[str, Any]], by_step: dict[Any, Timestep],
+                    timesteps: list[Timestep], orphan: Timestep | None) -> dict[Any, str]:
+    """Each message into its timestep, each timestep's shared ones put back; returns the
+    message uids by row id."""
     message_uid: dict[Any, str] = {}
     shares: dict[int, int] = {}  # id(timestep): the messages it shares with the one before
     for ms in sorted(messages, key=lambda r: r["id"]):
         uid = ms.get("message_uid") or str(ms["id"])
         message_uid[ms["id"]] = uid
-        metadata = read_json(ms["metadata"], {})
-        if not isinstance(metadata, dict):
-            metadata = {}
-        content = ms["content"]
-        if metadata.pop(JSON_CONTENT, False):
-            content = read_json(content)
-        shared = metadata.pop(SHARED, None)
-        message = Message(message_type=ms["message_type"], content=content,
-                          timestamp=ms["event_time"] or epoch(ms["timestamp"]) or 0.0,
-                          metadata=metadata, id=uid)
+        message, shared = _built_message(ms, uid)
         orphan = _step_for(ms["timestep_id"], by_step, timesteps, orphan)
         step = by_step.get(ms["timestep_id"]) or orphan
         if isinstance(shared, int) and not step.messages:
@@ -330,22 +351,58 @@ def build_session(row: dict[str, Any], steps: list[dict[str, Any]],
         for step, conversation in zip(timesteps, rebuilt_steps(
                 [(shares.get(id(step), 0), step.messages) for step in timesteps]), strict=True):
             step.messages = conversation
-    return SessionTrace(
-        session_id=row["session_id"], created_at=epoch(row["created_at"]) or 0.0,
-        timesteps=timesteps, metadata=read_json(row["metadata"], {}),
-        experiment_id=row["experiment_id"],
-        outcome_rewards=[OutcomeReward(
-            total_reward=o["total_reward"], achievements_count=o["achievements_count"],
-            total_steps=o["total_steps"], reward_metadata=read_json(o["reward_metadata"], {}),
-            annotation=read_json(o.get("annotation")), created_at=epoch(o["created_at"]) or 0.0)
-            for o in sorted(outcomes, key=lambda r: r["id"])],
-        event_rewards=[EventReward(
-            reward_value=r["reward_value"], reward_type=r["reward_type"] or "",
-            source=r["source"] or "", turn_number=r["turn_number"],
-            event_id=event_uid.get(r["event_id"]), message_id=message_uid.get(r["message_id"]),
-            key=r["key"], annotation=read_json(r["annotation"]),
-            created_at=epoch(r["created_at"]) or 0.0)
-            for r in sorted(rewards, key=lambda r: r["id"])])
+    return message_uid
+
+
+def _built_event(ev: dict[str, Any], uid: str, call_records: Any,
+                 turns: dict[Any, _tokens.TurnTokens]) -> Event:
+    """An `Event` from its row, its call records already rebuilt."""
+    return Event(
+        event_type=ev["event_type"], system_instance_id=ev["system_instance_id"] or "",
+        event_time=ev["event_time"] or 0.0, metadata=read_json(ev["metadata"], {}),
+        model_name=ev["model_name"], provider=ev["provider"],
+        input_tokens=ev["input_tokens"], output_tokens=ev["output_tokens"],
+        total_tokens=ev["total_tokens"], cost_usd=cost_usd(ev),
+        latency_ms=ev["latency_ms"], call_records=call_records,
+        usage=_stored_usage(ev, call_records),
+        reward=ev["reward"], terminated=_opt_bool(ev["terminated"]),
+        truncated=_opt_bool(ev["truncated"]),
+        system_state_before=read_json(ev["system_state_before"]),
+        system_state_after=read_json(ev["system_state_after"]), id=uid,
+        tokens=turns.get(ev["id"]))
+
+
+def _built_message(ms: dict[str, Any], uid: str) -> tuple[Message, Any]:
+    """A `Message` from its row, and how many messages its timestep shares (if it said)."""
+    metadata = read_json(ms["metadata"], {})
+    if not isinstance(metadata, dict):
+        metadata = {}
+    content = ms["content"]
+    if metadata.pop(JSON_CONTENT, False):
+        content = read_json(content)
+    shared = metadata.pop(SHARED, None)
+    return Message(message_type=ms["message_type"], content=content,
+                   timestamp=ms["event_time"] or epoch(ms["timestamp"]) or 0.0,
+                   metadata=metadata, id=uid), shared
+
+
+def _built_outcome(o: dict[str, Any]) -> OutcomeReward:
+    """An `OutcomeReward` from its row."""
+    return OutcomeReward(
+        total_reward=o["total_reward"], achievements_count=o["achievements_count"],
+        total_steps=o["total_steps"], reward_metadata=read_json(o["reward_metadata"], {}),
+        annotation=read_json(o.get("annotation")), created_at=epoch(o["created_at"]) or 0.0)
+
+
+def _built_event_reward(r: dict[str, Any], event_uid: dict[Any, str],
+                        message_uid: dict[Any, str]) -> EventReward:
+    """An `EventReward` from its row, pointing to its event and message by their uids."""
+    return EventReward(
+        reward_value=r["reward_value"], reward_type=r["reward_type"] or "",
+        source=r["source"] or "", turn_number=r["turn_number"],
+        event_id=event_uid.get(r["event_id"]), message_id=message_uid.get(r["message_id"]),
+        key=r["key"], annotation=read_json(r["annotation"]),
+        created_at=epoch(r["created_at"]) or 0.0)
 
 
 def _message_key(m: Message) -> tuple[Any, ...]:

@@ -148,27 +148,18 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
     sql = SessionSql(store.database)
     selection = None if where.status == "error" else \
         sql.where(dataclasses.replace(where, status="ok"))[:2]
-    total = 0
-    if progress is not None and selection is not None:
-        total = int(store.database.query(
-            f"SELECT COUNT(*) AS n FROM session_traces s{selection[0]}", selection[1])[0]["n"])
+    total = _selected_count(store, selection) if progress is not None else 0
     written = sessions = skipped = 0
     skipped_turns: Counter[str] = Counter()
     with replaced_whole(path) as fh:
         for page in _pages(store, selection, sql.reward(where.reward_version),
                            where.reward_version):
-            for rollout, turns in page:
-                if limit is not None and written >= limit:
-                    break
-                wrote = 0
-                for example in examples(rollout, turns, skipped_turns):
-                    fh.write(_ENCODE(example) + "\n")
-                    wrote += 1
-                    written += 1
-                    if limit is not None and written >= limit:
-                        break
-                sessions += bool(wrote)
-                skipped += not wrote
+            room = None if limit is None else limit - written
+            page_written, page_sessions, page_skipped = _write_page(fh, page, room,
+                                                                    skipped_turns)
+            written += page_written
+            sessions += page_sessions
+            skipped += page_skipped
             if progress is not None:
                 progress(sessions + skipped, total)
             if limit is not None and written >= limit:
@@ -179,6 +170,34 @@ def export_sft(store: TraceStore, out: str | Path, *, min_reward: float | None =
 
 
 Page = list[tuple[Rollout, list[Turn]]]
+
+
+def _selected_count(store: TraceStore, selection: tuple[str, list[Any]] | None) -> int:
+    """How many sessions the export selects (the total its progress counts to)."""
+    if selection is None:
+        return 0
+    return int(store.database.query(
+        f"SELECT COUNT(*) AS n FROM session_traces s{selection[0]}", selection[1])[0]["n"])
+
+
+def _write_page(fh: Any, page: Page, room: int | None, skipped_turns: Counter[str]
+                ) -> tuple[int, int, int]:
+    """A page's examples as JSONL lines, at most ``room`` of them; returns the examples
+    written, the sessions that gave some and the sessions that gave none."""
+    written = sessions = skipped = 0
+    for rollout, turns in page:
+        if room is not None and written >= room:
+            break
+        wrote = 0
+        for example in examples(rollout, turns, skipped_turns):
+            fh.write(_ENCODE(example) + "\n")
+            wrote += 1
+            written += 1
+            if room is not None and written >= room:
+                break
+        sessions += bool(wrote)
+        skipped += not wrote
+    return written, sessions, skipped
 
 
 def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None, reward: str,
@@ -210,9 +229,24 @@ def _pages(store: TraceStore, selection: tuple[str, list[Any]] | None, reward: s
 def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str,
           reward_version: str | None = None) -> Page:
     """``rows``: the page's sessions as (rowid, session id, created at, fields, reward)."""
-    query, rows_of = db.query, db.rows
     ids = [r[1] for r in rows]
     marks = ", ".join("?" * len(ids))
+    steps = _page_steps(db.rows, ids, marks)
+    tools = _page_tools(db.query, ids, marks)
+    lm_calls: dict[str, list[tuple[Any, ...]]] = {sid: [] for sid in ids}
+    for sid, *by_model in db.rows(
+            "SELECT session_id, model_name, COUNT(*), SUM(input_tokens), SUM(output_tokens), "
+            f"SUM(latency_ms), SUM({cost_sql}) FROM events WHERE session_id IN ({marks}) AND "
+            "event_type = 'cais' GROUP BY session_id, model_name", ids):
+        lm_calls[sid].append(by_model)
+    return [_page_entry(sid, fields, reward, steps[sid], tools, lm_calls[sid], reward_version)
+            for _, sid, _, fields, reward in rows]
+
+
+def _page_steps(rows_of: Any, ids: list[str], marks: str
+                ) -> dict[str, dict[Any, tuple[Any, ...]]]:
+    """Each session's steps by timestep id, as (order, step id, turn, stored messages,
+    [messages shared with the step before])."""
     steps: dict[str, dict[Any, tuple[Any, ...]]] = {sid: {} for sid in ids}
     # Every message type: a timestep's stored rows extend the conversation of the one before
     # (`_once`), which is rebuilt before the chat roles are picked out.
@@ -221,12 +255,7 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str,
             "m.message_type, m.content, m.metadata FROM messages m LEFT JOIN "
             f"session_timesteps t ON t.id = m.timestep_id WHERE m.session_id IN ({marks}) "
             "ORDER BY m.id", ids):
-        metadata = _NO_METADATA if meta in ("{}", None) else read_json(meta, _NO_METADATA)
-        if not isinstance(metadata, dict):  # not what the kit writes: read as none
-            metadata = _NO_METADATA
-        if metadata and metadata.pop(JSON_CONTENT, False):
-            content = read_json(content)
-        shared = metadata.pop(SHARED, 0) if metadata else 0
+        content, metadata, shared = _stored_message(content, meta)
         step = steps[sid].get(step_key)
         if step is None:  # rows without a timestep: one step of their own, after the others
             order = (0, step_index, step_key) if step_key is not None else (1, 0, 0)
@@ -235,6 +264,23 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str,
         if not step[3] and isinstance(shared, int):
             step[4][0] = shared
         step[3].append((kind, content, metadata))
+    return steps
+
+
+def _stored_message(content: Any, meta: str | None) -> tuple[Any, dict[str, Any], Any]:
+    """A message row's content and metadata as written, and how many messages its step
+    shares with the one before (0 unless it says)."""
+    metadata = _NO_METADATA if meta in ("{}", None) else read_json(meta, _NO_METADATA)
+    if not isinstance(metadata, dict):  # not what the kit writes: read as none
+        metadata = _NO_METADATA
+    if metadata and metadata.pop(JSON_CONTENT, False):
+        content = read_json(content)
+    shared = metadata.pop(SHARED, 0) if metadata else 0
+    return content, metadata, shared
+
+
+def _page_tools(query: Any, ids: list[str], marks: str) -> dict[tuple[str, Any], Any]:
+    """The tools each step's policy call offered, as JSON text by (session, timestep id)."""
     tools: dict[tuple[str, Any], Any] = {}
     # Only events whose call records mention tools are parsed, and by SQLite: the records
     # hold whole requests. The last record of the last event that offered tools wins.
@@ -245,30 +291,26 @@ def _page(db: Any, rows: list[tuple[Any, ...]], cost_sql: str,
             f" r WHERE e.session_id IN ({marks}) AND e.call_records LIKE '%\"tools\"%' AND "
             "json_type(r.value, '$.request.tools') = 'array' ORDER BY e.id, r.key", ids):
         tools[e["session_id"], e["step"]] = e["tools"]
-    lm_calls: dict[str, list[tuple[Any, ...]]] = {sid: [] for sid in ids}
-    for sid, *by_model in rows_of(
-            "SELECT session_id, model_name, COUNT(*), SUM(input_tokens), SUM(output_tokens), "
-            f"SUM(latency_ms), SUM({cost_sql}) FROM events WHERE session_id IN ({marks}) AND "
-            "event_type = 'cais' GROUP BY session_id, model_name", ids):
-        lm_calls[sid].append(by_model)
-    page: Page = []
-    for _, sid, _, fields, reward in rows:
-        values = read_json(fields, None) if fields else None
-        app_id, run_id, seed, model, wall_s = values if isinstance(values, list) \
-            else (None,) * 5
-        found = steps[sid]
-        ordered = sorted(found.items(), key=lambda item: item[1][0]) if len(found) > 1 \
-            else list(found.items())
-        conversations = rebuilt_steps([(shared[0], kept)
-                                       for _, (_, _, _, kept, shared) in ordered])
-        page.append((Rollout(sid, app_id, run_id, seed, model, reward,
-                             ledger_from_calls(lm_calls[sid], wall_s=wall_s).to_dict(),
-                             reward_version),
-                     [Turn(step_id, turn, [chat_message(*m) for m in conversation
-                                           if m[0] in ROLES], _offered(tools, sid, key))
-                      for (key, (_, step_id, turn, _, _)), conversation
-                      in zip(ordered, conversations, strict=True)]))
-    return page
+    return tools
+
+
+def _page_entry(sid: str, fields: Any, reward: Any, found: dict[Any, tuple[Any, ...]],
+                tools: dict[tuple[str, Any], Any], lm_calls: list[tuple[Any, ...]],
+                reward_version: str | None) -> tuple[Rollout, list[Turn]]:
+    """One session's rollout (its fields, reward and cost ledger) and its chat turns."""
+    values = read_json(fields, None) if fields else None
+    app_id, run_id, seed, model, wall_s = values if isinstance(values, list) \
+        else (None,) * 5
+    ordered = sorted(found.items(), key=lambda item: item[1][0]) if len(found) > 1 \
+        else list(found.items())
+    conversations = rebuilt_steps([(shared[0], kept)
+                                   for _, (_, _, _, kept, shared) in ordered])
+    return (Rollout(sid, app_id, run_id, seed, model, reward,
+                    ledger_from_calls(lm_calls, wall_s=wall_s).to_dict(), reward_version),
+            [Turn(step_id, turn, [chat_message(*m) for m in conversation if m[0] in ROLES],
+                  _offered(tools, sid, key))
+             for (key, (_, step_id, turn, _, _)), conversation
+             in zip(ordered, conversations, strict=True)])
 
 
 def _offered(tools: dict[tuple[str, Any], Any], session_id: str, step_key: Any

@@ -176,55 +176,86 @@ def _episodes(db: Any, selection: tuple[str, list[Any]] | None, skipped: Counter
     clause, params = selection
     after: list[Any] = []
     while True:
-        keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
-        where = clause + (" AND " if clause and keyset else " WHERE " if keyset else "") + keyset
-        sessions = db.query(
-            "SELECT s.rowid AS rid, s.session_id, s.created_at, s.metadata, "
-            f"{reward} AS total_reward FROM session_traces s{where} "
-            "ORDER BY s.created_at, s.rowid "
-            f"LIMIT {PAGE_SESSIONS}", params + after)
+        sessions = _session_page(db, clause, params, after, reward)
         if not sessions:
             return
         ids = [s["session_id"] for s in sessions]
-        marks = ", ".join("?" * len(ids))
-        calls: dict[str, list[dict[str, Any]]] = {sid: [] for sid in ids}
-        for r in db.query(f"SELECT e.session_id, e.timestep_id, t.* FROM events e JOIN "
-                          f"{TOKENS_TABLE} t ON t.event_id = e.id WHERE e.session_id IN "
-                          f"({marks}) ORDER BY e.id", ids):
-            calls[r["session_id"]].append(r)
-        step_rewards = {(r["session_id"], r["timestep_id"]): r["reward"] for r in db.query(
-            "SELECT session_id, timestep_id, SUM(reward) AS reward FROM events WHERE "
-            f"session_id IN ({marks}) AND event_type = 'environment' AND reward IS NOT NULL "
-            "GROUP BY session_id, timestep_id", ids)}
+        calls, step_rewards = _page_calls(db, ids)
         for s in sessions:
-            rows = calls[s["session_id"]]
-            if not rows:  # no LM call asked for tokens: not an episode to train on
-                skipped[NOT_ASKED] += 1
-                continue
-            decoded = turn_tokens(rows)
-            turns = [decoded[r["event_id"]] for r in rows]
-            if not all(t.observed for t in turns):
-                skipped[NO_TOKENS] += 1
-                continue
-            if any(t.completion_ids and not t.completion_logprobs for t in turns):
-                skipped[NO_LOGPROBS] += 1
-                continue
-            meta = read_json(s["metadata"], {})
-            meta = meta if isinstance(meta, dict) else {}
-            rewards = [step_rewards.get((s["session_id"], r["timestep_id"])) for r in rows]
-            parts = segments(turns)
-            samples, first = [], 0
-            for index, part in enumerate(parts):
-                samples.append({
-                    "session_id": s["session_id"], "run_id": meta.get("run_id"),
-                    "app_id": meta.get("app_id"), "seed": meta.get("seed"),
-                    "model": part[-1].model or meta.get("model"),
-                    "segment": index, "segments": len(parts), **episode_row(part),
-                    "turn_rewards": rewards[first:first + len(part)],
-                    "reward": s["total_reward"]})
-                first += len(part)
-            yield samples
+            samples = _samples(s, calls[s["session_id"]], step_rewards, skipped)
+            if samples is not None:
+                yield samples
         after = [sessions[-1]["created_at"], sessions[-1]["rid"]]
+
+
+def _session_page(db: Any, clause: str, params: list[Any], after: list[Any], reward: str
+                  ) -> list[dict[str, Any]]:
+    """The next page of selected sessions, oldest first, after ``after`` (created_at,
+    rowid) when given."""
+    keyset = "(s.created_at, s.rowid) > (?, ?)" if after else ""
+    where = clause + (" AND " if clause and keyset else " WHERE " if keyset else "") + keyset
+    return db.query(
+        "SELECT s.rowid AS rid, s.session_id, s.created_at, s.metadata, "
+        f"{reward} AS total_reward FROM session_traces s{where} "
+        "ORDER BY s.created_at, s.rowid "
+        f"LIMIT {PAGE_SESSIONS}", params + after)
+
+
+def _page_calls(db: Any, ids: list[str]) -> tuple[dict[str, list[dict[str, Any]]],
+                                                  dict[tuple[Any, Any], Any]]:
+    """The page's LM calls with tokens (rows by session) and each step's environment
+    reward (by session and timestep)."""
+    marks = ", ".join("?" * len(ids))
+    calls: dict[str, list[dict[str, Any]]] = {sid: [] for sid in ids}
+    for r in db.query(f"SELECT e.session_id, e.timestep_id, t.* FROM events e JOIN "
+                      f"{TOKENS_TABLE} t ON t.event_id = e.id WHERE e.session_id IN "
+                      f"({marks}) ORDER BY e.id", ids):
+        calls[r["session_id"]].append(r)
+    step_rewards = {(r["session_id"], r["timestep_id"]): r["reward"] for r in db.query(
+        "SELECT session_id, timestep_id, SUM(reward) AS reward FROM events WHERE "
+        f"session_id IN ({marks}) AND event_type = 'environment' AND reward IS NOT NULL "
+        "GROUP BY session_id, timestep_id", ids)}
+    return calls, step_rewards
+
+
+def _skip_reason(rows: list[dict[str, Any]], turns: list[Any] | None) -> str | None:
+    """Why a session is no episode to train on (None: it is one)."""
+    if not rows:  # no LM call asked for tokens
+        return NOT_ASKED
+    if not all(t.observed for t in turns or ()):
+        return NO_TOKENS
+    if any(t.completion_ids and not t.completion_logprobs for t in turns or ()):
+        return NO_LOGPROBS
+    return None
+
+
+def _samples(s: dict[str, Any], rows: list[dict[str, Any]],
+             step_rewards: dict[tuple[Any, Any], Any], skipped: Counter[str]
+             ) -> list[dict[str, Any]] | None:
+    """One session's rows, a segment each; None (counted in ``skipped``) when it has none."""
+    turns = None
+    if rows:
+        decoded = turn_tokens(rows)
+        turns = [decoded[r["event_id"]] for r in rows]
+    reason = _skip_reason(rows, turns)
+    if reason is not None:
+        skipped[reason] += 1
+        return None
+    meta = read_json(s["metadata"], {})
+    meta = meta if isinstance(meta, dict) else {}
+    rewards = [step_rewards.get((s["session_id"], r["timestep_id"])) for r in rows]
+    parts = segments(turns)
+    samples, first = [], 0
+    for index, part in enumerate(parts):
+        samples.append({
+            "session_id": s["session_id"], "run_id": meta.get("run_id"),
+            "app_id": meta.get("app_id"), "seed": meta.get("seed"),
+            "model": part[-1].model or meta.get("model"),
+            "segment": index, "segments": len(parts), **episode_row(part),
+            "turn_rewards": rewards[first:first + len(part)],
+            "reward": s["total_reward"]})
+        first += len(part)
+    return samples
 
 
 __all__ = ["TokenExportResult", "episode_row", "export_tokens", "segments"]
