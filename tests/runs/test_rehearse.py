@@ -99,7 +99,10 @@ def test_rehearsing_the_code_app_says_its_sandboxes_start_and_what_they_cost(tmp
     code, report = rehearse(tmp_path, "--config", str(config), "--app", "code", "--no-trace",
                             "--skip", "capacity", "--skip", "idle", "--skip", "determinism")
     found = checks(report)
-    assert code == 0, found
+    # The mock's answers to two groups of two may all score alike: the reward signal's
+    # verdict is that check's to pin, not this one's.
+    failed = {name for name, check in found.items() if check["verdict"] == "fail"}
+    assert failed <= {"reward signal"} and code == (1 if failed else 0), found
     sandboxes = found["sandboxes"]
     assert sandboxes["verdict"] == "pass", sandboxes
     assert sandboxes["data"]["started"] == 4 and sandboxes["data"]["commands"] == 12
