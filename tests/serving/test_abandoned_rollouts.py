@@ -75,4 +75,6 @@ def test_a_client_that_leaves_gets_its_slot_back_and_is_recorded(tmp_path, serve
         for run_id in ("gone-0", "gone-1"):
             error = store.get_session(stored[run_id].session_id).metadata["error"]
             assert stored[run_id].status == "error" and error["code"] == "client_disconnected"
+            # Who failed: the client, and the same request sent again may succeed.
+            assert (error["kind"], error["retryable"]) == ("client", True)
         assert "2 errors" in app.state.stats.summary(10.0)
