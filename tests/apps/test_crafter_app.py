@@ -307,7 +307,7 @@ WOOD_REWARDS = [("achievement_delta", 0.0), ("achievement_delta", 1.0),
 def play_wood_over_openenv(env, episode_id: str) -> list[dict]:
     """The wood script, one `interact` action a step, with one refused action on the way."""
     first = env.reset(seed=0, episode_id=episode_id, max_turns=4)
-    assert first["reward"] is None and not first["done"]
+    assert first["reward"] == 0.0 and not first["done"]  # a reset scores 0.0, as OpenEnv says
     assert first["observation"]["text"].startswith("Turn 1 of 4 (step 0).")
     results = []
     for arguments in WOOD_ACTIONS:
