@@ -129,8 +129,14 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
         what = f"{case.method} {case.formatted_path} key={'valid' if key == api_key else key}"
         findings.extend(_findings(api_key, resp, what))
 
+    refused: dict[str, int] = {}  # refusal probes sent, by operation
+
     def each_case(case) -> None:
-        for key in (api_key, WRONG_KEY, None):
+        # Without the key (or with a wrong one), every request is answered by the key gate
+        # before any route parses it: a couple of cases an operation show its answer leaks
+        # nothing, where every case would repeat the same refusal.
+        probes = refused[case.operation.label] = refused.get(case.operation.label, 0) + 1
+        for key in (api_key, WRONG_KEY, None) if probes <= 2 else (api_key,):
             send(case, key)
         body = case.body if isinstance(case.body, dict) else None
         policy = body.get("policy") if body else None
