@@ -49,11 +49,9 @@ class KeyGate:
         return error_response(failure.status, failure.code, failure.message,
                               headers={"connection": "close"})
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> bool:
-        """Refuse ``scope`` if it fails the check (True: answered, the app must not run)."""
-        refusal = self.refusal(scope)
-        if refusal is None:
-            return False
+    async def refuse(self, refusal: JSONResponse, scope: Any, receive: Any, send: Any) -> None:
+        """Answer ``scope`` with its `refusal`: an HTTP response, or a WebSocket refused at
+        its handshake."""
         if scope["type"] == "websocket":
             # Refused at the handshake: no handler runs, nothing is held.
             websocket = WebSocket(scope, receive, send)
@@ -63,7 +61,6 @@ class KeyGate:
                 await websocket.close(_POLICY_VIOLATION)
         else:
             await refusal(scope, receive, send)
-        return True
 
     def raw_refusal(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]
                     ) -> tuple[bytes, bytes] | None:

@@ -55,8 +55,11 @@ class LeanProtocolPaths:
         if scope["type"] != "lifespan":
             if scope["path"].startswith(KEYED_PREFIX):
                 unkey(scope)  # OpenEnv's base URL with the key in it: gone before any log
-            if self._gate is not None and await self._gate(scope, receive, send):
-                return  # before routing and any middleware: wherever the app is served
+            # Before routing and any middleware: wherever the app is served. A request that
+            # passes costs a check, not a coroutine.
+            if self._gate is not None and (refusal := self._gate.refusal(scope)) is not None:
+                await self._gate.refuse(refusal, scope, receive, send)
+                return
         try:
             await self._route(scope)(scope, receive, send)
         except Exception as exc:

@@ -209,7 +209,8 @@ class RolloutRun:
                 try:
                     raw = await self.call_executor(req, ctx)
                 finally:  # what the rollout held (its sandboxes) ends with it
-                    await ctx.close()
+                    if ctx.sandboxes:
+                        await ctx.close()
             outcome.duration_s = time.perf_counter() - started
             outcome.result = _completed(raw, req.run_id, tracer.finish(expand=False),
                                         wall_s=outcome.duration_s,

@@ -22,12 +22,12 @@ class TraceContextScope:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        header = next((v for k, v in scope.get("headers", ()) if k == _HEADER), None)
-        if header is None:  # the common case: nothing to hold
-            await self.app(scope, receive, send)
-            return
-        with incoming_trace_context(header):
-            await self.app(scope, receive, send)
+        for name, value in scope["headers"]:
+            if name == _HEADER:
+                with incoming_trace_context(value):
+                    await self.app(scope, receive, send)
+                return
+        await self.app(scope, receive, send)  # the common case: nothing to hold
 
 
 __all__ = ["TraceContextScope"]
