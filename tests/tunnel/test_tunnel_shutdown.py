@@ -46,7 +46,9 @@ class Child:
         for line in self.proc.stdout:
             self.lines.put(line.rstrip("\n"))
 
-    def line(self, timeout_s: float = 20.0) -> str:
+    # A bound for a process that hangs, not a wait: under the whole suite's load a CLI that
+    # serves an app and starts cloudflared (or restarts it) has taken over 20 s.
+    def line(self, timeout_s: float = 45.0) -> str:
         try:
             return self.lines.get(timeout=timeout_s)
         except queue.Empty:
