@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -44,7 +45,12 @@ def write_app(folder: Path, *, version: str = "1", reward: float = 1.0, extra: s
               name: str = "task_app.py") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
+    rewritten = path.exists()
     path.write_text(textwrap.dedent(APP.format(version=version, reward=reward, extra=extra)))
+    if rewritten:  # a later time: Python's bytecode cache would take a same-size file written
+        # within the second for the one it compiled before
+        later = path.stat().st_mtime + 2
+        os.utime(path, (later, later))
     return path
 
 
