@@ -4,19 +4,22 @@ A process belongs to a sandbox when it runs as the sandbox's own user (the local
 gives each sandbox one when the server runs as root), or when it is in one of the sandbox's
 process groups and its environment carries the sandbox's marker. Ending kills every match
 with SIGKILL, again and again until none is left: a process forked between two passes is
-found by the next, and a fork bomb under its process limit runs out of room to fork.
+found by the next, and a fork bomb under its process limit runs out of room to fork. Ending
+returns once the killed are dead, not merely signalled.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 _PROC = Path("/proc")
 MARKER_NAME = "SYNTH_DEPLOY_SANDBOX"  # in each sandbox process's environment: its sandbox id
 _ROUNDS = 200
+_SETTLE_S = 5.0  # how long the killed are waited for
 
 
 def _stat(pid: str) -> tuple[str, int, int] | None:
@@ -93,19 +96,28 @@ def end_processes(sandbox_id: str, *, uid: int | None, groups: Iterable[int]) ->
                 pass
         return 0
     killed: set[int] = set()
-    for _ in range(_ROUNDS):
-        # Only processes not signalled yet: one killed is gone (or a zombie) by the next
-        # pass, and a pass that finds nobody new has found them all.
-        found = [pid for pid in members(sandbox_id, uid=uid, groups=groups)
-                 if pid not in killed]
+    rounds = 0
+    settled_by = time.monotonic() + _SETTLE_S
+    while rounds < _ROUNDS:
+        found = list(members(sandbox_id, uid=uid, groups=groups))
+        fresh = [pid for pid in found if pid not in killed]
         if not found:
             break
-        for pid in found:
+        if not fresh:
+            # SIGKILL lands when the process next runs, later on a loaded machine: wait for
+            # it, so that a sandbox said ended has no process left (bounded: a process in
+            # an uninterruptible wait dies when that wait ends).
+            if time.monotonic() > settled_by:
+                break
+            time.sleep(0.005)
+            continue
+        rounds += 1
+        for pid in fresh:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        killed.update(found)
+        killed.update(fresh)
     return len(killed)
 
 __all__ = ["MARKER_NAME", "alive", "end_processes", "members", "start_time"]
