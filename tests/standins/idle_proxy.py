@@ -54,8 +54,12 @@ class IdleDroppingProxy:
     async def _stop(self) -> None:
         assert self._server is not None
         self._server.close()
-        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+        handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in handlers:
             task.cancel()
+        # Let each run its `finally` now: one the closed loop collects later closes its
+        # streams on that loop, an error that surfaces in whatever test runs then.
+        await asyncio.gather(*handlers, return_exceptions=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
