@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import difflib
 import hashlib
+import importlib.machinery
 import importlib.util
 import sys
 import traceback
@@ -238,11 +239,21 @@ def _unknown_app(ref: str, search_paths: list[Path] | None) -> AppNotFoundError:
     return AppNotFoundError(message, hint=hint)
 
 
+class _AppFileLoader(importlib.machinery.SourceFileLoader):
+    """An app file compiled from its source on every import, no bytecode cache read or
+    written: the cache trusts a file's size and its time to the second, so an edit of the
+    same size within a second (a reload, an agent's rewrite) would serve the old code."""
+
+    def get_code(self, fullname: str) -> Any:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
 def _import_file(path: Path) -> list[TaskAppEntry]:
     if path not in _LOADED_FILES:
         digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
         name = f"synth_deploy_apps.{path.stem}_{digest}"
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(
+            name, path, loader=_AppFileLoader(name, str(path)))
         if spec is None or spec.loader is None:
             raise TaskAppError(f"cannot import {path}")
         module = importlib.util.module_from_spec(spec)

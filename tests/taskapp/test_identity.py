@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -45,12 +44,9 @@ def write_app(folder: Path, *, version: str = "1", reward: float = 1.0, extra: s
               name: str = "task_app.py") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    rewritten = path.exists()
+    # Written twice within a second at the same size, as an edit may be: what is served
+    # is still the file's newest text (the kit keeps no bytecode cache of app files).
     path.write_text(textwrap.dedent(APP.format(version=version, reward=reward, extra=extra)))
-    if rewritten:  # a later time: Python's bytecode cache would take a same-size file written
-        # within the second for the one it compiled before
-        later = path.stat().st_mtime + 2
-        os.utime(path, (later, later))
     return path
 
 
