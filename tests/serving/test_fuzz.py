@@ -59,6 +59,27 @@ def served(tmp_path, api_key):
         yield runner
 
 
+def stranger_addresses():
+    """A loopback address for each refusal probe, a new one every 8: past 20 refusals a
+    second an address waits a second for each (`FailedAuth`), a wait these probes are not
+    about."""
+    n = 0
+    while True:
+        yield f"127.0.0.{2 + n // 8 % 250}"
+        n += 1
+
+
+class FromAddress(requests.adapters.HTTPAdapter):
+    """A requests adapter whose connections leave from ``address``."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, source_address=(self.address, 0), **kwargs)
+
+
 def _findings(api_key: str, resp: httpx.Response | object, what: str) -> list[str]:
     status = resp.status_code
     raw = resp.content + "".join(f"{k}: {v}" for k, v in resp.headers.items()).encode()
@@ -109,6 +130,15 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
     started = time.monotonic()
     session = requests.Session()  # one keep-alive connection, not one per request
 
+    addresses, strangers = stranger_addresses(), {}
+
+    def stranger() -> requests.Session:
+        address = next(addresses)
+        if address not in strangers:
+            strangers[address] = requests.Session()
+            strangers[address].mount("http://", FromAddress(address))
+        return strangers[address]
+
     def send(case, key: str | None, body_override=None) -> None:
         nonlocal sent
         headers = {k: v for k, v in (case.headers or {}).items()
@@ -123,8 +153,8 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
             body_override["policy"]["config"]["inference_url"] = mock_policy.url + "/v1"
             body_override["safety"] = {"max_time_s": 60}
         kwargs = {"json": body_override} if body_override is not None else {}
-        resp = case.call(base_url=served.url, session=session, headers=headers, timeout=30,
-                         **kwargs)
+        resp = case.call(base_url=served.url, session=session if key == api_key else stranger(),
+                         headers=headers, timeout=30, **kwargs)
         sent += 1
         what = f"{case.method} {case.formatted_path} key={'valid' if key == api_key else key}"
         findings.extend(_findings(api_key, resp, what))
@@ -150,6 +180,8 @@ def test_fuzzed_requests_get_no_server_error_and_no_key(served, mock_policy, api
 
     with session:
         fuzz_every_operation(schema, each_case)
+    for refusing in strangers.values():
+        refusing.close()
     assert sent > 100, sent
     assert findings == [], "\n".join(findings[:20])
     print(f"fuzz: {sent} requests in {time.monotonic() - started:.1f}s, 0 findings")
@@ -161,6 +193,8 @@ def test_every_method_a_path_does_not_take_is_405_with_allow_to_a_key_holder(ser
                     timeout=5).json()
     checked = 0
     client = httpx.Client(base_url=served.url, timeout=5)  # one client, kept-alive
+    strangers: dict[str, httpx.Client] = {}
+    addresses = stranger_addresses()
     for path, operations in doc["paths"].items():
         documented = {m.upper() for m in operations}
         if "GET" in documented:
@@ -174,10 +208,17 @@ def test_every_method_a_path_does_not_take_is_405_with_allow_to_a_key_holder(ser
             # Without the key no route is mapped, public or not: what a method does is
             # for key holders to learn.
             for headers, status in (({"X-API-Key": WRONG_KEY}, 403), ({}, 401)):
-                refused = client.request(method, path, headers=headers)
+                address = next(addresses)
+                if address not in strangers:
+                    strangers[address] = httpx.Client(
+                        base_url=served.url, timeout=5,
+                        transport=httpx.HTTPTransport(local_address=address))
+                refused = strangers[address].request(method, path, headers=headers)
                 assert refused.status_code == status, (method, path, refused.text)
             checked += 1
     client.close()
+    for stranger in strangers.values():
+        stranger.close()
     assert checked > 50
 
 
