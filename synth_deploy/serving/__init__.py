@@ -16,6 +16,7 @@ uvicorn) load on first use, so `synth-deploy --help` and `deploy --dry-run` pay 
 from synth_deploy._lazy import lazy_attributes
 from synth_deploy.serving._admission import (
     DEFAULT_MAX_ROLLOUTS,
+    DRAIN_VAR,
     HEAD_AFTER_VAR,
     HEARTBEAT_VAR,
     MAX_ROLLOUTS_VAR,
@@ -48,6 +49,7 @@ __all__ = [
     "ConnectionLimits",
     "DEFAULT_MAX_ROLLOUTS",
     "DEFAULT_SUMMARY_EVERY_S",
+    "DRAIN_VAR",
     "KeyGate",
     "KeyRule",
     "LocalRunner",

@@ -33,6 +33,7 @@ from synth_deploy.errors import UsageError
 MAX_ROLLOUTS_VAR = "SYNTH_DEPLOY_MAX_ROLLOUTS"
 HEAD_AFTER_VAR = "SYNTH_DEPLOY_HEAD_AFTER_S"
 HEARTBEAT_VAR = "SYNTH_DEPLOY_HEARTBEAT_S"
+DRAIN_VAR = "SYNTH_DEPLOY_DRAIN_S"  # how long SIGTERM waits for rollouts in flight
 DEFAULT_MAX_ROLLOUTS = 10_000
 # Well inside the shortest silence a common proxy allows (nginx's 60 s, Cloudflare's 125 s,
 # Modal's 150 s), late enough that most rollouts are answered with their own status.
@@ -69,15 +70,15 @@ def rollout_limits(env: Env, max_in_flight: int | None = None, *,
     ``SYNTH_DEPLOY_HEARTBEAT_S``), else the default. A proxy with a limit shorter than
     Cloudflare's 125 s needs an earlier head (and heartbeat) than the defaults."""
     if max_in_flight is None:
-        max_in_flight = _from_env(env, MAX_ROLLOUTS_VAR, int, "a whole number",
+        max_in_flight = setting_from_env(env, MAX_ROLLOUTS_VAR, int, "a whole number",
                                   f"the most rollouts the app may run at once, e.g. "
                                   f"{DEFAULT_MAX_ROLLOUTS}")
     if head_after_s is None:
-        head_after_s = _from_env(env, HEAD_AFTER_VAR, float, "a number of seconds",
+        head_after_s = setting_from_env(env, HEAD_AFTER_VAR, float, "a number of seconds",
                                  "seconds before a running rollout's 200 head is sent, below "
                                  "the shortest proxy limit on the path, e.g. 20")
     if heartbeat_s is None:
-        heartbeat_s = _from_env(env, HEARTBEAT_VAR, float, "a number of seconds",
+        heartbeat_s = setting_from_env(env, HEARTBEAT_VAR, float, "a number of seconds",
                                 "seconds between the spaces a long rollout sends, e.g. 15")
     return RolloutLimits(
         max_in_flight=DEFAULT_MAX_ROLLOUTS if max_in_flight is None else max_in_flight,
@@ -85,7 +86,7 @@ def rollout_limits(env: Env, max_in_flight: int | None = None, *,
         heartbeat_s=DEFAULT_HEARTBEAT_S if heartbeat_s is None else heartbeat_s)
 
 
-def _from_env(env: Env, name: str, kind: Any, what: str, fix: str) -> Any:
+def setting_from_env(env: Env, name: str, kind: Any, what: str, fix: str) -> Any:
     raw = env.get(name)
     if raw is None or not raw.strip():
         return None
@@ -350,6 +351,7 @@ class ConnectionLimits:
     keep_alive_s: float = 5.0
 
 
-__all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "EarlyHeads", "HEAD_AFTER_VAR",
-           "HEARTBEAT_VAR", "InFlight", "MAX_ROLLOUTS_VAR", "RolloutLimits", "RolloutStats",
-           "answered_status", "at_capacity", "failure_kind", "rollout_limits"]
+__all__ = ["ConnectionLimits", "DEFAULT_MAX_ROLLOUTS", "DRAIN_VAR", "EarlyHeads",
+           "HEAD_AFTER_VAR", "HEARTBEAT_VAR", "InFlight", "MAX_ROLLOUTS_VAR", "RolloutLimits",
+           "RolloutStats", "answered_status", "at_capacity", "failure_kind", "rollout_limits",
+           "setting_from_env"]

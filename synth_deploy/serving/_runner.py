@@ -41,7 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 from synth_deploy.env import Env, applied_env, apply_env
 from synth_deploy.errors import SynthDeployError, UsageError
-from synth_deploy.serving._admission import ConnectionLimits, RolloutLimits, rollout_limits
+from synth_deploy.serving._admission import (
+    DRAIN_VAR,
+    ConnectionLimits,
+    RolloutLimits,
+    rollout_limits,
+    setting_from_env,
+)
 from synth_deploy.serving._auth import KeyRule, ServerKeys, server_keys
 from synth_deploy.taskapp.config import DEFAULT_MAX_BODY_BYTES
 from synth_deploy.taskapp.registry import TaskAppEntry, load_app
@@ -181,9 +187,15 @@ class ServeSettings:
         """The settings every entry point serves with (the CLI's commands, deploy's local
         check, the reload child, the Modal container), resolved in one place: the keys by
         ``key_rule`` (`server_keys`), the rollout limits from the flags given, else their
-        variables in ``env`` (`rollout_limits`). ``traces``: the entry point's own trace
+        variables in ``env`` (`rollout_limits`), the drain's bound from ``SYNTH_DEPLOY_DRAIN_S``
+        (default 30 s). ``traces``: the entry point's own trace
         setting (flags, the container's switch, the reload hand-off); ``options``: the other
         fields, as given."""
+        drain_s = setting_from_env(env, DRAIN_VAR, float, "a number of seconds",
+                            "the seconds SIGTERM waits for rollouts in flight before it "
+                            f"cancels them, e.g. {DEFAULT_GRACEFUL_TIMEOUT_S:g}")
+        if drain_s is not None:
+            options.setdefault("graceful_timeout_s", drain_s)
         return cls(app=app, env=env, keys=server_keys(env, key_rule), traces=traces,
                    rollouts=rollout_limits(env, max_rollouts, head_after_s=head_after_s,
                                            heartbeat_s=heartbeat_s), **options)

@@ -37,7 +37,7 @@ class Served:
     ``root``, or Modal's stand-in ones (state in ``modal_state``)."""
 
     def __init__(self, tmp_path: Path, api_key: str, root: Path,
-                 modal_state: Path | None = None) -> None:
+                 modal_state: Path | None = None, **env: str) -> None:
         self.port, self.key, self.root = free_port(), api_key, root
         backend = {} if modal_state is None else {
             "SANDBOX_TEST_MODAL_STATE": str(modal_state),
@@ -50,7 +50,7 @@ class Served:
             [sys.executable, "-m", "synth_deploy.cli", "serve", APP.name, "--port",
              str(self.port), "--no-trace", "--max-rollouts", "200"], cwd=tmp_path,
             env=clean_env(ENVIRONMENT_API_KEY=api_key, SANDBOX_TEST_ROOT=str(root),
-                          **backend),
+                          **backend, **env),
             stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_for(lambda: self._up(), timeout_s=60, what="the server up")
@@ -125,13 +125,17 @@ SIZES = {"local": 100, "modal": 20}  # the stand-in's sandboxes are a Python pro
 @pytest.mark.parametrize("backend", ["local", "modal"])
 def test_sigterm_mid_run_ends_every_sandbox(tmp_path, api_key, sandbox_root, backend):
     n, held = SIZES[backend], Held(backend, sandbox_root, tmp_path)
-    server = Served(tmp_path, api_key, sandbox_root, held.state)
+    # The drain waits 2 s for rollouts that would run 240 s, then cancels them.
+    server = Served(tmp_path, api_key, sandbox_root, held.state, SYNTH_DEPLOY_DRAIN_S="2")
     try:
         server.fire([body(f"r{i}", HOLD) for i in range(n)])
         wait_for(lambda: len(held.ids()) == n and len(held.processes()) >= n,
                  timeout_s=120, what=f"{n} sandboxes running")
+        stopped_at = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=120)
+        # Its bound, not the default 30 s (with time to end n sandboxes on a busy machine).
+        assert time.monotonic() - stopped_at < 25
     finally:
         server.stop()
     assert len(held.seen) == n

@@ -191,6 +191,21 @@ def test_the_head_and_heartbeat_are_settings_flag_environment_and_modal():
         ModalSettings(head_after_s=0)
 
 
+def test_the_drains_bound_is_a_setting_and_a_bad_one_is_refused():
+    from synth_deploy.env import load_env
+    from synth_deploy.errors import UsageError
+    from synth_deploy.serving import DRAIN_VAR, ServeSettings
+
+    def resolved(**environ: str) -> float:
+        return ServeSettings.resolve("math", load_env(environ=environ), key_rule="open",
+                                     traces=None).graceful_timeout_s
+
+    assert resolved() == 30.0 and resolved(**{DRAIN_VAR: "120"}) == 120.0
+    with pytest.raises(UsageError, match=DRAIN_VAR) as bad:
+        resolved(**{DRAIN_VAR: "a while"})
+    assert "seconds SIGTERM waits" in bad.value.hint
+
+
 def _keyless_request(port: int) -> socket.socket:
     # Well under uvicorn's 5 s keep-alive: an answer the server did not close times out.
     sock = socket.create_connection(("127.0.0.1", port), timeout=2)
