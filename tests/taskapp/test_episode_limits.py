@@ -124,7 +124,7 @@ def test_the_rl_configs_max_turns_is_sent_and_cuts_the_episode(tmp_path, serve, 
 
 
 class Slow(Forever):
-    """Each step sleeps 4 s on its worker thread; counts its live and closed instances."""
+    """Each step sleeps 2 s on its worker thread; counts its live and closed instances."""
 
     max_sessions = 1
     live = 0
@@ -137,7 +137,7 @@ class Slow(Forever):
     def step(self, action):
         Slow.live += 1
         Slow.overlapped |= Slow.live > 1
-        time.sleep(4)
+        time.sleep(2)
         Slow.live -= 1
         return Step({"text": "slow"})
 
@@ -150,7 +150,7 @@ class AsyncSlow(Forever):
     closed = threading.Event()
 
     async def step(self, action):
-        await asyncio.sleep(4)
+        await asyncio.sleep(2)
         return Step({"text": "slow"})
 
     def close(self):  # on its thread, after the cancelled step
@@ -163,11 +163,11 @@ def test_the_time_budget_answers_within_a_second_of_its_end_while_a_step_runs(
     server = served(serve, api_key, factory)
     factory.closed.clear()
     started = time.monotonic()
-    resp = rollout(server, api_key, mock_policy.url + "/v1", max_time_s=6)
+    resp = rollout(server, api_key, mock_policy.url + "/v1", max_time_s=3)
     answered = time.monotonic() - started
     assert resp.status_code == 504, resp.text
-    assert "safety.max_time_s=6s" in resp.text
-    assert 6 <= answered < 7, answered
+    assert "safety.max_time_s=3s" in resp.text
+    assert 3 <= answered < 4, answered
     if factory is AsyncSlow:
         assert AsyncSlow.closed.wait(5)  # the step was cancelled, the instance closed
     if factory is Slow:
@@ -177,11 +177,11 @@ def test_the_time_budget_answers_within_a_second_of_its_end_while_a_step_runs(
         assert not Slow.overlapped
         policy = PolicyTarget(mock_policy.url + "/v1", "mock")
         outcome, = asyncio.run(run_rollouts(server.url, api_key, [1], policy,
-                                            RunOptions(max_time_s=5)))
+                                            RunOptions(max_time_s=3)))
         assert outcome.status == 504 and not Slow.overlapped
 
 
-def test_smoke_with_max_time_6_answers_within_7_s_while_steps_sleep_4_s(tmp_path):
+def test_smoke_with_max_time_3_answers_within_4_s_while_steps_sleep_2_s(tmp_path):
     (tmp_path / "sleepy.py").write_text(
         "import time\n"
         "from synth_deploy.taskapp import Step, TaskApp, function_tool\n"
@@ -192,14 +192,14 @@ def test_smoke_with_max_time_6_answers_within_7_s_while_steps_sleep_4_s(tmp_path
         "    def reset(self, seed, *, episode_id, config):\n"
         "        return {'text': 'zzz'}\n"
         "    def step(self, action):\n"
-        "        time.sleep(4)\n"
+        "        time.sleep(2)\n"
         "        return Step({'text': 'zzz'})\n")
-    result = run_cli(tmp_path, "smoke", "sleepy.py", "--seeds", "0", "--max-time", "6",
+    result = run_cli(tmp_path, "smoke", "sleepy.py", "--seeds", "0", "--max-time", "3",
                      "--json", "--no-trace")
     assert result.returncode == 1, result.stderr  # a rollout failed: its budget was spent
     outcome, = json.loads(result.stdout)["rollouts"]
-    assert outcome["status"] == 504 and "max_time_s=6s" in outcome["error"]
-    assert outcome["latency_s"] < 7, outcome
+    assert outcome["status"] == 504 and "max_time_s=3s" in outcome["error"]
+    assert outcome["latency_s"] < 4, outcome
 
 
 def test_smoke_says_when_the_cap_cut_an_episode(tmp_path):
