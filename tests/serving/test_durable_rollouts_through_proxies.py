@@ -10,6 +10,7 @@ import asyncio
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from synth_deploy.tracing import RolloutRecords, open_trace_store
 
 SILENCE_S = 2.0  # Cloudflare's 125 s, scaled
 REDIRECT_AFTER_S = 3.0  # Modal's 150 s, scaled
-LONG_S = 8.0  # a ten-minute rollout, scaled
+LONG_S = 5.0  # a ten-minute rollout, scaled: past both limits
 EARLY = RolloutLimits(head_after_s=0.5, heartbeat_s=0.5)
 
 
@@ -53,8 +54,10 @@ async def submit_and_poll(base_url: str, api_key: str, rollout_id: str) -> tuple
 
 @pytest.mark.slow
 def test_the_strict_front_end_redirects_an_early_head_and_urllib_gives_up(serve, api_key):
-    # The stand-in bites: under the strict reading, heartbeats do not stop the 303s.
-    app = serve(create_app(toy_config(sleeping(LONG_S)), api_keys=[api_key], limits=EARLY))
+    # The stand-in bites: under the strict reading, heartbeats do not stop the 303s. The
+    # rollout outlasts every hop urllib takes.
+    app = serve(create_app(toy_config(sleeping(URLLIB_MAX_REPEATS * 1.5 + 2)),
+                           api_keys=[api_key], limits=EARLY))
     with StrictModalFrontEnd(app.url, redirect_after_s=1.5) as modal:
         no_follow = httpx.post(modal.url + "/rollout", json=trainer_body("no-follow"),
                                headers={"X-API-Key": api_key}, timeout=30)
@@ -106,12 +109,17 @@ def test_the_event_stream_passes_modal_and_cloudflare_but_not_a_quick_tunnel(ser
     with StrictModalFrontEnd(app.url, redirect_after_s=REDIRECT_AFTER_S) as modal, \
             EdgeProxy(app.url, silence_s=SILENCE_S) as edge, \
             QuickTunnel(app.url, silence_s=SILENCE_S) as quick:
-        answers = {}
-        for name, proxy in (("modal", modal), ("edge", edge), ("quick", quick)):
-            rid = f"sse-{name}"
-            httpx.post(app.url + "/containers/rollouts", json=async_body(rid), headers=headers)
-            answers[name] = httpx.get(f"{proxy.url}/containers/rollouts/{rid}/stream",
-                                      headers=headers, timeout=30)
+        proxies = {"modal": modal, "edge": edge, "quick": quick}
+        for name in proxies:
+            httpx.post(app.url + "/containers/rollouts", json=async_body(f"sse-{name}"),
+                       headers=headers)
+
+        def stream(name: str) -> httpx.Response:
+            return httpx.get(f"{proxies[name].url}/containers/rollouts/sse-{name}/stream",
+                             headers=headers, timeout=30)
+
+        with ThreadPoolExecutor(len(proxies)) as pool:  # the three streams at once
+            answers = dict(zip(proxies, pool.map(stream, proxies), strict=True))
     for name in ("modal", "edge"):
         assert answers[name].status_code == 200
         assert "event: rollout.completed" in answers[name].text

@@ -3,7 +3,7 @@ without a key that cannot starve those with one, and an async rollout that holds
 
 The proxies are the stand-ins of tests/standins/cutoff_proxies.py with their limits scaled
 down: Cloudflare's 100 s of silence becomes 2 s, Modal's 150 s becomes 3 s, and a rollout
-of many minutes becomes 8 s.
+of many minutes becomes 5 s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from synth_deploy.tracing import open_trace_store
 
 SILENCE_S = 2.0  # Cloudflare's 100 s, scaled
 REDIRECT_AFTER_S = 3.0  # Modal's 150 s, scaled
-LONG_S = 8.0  # a rollout of many minutes, scaled
+LONG_S = 5.0  # a rollout of many minutes, scaled: past both limits
 EARLY = RolloutLimits(head_after_s=0.5, heartbeat_s=0.5)
 LATE = RolloutLimits(head_after_s=60.0, heartbeat_s=60.0)  # as if there were no early head
 
