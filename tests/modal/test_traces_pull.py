@@ -376,8 +376,10 @@ def test_files_fetched_one_by_one_are_fetched_a_few_at_a_time(standin, tmp_path,
     assert json.loads(result.stdout)["sessions_added"] == 12
     gets = [json.loads(line) for line in (state / "gets.jsonl").read_text().splitlines()]
     assert sorted(g["remote"] for g in gets) == [f"synth-x/ta-1.{n}.db" for n in range(13, 19)]
-    at_once = max(sum(other["start"] < g["end"] and g["start"] < other["end"]
-                      for other in gets) for g in gets)
+    # The most running at one moment: at some fetch's start (an interval that overlaps
+    # a slow one is not, for that, running beside every other that does).
+    at_once = max(sum(other["start"] <= g["start"] < other["end"] for other in gets)
+                  for g in gets)
     assert 2 <= at_once <= 4, at_once
     pulled = tmp_path / "pulled" / "synth-x-traces" / "synth-x"
     assert [p.name for p in pulled.iterdir()] == ["pulled.json"]  # no copies left behind
