@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,11 +34,24 @@ def test_the_code_is_the_last_python_block():
     assert extract_code("no code here") is None
 
 
+def served_code(serve, api_key, **sandbox):
+    """The code app served; ``sandbox``: its sandbox settings changed."""
+    config = load_app("code").build_config()
+    if sandbox:
+        config = dataclasses.replace(config, sandbox=config.sandbox.updated(**sandbox))
+    return serve(create_app(config, api_keys=[api_key]))
+
+
 @pytest.fixture
-def code_server(serve, api_key, sandbox_root):
+def local_sandboxes(sandbox_root):
     use_backend(LocalBackend(sandbox_root))
-    yield serve(create_app(load_app("code").build_config(), api_keys=[api_key]))
+    yield
     use_backend(None)
+
+
+@pytest.fixture
+def code_server(serve, api_key, local_sandboxes):
+    return served_code(serve, api_key)
 
 
 def episode(server, api_key, policy, seed):
@@ -92,7 +106,9 @@ def test_printing_fake_results_earns_nothing(serve, code_server, api_key):
     assert body["metrics"]["outcome_reward"] == 0.0
 
 
-def test_an_infinite_loop_is_stopped_and_the_trace_says_so(serve, code_server, api_key):
+def test_an_infinite_loop_is_stopped_and_the_trace_says_so(serve, api_key, local_sandboxes):
+    # Its commands bounded at 2 s, not the app's 10: the same stop, sooner.
+    code_server = served_code(serve, api_key, command_timeout_s=2)
     policy = serve(scripted_policy([solution(0, "while True: pass")]))
     body = episode(code_server, api_key, policy, 0)
     assert body["metrics"]["outcome_reward"] == 0.0
