@@ -14,18 +14,30 @@ COMMAND = f"{sys.executable} {STANDIN}"
 
 def stop_containers(state: Path) -> None:
     """Stop, by pid, every "container" the stand-in started with ``state`` as its state dir
-    (SIGTERM, then SIGKILL after 5 s)."""
+    (SIGTERM to each at once, as Modal stops an app's containers; SIGKILL to any still
+    running after 5 s)."""
     pids = state / "pids"
+    running = []
     for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
         try:
             os.kill(pid, signal.SIGTERM)
+            running.append(pid)
         except ProcessLookupError:
             continue
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
+    deadline = time.monotonic() + 5
+    while running and time.monotonic() < deadline:
+        running = [pid for pid in running if _alive(pid)]
+        time.sleep(0.05)
+    for pid in running:
+        try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
