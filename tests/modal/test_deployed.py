@@ -5,11 +5,11 @@ stand-in `modal` CLI (its `modal app list --json` and `modal app stop` as Modal 
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 from standins.modal_helpers import COMMAND as STANDIN
+from standins.modal_helpers import alive
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app as cli_app
@@ -20,14 +20,6 @@ from synth_deploy.modal import ModalCLI, deployed_apps
 
 def cli(*args: str):
     return CliRunner().invoke(cli_app, [*args, "--modal-cli", STANDIN], catch_exceptions=False)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def containers(state) -> dict[str, list[int]]:

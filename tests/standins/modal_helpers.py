@@ -26,7 +26,7 @@ def stop_containers(state: Path) -> None:
             continue
     deadline = time.monotonic() + 5
     while running and time.monotonic() < deadline:
-        running = [pid for pid in running if _alive(pid)]
+        running = [pid for pid in running if alive(pid)]
         time.sleep(0.05)
     for pid in running:
         try:
@@ -35,7 +35,8 @@ def stop_containers(state: Path) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (or is a zombie not yet reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
