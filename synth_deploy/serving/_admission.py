@@ -71,15 +71,17 @@ def rollout_limits(env: Env, max_in_flight: int | None = None, *,
     Cloudflare's 125 s needs an earlier head (and heartbeat) than the defaults."""
     if max_in_flight is None:
         max_in_flight = setting_from_env(env, MAX_ROLLOUTS_VAR, int, "a whole number",
-                                  f"the most rollouts the app may run at once, e.g. "
-                                  f"{DEFAULT_MAX_ROLLOUTS}")
+                                         f"the most rollouts the app may run at once, e.g. "
+                                         f"{DEFAULT_MAX_ROLLOUTS}")
     if head_after_s is None:
         head_after_s = setting_from_env(env, HEAD_AFTER_VAR, float, "a number of seconds",
-                                 "seconds before a running rollout's 200 head is sent, below "
-                                 "the shortest proxy limit on the path, e.g. 20")
+                                        "seconds before a running rollout's 200 head is "
+                                        "sent, below the shortest proxy limit on the path, "
+                                        "e.g. 20")
     if heartbeat_s is None:
         heartbeat_s = setting_from_env(env, HEARTBEAT_VAR, float, "a number of seconds",
-                                "seconds between the spaces a long rollout sends, e.g. 15")
+                                       "seconds between the spaces a long rollout sends, "
+                                       "e.g. 15")
     return RolloutLimits(
         max_in_flight=DEFAULT_MAX_ROLLOUTS if max_in_flight is None else max_in_flight,
         head_after_s=DEFAULT_HEAD_AFTER_S if head_after_s is None else head_after_s,
@@ -87,6 +89,8 @@ def rollout_limits(env: Env, max_in_flight: int | None = None, *,
 
 
 def setting_from_env(env: Env, name: str, kind: Any, what: str, fix: str) -> Any:
+    """The variable ``name`` of ``env`` read as ``kind`` (None when unset or blank); a
+    value that is not ``what`` is a `UsageError` naming where it came from and ``fix``."""
     raw = env.get(name)
     if raw is None or not raw.strip():
         return None

@@ -187,13 +187,13 @@ class ServeSettings:
         """The settings every entry point serves with (the CLI's commands, deploy's local
         check, the reload child, the Modal container), resolved in one place: the keys by
         ``key_rule`` (`server_keys`), the rollout limits from the flags given, else their
-        variables in ``env`` (`rollout_limits`), the drain's bound from ``SYNTH_DEPLOY_DRAIN_S``
-        (default 30 s). ``traces``: the entry point's own trace
+        variables in ``env`` (`rollout_limits`), the drain's bound from
+        ``SYNTH_DEPLOY_DRAIN_S`` (default 30 s). ``traces``: the entry point's own trace
         setting (flags, the container's switch, the reload hand-off); ``options``: the other
         fields, as given."""
         drain_s = setting_from_env(env, DRAIN_VAR, float, "a number of seconds",
-                            "the seconds SIGTERM waits for rollouts in flight before it "
-                            f"cancels them, e.g. {DEFAULT_GRACEFUL_TIMEOUT_S:g}")
+                                   "the seconds SIGTERM waits for rollouts in flight before "
+                                   f"it cancels them, e.g. {DEFAULT_GRACEFUL_TIMEOUT_S:g}")
         if drain_s is not None:
             options.setdefault("graceful_timeout_s", drain_s)
         return cls(app=app, env=env, keys=server_keys(env, key_rule), traces=traces,
