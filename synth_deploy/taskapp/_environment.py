@@ -17,7 +17,8 @@ called through the request's ``inference_url`` with the observation, its call of
 the action, each step's reward, state and named rewards go to the trace, and the answer is the
 one synth-ai's trainer expects. The same declaration is served on OpenEnv's wire (`_openenv`).
 
-Methods may be sync (run on a worker thread) or async (run on the loop). Beside ``tool``,
+Methods may be sync (run on the instance's own thread, `EnvironmentThread`) or async (run on
+the loop). Beside ``tool``,
 ``reset`` and ``step``, an environment may define:
 
 - ``prompt(observation)``: what the policy is shown (text, or content parts with images);
@@ -58,14 +59,12 @@ import contextvars
 import functools
 import inspect
 import json
-import math
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-
-import anyio
-from anyio.lowlevel import RunVar
 
 from synth_deploy.errors import BadRequest, InvalidAction, TaskAppError
 
@@ -116,68 +115,94 @@ class Outcome:
     env_id: str | None = None
 
 
-async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``: awaited when async, on a worker thread when sync (an
-    environment's step may hold the CPU, or wait, for a while; the server must not).
+class EnvironmentThread:
+    """The one thread an environment instance lives on, as in OpenEnv's server: it is made
+    there and each of its sync methods runs there, one after another. An environment that
+    holds something bound to its thread (a sqlite3 connection, a simulator's context) works;
+    no two of its calls ever run at once, even when one was abandoned (`call`); and a call
+    is one hand-off to a thread already waiting for it, no pool searched. `end` lets the
+    thread exit once its calls are done.
 
-    A sync call gets its thread at once, as each session gets one in OpenEnv's server: how
-    many run together is bounded by the environments that are live, which the app's capacity
-    bounds (the sessions it holds, the rollouts it admits), each running one call at a time.
-    anyio's default pool (40 threads) would be a second, hidden bound: the 41st session's
-    step would wait for another's whole step to end."""
+        with EnvironmentThread():              # `call` runs sync methods on it
+            env = await call(spec.new)
+            first = await reset(env, seed, episode_id=..., config={})
+            await close(env)
+        # ended: its thread exits (`current()` and `end()` when it must outlive the block)
+    """
+
+    live = 0  # threads of this process not yet ended (`_switch_interval`)
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="environment")
+        self._last: Future[Any] | None = None  # the calls run in turn: the last one ends last
+        self._ended = False
+        EnvironmentThread.live += 1
+        _switch_interval()
+
+    @contextlib.contextmanager
+    def current(self) -> Any:
+        """Within the block, `call` runs sync functions on this thread."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def __enter__(self) -> EnvironmentThread:  # `current` for one instance's whole life
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.reset(self._token)
+        self.end()
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the thread. Cancelled, it returns at once; the call runs on, and the
+        thread's next call waits for it (`busy` meanwhile)."""
+        self._last = self._pool.submit(contextvars.copy_context().run, fn)
+        return await asyncio.wrap_future(self._last)
+
+    @property
+    def busy(self) -> bool:
+        """A call still runs (one abandoned by its caller, say)."""
+        return self._last is not None and not self._last.done()
+
+    def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._pool.shutdown(wait=False)
+            EnvironmentThread.live -= 1
+            _switch_interval()
+
+
+_CURRENT: contextvars.ContextVar[EnvironmentThread | None] = contextvars.ContextVar(
+    "synth_deploy_environment_thread", default=None)
+_SWITCH_S = 0.005  # CPython's default
+_THREADS_A_SWITCH = 256  # environment threads per default interval (`_switch_interval`)
+
+
+def _switch_interval() -> None:
+    """The GIL's switch interval, longer as the environment threads grow past a few hundred.
+    Each thread waiting for the GIL wakes once an interval: thousands of steps ending at once
+    on one core (OpenEnv sessions, a thread each) spent each interval waking each other, and
+    the loop starved for a minute (bench/openenv_scaling.py, 8,192 sessions). A thread that
+    blocks or waits still hands the GIL over at once; only one that computes holds it longer
+    before another's turn: at most 5 ms while a server runs a few hundred environments."""
+    sys.setswitchinterval(_SWITCH_S * max(1.0, EnvironmentThread.live / _THREADS_A_SWITCH))
+
+
+async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``: awaited when async, else on the current environment's thread
+    (`EnvironmentThread.current`): an environment's step may hold the CPU, or wait, for a
+    while; the server must not."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    left = _LEFT_RUNNING.get()
-    if left is None:  # waited for even when cancelled (an OpenEnv session's step)
-        result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
-                                                limiter=_threads())
-        return await result if inspect.isawaitable(result) else result
-    ended = threading.Event()
-
-    def run() -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            ended.set()
-
-    try:
-        result = await anyio.to_thread.run_sync(run, limiter=_threads(),
-                                                abandon_on_cancel=True)
-    except BaseException:
-        if not ended.is_set():
-            left.append(ended)  # a thread cannot be stopped: it runs on, its result unread
-        raise
+    thread = _CURRENT.get()
+    if thread is None:
+        raise RuntimeError(f"{getattr(fn, '__qualname__', fn)} called outside an environment's "
+                           "thread (EnvironmentThread.current)")
+    result = await thread.run(functools.partial(fn, *args, **kwargs))
     return await result if inspect.isawaitable(result) else result
-
-
-# Set by an episode run under a deadline: its sync calls are abandoned when it is cancelled,
-# and the threads still running are listed here (`abandonable`).
-_LEFT_RUNNING: contextvars.ContextVar[list[threading.Event] | None] = contextvars.ContextVar(
-    "synth_deploy_left_running", default=None)
-
-
-@contextlib.contextmanager
-def abandonable() -> Any:
-    """Within the block, `call` of a sync function returns at once when its task is
-    cancelled (the step's thread runs on); yields the list of those threads' end events."""
-    left: list[threading.Event] = []
-    token = _LEFT_RUNNING.set(left)
-    try:
-        yield left
-    finally:
-        _LEFT_RUNNING.reset(token)
-
-
-_THREADS: RunVar[anyio.CapacityLimiter] = RunVar("synth_deploy_environment_threads")
-
-
-def _threads() -> anyio.CapacityLimiter:
-    """The event loop's limiter of environment threads: no count of its own (see `call`)."""
-    try:
-        return _THREADS.get()
-    except LookupError:
-        _THREADS.set(limiter := anyio.CapacityLimiter(math.inf))
-        return limiter
 
 
 class EnvironmentSpec:
@@ -449,6 +474,8 @@ def from_openenv(env: Callable[[], Any], action_cls: Any, *, tool_name: str | No
     action's fields, played on a turn whose two replies hold no valid action (without it such
     a turn ends the episode). A ``reset`` that takes no seed is noted in each episode's
     details (``seed_ignored``): the same seed cannot repeat its episode."""
+    from pydantic_core import PydanticSerializationError
+
     made = env.func if isinstance(env, functools.partial) else env
     if max_sessions is not None and max_sessions > 1 and not inspect.isclass(made):
         probe = env()  # a factory: its class says whether sessions may run together
@@ -588,12 +615,17 @@ def from_openenv(env: Callable[[], Any], action_cls: Any, *, tool_name: str | No
 
         @staticmethod
         def _step(observation: Any) -> Step:
-            # OpenEnv's serialize_observation, made JSON once (e.g. an MCP tool's result).
-            served = {"observation": observation.model_dump(exclude={"reward", "done"}),
-                      "reward": observation.reward, "done": observation.done}
+            # OpenEnv's serialize_observation, as JSON values: pydantic's own JSON mode, or
+            # through JSON for what it cannot make JSON (an MCP tool's result object).
+            try:
+                fields = observation.model_dump(mode="json", exclude={"reward", "done"})
+            except PydanticSerializationError:
+                fields = json.loads(json.dumps(observation.model_dump(
+                    exclude={"reward", "done"}), default=_plain))
+            served = {"observation": fields, "reward": observation.reward,
+                      "done": observation.done}
             if observation.metadata:
-                served["metadata"] = observation.metadata
-            served = json.loads(json.dumps(served, default=_plain))
+                served["metadata"] = fields.get("metadata", observation.metadata)
             return Step(served["observation"], reward=float(observation.reward or 0.0),
                         done=bool(observation.done), info=dict(served.get("metadata") or {}),
                         served=served)
@@ -685,6 +717,6 @@ def _snake(name: str) -> str:
                    for i, c in enumerate(name))
 
 
-__all__ = ["DEFAULT_MAX_TURNS", "EnvironmentSpec", "Outcome", "Reward", "Step", "abandonable",
+__all__ = ["DEFAULT_MAX_TURNS", "EnvironmentSpec", "EnvironmentThread", "Outcome", "Reward", "Step",
            "accepted", "call", "check_action", "close", "from_openenv", "prompt_of", "reset",
            "step", "text_of", "timestep_metadata"]

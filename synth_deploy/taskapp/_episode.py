@@ -9,7 +9,6 @@ call, which depends on the config, which names the environment.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +16,9 @@ from typing import Any
 from synth_deploy.errors import InvalidAction
 from synth_deploy.taskapp._environment import (
     EnvironmentSpec,
+    EnvironmentThread,
     Outcome,
     Step,
-    abandonable,
     call,
     close,
     prompt_of,
@@ -95,26 +94,27 @@ def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
     async def rollout(request: RolloutRequest, ctx: Any) -> dict[str, Any]:
         limit = spec.turn_limit(request.env.config)  # a bad value is refused before reset
         await spec.wait_for_slot()  # the environment's max_sessions, if it has one
-        left: list[threading.Event] = []
-        try:
-            env = spec.new()
-        except BaseException:
-            spec.release_slot()
-            raise
-        try:
-            with abandonable() as left:  # past the time budget, a step is not waited for
+        thread = EnvironmentThread()
+        with thread.current():
+            try:
+                env = await call(spec.new)
+            except BaseException:
+                thread.end()
+                spec.release_slot()
+                raise
+            try:  # past the time budget, a step still running is abandoned (`_retire_later`)
                 first = await reset(env, request.env.seed, episode_id=request.run_id,
                                     config=request.env.config)
                 return await _play(spec, env, first, request, ctx, call_policy, limit)
-        finally:
-            running = [ended for ended in left if not ended.is_set()]
-            if running:
-                _retire_later(spec, env, running)
-            else:
-                try:
-                    await close(env)
-                finally:
-                    spec.release_slot()
+            finally:
+                if thread.busy:
+                    _retire_later(spec, env, thread)
+                else:
+                    try:
+                        await close(env)
+                    finally:
+                        thread.end()
+                        spec.release_slot()
 
     rollout.__name__ = rollout.__qualname__ = f"{spec.name}.episode"
     return rollout
@@ -123,18 +123,17 @@ def episode_rollout(spec: EnvironmentSpec) -> Callable[..., Any]:
 _retiring: set[asyncio.Task[None]] = set()  # held until done: the loop keeps weak references
 
 
-def _retire_later(spec: EnvironmentSpec, env: Any, running: list[threading.Event]) -> None:
+def _retire_later(spec: EnvironmentSpec, env: Any, thread: EnvironmentThread) -> None:
     """An episode answered while a sync call of its environment still runs on its thread
-    (its time budget spent): once that call returns, the environment is closed and its slot
-    freed, so no two threads ever use one instance."""
-    import anyio
+    (its time budget spent): the environment is closed on that thread once the call returns,
+    then its slot freed, so no two calls ever use one instance at once."""
 
     async def retire() -> None:
         try:
-            for ended in running:
-                await anyio.to_thread.run_sync(ended.wait)
-            await close(env)
+            with thread.current():
+                await close(env)  # waits its turn behind the call still running
         finally:
+            thread.end()
             spec.release_slot()
 
     task = asyncio.get_running_loop().create_task(retire())

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import sqlite3
+import sys
 import threading
 import time
 from typing import Generic, TypeVar
@@ -552,3 +554,61 @@ def test_max_sessions_holds_for_rollout_episodes_and_openenv_sessions_together(s
     assert refused.result()["code"] == "CAPACITY_REACHED"
     with ws(server, api_key) as session:  # the slot came back
         assert session.reset(seed=1)["done"] is True
+
+
+class SqliteGrid(ConcurrentGrid):
+    """An environment holding what only its own thread may use: Python's sqlite3 refuses a
+    connection used from a thread other than the one that made it."""
+
+    def __init__(self):
+        super().__init__()
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute("create table moves (direction text)")
+
+    def step(self, action):
+        self.db.execute("insert into moves values (?)", (action.direction,))
+        observation = super().step(action)
+        observation.message = f"{self.db.execute('select count(*) from moves').fetchone()[0]}"
+        return observation
+
+    def close(self):
+        self.db.close()
+
+
+def test_an_environment_lives_on_one_thread_as_in_openenvs_server(serve, api_key):
+    """Made, reset, stepped and closed on its own thread, whichever sessions run between its
+    calls: two WebSocket sessions taking turns, and a /rollout episode."""
+    from standins.scripted_policy import calls, scripted_policy, tool_call
+
+    server = serve(create_app(grid_config(SqliteGrid), api_keys=[api_key]))
+    with ws(server, api_key) as one, ws(server, api_key) as two:
+        one.reset()
+        two.reset()
+        for moves in ("1", "2"):
+            for env in (one, two):
+                assert env.step({"direction": "right"})["observation"]["message"] == moves
+    policy = serve(scripted_policy([calls(tool_call("move", {"direction": "right"}))]))
+    body = rollout(server, api_key, policy.url + "/v1")
+    assert body["metrics"]["outcome_reward"] == 1.0, body
+    steps = body["trajectories"][0]["steps"]  # each shows the observation it acted on
+    assert len(steps) == 2 and '"message": "1"' in steps[1]["obs"]["text"], steps
+
+
+def test_the_gils_switch_interval_grows_with_the_sessions_held_and_comes_back(serve, api_key):
+    """A session's environment has a thread of its own. Thousands of those ending their steps
+    at once starved the loop at CPython's 5-ms switch interval (bench/openenv_scaling.py):
+    past a few hundred the interval grows with them, and is what it was once they close."""
+    before = sys.getswitchinterval()
+    server = serve(create_app(grid_config(ConcurrentGrid), api_keys=[api_key],
+                              limits=RolloutLimits(max_in_flight=1024)))
+    with httpx.Client(base_url=server.url + "/openenv", headers={"X-API-Key": api_key},
+                      timeout=10) as client:
+        sessions = []
+        for _ in range(768):
+            client.cookies.clear()  # each /reset without one opens a session
+            sessions.append(client.post("/reset", json={}).headers["openenv-session-id"])
+        assert sys.getswitchinterval() >= 0.005 * 768 / 256
+        client.cookies.clear()
+        for session in sessions:
+            assert client.post("/close", headers={"openenv-session-id": session}).is_success
+    assert sys.getswitchinterval() == before

@@ -29,7 +29,12 @@ from typing import Any
 from synth_deploy.errors import BadRequest
 from synth_deploy.serving._failures import AppFailures
 from synth_deploy.taskapp import _environment as environment
-from synth_deploy.taskapp._environment import EnvironmentSpec, Outcome, Step
+from synth_deploy.taskapp._environment import (
+    EnvironmentSpec,
+    EnvironmentThread,
+    Outcome,
+    Step,
+)
 from synth_deploy.taskapp.contracts import RolloutStep
 from synth_deploy.tracing import SessionTrace, SessionTracer
 
@@ -68,6 +73,7 @@ class EnvSession:
     id: str
     transport: str  # "ws", "http", or "mcp" (made by JSON-RPC, a WebSocket may attach)
     env: Any
+    thread: EnvironmentThread  # where the environment was made, and its sync calls run
     last_used: float
     on_reap: Callable[[], None] | None = None  # how a WebSocket is told its lease ran out
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -116,15 +122,18 @@ class EnvSessions:
             await self.close(idle, "a new session took its slot (an HTTP session holds one "
                                    "only while a call runs)")
         self.reserved += 1
+        thread = EnvironmentThread()
         try:
-            env = await environment.call(self.spec.new)
+            with thread.current():
+                env = await environment.call(self.spec.new)
         except BaseException:
+            thread.end()
             self.spec.release_slot()
             raise
         finally:
             self.reserved -= 1
         loop = asyncio.get_running_loop()
-        session = EnvSession(uuid.uuid4().hex, transport, env, loop.time(), on_reap)
+        session = EnvSession(uuid.uuid4().hex, transport, env, thread, loop.time(), on_reap)
         self.sessions[session.id] = session
         if transport == "http":
             self._http[session.id] = session
@@ -194,16 +203,19 @@ class EnvSessions:
         session.closed = True
         self.sessions.pop(session.id, None)
         self._http.pop(session.id, None)
-        try:
-            if session.episode is not None:
-                await self._end_episode(session, reason)
-        finally:
+        with session.thread.current():
             try:
-                await environment.close(session.env)
-            except Exception as exc:  # a failing close must not keep the slot
-                self.failures.error(exc, "closing environment session %s failed", session.id)
+                if session.episode is not None:
+                    await self._end_episode(session, reason)
             finally:
-                self.spec.release_slot()
+                try:
+                    await environment.close(session.env)
+                except Exception as exc:  # a failing close must not keep the slot
+                    self.failures.error(exc, "closing environment session %s failed",
+                                        session.id)
+                finally:
+                    session.thread.end()
+                    self.spec.release_slot()
 
     async def close_all(self) -> None:
         for session in list(self.sessions.values()):
@@ -224,7 +236,8 @@ class EnvSessions:
             async with session.lock:
                 if session.closed:
                     raise SessionGone(session.id)
-                yield
+                with session.thread.current():
+                    yield
         finally:
             session.busy -= 1
             session.last_used = asyncio.get_running_loop().time()

@@ -65,8 +65,9 @@ _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": Tru
                                 "step_count": {"type": "integer", "minimum": 0}}}
 _ELSEWHERE = "openenv_base_url"  # a probe of OpenEnv's sent to the app's root
 # Sessions a process holds when its environment declares no number: what one core held in
-# every run of bench/openenv_scaling.py; past it a new session is refused, not a crowd let in
-# that stalls the loop for the sessions held (each sync environment's step is a thread).
+# every run of bench/openenv_scaling.py with each step within 3x its wait (8,192 all finish,
+# at 4-5x); past it a new session is refused, not a crowd let in that slows every session
+# held (each sync environment's step runs on its own thread).
 MAX_SESSIONS = 4096
 _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
@@ -197,19 +198,20 @@ class _Wire:
             if not self._described:  # one instance, made once, to read its declared schemas
                 from synth_deploy.taskapp import _environment as environment
 
-                env = await environment.call(self.spec.new)
-                try:
-                    observation = dict(getattr(env, "observation_schema", None)
-                                       or {"type": "object"})
-                    self._described = {
-                        "action": dict(getattr(env, "action_schema", None)
-                                       or self.spec.action_schema(env)),
-                        "observation": observation,
-                        "reset_observation": dict(getattr(env, "reset_observation_schema",
-                                                          None) or observation),
-                        "state": _state_schema(getattr(env, "state_schema", None))}
-                finally:
-                    await environment.close(env)
+                with environment.EnvironmentThread():
+                    env = await environment.call(self.spec.new)
+                    try:
+                        observation = dict(getattr(env, "observation_schema", None)
+                                           or {"type": "object"})
+                        self._described = {
+                            "action": dict(getattr(env, "action_schema", None)
+                                           or self.spec.action_schema(env)),
+                            "observation": observation,
+                            "reset_observation": dict(getattr(
+                                env, "reset_observation_schema", None) or observation),
+                            "state": _state_schema(getattr(env, "state_schema", None))}
+                    finally:
+                        await environment.close(env)
         return JSONResponse(self._described)
 
     async def openapi(self, request: Request) -> Response:
