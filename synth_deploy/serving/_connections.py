@@ -35,7 +35,7 @@ import weakref
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 try:  # the fast path: uvicorn's C parser (the `httptools` wheel)
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -98,6 +98,13 @@ class _Bounded:
         if self._refused:
             return  # read and dropped: unread bytes would turn our close into a reset
         super().data_received(data)  # type: ignore[misc]
+
+    def handle_websocket_upgrade(self, *event: Any) -> None:
+        # A WebSocket writes each message as one frame: held a loop step, it only waits.
+        coalesced = self.transport  # type: ignore[has-type]
+        coalesced.flush()
+        self.transport = coalesced._transport
+        super().handle_websocket_upgrade(*event)  # type: ignore[misc]
 
     def _close_if_overdue(self, now: float) -> None:
         """Note what the connection waits for; close it when that is late."""
@@ -232,8 +239,9 @@ else:  # pragma: no cover
     BoundedHttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 
-class QuietWSProtocol(WSProtocol):
-    """uvicorn's wsproto protocol, its handshake lines logged by `ClientLog`'s rules."""
+class QuietWSProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O protocol over websockets, its handshake lines logged by
+    `ClientLog`'s rules."""
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:

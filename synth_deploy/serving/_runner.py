@@ -126,8 +126,8 @@ def _uvicorn_config(app: Any, *, host: str, port: int, log_level: str,
     # The client address a proxy forwards (X-Forwarded-For from cloudflared on 127.0.0.1) is
     # read by the access log alone: without it, nobody reads it and it is not parsed.
     extra.setdefault("proxy_headers", access_log)
-    # OpenEnv's sessions (`_openenv`): wsproto, pure Python on the h11 uvicorn already has,
-    # its handshakes logged as access-log lines (`_client_log`).
+    # OpenEnv's sessions (`_openenv`): uvicorn's sans-I/O protocol over websockets (framing
+    # in C), its handshakes logged as access-log lines (`_client_log`).
     extra.setdefault("ws", QuietWSProtocol)
     # uvicorn holds a WebSocket message whole before the app sees it: capped as a body is.
     extra.setdefault("ws_max_size", _message_limit(app))

@@ -175,8 +175,10 @@ def test_keyless_and_malformed_clients_write_next_to_nothing_to_the_log(tmp_path
 
     def clients(url):
         for _ in range(20):
-            assert b" 401 " in raw_exchange(url, handshake(f"/openenv/ws?{huge}"))
-            assert b" 403 " in raw_exchange(url, handshake(f"/openenv/ws?{huge}",
+            # A handshake past websockets' 8 KiB line limit is refused before the app.
+            assert b" 414 " in raw_exchange(url, handshake(f"/openenv/ws?{huge}"))
+            assert b" 401 " in raw_exchange(url, handshake(f"/openenv/ws?{huge[:4000]}"))
+            assert b" 403 " in raw_exchange(url, handshake(f"/openenv/ws?{huge[:4000]}",
                                                            "X-API-Key: sk_env_wrong"))
             raw_exchange(url, b"NOT HTTP AT ALL\r\n\r\n")
         env = WSEnvClient(url + "/openenv", headers={"X-API-Key": api_key})
@@ -195,7 +197,7 @@ def test_the_access_log_shows_paths_without_their_query(tmp_path, api_key):
     def clients(url):
         assert httpx.get(url + f"/health?api_key={api_key}",
                          headers={"X-API-Key": api_key}).status_code == 200
-        raw_exchange(url, handshake("/openenv/ws?q=" + "A" * 10_000))
+        raw_exchange(url, handshake("/openenv/ws?q=" + "A" * 5_000))
         env = WSEnvClient(url + "/openenv", headers={"X-API-Key": api_key})
         env.path += f"?api_key={api_key}"
         with env:
