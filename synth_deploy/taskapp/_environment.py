@@ -361,15 +361,29 @@ async def reset(env: Any, seed: int | None, *, episode_id: str,
 
 def accepted(fn: Callable[..., Any], keywords: Mapping[str, Any]) -> dict[str, Any]:
     """``keywords`` but those ``fn`` cannot take (all of them when it takes ``**kwargs``)."""
+    # A method's function, read once rather than at each reset (its first parameter is the
+    # instance, which no keyword may name).
+    function, bound = getattr(fn, "__func__", fn), hasattr(fn, "__func__")
     try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: pass what was asked
-        return dict(keywords)
-    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
-        return dict(keywords)
-    return {k: v for k, v in keywords.items() if k in parameters
-            and parameters[k].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                       inspect.Parameter.KEYWORD_ONLY)}
+        names = _keyword_names(function, bound)
+    except TypeError:  # an object that cannot be a cache key
+        names = _keyword_names.__wrapped__(function, bound)
+    return dict(keywords) if names is None else {k: v for k, v in keywords.items()
+                                                  if k in names}
+
+
+@functools.lru_cache(maxsize=256)
+def _keyword_names(fn: Callable[..., Any], bound: bool) -> frozenset[str] | None:
+    """The names ``fn`` takes by keyword (past its first parameter when ``bound``); None when
+    it takes any (``**kwargs``, or a builtin without a signature)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())[bound:]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def check_action(schema: Mapping[str, Any], action: Mapping[str, Any]) -> None:
