@@ -52,6 +52,7 @@ before ``step`` sees it: a missing required field, or a field the schema forbids
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import collections
 import contextlib
@@ -59,10 +60,10 @@ import contextvars
 import functools
 import inspect
 import json
+import queue
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,9 +120,9 @@ class EnvironmentThread:
     """The one thread an environment instance lives on, as in OpenEnv's server: it is made
     there and each of its sync methods runs there, one after another. An environment that
     holds something bound to its thread (a sqlite3 connection, a simulator's context) works;
-    no two of its calls ever run at once, even when one was abandoned (`call`); and a call
-    is one hand-off to a thread already waiting for it, no pool searched. `end` lets the
-    thread exit once its calls are done.
+    no two of its calls ever run at once, even when one was abandoned (`run`); and a call is
+    one hand-off to a thread already waiting for it, its answer one wake-up of the loop.
+    `end` lets the thread exit once its calls are done.
 
         with EnvironmentThread():              # `call` runs sync methods on it
             env = await call(spec.new)
@@ -133,9 +134,9 @@ class EnvironmentThread:
     live = 0  # threads of this process not yet ended (`_switch_interval`)
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="environment")
-        self._last: Future[Any] | None = None  # the calls run in turn: the last one ends last
-        self._ended = False
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending = 0  # calls handed over whose end the loop has not heard yet
+        self._started = self._ended = False
         EnvironmentThread.live += 1
         _switch_interval()
 
@@ -157,20 +158,53 @@ class EnvironmentThread:
         self.end()
 
     async def run(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on the thread. Cancelled, it returns at once; the call runs on, and the
-        thread's next call waits for it (`busy` meanwhile)."""
-        self._last = self._pool.submit(contextvars.copy_context().run, fn)
-        return await asyncio.wrap_future(self._last)
+        """``fn()`` on the thread. Cancelled, it returns at once; a call already running
+        runs on, and the thread's next call waits for it (`busy` meanwhile)."""
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        self._pending += 1
+        self._calls.put((contextvars.copy_context(), fn, answer, loop))
+        if not self._started:
+            self._started = True
+            # _thread's start, not threading's: Thread.start waits until the new thread
+            # runs, and with thousands of threads asking for the GIL that held the loop
+            # ~0.1 ms a session (bench/openenv_scaling.py).
+            _thread.start_new_thread(self._serve, ())
+        return await answer
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            context, fn, answer, loop = call
+            result = error = None
+            if not answer.cancelled():  # else abandoned before it began: not run
+                try:
+                    result = context.run(fn)
+                except BaseException as exc:  # the caller's to raise
+                    error = exc
+            try:
+                loop.call_soon_threadsafe(self._settle, answer, result, error)
+            except RuntimeError:  # the loop has closed: nobody is waiting
+                return
+
+    def _settle(self, answer: asyncio.Future[Any], result: Any,
+                error: BaseException | None) -> None:
+        self._pending -= 1
+        if answer.cancelled():
+            return
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result)
 
     @property
     def busy(self) -> bool:
-        """A call still runs (one abandoned by its caller, say)."""
-        return self._last is not None and not self._last.done()
+        """A call has not returned yet (one abandoned by its caller, say)."""
+        return self._pending > 0
 
     def end(self) -> None:
         if not self._ended:
             self._ended = True
-            self._pool.shutdown(wait=False)
+            self._calls.put(None)  # the thread exits once the calls before it are done
             EnvironmentThread.live -= 1
             _switch_interval()
 

@@ -132,6 +132,9 @@ def test_an_environments_step_that_holds_the_loop_on_openenvs_wire_is_named(
     server = serve(create_app(env_config(BusyCount), api_keys=[api_key]))
     with WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
         env.reset(seed=0)
+        # A beat between them: a step that arrives before the loop's heartbeat runs makes
+        # one hold of the two, half each, and a hold no function owns most of is not named.
+        time.sleep(0.2)
         env.step({"n": 1})
         env.step({"n": 1})  # said once per function
     warnings = held_warnings(caplog)
