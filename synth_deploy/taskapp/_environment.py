@@ -212,7 +212,7 @@ class EnvironmentThread:
 _CURRENT: contextvars.ContextVar[EnvironmentThread | None] = contextvars.ContextVar(
     "synth_deploy_environment_thread", default=None)
 _SWITCH_S = 0.005  # CPython's default
-_THREADS_A_SWITCH = 256  # environment threads per default interval (`_switch_interval`)
+_THREADS_A_SWITCH = 512  # environment threads per default interval (`_switch_interval`)
 
 
 def _switch_interval() -> None:
