@@ -66,7 +66,7 @@ _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": Tru
 _ELSEWHERE = "openenv_base_url"  # a probe of OpenEnv's sent to the app's root
 # Sessions a process holds when its environment declares no number: what one core held in
 # every run of bench/openenv_scaling.py with each step within 3x its wait (8,192 all finish,
-# at 3.6x); past it a new session is refused, not a crowd let in that slows every session
+# at 3-4x); past it a new session is refused, not a crowd let in that slows every session
 # held (each sync environment's step runs on its own thread).
 MAX_SESSIONS = 4096
 _CLOSE_TRY_AGAIN_LATER = 1013
