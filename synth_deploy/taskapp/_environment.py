@@ -137,8 +137,7 @@ class EnvironmentThread:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0  # calls handed over whose end the loop has not heard yet
         self._started = self._ended = False
-        EnvironmentThread.live += 1
-        _switch_interval()
+        _count_thread(+1)
 
     @contextlib.contextmanager
     def current(self) -> Any:
@@ -205,14 +204,22 @@ class EnvironmentThread:
         if not self._ended:
             self._ended = True
             self._calls.put(None)  # the thread exits once the calls before it are done
-            EnvironmentThread.live -= 1
-            _switch_interval()
+            _count_thread(-1)
 
 
 _CURRENT: contextvars.ContextVar[EnvironmentThread | None] = contextvars.ContextVar(
     "synth_deploy_environment_thread", default=None)
 _SWITCH_S = 0.005  # CPython's default
 _THREADS_A_SWITCH = 512  # environment threads per default interval (`_switch_interval`)
+
+
+_COUNTING = threading.Lock()  # servers of one process may run on loops of their own
+
+
+def _count_thread(change: int) -> None:
+    with _COUNTING:
+        EnvironmentThread.live += change
+        _switch_interval()
 
 
 def _switch_interval() -> None:
