@@ -166,8 +166,8 @@ class EnvironmentThread:
         if not self._started:
             self._started = True
             # _thread's start, not threading's: Thread.start waits until the new thread
-            # runs, and with thousands of threads asking for the GIL that held the loop
-            # ~0.1 ms a session (bench/openenv_scaling.py).
+            # runs, and with thousands of threads asking for the GIL that wait held the
+            # loop for every session (bench/openenv_scaling.py).
             _thread.start_new_thread(self._serve, ())
         return await answer
 
@@ -226,7 +226,7 @@ def _switch_interval() -> None:
     """The GIL's switch interval, longer as the environment threads grow past a few hundred.
     Each thread waiting for the GIL wakes once an interval: thousands of steps ending at once
     on one core (OpenEnv sessions, a thread each) spent each interval waking each other, and
-    the loop starved for a minute (bench/openenv_scaling.py, 8,192 sessions). A thread that
+    the loop starved (bench/openenv_scaling.py). A thread that
     blocks or waits still hands the GIL over at once; only one that computes holds it longer
     before another's turn: at most 5 ms while a server runs a few hundred environments."""
     sys.setswitchinterval(_SWITCH_S * max(1.0, EnvironmentThread.live / _THREADS_A_SWITCH))

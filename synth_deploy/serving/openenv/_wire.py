@@ -65,9 +65,9 @@ _STATE_SCHEMA = {"type": "object", "title": "State", "additionalProperties": Tru
                                 "step_count": {"type": "integer", "minimum": 0}}}
 _ELSEWHERE = "openenv_base_url"  # a probe of OpenEnv's sent to the app's root
 # Sessions a process holds when its environment declares no number: what one core held in
-# every run of bench/openenv_scaling.py with each step within 3x its wait (8,192 all finish,
-# at 3-4x); past it a new session is refused, not a crowd let in that slows every session
-# held (each sync environment's step runs on its own thread).
+# every run of bench/openenv_scaling.py with each step within 3x its wait (twice as many
+# all finish, but slower); past it a new session is refused, not a crowd let in that slows
+# every session held (each sync environment's step runs on its own thread).
 MAX_SESSIONS = 4096
 _CLOSE_TRY_AGAIN_LATER = 1013
 _CLOSE_GOING_AWAY = 1001
