@@ -116,6 +116,22 @@ class Outcome:
     env_id: str | None = None
 
 
+class _Current:
+    """`EnvironmentThread.current`'s block (a class: every environment call passes one)."""
+
+    __slots__ = ("thread", "token")
+
+    def __init__(self, thread: EnvironmentThread) -> None:
+        self.thread = thread
+
+    def __enter__(self) -> EnvironmentThread:
+        self.token = _CURRENT.set(self.thread)
+        return self.thread
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.reset(self.token)
+
+
 class EnvironmentThread:
     """The one thread an environment instance lives on, as in OpenEnv's server: it is made
     there and each of its sync methods runs there, one after another. An environment that
@@ -139,14 +155,9 @@ class EnvironmentThread:
         self._started = self._ended = False
         _count_thread(+1)
 
-    @contextlib.contextmanager
-    def current(self) -> Any:
+    def current(self) -> _Current:
         """Within the block, `call` runs sync functions on this thread."""
-        token = _CURRENT.set(self)
-        try:
-            yield self
-        finally:
-            _CURRENT.reset(token)
+        return _Current(self)
 
     def __enter__(self) -> EnvironmentThread:  # `current` for one instance's whole life
         self._token = _CURRENT.set(self)

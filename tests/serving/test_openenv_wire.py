@@ -180,6 +180,28 @@ def test_openenv_clients_play_episodes_over_websocket_each_traced(serve, api_key
     assert sessions_of(server, api_key)["active_sessions"] == 0
 
 
+def test_an_episodes_steps_are_traced_at_the_times_they_came(serve, api_key, store):
+    # The trace is built once the episode ends: each step must still carry its own time.
+    server = serve(create_app(env_config(), api_keys=[api_key], trace_store=store))
+    with WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+        first = env.reset(seed=7, episode_id="timed")
+        before = time.time()
+        for _ in range(first["observation"]["target"]):
+            time.sleep(0.15)
+            env.step({"n": 1})
+    wait_for(lambda: store.count_sessions(app="count") == 1)
+    episode = store.get_session(store.list_sessions(app="count")[0].session_id)
+    steps = episode.timesteps
+    assert len(steps) >= 2 and steps[0].timestamp >= before
+    gaps = [b.timestamp - a.timestamp for a, b in zip(steps, steps[1:])]
+    assert all(gap >= 0.1 for gap in gaps), gaps
+    for step in steps:  # (the store keeps each time to its own precision)
+        assert step.messages[0].timestamp == pytest.approx(step.timestamp, abs=1e-3)
+        assert step.events[0].event_time == pytest.approx(step.timestamp, abs=1e-3)
+    for step, following in zip(steps, steps[1:]):
+        assert step.completed_at == pytest.approx(following.timestamp, abs=1e-3)
+    assert episode.created_at < steps[0].timestamp
+
 def test_a_websocket_session_answers_errors_as_openenv_does(serve, api_key):
     server = serve(create_app(env_config(), api_keys=[api_key]))
     with WSEnvClient(server.url + "/openenv", headers={"Authorization": f"Bearer {api_key}"}

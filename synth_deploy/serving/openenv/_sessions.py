@@ -18,11 +18,10 @@ default (sessions pile up until it answers ``CAPACITY_REACHED`` for good, OpenEn
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +59,12 @@ class SessionGone(LookupError):
 class _Episode:
     episode_id: str
     seed: int | None
-    tracer: SessionTracer
-    started: float
-    steps: list[RolloutStep] = field(default_factory=list)
+    started: float  # perf_counter, for its duration
+    created_at: float = field(default_factory=time.time)
+    # Each step as it came: (number, time, action, result, timestep metadata). The trace is
+    # built from them once the episode ends, when it is written: a step answers sooner.
+    turns: list[tuple[int, float, Mapping[str, Any], Step, dict[str, Any]]] = field(
+        default_factory=list)
     done: bool = False
 
 
@@ -81,6 +83,47 @@ class EnvSession:
     step_count: int = 0
     episode: _Episode | None = None
     closed: bool = False
+
+
+class _InUse:
+    """``async with``: ``session`` used by this request alone (its lock), its sync calls on its
+    thread, its lease renewed when done; `SessionGone` once it is closed. A class, not a
+    generator: every step passes through it."""
+
+    __slots__ = ("sessions", "session", "current")
+
+    def __init__(self, sessions: EnvSessions, session: EnvSession) -> None:
+        self.sessions, self.session = sessions, session
+
+    async def __aenter__(self) -> None:
+        session = self.session
+        if session.closed:
+            raise SessionGone(session.id)
+        session.busy += 1  # a long step is not idleness
+        try:
+            await session.lock.acquire()
+        except BaseException:
+            self._done()
+            raise
+        if session.closed:
+            session.lock.release()
+            self._done()
+            raise SessionGone(session.id)
+        self.current = session.thread.current()
+        self.current.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.current.__exit__()
+        self.session.lock.release()
+        self._done()
+
+    def _done(self) -> None:
+        session = self.session
+        session.busy -= 1
+        session.last_used = asyncio.get_running_loop().time()
+        http = self.sessions._http
+        if session.id in http:  # the most recently used last: the last to yield its slot
+            http[session.id] = http.pop(session.id)
 
 
 class EnvSessions:
@@ -153,9 +196,7 @@ class EnvSessions:
         async with self._using(session):
             if session.episode is not None:
                 await self._end_episode(session, "the client reset the environment")
-            episode_id = episode_id or uuid.uuid4().hex
-            episode = _Episode(episode_id, seed, SessionTracer(metadata={}),
-                               time.perf_counter())
+            episode = _Episode(episode_id or uuid.uuid4().hex, seed, time.perf_counter())
             first = await environment.reset(session.env, seed, episode_id=episode_id,
                                             config=config)
             session.episode, session.step_count = episode, 0
@@ -175,7 +216,8 @@ class EnvSessions:
             result = await environment.step(session.env, action)
             session.step_count += 1
             if episode is not None and not episode.done:
-                self._record(episode, session, action, result)
+                episode.turns.append((session.step_count, time.time(), action, result,
+                                      environment.timestep_metadata(session.env, episode.seed)))
                 if result.done:
                     episode.done = True
                     await self._write(episode, session, None)
@@ -227,22 +269,8 @@ class EnvSessions:
     def _interval(self) -> float:
         return min(max(self.idle_s / 4, 0.05), 5.0)
 
-    @contextlib.asynccontextmanager
-    async def _using(self, session: EnvSession) -> AsyncIterator[None]:
-        if session.closed:
-            raise SessionGone(session.id)
-        session.busy += 1  # a long step is not idleness
-        try:
-            async with session.lock:
-                if session.closed:
-                    raise SessionGone(session.id)
-                with session.thread.current():
-                    yield
-        finally:
-            session.busy -= 1
-            session.last_used = asyncio.get_running_loop().time()
-            if session.id in self._http:  # the most recently used last: the last to yield
-                self._http[session.id] = self._http.pop(session.id)
+    def _using(self, session: EnvSession) -> _InUse:
+        return _InUse(self, session)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._sweeping is not loop:
@@ -266,24 +294,34 @@ class EnvSessions:
 
     # -- the trace ------------------------------------------------------------------------------
 
-    def _record(self, episode: _Episode, session: EnvSession, action: Mapping[str, Any],
-                result: Step) -> None:
-        tracer, number = episode.tracer, session.step_count
-        tracer.start_timestep(f"step-{number}", turn_number=number,
-                              metadata=environment.timestep_metadata(session.env, episode.seed))
-        tracer.record_message("user", {"action": dict(action)})
-        info = dict(result.info)
-        event = tracer.record_environment_event(
-            reward=float(result.reward), terminated=result.done and not result.truncated,
-            truncated=result.truncated, state_after=result.state,
-            metadata={**info, "action": dict(action)})
-        for r in result.rewards:
-            tracer.record_event_reward(r.value, reward_type=r.kind, source="environment",
-                                       turn_number=number, event_id=event.id,
-                                       annotation=r.annotation)
-        episode.steps.append(RolloutStep(obs=result.observation, reward=float(result.reward),
-                                         done=result.done, truncated=result.truncated,
-                                         info=info))
+    @staticmethod
+    def _traced(episode: _Episode) -> tuple[SessionTracer, list[RolloutStep]]:
+        """The episode's steps recorded in a tracer (at the times they came), and as the
+        steps an environment's ``outcome`` reads."""
+        tracer, steps = SessionTracer(metadata={}), []
+        tracer.session.created_at = episode.created_at
+        timesteps = []
+        for number, at, action, result, metadata in episode.turns:
+            timestep = tracer.start_timestep(f"step-{number}", turn_number=number,
+                                             metadata=metadata)
+            timestep.timestamp = at
+            timesteps.append(timestep)
+            tracer.record_message("user", {"action": dict(action)}).timestamp = at
+            info = dict(result.info)
+            event = tracer.record_environment_event(
+                reward=float(result.reward), terminated=result.done and not result.truncated,
+                truncated=result.truncated, state_after=result.state,
+                metadata={**info, "action": dict(action)})
+            event.event_time = at
+            for r in result.rewards:
+                tracer.record_event_reward(r.value, reward_type=r.kind, source="environment",
+                                           turn_number=number, event_id=event.id,
+                                           annotation=r.annotation).created_at = at
+            steps.append(RolloutStep(obs=result.observation, reward=float(result.reward),
+                                     done=result.done, truncated=result.truncated, info=info))
+        for timestep, following in zip(timesteps, timesteps[1:]):  # until the next came
+            timestep.completed_at = following.timestamp
+        return tracer, steps
 
     async def _end_episode(self, session: EnvSession, reason: str) -> None:
         episode, session.episode = session.episode, None
@@ -292,19 +330,22 @@ class EnvSessions:
 
     async def _write(self, episode: _Episode, session: EnvSession, unfinished: str | None
                      ) -> None:
-        """The episode as a traced session: ``unfinished`` says why it ended before done."""
-        tracer = episode.tracer
+        """The episode as a traced session: ``unfinished`` says why it ended before done.
+        Nothing when nobody reads it (no store, no live export)."""
+        if self.trace_store is None and self.on_session is None:
+            return
+        tracer, steps = self._traced(episode)
         if unfinished is None:
             if callable(getattr(session.env, "outcome", None)):
-                outcome = await environment.call(session.env.outcome, episode.steps)
+                outcome = await environment.call(session.env.outcome, steps)
             else:
-                outcome = Outcome(reward=sum(s.reward or 0.0 for s in episode.steps))
+                outcome = Outcome(reward=sum(s.reward or 0.0 for s in steps))
             tracer.record_outcome_reward(float(outcome.reward),
                                          achievements_count=outcome.achievements,
-                                         total_steps=len(episode.steps),
+                                         total_steps=len(steps),
                                          metadata=dict(outcome.metadata))
         trace = tracer.finish()
-        rewards = [s.reward or 0.0 for s in episode.steps]
+        rewards = [s.reward or 0.0 for s in steps]
         trace.metadata = {
             "app_id": self.app_id, **self.identity, "run_id": episode.episode_id,
             "mode": "openenv",
@@ -314,7 +355,7 @@ class EnvSessions:
             "status": "ok" if unfinished is None else "error",
             "metrics": {"outcome_reward": trace.outcome_rewards[-1].total_reward
                         if trace.outcome_rewards else sum(rewards),
-                        "num_steps": len(episode.steps), "episode_rewards": rewards}}
+                        "num_steps": len(steps), "episode_rewards": rewards}}
         if unfinished is not None:
             trace.metadata["error"] = {"code": "episode_unfinished",
                                        "message": f"the episode ended before done: {unfinished}"}
