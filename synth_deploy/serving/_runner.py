@@ -59,6 +59,7 @@ DEFAULT_GRACEFUL_TIMEOUT_S = 30.0
 DEFAULT_SUMMARY_EVERY_S = 10.0
 _FILES_KEPT = 256  # open files a server keeps for itself: the trace store, clients, the app's
 _YOUNG_GC_THRESHOLD = 7000  # see `prepare_serving_process`
+_FULL_GC_EVERY = 100  # middle-generation collections between full ones (CPython's: 10)
 logger = logging.getLogger("synth_deploy.taskapp")
 
 
@@ -78,7 +79,10 @@ def prepare_serving_process() -> None:
     Frozen, the objects that exist once the app has started (modules, the app, its datasets)
     are not walked again by full collections; young collections wait for ten times as many
     new objects as by default, so the objects of rollouts in flight die before they are
-    walked.
+    walked; and full collections come ten times less often: each walks every object the
+    sessions and connections held hold (a server holding thousands of WebSocket sessions
+    stopped for a long moment each time, bench/openenv_scaling.py), while what they free is
+    what middle-generation collections missed.
     """
     try:
         import resource
@@ -90,8 +94,8 @@ def prepare_serving_process() -> None:
     except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: keep the limit
         pass
     gc.freeze()
-    young, *older = gc.get_threshold()
-    gc.set_threshold(max(young, _YOUNG_GC_THRESHOLD), *older)
+    young, middle, full = gc.get_threshold()
+    gc.set_threshold(max(young, _YOUNG_GC_THRESHOLD), middle, max(full, _FULL_GC_EVERY))
     _give_back_large_blocks()
 
 

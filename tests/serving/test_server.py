@@ -299,7 +299,7 @@ def test_a_serving_process_freezes_what_exists_and_opens_as_many_files_as_allowe
         "prepare_serving_process()\n"
         "gc.collect()\n"
         "print(json.dumps({'frozen': not any(o is kept for o in gc.get_objects()),"
-        " 'young': gc.get_threshold()[0], 'files': resource.getrlimit("
+        " 'thresholds': gc.get_threshold(), 'files': resource.getrlimit("
         "resource.RLIMIT_NOFILE)}))\n")
     import json
     import resource
@@ -310,7 +310,8 @@ def test_a_serving_process_freezes_what_exists_and_opens_as_many_files_as_allowe
                          timeout=60, check=True).stdout
     seen = json.loads(out)
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    assert seen["frozen"] and seen["young"] >= 7000
+    young, _, full = seen["thresholds"]
+    assert seen["frozen"] and young >= 7000 and full >= 100  # CPython's: 700 and 10
     assert seen["files"] == [hard, hard] or hard == resource.RLIM_INFINITY
 
 
