@@ -10,6 +10,7 @@ The shape of `SessionTrace.to_dict()` is the v3 in-memory session trace
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -529,10 +530,20 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
         sent = base.messages[:shared] + fresh
         held = list(sent_messages)
     else:
-        sent, held = _continued(held, sent_messages, event.event_time)
+        fresh, held = sent, held = _continued(held, sent_messages, event.event_time)
     answered, held = _continued(held, [*sent_messages, reply], event.event_time)
+    # Ids from the call's own: a session built twice from the same bytes (a journal row
+    # two stores built at once) is the same session, which the second stores as done.
+    for n, made in enumerate(fresh + answered):
+        made.id = _derived_id(event.id, n)
     step.messages += sent + answered
     return held
+
+
+def _derived_id(parent: str, n: int) -> str:
+    """The ``n``-th id made from ``parent``'s: its millisecond, then 84 bits of a hash."""
+    digest = hashlib.blake2b(f"{parent}/{n}".encode(), digest_size=11).hexdigest()
+    return parent[:11] + digest[:21]
 
 
 # Tracers not finished yet: rollouts still running in this process. A tracer dropped

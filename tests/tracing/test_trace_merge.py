@@ -7,6 +7,7 @@ import datetime
 import decimal
 import hashlib
 import json
+import logging
 import random
 import sqlite3
 from contextlib import closing
@@ -230,6 +231,30 @@ def test_a_file_holding_its_sessions_in_the_journal_is_merged_from_it_as_it_is(t
         conn.executemany("INSERT INTO session_journal (session_id, body, rollout) VALUES "
                          "(?, ?, ?)", records + records[:3])
     _assert_merged_once_and_left_as_it_was(tmp_path, source, sessions)
+
+
+def test_a_journal_row_built_twice_is_one_session_not_a_conflict(tmp_path, caplog):
+    # Two stores may build one journal row at once (a stopping writer child and a reader
+    # opening the file): a session whose policy calls are made messages as it is built
+    # must come out the same both times, so the second build is done, not a conflict.
+    tracer, history = SessionTracer(), [{"role": "system", "content": "play"}]
+    for turn in range(1, 4):
+        _chat_turn(tracer, turn, history)
+    session = tracer.finish(expand=False)
+    records = read_session_log(_container_log(tmp_path, [session])).records
+    path = tmp_path / "journaled.db"
+    open_trace_store(path).close()
+    with closing(sqlite3.connect(path)) as conn, conn:
+        conn.executemany("INSERT INTO session_journal (session_id, body, rollout) VALUES "
+                         "(?, ?, ?)", records * 2)
+    with caplog.at_level(logging.WARNING, logger="synth_deploy.tracing"):
+        with open_trace_store(path) as store:
+            stored = store.get_session(session.session_id)
+            assert store.count_sessions() == 1
+    assert "not stored" not in caplog.text
+    for step in stored.timesteps:  # (a message a later turn repeats keeps its id there)
+        assert len(step.messages) >= 2
+        assert len({m.id for m in step.messages}) == len(step.messages)
 
 
 def test_a_log_copy_cut_short_is_refused_before_anything_is_merged(tmp_path):
