@@ -553,8 +553,7 @@ _recording: weakref.WeakSet[SessionTracer] = weakref.WeakSet()
 
 def sessions_recording() -> int:
     """How many sessions this process is still recording: the writer's hint that more
-    writes will follow soon (see `synth_deploy.tracing._write._child.FRAME_WAIT_S` and
-    `GATHER_S`)."""
+    writes will follow soon (the writer child journals them, `synth_deploy.tracing._write`)."""
     return len(_recording)
 
 

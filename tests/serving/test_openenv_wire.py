@@ -5,6 +5,7 @@ trace per episode. OpenEnv's own client and validator: bench/openenv_wire.py."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -193,12 +194,12 @@ def test_an_episodes_steps_are_traced_at_the_times_they_came(serve, api_key, sto
     episode = store.get_session(store.list_sessions(app="count")[0].session_id)
     steps = episode.timesteps
     assert len(steps) >= 2 and steps[0].timestamp >= before
-    gaps = [b.timestamp - a.timestamp for a, b in zip(steps, steps[1:])]
+    gaps = [b.timestamp - a.timestamp for a, b in itertools.pairwise(steps)]
     assert all(gap >= 0.1 for gap in gaps), gaps
     for step in steps:  # (the store keeps each time to its own precision)
         assert step.messages[0].timestamp == pytest.approx(step.timestamp, abs=1e-3)
         assert step.events[0].event_time == pytest.approx(step.timestamp, abs=1e-3)
-    for step, following in zip(steps, steps[1:]):
+    for step, following in itertools.pairwise(steps):
         assert step.completed_at == pytest.approx(following.timestamp, abs=1e-3)
     assert episode.created_at < steps[0].timestamp
 

@@ -18,6 +18,7 @@ default (sessions pile up until it answers ``CAPACITY_REACHED`` for good, OpenEn
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -319,7 +320,7 @@ class EnvSessions:
                                            annotation=r.annotation).created_at = at
             steps.append(RolloutStep(obs=result.observation, reward=float(result.reward),
                                      done=result.done, truncated=result.truncated, info=info))
-        for timestep, following in zip(timesteps, timesteps[1:]):  # until the next came
+        for timestep, following in itertools.pairwise(timesteps):  # until the next came
             timestep.completed_at = following.timestamp
         return tracer, steps
 

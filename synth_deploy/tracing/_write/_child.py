@@ -4,8 +4,10 @@ A writer thread would share the GIL with the event loop: building statements and
 side of every SQLite call would compete with request handling. So a served app's event loop
 (`TraceStore.use_writer_process`, called as the server starts) gets a child process for a
 local trace file, driven from the loop itself (no thread in between): the sessions finished
-in one loop iteration go as one frame, written without blocking (those of the next
-`FRAME_WAIT_S` too while other rollouts are still running); the child's
+in one loop iteration go as one frame, written without blocking, and while a frame is being
+committed the sessions finished meanwhile wait for its acknowledgement and go together as
+the next (group commit that follows the load: a lone rollout waits for nothing, a busy
+server's frames grow with its rate, and no session waits on a timer); the child's
 acknowledgements wake the loop through `add_reader` and settle the waiting futures in place.
 The child stores them with `commit` (group commit, a bad session failing alone, idempotent
 re-writes), checkpoints the WAL from a thread of its own, and acknowledges a session only
@@ -20,13 +22,13 @@ the store's ``write_timeout_s`` fails (one timer watches them all, `LoopWriter._
 A frame is a 4-byte little-endian length and a pickle; in it each session is encoded alone
 (`encode_session`: msgpack), or is its flat form (`_flat`) when msgpack cannot hold it.
 ``more_coming`` says other sessions were still being recorded (rollouts still running) when
-the frame went: theirs will follow, and the child waits a moment for them (`GATHER_S`) to
-commit them together. The child has its own session (the terminal's Ctrl-C does not cut a
-commit short) and exits once its stdin closes, after committing what it read: a parent
-killed with SIGKILL loses no acknowledged write and leaves no process behind. Its stderr is
-the parent's. Its first frame, sent once the database is open, is empty: until it comes (a
-new interpreter takes a moment to start), the server commits through its writer thread, so
-the first rollouts of a freshly started server do not wait for the child.
+the frame went: the server is busy, and the child journals them (`_journal`). The child
+has its own session (the terminal's Ctrl-C does not cut a commit short) and exits once its
+stdin closes, after committing what it read: a parent killed with SIGKILL loses no
+acknowledged write and leaves no process behind. Its stderr is the parent's. Its first
+frame, sent once the database is open, is empty: until it comes (a new interpreter takes a
+moment to start), the server commits through its writer thread, so the first rollouts of
+a freshly started server do not wait for the child.
 
 The child is told which database by the first frame the server sends, the store's own
 `TraceDbSetting` (a local file: it holds no secret), not by a string on its command line:
@@ -75,19 +77,10 @@ _READ_CHUNK = 1 << 16
 # per slice, where halves cost it one more (bench/trace_throughput.py weighs the choice).
 MIN_SLICE = 12
 
-
-# How long the child waits for the sessions of rollouts still running, until it holds
-# MIN_SLICE. A commit costs about the same however few sessions it holds, so under a steady
-# stream fuller commits cost the writer less per session; a rollout that waits is answered
-# at most GATHER_S later. When no other session is being recorded (a lone rollout, a
-# script's writes) nothing waits.
-GATHER_S = 0.010
-
-# How long a finished session waits on the loop for the sessions of rollouts still running,
-# so that one frame carries them: a loaded server finishes a session or two per loop
-# iteration, and a frame each cost it a write to the pipe and the child a wakeup, both
-# for every session or two. A session so waits at most FRAME_WAIT_S + GATHER_S.
-FRAME_WAIT_S = 0.004
+# How long sessions wait for the frame in flight to be acknowledged before they go anyway:
+# a child stuck on the file (a reader holding a lock) is sent what comes meanwhile, so
+# that each write's own time limit (`LoopWriter._watch`) counts from when it went.
+SEND_ANYWAY_S = 0.050
 
 
 def commit_slices(items: list[Any]) -> list[list[Any]]:
@@ -129,7 +122,9 @@ class LoopWriter:
         self._sent_at: collections.deque[tuple[int, float]] = collections.deque()
         self.frames_sent = 0  # of sessions (the setting not counted)
         self._watching = False
-        self._queued: list[tuple[int, Any, Any]] = []  # (seq, session, facts) of this step
+        self._queued: list[tuple[int, Any, Any]] = []  # (seq, session, facts) not sent yet
+        self._unacked = 0  # sessions sent and not acknowledged: while any, the queue waits
+        self._flushing = False  # a flush is scheduled
         self._unsent = bytearray(frame(setting))  # framed, not yet taken by the pipe
         self._received = bytearray()
         self._waiting_to_write = False
@@ -156,21 +151,24 @@ class LoopWriter:
             return future
         self._seq += 1
         self._pending[self._seq] = future
-        if not self._queued:  # one frame for this iteration's sessions, or for the next ms'
-            if sessions_recording() > 0:
-                self.loop.call_later(FRAME_WAIT_S, self._flush)
+        if not self._flushing:  # this iteration's sessions in one frame, or with the next
+            self._flushing = True
+            if self._unacked:
+                self.loop.call_later(SEND_ANYWAY_S, self._flush)
             else:
                 self.loop.call_soon(self._flush)
-            if not self._watching and self.timeout_s is not None:
-                self._watching = True
-                self.loop.call_later(self._watch_every_s, self._watch)
+        if not self._watching and self.timeout_s is not None:
+            self._watching = True
+            self.loop.call_later(self._watch_every_s, self._watch)
         self._queued.append((self._seq, session, rollout))
         return future
 
     def _flush(self) -> None:
+        self._flushing = False
         if self._queued:
             self.frames_sent += 1
             self._sent_at.append((self._seq, self.loop.time()))
+            self._unacked += len(self._queued)
             # Sessions still being recorded (rollouts still running) will follow soon.
             self._unsent += self._framed(more_coming=sessions_recording() > 0)
         self._write_some()
@@ -244,6 +242,7 @@ class LoopWriter:
             acks = pickle.loads(self._received[_HEAD.size:_HEAD.size + size])
             del self._received[:_HEAD.size + size]
             self.ready = True
+            self._unacked -= len(acks)
             for seq, error in acks:
                 future = self._pending.pop(seq, None)
                 if future is not None and not future.done():  # done: its waiter timed out
@@ -251,6 +250,8 @@ class LoopWriter:
                         future.set_result(None)
                     else:
                         future.set_exception(_rebuild(error))
+        if not self._unacked and self._queued:  # what waited for the frame in flight goes
+            self._flush()
 
     def _died(self) -> None:
         self.alive = False
@@ -341,9 +342,9 @@ def main() -> None:
     """Commit the sessions read from stdin to the database its first frame names (a
     `TraceDbSetting`); acknowledge each on stdout.
 
-    One thread: read a frame, take every frame already waiting too (group commit) or soon to
-    come (`GATHER_S`), commit them in `commit_slices`, each one transaction (a bad session
-    fails alone) answered with one frame. While a commit runs, what the server sends waits
+    One thread: read a frame, take every frame already waiting too (group commit), commit
+    them in `commit_slices`, each one transaction (a bad session fails alone) answered with
+    one frame. While a commit runs, what the server sends waits
     in the pipe. While the server is busy (`_ServerLoad`), sessions that come with others
     (a batch of several, or other rollouts still running) go to the journal, whose rows
     are built between batches once the server is not busy. Once its
@@ -514,19 +515,12 @@ class _FrameReader:
         return setting
 
     def next_batch(self, limit: int = 256) -> list[Any] | None:
-        """The sessions of the next frame and of every frame already waiting; while the
-        newest frame says more are coming, those that arrive within `GATHER_S` of the
-        first too, until there are `MIN_SLICE`."""
+        """The sessions of the next frame and of every frame already waiting."""
         first = self._next()
         if first is None:
             return None
         more_coming, items = first
-        gather_until = time.monotonic() + GATHER_S
-        while len(items) < limit:
-            gathering = more_coming and len(items) < MIN_SLICE
-            if not self.waiting(max(0.0, gather_until - time.monotonic()) if gathering
-                                 else 0.0):
-                break
+        while len(items) < limit and self.waiting(0.0):
             following = self._next()
             if following is None:
                 break
