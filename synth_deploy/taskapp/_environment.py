@@ -221,7 +221,9 @@ class EnvironmentThread:
 _CURRENT: contextvars.ContextVar[EnvironmentThread | None] = contextvars.ContextVar(
     "synth_deploy_environment_thread", default=None)
 _SWITCH_S = 0.005  # CPython's default
-_THREADS_A_SWITCH = 512  # environment threads per default interval (`_switch_interval`)
+# The switch interval per live environment thread (`_switch_interval`): a few times what one
+# waiting thread's wakeup costs the core, so that all of them wake well within an interval.
+_SWITCH_PER_THREAD_S = 100e-6
 
 
 _COUNTING = threading.Lock()  # servers of one process may run on loops of their own
@@ -234,13 +236,17 @@ def _count_thread(change: int) -> None:
 
 
 def _switch_interval() -> None:
-    """The GIL's switch interval, longer as the environment threads grow past a few hundred.
-    Each thread waiting for the GIL wakes once an interval: thousands of steps ending at once
-    on one core (OpenEnv sessions, a thread each) spent each interval waking each other, and
-    the loop starved (bench/openenv_scaling.py). A thread that
-    blocks or waits still hands the GIL over at once; only one that computes holds it longer
-    before another's turn: at most 5 ms while a server runs a few hundred environments."""
-    sys.setswitchinterval(_SWITCH_S * max(1.0, EnvironmentThread.live / _THREADS_A_SWITCH))
+    """The GIL's switch interval, 100 µs per live environment thread past CPython's 5 ms.
+
+    Each thread waiting for the GIL wakes once an interval to ask for it. When thousands of
+    steps end together on one core (OpenEnv sessions, a thread each), the waiters' wakeups
+    queue up behind each other; once they take longer than the interval, every waiter is
+    due again before its turn comes, they keep the core to themselves, and the loop's thread,
+    runnable, got no CPU for half a minute (bench/openenv_scaling.py, 4,096 and 8,192
+    sessions at CPython's and at a fifth of this rate). A thread that blocks or waits still
+    hands the GIL over at once; only one that computes holds it longer before another's
+    turn: 5 ms up to 50 environments, 0.4 s with 4,096 of them alive."""
+    sys.setswitchinterval(max(_SWITCH_S, EnvironmentThread.live * _SWITCH_PER_THREAD_S))
 
 
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
