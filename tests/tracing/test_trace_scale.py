@@ -236,36 +236,40 @@ def test_a_session_goes_to_the_child_at_once_when_no_frame_is_in_flight(tmp_path
         assert store.count_sessions() == 5
 
 
-def test_sessions_finished_a_moment_apart_while_others_run_go_to_the_child_in_one_frame(
-        tmp_path):
-    # A loaded server finishes a session or two per loop iteration; the sessions finished
-    # while a frame is being committed go together in the next (one write to the pipe, one
-    # wakeup of the child) rather than one frame per iteration. Written one after another,
-    # each goes alone.
-    with open_trace_store(tmp_path / "t.db") as store:
+def test_sessions_finished_while_a_frame_commits_go_together_in_the_next(tmp_path):
+    # While the child commits a frame (held up here by another connection's write lock),
+    # the sessions finished meanwhile, loop iterations apart, wait for its acknowledgement
+    # and go together: one write to the pipe and one wakeup of the child, not one each. Held
+    # up past SEND_ANYWAY_S (50 ms), it is sent them anyway. Written one after another with
+    # nothing in flight, each goes alone, at once.
+    path = tmp_path / "t.db"
+    with open_trace_store(path) as store:
         async def main():
             child = await ready_writer_child(store)
-            running = SessionTracer()  # a rollout still running
-
-            async def finish_after(iterations: int, i: int) -> None:
-                for _ in range(iterations):
-                    await asyncio.sleep(0)
-                await store.write_session(make_session(i))
-
             before = child.frames_sent
-            await asyncio.gather(*(finish_after(i, i) for i in range(5)))
-            together = child.frames_sent - before
-            running.finish()
+            lock = sqlite3.connect(path, isolation_level=None)
+            lock.execute("BEGIN IMMEDIATE")  # the child's commit waits for it
+            try:
+                writes = [asyncio.ensure_future(store.write_session(make_session(0)))]
+                await asyncio.sleep(0.01)
+                for i in range(1, 5):
+                    writes.append(asyncio.ensure_future(store.write_session(make_session(i))))
+                    await asyncio.sleep(0)
+                held = child.frames_sent - before  # the first frame only: it is in flight
+                await asyncio.sleep(0.25)
+                anyway = child.frames_sent - before
+            finally:
+                lock.execute("COMMIT")
+                lock.close()
+            await asyncio.gather(*writes)
             before = child.frames_sent
             for i in range(5, 8):
                 await store.write_session(make_session(i))
-            return together, child.frames_sent - before
+            return held, anyway, child.frames_sent - before
 
-        together, alone = asyncio.run(main())
+        held, anyway, alone = asyncio.run(main())
         assert store.count_sessions() == 8
-    # Five loop iterations take microseconds; two frames leave room for a preempted test.
-    assert together <= 2, together
-    assert alone == 3
+    assert (held, anyway, alone) == (1, 2, 3)
 
 
 def frame(payload) -> bytes:
