@@ -7,7 +7,7 @@ in CI:
     python -m venv /tmp/oe && /tmp/oe/bin/pip install openenv==0.10.0 numpy python-chess \
         moonfish reasoning-gym websockets
     /tmp/oe/bin/pip install -e .                                       # the kit, beside it
-    /tmp/oe/bin/python bench/openenv_fidelity.py --repo /tmp/OpenEnv [--rounds 4 --steps 300]
+    /tmp/oe/bin/python bench/openenv_fidelity.py --repo /tmp/OpenEnv [--rounds 8 --steps 300]
 
 For connect4, chess, wildfire and reasoning_gym, the kit's app is the environment's own
 `server/app.py` call with `create_app` renamed `task_app.openenv` (wildfire's factory builds
@@ -386,7 +386,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repo", required=True, type=Path, help="an OpenEnv checkout")
     parser.add_argument("--only", nargs="*", choices=sorted(ENVS), help="these envs only")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
     envs = args.repo.resolve() / "envs"
