@@ -605,7 +605,7 @@ def test_the_gils_switch_interval_grows_with_the_sessions_held_and_comes_back(se
     with httpx.Client(base_url=server.url + "/openenv", headers={"X-API-Key": api_key},
                       timeout=10) as client:
         sessions = []
-        for _ in range(120):  # past the threads an interval of 5 ms holds
+        for _ in range(120):  # past the threads CPython's own interval holds
             client.cookies.clear()  # each /reset without one opens a session
             sessions.append(client.post("/reset", json={}).headers["openenv-session-id"])
         assert sys.getswitchinterval() == pytest.approx(max(before, 120 * 100e-6))

@@ -240,7 +240,7 @@ def test_sessions_finished_while_a_frame_commits_go_together_in_the_next(tmp_pat
     # While the child commits a frame (held up here by another connection's write lock),
     # the sessions finished meanwhile, loop iterations apart, wait for its acknowledgement
     # and go together: one write to the pipe and one wakeup of the child, not one each. Held
-    # up past SEND_ANYWAY_S (50 ms), it is sent them anyway. Written one after another with
+    # up past SEND_ANYWAY_S, it is sent them anyway. Written one after another with
     # nothing in flight, each goes alone, at once.
     path = tmp_path / "t.db"
     with open_trace_store(path) as store:
