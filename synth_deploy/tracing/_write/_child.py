@@ -344,14 +344,14 @@ def main() -> None:
 
     One thread: read a frame, take every frame already waiting too (group commit), commit
     them in `commit_slices`, each one transaction (a bad session fails alone) answered with
-    one frame. While a commit runs, what the server sends waits
-    in the pipe. While the server is busy (`_ServerLoad`), sessions that come with others
-    (a batch of several, or other rollouts still running) go to the journal, whose rows
-    are built between batches once the server is not busy. Once its
-    input closes and what it read is committed, the child builds what is still journaled for
-    `_journal.EXIT_BUILD_S` at most (a short run's traces are then whole in the file), and
-    leaves the rest to the next store that opens the file (a reader, the next server,
-    `traces pull`): a stopping server (a Modal container draining) waits a moment at most.
+    one frame. While a commit runs, what the server sends waits in the pipe. While the
+    server is busy (`_ServerLoad`), sessions that come with others (a batch of several, or
+    other rollouts still running) go to the journal, whose rows are built between batches
+    once the server is not busy. Once its input closes and what it read is committed, the
+    child builds what is still journaled for `_journal.EXIT_BUILD_S` at most (a short run's
+    traces are then whole in the file), and leaves the rest to the next store that opens the
+    file (a reader, the next server, `traces pull`): a stopping server (a Modal container
+    draining) waits a moment at most.
     """
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent's pipe
