@@ -14,7 +14,8 @@ mode: each session connects, resets, steps once, closes) runs on core 1, unmodif
 results read from its `raw.jsonl`. Per run, one server declaring 16,384 sessions (past the
 kit's default of 4,096, to find where one core stops) takes batches of 2,048, 4,096 and
 8,192 sessions in turn; per batch: sessions ok, step p50/p99 over the wait (target: >= 95 % ok,
-p99 <= 3x the wait at 4,096 and 8,192 in every run).
+p99 <= 3x the wait at 4,096 and 8,192 in every run); a batch that misses says how long the
+server's loop thread got no CPU while its process used a core (its own threads starving it).
 
 Then `limit`: a server whose session limit is --limit (default: the kit's own) takes a
 batch of --limit + 2,048; a
@@ -102,6 +103,49 @@ class Kit:
         self.log.close()
 
 
+class LoopStarvation:
+    """While the block runs, the server's main thread (its event loop) and the whole process
+    read from /proc twice a second: the longest stretch in which the process used a core
+    while its loop's thread got none, said when a batch misses its target (a server that
+    went silent: its loop starved by its own threads, or busy itself)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.longest_s, self._done = pid, 0.0, threading.Event()
+
+    def _ticks(self, stat: str) -> int:
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0
+        return int(fields[11]) + int(fields[12])
+
+    def _watch(self) -> None:
+        starved_since = None
+        last = (self._ticks(f"/proc/{self.pid}/stat"),
+                self._ticks(f"/proc/{self.pid}/task/{self.pid}/stat"))
+        while not self._done.wait(0.5):
+            now = (self._ticks(f"/proc/{self.pid}/stat"),
+                   self._ticks(f"/proc/{self.pid}/task/{self.pid}/stat"))
+            busy, loop_ran = now[0] - last[0] >= 25, now[1] > last[1]  # half a core or more
+            last = now
+            if busy and not loop_ran:
+                starved_since = starved_since or time.monotonic() - 0.5
+                self.longest_s = max(self.longest_s, time.monotonic() - starved_since)
+            else:
+                starved_since = None
+
+    def __enter__(self) -> LoopStarvation:
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+
+    def said(self) -> str:
+        return (f"; the server's loop thread got no CPU for {self.longest_s:.1f} s while the "
+                "process used a core" if self.longest_s >= 1.0 else "")
+
+
 def batch(scaling: Path, url: str, sessions: int, wait: float, out: Path) -> list[dict]:
     """Their client, one batch, on core 1: each session's row from its raw.jsonl."""
     out.mkdir(parents=True, exist_ok=True)
@@ -185,12 +229,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="openenv-scaling-") as tmp_name:
         tmp = Path(tmp_name)
         for run in range(1, args.runs + 1):
-            with Kit(scaling, tmp, 16384) as url:
+            kit = Kit(scaling, tmp, 16384)
+            with kit as url:
                 for sessions in batches:
-                    rows = batch(scaling, url, sessions, args.wait, tmp / f"{run}-{sessions}")
+                    with LoopStarvation(kit.proc.pid) as starvation:
+                        rows = batch(scaling, url, sessions, args.wait, tmp / f"{run}-{sessions}")
                     share, p99, detail = describe(rows, args.wait)
                     target = share >= 0.95 and p99 <= 3 if sessions >= 4096 else share >= 0.95
-                    report(f"run {run} batch {sessions}", target, detail)
+                    report(f"run {run} batch {sessions}", target,
+                           detail + ("" if target else starvation.said()))
         judge_limit(scaling, tmp, args.limit, args.wait)
     print(f"{len(failures)} failed" if failures else "all ok")
     return 1 if failures else 0
