@@ -11,13 +11,17 @@ The shape of `SessionTrace.to_dict()` is the v3 in-memory session trace
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from pydantic_core import from_json
 
 from synth_deploy.tracing._tokens import TurnTokens
 from synth_deploy.tracing._trace_context import TRACEPARENT, incoming_trace_parent
@@ -443,19 +447,22 @@ class SessionTracer:
         return self._session
 
 
-def _continued(held: list[Any], messages: list[dict[str, Any]], at: float
-               ) -> tuple[list[Message], list[Any]]:
+def _continued(held: list[Any], messages: list[dict[str, Any]], at: float,
+               ids: Iterator[str] | None = None) -> tuple[list[Message], list[Any]]:
     """The messages recording ``messages`` adds to a timestep holding the conversation
-    ``held`` (only the new ones when it continues it), and the conversation it then holds."""
+    ``held`` (only the new ones when it continues it), and the conversation it then holds.
+    ``ids``: where the new messages' ids come from (fresh ones without it)."""
     known = len(held)
     if messages[:known] != held:
         known = 0  # a different conversation: record it whole
-    recorded = []
-    for m in messages[known:]:
-        role = m.get("role", "user")
-        recorded.append(Message(_MESSAGE_TYPES.get(role, role), m.get("content"), at,
-                                metadata={k: m[k] for k in _CHAT_FIELDS if m.get(k)}))
-    return recorded, list(messages)
+    return [_chat_message(m, at, ids) for m in messages[known:]], list(messages)
+
+
+def _chat_message(m: dict[str, Any], at: float, ids: Iterator[str] | None) -> Message:
+    role = m.get("role", "user")
+    return Message(_MESSAGE_TYPES.get(role, role), m.get("content"), at,
+                   {k: m[k] for k in _CHAT_FIELDS if m.get(k)},
+                   _new_id() if ids is None else next(ids))
 
 
 def chat_reply(message: dict[str, Any]) -> dict[str, Any]:
@@ -502,7 +509,7 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
                 base: Timestep | None = None) -> list[Any]:
     event = step.events[index]
     try:
-        body, data = json.loads(request), json.loads(answer)
+        body, data = _json(request), _json(answer)
         message, sent_messages = data["choices"][0]["message"], body["messages"]
         if not (isinstance(message, dict) and isinstance(sent_messages, list)
                 and all(isinstance(m, dict) for m in sent_messages)):
@@ -519,6 +526,9 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
         record["usage"] = data["usage"]
     event.call_records = [record]
     reply = chat_reply(message)
+    # Ids from the call's own: a session built twice from the same bytes (a journal row
+    # two stores built at once) is the same session, which the second stores as done.
+    ids = (_derived_id(event.id, n) for n in itertools.count())
     if base is not None and len(base.chat) == len(base.messages):
         # The same messages as the timestep before, as far as they agree: made once.
         shared = 0
@@ -526,18 +536,22 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
             if a != b:
                 break
             shared += 1
-        fresh, held = _continued([], sent_messages[shared:], event.event_time)
+        fresh, _ = _continued([], sent_messages[shared:], event.event_time, ids)
         sent = base.messages[:shared] + fresh
-        held = list(sent_messages)
     else:
-        fresh, held = sent, held = _continued(held, sent_messages, event.event_time)
-    answered, held = _continued(held, [*sent_messages, reply], event.event_time)
-    # Ids from the call's own: a session built twice from the same bytes (a journal row
-    # two stores built at once) is the same session, which the second stores as done.
-    for n, made in enumerate(fresh + answered):
-        made.id = _derived_id(event.id, n)
-    step.messages += sent + answered
-    return held
+        sent, _ = _continued(held, sent_messages, event.event_time, ids)
+    step.messages += sent
+    step.messages.append(_chat_message(reply, event.event_time, ids))
+    return [*sent_messages, reply]
+
+
+def _json(text: bytes | str) -> Any:
+    # pydantic-core's parser, a few times faster than json's; json's for what it refuses
+    # and json reads (a lone surrogate's escape).
+    try:
+        return from_json(text)
+    except ValueError:
+        return json.loads(text)
 
 
 def _derived_id(parent: str, n: int) -> str:

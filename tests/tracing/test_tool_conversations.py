@@ -135,6 +135,17 @@ def test_bytes_that_are_no_chat_call_are_kept_as_text_and_the_session_is_stored(
     assert step.messages == []
 
 
+def test_a_call_whose_json_escapes_a_lone_surrogate_is_still_a_chat_call():
+    # Valid JSON that some parsers refuse: the call is read as Python's json reads it.
+    tracer = SessionTracer()
+    answer = b'{"choices": [{"message": {"role": "assistant", "content": "a\\ud800"}}]}'
+    tracer.record_exchange(tracer.record_lm_call(model_name="m"),
+                           b'{"messages": [{"role": "user", "content": "Go."}]}', answer)
+    (step,) = tracer.finish().timesteps
+    assert [m.content for m in step.messages] == ["Go.", "a\ud800"]
+    assert step.events[0].call_records[0]["response"]["content"] == "a\ud800"
+
+
 def test_a_chat_recorded_before_any_timestep_starts_one_that_precedes_its_messages():
     tracer = SessionTracer()
     recorded = tracer.record_chat([{"role": "system", "content": "Play."},
