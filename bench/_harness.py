@@ -174,21 +174,26 @@ def _per_request(before: tuple[float, float] | None, after: tuple[float, float] 
 
 
 def settle(pid: int, *, quiet_share: float = 0.05, every_s: float = 0.1,
-           timeout_s: float = 60.0) -> float | None:
-    """Wait until ``pid`` and its children use under ``quiet_share`` of a core; the CPU
-    seconds they spent meanwhile. A server that defers work past its load (a trace writer
-    building rows) would otherwise do it while the next server is measured."""
+           quiet_for_s: float = 0.5, timeout_s: float = 60.0) -> float | None:
+    """Wait until ``pid`` and its children have used under ``quiet_share`` of a core for
+    ``quiet_for_s`` on end; the CPU seconds they spent meanwhile. A server that defers work
+    past its load (a trace writer building rows) would otherwise do it while the next
+    server is measured. Quiet for one look is not enough: a trace writer waits a moment
+    after the load (its server's recent CPU still says busy) before it starts building."""
     first = last = tree_cpu_s(pid)
     if first is None:
         return None
     deadline = time.monotonic() + timeout_s
+    quiet_since = time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(every_s)
         now = tree_cpu_s(pid)
         if now is None:
             break
         busy, last = now[1] - last[1], now
-        if busy < quiet_share * every_s:
+        if busy >= quiet_share * every_s:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_for_s:
             break
     return last[1] - first[1]
 
