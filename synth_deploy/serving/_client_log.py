@@ -7,7 +7,8 @@ put in the query (``?api_key=...``) is printed, and malformed requests are a lin
 protocol of the kit's (`_connections`) logs through `ClientLog` instead:
 
 - a path is logged without its query (shown as ``?…``) and cut at `PATH_SHOWN` characters;
-- a WebSocket handshake line is an access-log line: logged only when the access log is on;
+- a WebSocket handshake line is an access-log line, and so are websockets' own "connection
+  open" and "connection closed" of each session: logged only when the access log is on;
 - a warning (a malformed request, an unsupported upgrade) is one line per `WARN_EVERY_S` for
   each kind, which says how many like it were left out.
 """
@@ -21,6 +22,7 @@ from typing import Any
 PATH_SHOWN = 200
 WARN_EVERY_S = 10.0
 _HANDSHAKE = '%s - "WebSocket %s"'
+_SESSION_LINES = frozenset({"connection open", "connection closed"})  # websockets' own
 # By warning: when it was last logged, and how many like it were left out since.
 _warned: dict[str, list[float]] = {}
 
@@ -48,6 +50,8 @@ class ClientLog:
             if not self._handshakes:
                 return
             args = (args[0], shown_path(args[1]), *args[2:])
+        elif msg in _SESSION_LINES and not self._handshakes:
+            return
         elif isinstance(msg, str) and msg.startswith('%s - "%s %s HTTP/%s"'):  # access
             args = (*args[:2], shown_path(args[2]), *args[3:])
         self._logger.info(msg, *args, **kwargs)

@@ -240,13 +240,14 @@ else:  # pragma: no cover
 
 
 class QuietWSProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O protocol over websockets, its handshake lines logged by
-    `ClientLog`'s rules."""
+    """uvicorn's sans-I/O protocol over websockets, its handshake lines and websockets' own
+    lines logged by `ClientLog`'s rules."""
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.logger = ClientLog(self.logger, handshakes=config.access_log)  # type: ignore[assignment]
+        self.conn.logger = ClientLog(self.conn.logger, handshakes=config.access_log)
 
 
 def bounded_protocol() -> type:
