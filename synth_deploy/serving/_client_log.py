@@ -50,7 +50,7 @@ class ClientLog:
             if not self._handshakes:
                 return
             args = (args[0], shown_path(args[1]), *args[2:])
-        elif msg in _SESSION_LINES and not self._handshakes:
+        elif isinstance(msg, str) and msg in _SESSION_LINES and not self._handshakes:
             return
         elif isinstance(msg, str) and msg.startswith('%s - "%s %s HTTP/%s"'):  # access
             args = (*args[:2], shown_path(args[2]), *args[3:])
