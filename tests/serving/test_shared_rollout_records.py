@@ -7,7 +7,9 @@ Real `synth-deploy serve` child processes on loopback, one real SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -20,7 +22,13 @@ from toy_apps import toy_config
 
 from synth_deploy.serving import create_app
 from synth_deploy.taskapp import RolloutContext, RolloutRequest
-from synth_deploy.tracing import RUNNER_LOST_S, TICK_S, RolloutRecords, open_trace_store
+from synth_deploy.tracing import (
+    RUNNER_LOST_S,
+    TICK_S,
+    RolloutRecords,
+    TurnTokens,
+    open_trace_store,
+)
 
 # Each run appends its id to a file: how many times an id ran, whichever process ran it.
 COUNTING_APP = '''
@@ -198,3 +206,56 @@ def test_a_stream_on_another_server_follows_the_rollout_to_its_end(tmp_path, ser
             with c.stream("GET", b.url + "/containers/rollouts/streamed/stream") as stream:
                 lines = [line for line in stream.iter_lines() if line.startswith("event:")]
     assert lines == ["event: rollout.accepted", "event: rollout.completed"]
+
+
+async def long_episode(request: RolloutRequest, ctx: RolloutContext) -> dict:
+    """A policy call a turn, each sending the conversation so far with its prompt's token
+    ids (the turn before's and more), as `call_policy` records them."""
+    messages = [{"role": "system", "content": "Walk on."}]
+    prompt: list[int] = []
+    for turn in range(request.env.config["turns"]):
+        ctx.tracer.start_timestep(f"turn-{turn}", turn_number=turn)
+        messages.append({"role": "user", "content": f"You are at cell {turn}. " * 6})
+        prompt = [*prompt, *range(turn * 40, turn * 40 + 40)]
+        event = ctx.tracer.record_lm_call(model_name="m", tokens=TurnTokens(
+            prompt_ids=prompt, completion_ids=[7, 8, 9],
+            completion_logprobs=[-0.1234567891234, -0.5, -1.0 / 3]))
+        reply = {"role": "assistant", "content": f"I walk {turn}."}
+        ctx.tracer.record_exchange(event, json.dumps({"model": "m", "messages": messages})
+                                   .encode(), json.dumps({"choices": [{"message": reply}]})
+                                   .encode())
+        messages = [*messages, reply]
+    return {"run_id": request.run_id, "metrics": {"outcome_reward": 1.0}}
+
+
+def test_a_long_episodes_record_grows_with_its_turns_and_reads_back_whole_elsewhere(
+        tmp_path, serve, api_key):
+    # Its trace and token turns, returned whole, grow with the square of the turns: the
+    # record another server reads keeps each list as what it adds to the one before.
+    db = tmp_path / "t.db"
+    with open_trace_store(str(db)) as store:
+        a, b = (serve(create_app(toy_config(long_episode), api_keys=[api_key],
+                                 trace_store=store, rollout_records=RolloutRecords(store)))
+                for _ in range(2))
+        with httpx.Client(timeout=60, headers={"X-API-Key": api_key}) as c:
+            documents = {}
+            for turns in (10, 40):
+                rollout_id = f"walk-{turns}"
+                submitted = {**body(rollout_id, turns=turns), "record": {"return_trace": True}}
+                assert c.post(a.url + "/containers/rollouts", json=submitted
+                              ).status_code == 202
+                while (doc := c.get(f"{a.url}/containers/rollouts/{rollout_id}").json())[
+                        "status"] == "running":
+                    time.sleep(0.05)
+                assert doc["status"] == "completed", doc
+                elsewhere = c.get(f"{b.url}/containers/rollouts/{rollout_id}").json()
+                assert elsewhere == doc  # read from the record, not from a's memory
+                assert len(doc["trace"]["session_time_steps"]) == turns
+                assert doc["turns"][-1]["prompt_token_ids"] == list(range(turns * 40))
+                documents[turns] = len(json.dumps(doc))
+    with sqlite3.connect(db) as conn:
+        stored = dict(conn.execute("SELECT rollout_id, length(result) FROM async_rollouts"))
+    whole = documents[40] / 40 / (documents[10] / 10)
+    kept = stored["walk-40"] / 40 / (stored["walk-10"] / 10)
+    assert whole > 2.5  # what the contract answers: the square of the turns
+    assert kept < 1.3, (stored, documents)

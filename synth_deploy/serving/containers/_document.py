@@ -36,6 +36,100 @@ def result_fields(answer: dict[str, Any], rollout_id: str) -> dict[str, Any]:
                           for i, t in enumerate(response.get("trajectories") or ())]}
 
 
+# How a list that begins with the one before it under the same key is stored: how many
+# items it shares with that one, and the rest (keys no producer of ours writes).
+_SHARED, _REST = "\u0000shared", "\u0000rest"
+# Lists shorter than this, or sharing fewer items, are stored whole: not worth a marker.
+_WORTH = 8
+
+
+# A trace's histories: its steps' lists end to end (`SessionTrace.to_dict`).
+_HISTORIES = {"event_history": "events",
+              "markov_blanket_message_history": "markov_blanket_messages"}
+
+
+def compact(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` as a rollout's record keeps it. A trace returned whole grows with the
+    square of an episode's turns (each step holds the conversation so far); its record
+    grows with the turns:
+
+    - each list that begins with the last list seen under the same key (a policy call's
+      prompt ids and messages are the call before's and more) is kept as what it adds;
+    - a trace's histories, its steps' lists end to end, are kept once, in the steps.
+
+    `expanded` undoes it."""
+    trace = document.get("trace")
+    if isinstance(trace, dict):
+        steps = trace.get("session_time_steps")
+        joined = [name for name, part in _HISTORIES.items()
+                  if isinstance(steps, list) and trace.get(name) == _joined(steps, part)]
+        if joined:
+            document = {**document, "trace": {**trace, **dict.fromkeys(joined, _JOINED)}}
+    return _walk(document, None, {}, _compact_list)
+
+
+def expanded(document: dict[str, Any]) -> dict[str, Any]:
+    """`compact` undone."""
+    document = _walk(document, None, {}, _expand_list)
+    trace = document.get("trace")
+    if isinstance(trace, dict):
+        for name, part in _HISTORIES.items():
+            if trace.get(name) == _JOINED:
+                trace[name] = _joined(trace["session_time_steps"], part)
+    return document
+
+
+_JOINED = "\u0000joined"  # in a history's place: its steps' lists end to end
+
+
+def _joined(steps: list[Any], part: str) -> list[Any]:
+    return [item for step in steps if isinstance(step, dict)
+            for item in (step.get(part) or ())]
+
+
+def _walk(value: Any, key: Any, before: dict[Any, list[Any]], on_list: Any) -> Any:
+    # Depth first, in the dicts' order: both ways see the lists in the same order.
+    if isinstance(value, dict):
+        if _SHARED in value and on_list is _expand_list:
+            return _expand_list(value, key, before)
+        return {k: _walk(v, k, before, on_list) for k, v in value.items()}
+    if isinstance(value, list):
+        return on_list(value, key, before)
+    return value
+
+
+def _compact_list(items: list[Any], key: Any, before: dict[Any, list[Any]]) -> Any:
+    last = before.get(key)
+    shared = _shared_length(last, items) if last is not None and len(items) >= _WORTH else 0
+    if shared < _WORTH:
+        shared = 0
+    rest = [_walk(v, key, before, _compact_list) for v in items[shared:]]
+    before[key] = items
+    return {_SHARED: shared, _REST: rest} if shared else rest
+
+
+def _expand_list(marked: Any, key: Any, before: dict[Any, list[Any]]) -> list[Any]:
+    last = before.get(key) or []
+    shared, rest = (marked[_SHARED], marked[_REST]) if isinstance(marked, dict) else (0, marked)
+    items = last[:shared] + [_walk(v, key, before, _expand_list) for v in rest]
+    before[key] = items
+    return items
+
+
+def _shared_length(a: list[Any], b: list[Any]) -> int:
+    """How many leading items ``a`` and ``b`` share: halving on slices, each one compare."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
 def token_turns(trace: dict[str, Any]) -> list[dict[str, Any]]:
     """Each policy call of ``trace`` that recorded tokens, as the contract's training turn:
     ``prompt_token_ids``, ``token_ids`` (the completion's), ``token_logprobs``."""
@@ -111,5 +205,5 @@ def reward_view(document: dict[str, Any]) -> dict[str, Any]:
                               "value": reward}]}
 
 
-__all__ = ["CONTROL", "artifacts_view", "result_fields", "reward_view", "state_view",
-           "summary_view", "token_turns", "trace_view", "usage_view"]
+__all__ = ["CONTROL", "artifacts_view", "compact", "expanded", "result_fields", "reward_view",
+           "state_view", "summary_view", "token_turns", "trace_view", "usage_view"]

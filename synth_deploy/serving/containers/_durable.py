@@ -51,7 +51,7 @@ from synth_deploy.serving._rollout_run import (
     RolloutStop,
     stopped,
 )
-from synth_deploy.serving.containers._document import result_fields
+from synth_deploy.serving.containers._document import compact, expanded, result_fields
 from synth_deploy.serving.containers._events import envelope
 from synth_deploy.taskapp.contracts import RolloutRequest, RolloutResponse
 from synth_deploy.tracing import (
@@ -350,7 +350,7 @@ class AsyncRollouts:
     def _stored_document(self, found: RolloutRecord, now: float | None = None
                          ) -> dict[str, Any]:
         if found.result is not None:
-            return found.result
+            return expanded(found.result)
         now = time.time() if now is None else now
         document: dict[str, Any] = {
             "rollout_id": found.rollout_id, "status": found.status,
@@ -454,8 +454,8 @@ class AsyncRollouts:
         try:
             if self._batches is not None:
                 try:
-                    await self._batches.finish(RolloutFinish(live.rollout_id, status,
-                                                             live.document(), updated))
+                    await self._batches.finish(RolloutFinish(
+                        live.rollout_id, status, compact(live.document()), updated))
                 except Exception as exc:  # noqa: BLE001 - answered in memory, said in it
                     live.answer = {**answer, "warning": f"its record could not be stored "
                                                         f"({type(exc).__name__})"}
