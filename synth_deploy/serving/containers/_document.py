@@ -39,13 +39,14 @@ def result_fields(answer: dict[str, Any], rollout_id: str) -> dict[str, Any]:
 # How a list that begins with the one before it under the same key is stored: how many
 # items it shares with that one, and the rest (keys no producer of ours writes).
 _SHARED, _REST = "\u0000shared", "\u0000rest"
+_MARKER = {_SHARED, _REST}
 # Lists shorter than this, or sharing fewer items, are stored whole: not worth a marker.
 _WORTH = 8
-
-
-# A trace's histories: its steps' lists end to end (`SessionTrace.to_dict`).
+# A trace's histories: its steps' lists end to end (`SessionTrace.to_dict`), and what the
+# record holds in a history's place.
 _HISTORIES = {"event_history": "events",
               "markov_blanket_message_history": "markov_blanket_messages"}
+_JOINED = "\u0000joined"
 
 
 def compact(document: dict[str, Any]) -> dict[str, Any]:
@@ -79,9 +80,6 @@ def expanded(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-_JOINED = "\u0000joined"  # in a history's place: its steps' lists end to end
-
-
 def _joined(steps: list[Any], part: str) -> list[Any]:
     return [item for step in steps if isinstance(step, dict)
             for item in (step.get(part) or ())]
@@ -90,7 +88,7 @@ def _joined(steps: list[Any], part: str) -> list[Any]:
 def _walk(value: Any, key: Any, before: dict[Any, list[Any]], on_list: Any) -> Any:
     # Depth first, in the dicts' order: both ways see the lists in the same order.
     if isinstance(value, dict):
-        if _SHARED in value and on_list is _expand_list:
+        if on_list is _expand_list and value.keys() == _MARKER:
             return _expand_list(value, key, before)
         return {k: _walk(v, k, before, on_list) for k, v in value.items()}
     if isinstance(value, list):
