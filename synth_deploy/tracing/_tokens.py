@@ -150,8 +150,8 @@ class ContinuityBreak:
                 "the policy sampled or saw them)")
 
 
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    """How many ids ``a`` and ``b`` share from the start."""
+def shared_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many items (ids, messages) ``a`` and ``b`` share from the start."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from synth_deploy.tracing import shared_prefix
+
 # What the kit can do to a running rollout (the state's ``control``).
 CONTROL = {"pause_supported": False, "terminate_supported": True, "resume_supported": False,
            "checkpoint_supported": False}
@@ -98,7 +100,7 @@ def _walk(value: Any, key: Any, before: dict[Any, list[Any]], on_list: Any) -> A
 
 def _compact_list(items: list[Any], key: Any, before: dict[Any, list[Any]]) -> Any:
     last = before.get(key)
-    shared = _shared_length(last, items) if last is not None and len(items) >= _WORTH else 0
+    shared = shared_prefix(last, items) if last is not None and len(items) >= _WORTH else 0
     if shared < _WORTH:
         shared = 0
     rest = [_walk(v, key, before, _compact_list) for v in items[shared:]]
@@ -112,20 +114,6 @@ def _expand_list(marked: Any, key: Any, before: dict[Any, list[Any]]) -> list[An
     items = last[:shared] + [_walk(v, key, before, _expand_list) for v in rest]
     before[key] = items
     return items
-
-
-def _shared_length(a: list[Any], b: list[Any]) -> int:
-    """How many leading items ``a`` and ``b`` share: halving on slices, each one compare."""
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while high - low > 1:
-        middle = (low + high) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 def token_turns(trace: dict[str, Any]) -> list[dict[str, Any]]:
