@@ -130,9 +130,12 @@ class TraceStore:
         if child is not None and not child.alive:
             child = self.use_writer_process()
         if child is not None and child.ready:
-            await child.submit(session, rollout)  # bounded by the child's own watch
-            return
-        # No child, or one still starting: the writer thread commits it.
+            sent = child.submit(session, rollout)
+            if sent is not None:
+                await sent  # bounded by the child's own watch
+                return
+        # No child, one still starting, or a session it is not sent (an object of the app's
+        # own class, which it could not rebuild): the writer thread commits it.
         self._check_writable()
         if rollout is not None:
             describe_session(session, rollout)

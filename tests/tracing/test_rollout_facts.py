@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import types
 
 from trace_files import ready_writer_child
 
@@ -100,4 +101,32 @@ def test_the_writer_child_describes_a_session_as_the_server_would(tmp_path):
         asyncio.run(main())
         stored = [store.get_session(s.session_id).metadata for s in (ok, failed)]
     assert stored == expected
+    assert KEY not in json.dumps(stored)
+
+
+def test_a_session_holding_an_object_of_the_apps_own_class_is_stored_beside_the_others(
+        tmp_path):
+    # A served app loaded from its file: its classes live in a module nothing else can
+    # import (not the writer child, nor pickle). Such a session goes by the store's writer
+    # thread (the object as its str(), as rows keep it), and the session sent with it in
+    # the same frame is stored too, each answered at once.
+    module = types.ModuleType("an_app_loaded_from_its_file")
+    exec("class Handle:\n    def __str__(self):\n        return 'handle #1'\n",
+         module.__dict__)
+    plain, tagged, later = recorded_session(), recorded_session(), recorded_session()
+    tagged.metadata["handle"] = module.Handle()
+
+    with open_trace_store(tmp_path / "t.db") as store:
+        async def main():
+            child = await ready_writer_child(store)
+            await asyncio.wait_for(asyncio.gather(
+                store.write_session(plain, rollout=facts(run_id="r-plain")),
+                store.write_session(tagged, rollout=facts(run_id="r-tagged"))), 5)
+            await asyncio.wait_for(store.write_session(later, rollout=facts(run_id="r-3")), 5)
+            return child.alive
+        assert asyncio.run(main())
+        stored = {s.run_id: store.get_session(s.session_id).metadata
+                  for s in store.list_sessions(limit=None)}
+    assert set(stored) == {"r-plain", "r-tagged", "r-3"}
+    assert stored["r-tagged"]["handle"] == "handle #1"
     assert KEY not in json.dumps(stored)

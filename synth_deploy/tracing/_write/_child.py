@@ -20,7 +20,9 @@ the store's ``write_timeout_s`` fails (one timer watches them all, `LoopWriter._
     event loop ◄──frames of [(seq, error or None), ...]── child stdout
 
 A frame is a 4-byte little-endian length and a pickle; in it each session is encoded alone
-(`encode_session`: msgpack), or is its flat form (`_flat`) when msgpack cannot hold it.
+(`encode_session`: msgpack). A session msgpack cannot hold (an object of the app's own
+class, which the child could not rebuild, nor the pickle hold when its module cannot be
+imported) is not sent: `submit` says so, and the store's writer thread commits it.
 ``more_coming`` says other sessions were still being recorded (rollouts still running) when
 the frame went: the server is busy, and the child journals them (`_journal`). The child
 has its own session (the terminal's Ctrl-C does not cut a commit short) and exits once its
@@ -65,7 +67,7 @@ from synth_deploy.tracing._session import sessions_recording
 from synth_deploy.tracing._write import _journal
 from synth_deploy.tracing._write._codec import decode_session, encode, encode_session
 from synth_deploy.tracing._write._commit import commit
-from synth_deploy.tracing._write._flat import flatten, restore
+from synth_deploy.tracing._write._flat import restore
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
@@ -122,7 +124,8 @@ class LoopWriter:
         self._sent_at: collections.deque[tuple[int, float]] = collections.deque()
         self.frames_sent = 0  # of sessions (the setting not counted)
         self._watching = False
-        self._queued: list[tuple[int, Any, Any]] = []  # (seq, session, facts) not sent yet
+        # (seq, session id, session encoded, facts) of those not sent yet
+        self._queued: list[tuple[int, str, bytes, RolloutFacts | None]] = []
         self._unacked = 0  # sessions sent and not acknowledged: while any, the queue waits
         self._flushing = False  # a flush is scheduled
         self._unsent = bytearray(frame(setting))  # framed, not yet taken by the pipe
@@ -141,10 +144,15 @@ class LoopWriter:
     # -- on the loop ----------------------------------------------------------------------
 
     def submit(self, session: Any, rollout: RolloutFacts | None = None
-               ) -> asyncio.Future[None]:
+               ) -> asyncio.Future[None] | None:
         """Send ``session`` (and the facts of its rollout, which the child describes it
         by) with the others of this loop iteration; the future is settled once the child
-        has committed it, or fails past ``timeout_s``."""
+        has committed it, or fails past ``timeout_s``. None, and nothing sent, when
+        msgpack has no type for what the session holds."""
+        # Encoded alone, so that a journaling child can store it as it comes.
+        body = encode_session(session)
+        if body is None:
+            return None
         future = self.loop.create_future()
         if not self.alive:
             future.set_exception(self.exit_error())
@@ -160,7 +168,7 @@ class LoopWriter:
         if not self._watching and self.timeout_s is not None:
             self._watching = True
             self.loop.call_later(self._watch_every_s, self._watch)
-        self._queued.append((self._seq, session, rollout))
+        self._queued.append((self._seq, session.session_id, body, rollout))
         return future
 
     def _flush(self) -> None:
@@ -174,12 +182,8 @@ class LoopWriter:
         self._write_some()
 
     def _framed(self, more_coming: bool) -> bytes:
-        sessions = []
-        for seq, session, facts in self._queued:
-            # Encoded alone, so that a journaling child can store it as it comes.
-            body = encode_session(session)
-            sessions.append((seq, session.session_id, flatten(session) if body is None
-                             else body, None if facts is None else tuple(facts)))
+        sessions = [(seq, session_id, body, None if facts is None else tuple(facts))
+                    for seq, session_id, body, facts in self._queued]
         self._queued = []
         return frame((more_coming, sessions))
 
@@ -400,9 +404,9 @@ def main() -> None:
 def _store(db: TraceDatabase, part: list[tuple[int, str, Any, Any]], journal: bool
            ) -> tuple[list[BaseException | None], int]:
     """Store the sessions of ``part`` ((seq, session id, session as it came, facts or None)
-    each), described by their rollout's facts: in the journal when ``journal`` and the server
-    could encode them alone, else in rows (`commit`). Each one's outcome, and how many were
-    journaled."""
+    each), described by their rollout's facts: in the journal when ``journal`` and it came
+    encoded (`encode_session`), else in rows (`commit`). Each one's outcome, and how many
+    were journaled."""
     outcomes: list[BaseException | None] = [None] * len(part)
     rows: list[tuple[int, Any, Any]] = []  # (place, session, facts) of those stored in rows
     entries: list[tuple[str, bytes, bytes | None]] = []
