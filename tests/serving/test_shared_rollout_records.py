@@ -7,12 +7,14 @@ Real `synth-deploy serve` child processes on loopback, one real SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import httpx
@@ -259,3 +261,39 @@ def test_a_long_episodes_record_grows_with_its_turns_and_reads_back_whole_elsewh
     kept = stored["walk-40"] / 40 / (stored["walk-10"] / 10)
     assert whole > 2.5  # what the contract answers: the square of the turns
     assert kept < 1.3, (stored, documents)
+
+
+def test_a_finished_long_episode_is_kept_in_memory_at_the_size_of_its_record(
+        serve, api_key):
+    # A finished rollout is answered from memory for minutes (up to FINISHED_KEPT of them).
+    # Its trace and token turns, whole, grow with the square of its turns: kept whole, a
+    # server running hundreds of long episodes would run out of memory. Kept as its record
+    # is, it holds a small part of what it answers, and reads back whole.
+    server = serve(create_app(toy_config(long_episode), api_keys=[api_key]))
+    turns, episodes = 60, 3
+    with httpx.Client(timeout=60, headers={"X-API-Key": api_key}) as c:
+        def played(rollout_id: str) -> int:
+            submitted = {**body(rollout_id, turns=turns), "record": {"return_trace": True}}
+            assert c.post(server.url + "/containers/rollouts", json=submitted
+                          ).status_code == 202
+            while (doc := c.get(f"{server.url}/containers/rollouts/{rollout_id}").json())[
+                    "status"] == "running":
+                time.sleep(0.05)
+            assert doc["status"] == "completed", doc
+            assert len(doc["trace"]["session_time_steps"]) == turns
+            assert doc["turns"][-1]["prompt_token_ids"] == list(range(turns * 40))
+            return len(json.dumps(doc))
+
+        played("warm-up")  # the server's own first-use allocations
+        tracemalloc.start()
+        try:
+            gc.collect()
+            before = tracemalloc.get_traced_memory()[0]
+            answered = sum(played(f"walk-{n}") for n in range(episodes))
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        again = c.get(f"{server.url}/containers/rollouts/walk-0").json()  # still from memory
+    assert again["turns"][-1]["prompt_token_ids"] == list(range(turns * 40))
+    assert kept < 0.35 * answered, (kept, answered)

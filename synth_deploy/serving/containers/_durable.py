@@ -19,8 +19,9 @@ its events, its result. What makes it durable:
   `TICK_S`). A rollout whose runner stopped beating (`RUNNER_LOST_S`) answers
   ``interrupted`` (never 404, never a hang), and never while its runner lives. Without a
   store, records live in memory only.
-- **bounded memory**: a finished rollout is answered from memory (its events in full) for
-  `FINISHED_KEPT_S` at most; past the `FINISHED_KEPT` newest, one is let go once its end
+- **bounded memory**: a finished rollout is answered from memory (its events in full, its
+  answer kept as its record keeps it: `_document.compact`) for `FINISHED_KEPT_S` at
+  most; past the `FINISHED_KEPT` newest, one is let go once its end
   was read (or its lease ran out unread). After that it is answered from its stored record
   (its start and end as events), or, with no store, not at all (404).
 - **a terminal state, whatever stop lands when**: a rollout's status is written and its
@@ -132,8 +133,8 @@ class _Live:
     """A rollout this server runs (or ran): its document, events and lease."""
 
     __slots__ = ("rollout_id", "digest", "mode", "created_at", "updated_at", "status", "answer",
-                 "http_status", "events", "changed", "task", "ttl_s", "expires", "stop", "req",
-                 "request_json", "read", "correlation_id")
+                 "compact", "http_status", "events", "changed", "task", "ttl_s", "expires",
+                 "stop", "req", "request_json", "read", "correlation_id")
 
     def __init__(self, rollout_id: str, digest: str, mode: str, req: RolloutRequest,
                  request_json: bytes, ttl_s: float, now: float) -> None:
@@ -144,6 +145,7 @@ class _Live:
         self.created_at = self.updated_at = iso(now)  # text once: polls read it often
         self.status = "running"
         self.answer: dict[str, Any] = {}  # the result's fields, once it has one
+        self.compact = False  # the answer is kept as its record is (`keep_compact`)
         self.http_status = 202
         self.events: list[dict[str, Any]] = []
         self.changed = asyncio.Event()
@@ -178,10 +180,26 @@ class _Live:
             doc["lease"] = {"ttl_seconds": self.ttl_s,
                             "expires_in_s": round(max(0.0, self.expires - time.monotonic()), 3),
                             "renew_route": f"/rollouts/{self.rollout_id}/renew"}
+        doc.update(self.fields())
+        return doc
+
+    def fields(self) -> dict[str, Any]:
+        """The answer's fields in the contract's terms."""
+        if self.compact:
+            return expanded(self.answer)
         if "response" in self.answer and "turns" not in self.answer:
             self.answer = result_fields(self.answer, self.rollout_id)
-        doc.update(self.answer)
-        return doc
+        return self.answer
+
+    def keep_compact(self) -> dict[str, Any]:
+        """Its document as its record keeps it (`compact`), and its answer kept so from now
+        on: a long episode's trace and token turns, whole, grow with the square of its
+        turns, and a finished rollout stays in memory for minutes."""
+        fields = self.fields()
+        document = compact(self.document())
+        self.answer = {name: document[name] for name in fields}
+        self.compact = True
+        return document
 
 
 class _RecordBatches:
@@ -452,13 +470,14 @@ class AsyncRollouts:
         live.status = status
         live.event(f"rollout.{status}", http_status=http_status)
         try:
+            document = live.keep_compact()
             if self._batches is not None:
                 try:
                     await self._batches.finish(RolloutFinish(
-                        live.rollout_id, status, compact(live.document()), updated))
+                        live.rollout_id, status, document, updated))
                 except Exception as exc:  # noqa: BLE001 - answered in memory, said in it
-                    live.answer = {**answer, "warning": f"its record could not be stored "
-                                                        f"({type(exc).__name__})"}
+                    live.answer = {**live.answer, "warning": f"its record could not be "
+                                                             f"stored ({type(exc).__name__})"}
         finally:
             self.stats.release()
             live.req, live.request_json = None, b""  # only its answer is read from now on
