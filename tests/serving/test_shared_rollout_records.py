@@ -230,6 +230,20 @@ async def long_episode(request: RolloutRequest, ctx: RolloutContext) -> dict:
     return {"run_id": request.run_id, "metrics": {"outcome_reward": 1.0}}
 
 
+def finished_long_episode(client: httpx.Client, url: str, rollout_id: str, turns: int) -> dict:
+    """A `long_episode` of ``turns`` submitted asking for its trace: its document once it
+    has finished, checked whole."""
+    submitted = {**body(rollout_id, turns=turns), "record": {"return_trace": True}}
+    assert client.post(url + "/containers/rollouts", json=submitted).status_code == 202
+    while (doc := client.get(f"{url}/containers/rollouts/{rollout_id}").json())[
+            "status"] == "running":
+        time.sleep(0.05)
+    assert doc["status"] == "completed", doc
+    assert len(doc["trace"]["session_time_steps"]) == turns
+    assert doc["turns"][-1]["prompt_token_ids"] == list(range(turns * 40))
+    return doc
+
+
 def test_a_long_episodes_record_grows_with_its_turns_and_reads_back_whole_elsewhere(
         tmp_path, serve, api_key):
     # Its trace and token turns, returned whole, grow with the square of the turns: the
@@ -242,18 +256,9 @@ def test_a_long_episodes_record_grows_with_its_turns_and_reads_back_whole_elsewh
         with httpx.Client(timeout=60, headers={"X-API-Key": api_key}) as c:
             documents = {}
             for turns in (10, 40):
-                rollout_id = f"walk-{turns}"
-                submitted = {**body(rollout_id, turns=turns), "record": {"return_trace": True}}
-                assert c.post(a.url + "/containers/rollouts", json=submitted
-                              ).status_code == 202
-                while (doc := c.get(f"{a.url}/containers/rollouts/{rollout_id}").json())[
-                        "status"] == "running":
-                    time.sleep(0.05)
-                assert doc["status"] == "completed", doc
-                elsewhere = c.get(f"{b.url}/containers/rollouts/{rollout_id}").json()
+                doc = finished_long_episode(c, a.url, f"walk-{turns}", turns)
+                elsewhere = c.get(f"{b.url}/containers/rollouts/walk-{turns}").json()
                 assert elsewhere == doc  # read from the record, not from a's memory
-                assert len(doc["trace"]["session_time_steps"]) == turns
-                assert doc["turns"][-1]["prompt_token_ids"] == list(range(turns * 40))
                 documents[turns] = len(json.dumps(doc))
     with sqlite3.connect(db) as conn:
         stored = dict(conn.execute("SELECT rollout_id, length(result) FROM async_rollouts"))
@@ -273,16 +278,7 @@ def test_a_finished_long_episode_is_kept_in_memory_at_the_size_of_its_record(
     turns, episodes = 60, 3
     with httpx.Client(timeout=60, headers={"X-API-Key": api_key}) as c:
         def played(rollout_id: str) -> int:
-            submitted = {**body(rollout_id, turns=turns), "record": {"return_trace": True}}
-            assert c.post(server.url + "/containers/rollouts", json=submitted
-                          ).status_code == 202
-            while (doc := c.get(f"{server.url}/containers/rollouts/{rollout_id}").json())[
-                    "status"] == "running":
-                time.sleep(0.05)
-            assert doc["status"] == "completed", doc
-            assert len(doc["trace"]["session_time_steps"]) == turns
-            assert doc["turns"][-1]["prompt_token_ids"] == list(range(turns * 40))
-            return len(json.dumps(doc))
+            return len(json.dumps(finished_long_episode(c, server.url, rollout_id, turns)))
 
         played("warm-up")  # the server's own first-use allocations
         tracemalloc.start()
