@@ -470,14 +470,14 @@ class AsyncRollouts:
         live.status = status
         live.event(f"rollout.{status}", http_status=http_status)
         try:
-            document = live.keep_compact()
-            if self._batches is not None:
-                try:
+            try:
+                document = live.keep_compact()
+                if self._batches is not None:
                     await self._batches.finish(RolloutFinish(
                         live.rollout_id, status, document, updated))
-                except Exception as exc:  # noqa: BLE001 - answered in memory, said in it
-                    live.answer = {**live.answer, "warning": f"its record could not be "
-                                                             f"stored ({type(exc).__name__})"}
+            except Exception as exc:  # noqa: BLE001 - answered in memory, said in it
+                live.answer = {**live.answer, "warning": f"its record could not be stored "
+                                                         f"({type(exc).__name__})"}
         finally:
             self.stats.release()
             live.req, live.request_json = None, b""  # only its answer is read from now on
