@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic_core import from_json
 
-from synth_deploy.tracing._tokens import TurnTokens
+from synth_deploy.tracing._tokens import TurnTokens, shared_prefix
 from synth_deploy.tracing._trace_context import TRACEPARENT, incoming_trace_parent
 
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
@@ -531,11 +531,7 @@ def _expand_one(step: Timestep, held: list[Any], index: int, request: bytes, ans
     ids = (_derived_id(event.id, n) for n in itertools.count())
     if base is not None and len(base.chat) == len(base.messages):
         # The same messages as the timestep before, as far as they agree: made once.
-        shared = 0
-        for a, b in zip(base.chat, sent_messages, strict=False):
-            if a != b:
-                break
-            shared += 1
+        shared = shared_prefix(base.chat, sent_messages)
         fresh, _ = _continued([], sent_messages[shared:], event.event_time, ids)
         sent = base.messages[:shared] + fresh
     else:
