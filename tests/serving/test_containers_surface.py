@@ -141,6 +141,30 @@ def test_a_failed_sync_rollout_is_answered_as_its_document(serve, api_key):
     assert rollout_answer(doc)[0] == 422
 
 
+def not_a_number(request: RolloutRequest, ctx: RolloutContext) -> dict:
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [float("nan")],
+                                                  "details": {"by_room": {1: 0.5}}}}
+
+
+def test_a_rollout_whose_reward_is_not_a_number_is_read_with_null_in_its_place(serve,
+                                                                              api_key):
+    # JSON has no NaN: the document says null, as /rollout's answer does, where it once
+    # could not be read at all (500).
+    app = serve(create_app(toy_config(not_a_number), api_keys=[api_key]))
+    with client(app, api_key) as c:
+        sync = c.post("/rollouts", json=rollout_body("nan-1"))
+        assert c.post("/rollouts", json=rollout_body("nan-2", submission_mode="async")
+                      ).status_code == 202
+        while (read := c.get("/rollouts/nan-2")).status_code == 200 and \
+                read.json()["status"] == "running":
+            time.sleep(0.02)
+    for resp in (sync, read):
+        assert resp.status_code == 200, resp.text
+        metrics = resp.json()["response"]["metrics"]
+        assert metrics["episode_rewards"] == [None]
+        assert metrics["details"]["by_room"] == {"1": 0.5}
+
+
 def test_terminate_answers_once_the_rollout_is_cancelled(serve, api_key):
     app = serve(create_app(toy_config(sleeping), api_keys=[api_key]))
     with client(app, api_key) as c:

@@ -56,7 +56,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from synth_deploy.errors import BadRequest
 from synth_deploy.serving._admission import EarlyHeads, RolloutLimits
@@ -68,7 +68,11 @@ from synth_deploy.serving._request_guards import (
     unknown_seed,
     unsupported_media_type,
 )
-from synth_deploy.serving._responses import error_response, validation_errors
+from synth_deploy.serving._responses import (
+    MsgspecJSONResponse,
+    error_response,
+    validation_errors,
+)
 from synth_deploy.serving._routes import AsgiEndpoint, Endpoint
 from synth_deploy.serving._trace_context import TraceContextScope
 from synth_deploy.serving.containers import _document as views
@@ -202,12 +206,12 @@ def _seed(body: dict[str, Any], env: dict[str, Any]) -> Any:
 
 def not_found(rollout_id: str) -> Response:
     """The contract's answer for a rollout id nobody submitted."""
-    return JSONResponse({"detail": f"unknown_rollout:{rollout_id}"}, status_code=404)
+    return MsgspecJSONResponse({"detail": f"unknown_rollout:{rollout_id}"}, status_code=404)
 
 
 def not_supported(name: str) -> Response:
     """The contract's answer for a route a runtime does not serve."""
-    return JSONResponse({"detail": f"container_route_not_supported:{name}"}, status_code=404)
+    return MsgspecJSONResponse({"detail": f"container_route_not_supported:{name}"}, status_code=404)
 
 
 class ContainersWire:
@@ -331,32 +335,32 @@ class ContainersWire:
                 "resource_refs": []}
 
     async def root(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "contract_version": CONTRACT_VERSION,
+        return MsgspecJSONResponse({"status": "ok", "contract_version": CONTRACT_VERSION,
                              "runtime": self.metadata_payload(),
                              "task_info": self.task_info_payload()})
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "contract_version": CONTRACT_VERSION})
+        return MsgspecJSONResponse({"status": "ok", "contract_version": CONTRACT_VERSION})
 
     async def metadata(self, request: Request) -> Response:
-        return JSONResponse(self.metadata_payload())
+        return MsgspecJSONResponse(self.metadata_payload())
 
     async def compatibility(self, request: Request) -> Response:
         caps = self.metadata_payload()["capabilities"]
         target = (request.query_params.get("target") or "").strip()
         if not target:
-            return JSONResponse(compatibility_matrix(caps))
+            return MsgspecJSONResponse(compatibility_matrix(caps))
         if target not in TARGETS:
-            return JSONResponse({"detail": f"invalid_compatibility_target:{target}:one of "
+            return MsgspecJSONResponse({"detail": f"invalid_compatibility_target:{target}:one of "
                                            f"{', '.join(TARGETS)}"}, status_code=400)
-        return JSONResponse(support(caps, target))
+        return MsgspecJSONResponse(support(caps, target))
 
     async def task_info(self, request: Request) -> Response:
-        return JSONResponse(self.task_info_payload())
+        return MsgspecJSONResponse(self.task_info_payload())
 
     async def task_catalog(self, request: Request) -> Response:
         config = self.config
-        return JSONResponse({
+        return MsgspecJSONResponse({
             "catalog_id": config.app_id,
             "tasks": [self.task_definition()],
             "instances": [],  # one a seed: paged through /taskset/tasks
@@ -377,7 +381,7 @@ class ContainersWire:
 
     async def dataset(self, request: Request) -> Response:
         config = self.config
-        return JSONResponse({"dataset_id": config.app_id, "splits": self.splits.counts(),
+        return MsgspecJSONResponse({"dataset_id": config.app_id, "splits": self.splits.counts(),
                              "datasets": config.dataset_registry.describe()})
 
     async def rows(self, request: Request) -> Response:
@@ -412,7 +416,7 @@ class ContainersWire:
             end = offset + len(rows)
             page = {"offset": offset, "limit": limit, "total": total,
                     "next_offset": end if end < total else None}
-        return JSONResponse({"split": split, **page, "rows": rows})
+        return MsgspecJSONResponse({"split": split, **page, "rows": rows})
 
     # -- rollouts ------------------------------------------------------------------------
 
@@ -433,13 +437,13 @@ class ContainersWire:
         if mode == "async" or live is None or (replayed and live.done):
             answer = {**document, **stream}
             status = 202 if document["status"] == "running" else 200
-            await JSONResponse(answer, status_code=status)(scope, receive, send)
+            await MsgspecJSONResponse(answer, status_code=status)(scope, receive, send)
             return
         pulse = self.heads.watch(send, receive)
         while not await self.rollouts.wait(live, min(self.heartbeat_s, live.ttl_s / 2)):
             live.renew()  # the client is waiting on this request: it holds the lease
         # Done, failed or not: the contract's client reads a failure from the document.
-        answer = JSONResponse({**live.document(), **stream,
+        answer = MsgspecJSONResponse({**live.document(), **stream,
                                **({"replayed": True} if replayed else {})})
         await self.heads.answer(pulse, answer, scope, receive)
 
@@ -474,7 +478,7 @@ class ContainersWire:
         except BadRequest as exc:
             return bad_request_response(exc)
         if telemetry is None:
-            return JSONResponse({"detail": "prepare_requires_telemetry"}, status_code=400)
+            return MsgspecJSONResponse({"detail": "prepare_requires_telemetry"}, status_code=400)
         seed, instance = _seed(body, {}), body.get("task_instance_id")
         identity = {"seed": seed, "task_instance_id": instance or (
                         None if seed is None else f"seed:{seed}"),
@@ -486,15 +490,15 @@ class ContainersWire:
         known = self.prepared.get(rollout_id)
         if known is not None:
             if known != prepared:
-                return JSONResponse({"detail": {"error": "rollout_prepare_identity_conflict",
+                return MsgspecJSONResponse({"detail": {"error": "rollout_prepare_identity_conflict",
                                                 "rollout_id": rollout_id,
                                                 "prepared": known["identity"],
                                                 "requested": identity}}, status_code=409)
-            return JSONResponse({**answer, "replayed": True})
+            return MsgspecJSONResponse({**answer, "replayed": True})
         self.prepared[rollout_id] = prepared
         while len(self.prepared) > MAX_PREPARED:
             self.prepared.popitem(last=False)
-        return JSONResponse(answer)
+        return MsgspecJSONResponse(answer)
 
     async def document_of(self, request: Request, rollout_id: str | None = None
                           ) -> dict[str, Any] | Response:
@@ -521,14 +525,14 @@ class ContainersWire:
             while not live.done and (left := until - time.monotonic()) > 0:
                 await self.rollouts.wait(live, left)
         found = await self.document_of(request)
-        return found if isinstance(found, Response) else JSONResponse(found)
+        return found if isinstance(found, Response) else MsgspecJSONResponse(found)
 
     def view(self, render: Callable[[dict[str, Any]], dict[str, Any]]
              ) -> Callable[[Request], Awaitable[Response]]:
         """A route answering ``render`` of a rollout's document (404 for an unknown id)."""
         async def answer(request: Request) -> Response:
             found = await self.document_of(request)
-            return found if isinstance(found, Response) else JSONResponse(render(found))
+            return found if isinstance(found, Response) else MsgspecJSONResponse(render(found))
         return answer
 
     async def reward(self, request: Request) -> Response:
@@ -542,10 +546,10 @@ class ContainersWire:
             except BadRequest as exc:
                 return bad_request_response(exc)
             if body.get("evidence") is not None:
-                return JSONResponse({"detail": "provided_evidence_not_implemented"},
+                return MsgspecJSONResponse({"detail": "provided_evidence_not_implemented"},
                                     status_code=501)
             if body.get("mode", "terminal") == "provisional":
-                return JSONResponse({"detail": {"status": "refused",
+                return MsgspecJSONResponse({"detail": {"status": "refused",
                                                 "reason": "live_reward_unsupported"}},
                                     status_code=409)
             rollout_id = body.get("rollout_id")
@@ -556,10 +560,10 @@ class ContainersWire:
         if isinstance(found, Response):
             return found
         if request.method == "POST" and found["status"] in ("running", "prepared"):
-            return JSONResponse({"detail": {"status": "incomplete",
+            return MsgspecJSONResponse({"detail": {"status": "incomplete",
                                             "missing_evidence": ["terminal_status"]}},
                                 status_code=409)
-        return JSONResponse(views.reward_view(found))
+        return MsgspecJSONResponse(views.reward_view(found))
 
     async def get_events(self, request: Request) -> Response:
         found = await self.document_of(request)
@@ -570,7 +574,7 @@ class ContainersWire:
         events = _events(self.rollouts, found)
         later = [e for e in events if e["sequence"] > after]
         shown = [sealed(e) for e in later[:limit]]
-        return JSONResponse({"rollout_id": found["rollout_id"],
+        return MsgspecJSONResponse({"rollout_id": found["rollout_id"],
                              "stream_id": f"stream:{found['rollout_id']}", "cursor": {
             "kind": "sequence", "after": after, "next": shown[-1]["sequence"] if shown else after,
             "high_water": len(events), "closed": found["status"] not in ("running", "prepared"),
@@ -629,7 +633,7 @@ class ContainersWire:
         document = await self.rollouts.renew(rollout_id, ttl)
         if document is None:
             return await self.get_rollout(request)  # a stored one, or 404
-        return JSONResponse(document)
+        return MsgspecJSONResponse(document)
 
     async def terminate(self, request: Request) -> Response:
         """Cancel a running rollout and answer its state once the cancellation has landed
@@ -644,11 +648,11 @@ class ContainersWire:
         if live is None:  # stored, another server's (its runner stops it), or none
             found = document if document is not None else await self.document_of(request)
             return found if isinstance(found, Response) else \
-                JSONResponse(views.state_view(found))
+                MsgspecJSONResponse(views.state_view(found))
         until = time.monotonic() + TERMINATE_WAIT_S
         while not live.done and (left := until - time.monotonic()) > 0:
             await self.rollouts.wait(live, left)
-        return JSONResponse(views.state_view(live.document()))
+        return MsgspecJSONResponse(views.state_view(live.document()))
 
 
 def _check_rollout_id(rollout_id: Any) -> None:
@@ -667,7 +671,7 @@ def _post_only(request: Request) -> None:
 
 def _refusal(exc: Refused) -> Response:
     if exc.code == "rollout_identity_conflict":  # the contract's shape, matched by clients
-        return JSONResponse({"detail": {"error": exc.code,
+        return MsgspecJSONResponse({"detail": {"error": exc.code,
                                         "rollout_id": getattr(exc, "rollout_id", None),
                                         "message": exc.message}}, status_code=409)
     return error_response(exc.status, exc.code, exc.message,
