@@ -406,3 +406,14 @@ def print_cpu_split(results: dict[str, list[LoadResult]], name: str) -> None:
               + (f"; after the load, {statistics.median(later):.0f} µs more (rows built "
                  "from the journal)" if later else ""))
 
+
+def latency_summary(results: list[tuple[int | str, float]]) -> dict[str, object]:
+    """(status, seconds) results as how many were 200, the other statuses counted, and
+    the p50 and p99 seconds of the 200s."""
+    ok = [seconds for status, seconds in results if status == 200]
+    errors: dict[str, int] = {}
+    for status, _ in results:
+        if status != 200:
+            errors[str(status)] = errors.get(str(status), 0) + 1
+    cuts = statistics.quantiles(ok, n=100) if len(ok) >= 2 else [float("nan")] * 99
+    return {"ok": len(ok), "errors": errors, "p50": cuts[49], "p99": cuts[98]}

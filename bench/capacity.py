@@ -30,13 +30,12 @@ import json
 import os
 import resource
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _harness import child_server, post_rollout
+from _harness import child_server, latency_summary, post_rollout
 from server_overhead import BARE_SERVER, KEY, SERVE_CLI
 
 PIN = ["taskset", "-c", "0"]
@@ -72,16 +71,6 @@ def _sessions_in(db: Path) -> int:
         return conn.execute("SELECT count(*) FROM session_traces").fetchone()[0]
 
 
-def _summary(results: list[tuple[int | str, float]]) -> dict[str, object]:
-    ok = [seconds for status, seconds in results if status == 200]
-    errors: dict[str, int] = {}
-    for status, _ in results:
-        if status != 200:
-            errors[str(status)] = errors.get(str(status), 0) + 1
-    cuts = statistics.quantiles(ok, n=100) if len(ok) >= 2 else [float("nan")] * 99
-    return {"ok": len(ok), "errors": errors, "p50": cuts[49], "p99": cuts[98]}
-
-
 async def _crowd(url: str, keyless: int, keyed: int, seconds: float
                  ) -> tuple[dict[str, object], int]:
     """``keyless`` clients hammering without a key while ``keyed`` rollouts stay in flight
@@ -107,7 +96,7 @@ async def _crowd(url: str, keyless: int, keyed: int, seconds: float
     hammers = [asyncio.ensure_future(hammer(i)) for i in range(keyless)]
     slots = await asyncio.gather(*(keyed_slot(i) for i in range(keyed)))
     await asyncio.gather(*hammers)
-    return _summary([r for slot in slots for r in slot]), keyless_answers[0]
+    return latency_summary([r for slot in slots for r in slot]), keyless_answers[0]
 
 
 def main() -> None:
@@ -141,7 +130,7 @@ def main() -> None:
                 with child_server(source, wrapper=PIN, quiet=True, app=str(app), key=KEY,
                                   flags=flags,
                                   work=f"await asyncio.sleep({args.rollout_s!r})") as url:
-                    found = _summary(asyncio.run(_level(url, n)))
+                    found = latency_summary(asyncio.run(_level(url, n)))
                 errors = ", ".join(f"{v}x {k}" for k, v in found["errors"].items()) or "0"
                 stored = f"  {_sessions_in(db)} sessions stored" if name == "traced" else ""
                 print(f"{n:>6} {name:>7} {found['ok']:>6} {errors:>22} {found['p50']:>7.2f} "

@@ -45,6 +45,7 @@ from pathlib import Path
 from _harness import (
     child_server,
     fixed_body,
+    latency_summary,
     post_rollout,
     print_cpu_split,
     print_ratios,
@@ -52,7 +53,6 @@ from _harness import (
     rounds_on_fresh_servers,
     wrk_load,
 )
-from capacity import _summary
 from server_overhead import KEY, SERVE_CLI
 
 CALLS = 5
@@ -283,7 +283,7 @@ def main() -> None:
             for name in ("serve", "bare"):
                 with servers[name]() as url:
                     results_n = asyncio.run(_crowd(url, args.in_flight, slow + "/v1"))
-                crowd[name] = _summary(results_n)
+                crowd[name] = latency_summary(results_n)
                 s = crowd[name]
                 print(f"  {name:>6}: {s['ok']} answered 200, errors {s['errors'] or 0}, "
                       f"p50 {s['p50']:.2f}s, p99 {s['p99']:.2f}s")

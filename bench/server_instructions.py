@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from _harness import child_server, fixed_body, load, server_pid
-from server_overhead import BARE_SERVER, BODY, KEY
-from trace_throughput import SERVE, TRIVIAL_APP
+from server_overhead import BARE_SERVER, BODY, KEY, TRIVIAL_APP
+from trace_throughput import SERVE
 
 LOADS = {"serial": 1, "32 at once": 32}
 

@@ -39,9 +39,19 @@ from _harness import (
     rounds_on_fresh_servers,
     wrk_load,
 )
-from trace_throughput import TRIVIAL_APP
 
 KEY = "sk_env_bench_0123456789abcdef0123"
+
+TRIVIAL_APP = '''
+from synth_deploy.taskapp import TaskApp
+
+task_app = TaskApp("bench-trivial", name="trivial", description="returns at once")
+
+
+@task_app.rollout
+async def rollout(request, ctx):
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0], "num_steps": 1}}
+'''
 
 # `synth-deploy serve` exactly as a user types it (the console script calls `main`).
 SERVE_CLI = """

@@ -44,6 +44,7 @@ from _harness import (
     print_rounds,
     rounds_on_fresh_servers,
 )
+from server_overhead import TRIVIAL_APP
 
 KEY = "sk_env_bench"
 
@@ -63,18 +64,6 @@ from synth_deploy.runs import create_mock_policy_app
 uvicorn.run(create_mock_policy_app(), host="127.0.0.1", port=%(port)d, log_level="warning",
             access_log=False)
 """
-
-TRIVIAL_APP = '''
-from synth_deploy.taskapp import TaskApp
-
-task_app = TaskApp("bench-trivial", name="trivial", description="returns at once")
-
-
-@task_app.rollout
-async def rollout(request, ctx):
-    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0], "num_steps": 1}}
-'''
-
 
 def trivial_body(i: int) -> bytes:
     return json.dumps({"run_id": f"r{i}", "env": {"seed": i % 100, "config": {}},
