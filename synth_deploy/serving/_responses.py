@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,18 +13,23 @@ from starlette.responses import JSONResponse
 _ENCODE = msgspec.json.Encoder().encode
 
 
+def encode_json(content: Any) -> bytes:
+    """``content`` as compact JSON, rendered by msgspec, in C: a long episode's document is
+    tens of MB, and `json.dumps` holds the event loop several times as long for it. The
+    bytes are Starlette's for what JSON holds; NaN and the infinities go as null, as
+    pydantic writes them (Starlette refuses them, a 500); content msgspec has no rule for
+    (a dict keyed by booleans) is rendered by `json.dumps`."""
+    try:
+        return _ENCODE(content)
+    except (TypeError, ValueError):
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 class MsgspecJSONResponse(JSONResponse):
-    """A `JSONResponse` rendered by msgspec, in C: a long episode's document is tens of MB,
-    and Starlette's `json.dumps` holds the event loop several times as long for it. The
-    bytes are Starlette's for what JSON holds; NaN and the infinities go as null (Starlette
-    refuses them, a 500); content msgspec has no rule for (a dict keyed by booleans) is
-    rendered by Starlette."""
+    """A `JSONResponse` rendered by `encode_json`."""
 
     def render(self, content: Any) -> bytes:
-        try:
-            return _ENCODE(content)
-        except (TypeError, ValueError):
-            return super().render(content)
+        return encode_json(content)
 
 
 def error_response(status: int, code: str, message: str, *,
@@ -42,4 +48,4 @@ def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
     ]
 
 
-__all__ = ["MsgspecJSONResponse", "error_response", "validation_errors"]
+__all__ = ["MsgspecJSONResponse", "encode_json", "error_response", "validation_errors"]

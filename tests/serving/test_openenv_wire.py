@@ -223,6 +223,31 @@ def test_a_websocket_session_answers_errors_as_openenv_does(serve, api_key):
                                                  "method": "tools/list"}})["data"]["error"]
 
 
+class UnscoredEnv(CountEnv):
+    """CountEnv whose steps are worth NaN: a scorer that divided by zero."""
+
+    def step(self, action):
+        played = super().step(action)
+        played.reward, played.observation["score"] = float("nan"), float("nan")
+        return played
+
+
+def test_a_step_worth_nan_is_answered_as_json_with_null_in_its_place(serve, api_key):
+    # JSON has no NaN; OpenEnv's own server writes null there (pydantic), and so does the
+    # kit, over the WebSocket and over HTTP, where a NaN once went out as a bare NaN.
+    server = serve(create_app(env_config(UnscoredEnv), api_keys=[api_key]))
+    base, key = server.url + "/openenv", {"X-API-Key": api_key}
+    with WSEnvClient(base, headers=key) as env:
+        env.reset(seed=0)
+        over_ws = env.step({"n": 1})  # (Python's json reads a bare NaN as nan, not None)
+    with HTTPEnvClient(base, headers=key) as env:
+        env.reset(seed=0)
+        over_http = env.http.post("/step", json={"action": {"n": 1}})
+    assert "NaN" not in over_http.text, over_http.text
+    for answer in (over_ws, over_http.json()):
+        assert answer["reward"] is None and answer["observation"]["score"] is None, answer
+
+
 def test_openenv_http_clients_play_episodes_by_cookie(serve, api_key, store):
     server = serve(create_app(env_config(), api_keys=[api_key], trace_store=store))
     base = server.url + "/openenv"

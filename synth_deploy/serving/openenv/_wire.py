@@ -35,13 +35,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from synth_deploy.errors import BadRequest
 from synth_deploy.serving._failures import AppFailures
 from synth_deploy.serving._request_guards import BodyTooLarge, parse_json, read_body
-from synth_deploy.serving._responses import error_response
+from synth_deploy.serving._responses import MsgspecJSONResponse, encode_json, error_response
 from synth_deploy.serving._routes import Endpoint
 from synth_deploy.serving.openenv._sessions import (
     RETRY_AFTER_S,
@@ -185,11 +185,11 @@ class _Wire:
     # -- what the environment is (public) ----------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "healthy", "capacity": self.sessions.snapshot()})
+        return MsgspecJSONResponse({"status": "healthy", "capacity": self.sessions.snapshot()})
 
     async def metadata(self, request: Request) -> Response:
         config = self.config
-        return JSONResponse({"name": config.name, "description": config.description,
+        return MsgspecJSONResponse({"name": config.name, "description": config.description,
                              "version": config.version, "readme_content": None,
                              "author": None, "documentation_url": None})
 
@@ -212,7 +212,7 @@ class _Wire:
                             "state": _state_schema(getattr(env, "state_schema", None))}
                     finally:
                         await environment.close(env)
-        return JSONResponse(self._described)
+        return MsgspecJSONResponse(self._described)
 
     async def openapi(self, request: Request) -> Response:
         def op(method: str, summary: str, guarded: bool = True) -> dict[str, Any]:
@@ -221,7 +221,7 @@ class _Wire:
                 answer["security"] = [{"ApiKey": []}]
             return {method: answer}
 
-        return JSONResponse({
+        return MsgspecJSONResponse({
             "openapi": "3.1.0",
             "info": {"title": f"{self.config.name} (OpenEnv)", "version": API_VERSION,
                      "description": self.config.description},
@@ -247,10 +247,10 @@ class _Wire:
         except (BodyTooLarge, ValueError):
             message = None
         if not (isinstance(message, dict) and isinstance(message.get("method"), str)):
-            return JSONResponse(_mcp_answer(message))
+            return MsgspecJSONResponse(_mcp_answer(message))
         if self.auth is not None and (failure := self.auth.check(request.headers)):
             return error_response(failure.status, failure.code, failure.message)
-        return JSONResponse(await self._rpc(message, None))
+        return MsgspecJSONResponse(await self._rpc(message, None))
 
     async def _rpc(self, message: Mapping[str, Any], attached: EnvSession | None
                    ) -> dict[str, Any]:
@@ -325,7 +325,7 @@ class _Wire:
             return _bad_request(exc)
         except SessionGone:
             return _gone(self.sessions)
-        response = JSONResponse(observation_payload(first),
+        response = MsgspecJSONResponse(observation_payload(first),
                                 headers={SESSION_HEADER: session.id})
         response.set_cookie(SESSION_COOKIE, session.id, path=PREFIX, httponly=True,
                             samesite="strict")
@@ -348,15 +348,15 @@ class _Wire:
             return _bad_request(exc)
         except SessionGone:
             return _gone(self.sessions)
-        return JSONResponse(observation_payload(result))
+        return MsgspecJSONResponse(observation_payload(result))
 
     async def state(self, request: Request) -> Response:
         if (session := self._named(request)) is None:
             if _session_id(request):
                 return self._unnamed(request)
-            return JSONResponse({"episode_id": None, "step_count": 0})
+            return MsgspecJSONResponse({"episode_id": None, "step_count": 0})
         try:
-            return JSONResponse(await self.sessions.state(session))
+            return MsgspecJSONResponse(await self.sessions.state(session))
         except SessionGone:
             return _gone(self.sessions)
 
@@ -364,7 +364,7 @@ class _Wire:
         if (session := self._named(request)) is None:
             return self._unnamed(request)
         await self.sessions.close(session, "the client closed the session")
-        response = JSONResponse({"session_id": session.id, "closed": True})
+        response = MsgspecJSONResponse({"session_id": session.id, "closed": True})
         response.delete_cookie(SESSION_COOKIE, path=PREFIX, httponly=True, samesite="strict")
         return response
 
@@ -453,7 +453,7 @@ class _Wire:
                 if answer is None:
                     reason = "the client closed the session"
                     break
-                await websocket.send_text(json.dumps(answer))
+                await websocket.send_text(encode_json(answer).decode())
         except WebSocketDisconnect:
             pass
         finally:
