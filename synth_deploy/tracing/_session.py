@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import time
@@ -27,6 +28,17 @@ from synth_deploy.tracing._tokens import TurnTokens, shared_prefix
 from synth_deploy.tracing._trace_context import TRACEPARENT, incoming_trace_parent
 
 MessageType = Literal["user", "assistant", "system", "tool_use", "tool_result"]
+
+
+def finite_reward(value: Any, what: str) -> float:
+    """``value`` as a float, or a ValueError saying that ``what`` (a reward) is NaN or
+    infinite: JSON carries no such number (a trainer reads null, or 0), and the store has
+    no place for one."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number, got {number!r}: a trainer "
+                         "cannot learn from it (a division by zero in the reward?)")
+    return number
 
 
 _MILLIS_MASK = (1 << 44) - 1  # 44 bits of milliseconds: the year 2527
@@ -397,6 +409,8 @@ class SessionTracer:
                                  state_after: dict[str, Any] | None = None,
                                  system_instance_id: str = "environment",
                                  metadata: dict[str, Any] | None = None) -> Event:
+        if reward is not None:
+            reward = finite_reward(reward, "the environment event's reward")
         event = Event(event_type="environment", system_instance_id=system_instance_id,
                       reward=reward, terminated=terminated, truncated=truncated,
                       system_state_before=state_before, system_state_after=state_after,
@@ -419,7 +433,9 @@ class SessionTracer:
                             event_id: str | None = None, message_id: str | None = None,
                             key: str | None = None,
                             annotation: dict[str, Any] | None = None) -> EventReward:
-        reward = EventReward(reward_value=float(reward_value), reward_type=reward_type,
+        reward = EventReward(reward_value=finite_reward(reward_value,
+                                                        f"the {reward_type!r} event reward"),
+                             reward_type=reward_type,
                              source=source, turn_number=turn_number, event_id=event_id,
                              message_id=message_id, key=key, annotation=annotation)
         self._session.event_rewards.append(reward)
@@ -430,7 +446,7 @@ class SessionTracer:
                               metadata: dict[str, Any] | None = None,
                               annotation: dict[str, Any] | None = None) -> OutcomeReward:
         steps = len(self._session.timesteps) if total_steps is None else total_steps
-        reward = OutcomeReward(total_reward=float(total_reward),
+        reward = OutcomeReward(total_reward=finite_reward(total_reward, "the outcome reward"),
                                achievements_count=achievements_count, total_steps=steps,
                                reward_metadata=dict(metadata or {}), annotation=annotation)
         self._session.outcome_rewards.append(reward)
@@ -576,6 +592,7 @@ __all__ = [
     "SessionTracer",
     "Timestep",
     "chat_reply",
+    "finite_reward",
     "session_reward",
     "sessions_recording",
     "usage_from_counts",

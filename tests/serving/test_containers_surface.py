@@ -142,27 +142,27 @@ def test_a_failed_sync_rollout_is_answered_as_its_document(serve, api_key):
 
 
 def not_a_number(request: RolloutRequest, ctx: RolloutContext) -> dict:
-    return {"run_id": request.run_id, "metrics": {"episode_rewards": [float("nan")],
-                                                  "details": {"by_room": {1: 0.5}}}}
+    # A state the environment scored NaN (a reward of NaN is refused where it is said).
+    ctx.tracer.record_environment_event(reward=1.0, state_after={"score": float("nan"),
+                                                                 "by_room": {1: 0.5}})
+    return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0]}}
 
 
-def test_a_rollout_whose_reward_is_not_a_number_is_read_with_null_in_its_place(serve,
-                                                                              api_key):
-    # JSON has no NaN: the document says null, as /rollout's answer does, where it once
-    # could not be read at all (500).
+def test_a_document_holding_nan_is_read_with_null_in_its_place(serve, api_key):
+    # JSON has no NaN: a NaN the environment reported reads as null, as pydantic writes it.
     app = serve(create_app(toy_config(not_a_number), api_keys=[api_key]))
+    trace = {"record": {"return_trace": True}}
     with client(app, api_key) as c:
-        sync = c.post("/rollouts", json=rollout_body("nan-1"))
-        assert c.post("/rollouts", json=rollout_body("nan-2", submission_mode="async")
+        sync = c.post("/rollouts", json=rollout_body("nan-1", **trace))
+        assert c.post("/rollouts", json=rollout_body("nan-2", submission_mode="async", **trace)
                       ).status_code == 202
         while (read := c.get("/rollouts/nan-2")).status_code == 200 and \
                 read.json()["status"] == "running":
             time.sleep(0.02)
     for resp in (sync, read):
         assert resp.status_code == 200, resp.text
-        metrics = resp.json()["response"]["metrics"]
-        assert metrics["episode_rewards"] == [None]
-        assert metrics["details"]["by_room"] == {"1": 0.5}
+        event = resp.json()["trace"]["session_time_steps"][0]["events"][0]
+        assert event["system_state_after"] == {"score": None, "by_room": {"1": 0.5}}
 
 
 def test_terminate_answers_once_the_rollout_is_cancelled(serve, api_key):

@@ -12,6 +12,7 @@ import pytest
 from toy_apps import raising_rollout, slow_async_rollout, slow_sync_rollout, toy_config
 
 from synth_deploy.serving import create_app
+from synth_deploy.tracing import open_trace_store
 
 
 @pytest.fixture
@@ -180,6 +181,35 @@ def test_malformed_rollout_result_is_500_with_field_paths(serve, api_key):
     error = post(server, api_key, {"run_id": "bad"}).json()["detail"]["error"]
     assert error["code"] == "invalid_rollout_result"
     assert "metrics.num_steps" in [e["path"] for e in error["errors"]]
+
+
+def test_a_reward_that_is_not_a_finite_number_fails_the_rollout_saying_where(serve, api_key,
+                                                                           tmp_path):
+    # JSON has no NaN: answered, a NaN reward would reach the trainer as null (no reward,
+    # or 0), and the store refused it with a NOT NULL constraint. Refused where it is said.
+    async def returned(request, ctx):
+        return {"run_id": request.run_id, "metrics": {"episode_rewards": [1.0, float("inf")]}}
+
+    async def recorded(request, ctx):
+        ctx.tracer.record_outcome_reward(float("nan"))
+        return {"run_id": request.run_id}
+
+    with open_trace_store(str(tmp_path / "t.db")) as store:
+        error = post(serve(create_app(toy_config(returned), api_keys=[api_key],
+                                      trace_store=store)),
+                     api_key, {"run_id": "inf"}).json()["detail"]["error"]
+        assert error["code"] == "invalid_rollout_result"
+        assert "metrics.episode_rewards.1: Input should be a finite number" in error["message"]
+        assert {"metrics.episode_rewards.1", "metrics.reward_mean"} <= {
+            e["path"] for e in error["errors"]}
+        resp = post(serve(create_app(toy_config(recorded), api_keys=[api_key],
+                                     trace_store=store)), api_key, {"run_id": "nan"})
+        assert resp.status_code == 500, resp.text
+        message = resp.json()["detail"]["error"]["message"]
+        assert "the outcome reward must be a finite number, got nan" in message
+        stored = {s.run_id: s.status for s in store.list_sessions()}
+    # Each failure stored as its rollout's error, not lost to the store's constraint.
+    assert stored == {"inf": "error", "nan": "error"}
 
 
 @pytest.mark.parametrize("rollout", [slow_async_rollout, slow_sync_rollout])

@@ -220,7 +220,9 @@ def test_viewing_never_changes_a_byte_of_the_store(tmp_path, serve):
 def test_an_infinite_reward_does_not_break_the_json(tmp_path, serve):
     with open_trace_store(str(tmp_path / "t.db")) as store:
         tracer = SessionTracer(metadata={"app_id": "x", "status": "ok"})
-        tracer.record_outcome_reward(float("inf"))  # SQLite keeps inf (NaN becomes NULL)
+        # As another writer may have stored it (the kit's tracer refuses such a reward);
+        # SQLite keeps inf (NaN becomes NULL).
+        tracer.record_outcome_reward(1.0).total_reward = float("inf")
         store.write_session_sync(tracer.finish())
     with open_trace_store(str(tmp_path / "t.db"), read_only=True) as store:
         server = serve(create_viewer_app(store))
