@@ -272,57 +272,6 @@ def test_sessions_finished_while_a_frame_commits_go_together_in_the_next(tmp_pat
     assert (held, anyway, alone) == (1, 2, 3)
 
 
-def test_a_session_queued_after_an_acknowledgement_waits_its_own_turn(tmp_path):
-    # A session queued while a frame is in flight goes with that frame's acknowledgement,
-    # or SEND_ANYWAY_S after it was queued: never on the timer of a queue that went before
-    # it (once sent by an acknowledgement, that queue's timer is spent).
-    anyway_s = 0.050  # SEND_ANYWAY_S, as the writer documents it
-    path = tmp_path / "t.db"
-    with open_trace_store(path) as store:
-        async def scenario(first: int) -> float | None:
-            child = await ready_writer_child(store)
-            lock = sqlite3.connect(path, isolation_level=None)
-            lock.execute("BEGIN IMMEDIATE")  # the child's commits wait for it
-            locked, writes = True, []
-            try:
-                writes.append(asyncio.ensure_future(store.write_session(make_session(first))))
-                await asyncio.sleep(0.005)  # its frame is in flight, held up
-                # Queued now: its timer is due in SEND_ANYWAY_S, but the acknowledgement
-                # comes first and sends it. Its megabytes take the child a while to read
-                # before it asks for the lock: long enough to have it held again.
-                bulky = make_session(first + 1)
-                bulky.metadata["padding"] = "x" * 8_000_000
-                writes.append(asyncio.ensure_future(store.write_session(bulky)))
-                await asyncio.sleep(0.010)
-                lock.execute("COMMIT")
-                locked = False
-                await writes[0]
-                lock.execute("BEGIN IMMEDIATE")  # the frame it sent is held up in turn
-                locked = True
-                if writes[1].done():  # the child committed it first: try again
-                    return None
-                before, queued = child.frames_sent, time.monotonic()
-                writes.append(asyncio.ensure_future(
-                    store.write_session(make_session(first + 2))))
-                while child.frames_sent == before:
-                    await asyncio.sleep(0.001)
-                return time.monotonic() - queued
-            finally:
-                if locked:
-                    lock.execute("COMMIT")
-                lock.close()
-                await asyncio.gather(*writes)
-
-        async def main() -> float:
-            for attempt in range(5):
-                waited = await scenario(attempt * 3)
-                if waited is not None:
-                    return waited
-            pytest.fail("the child committed each frame before it could be held up")
-
-        assert asyncio.run(main()) >= anyway_s * 0.95
-
-
 def frame(payload) -> bytes:
     """The writer child's pipe protocol as its module documents it: a 4-byte little-endian
     length and a pickle; the server sends (more_coming, [(seq, id, session, facts), ...])

@@ -127,9 +127,7 @@ class LoopWriter:
         # (seq, session id, session encoded, facts) of those not sent yet
         self._queued: list[tuple[int, str, bytes, RolloutFacts | None]] = []
         self._unacked = 0  # sessions sent and not acknowledged: while any, the queue waits
-        # The flush scheduled, if any: cancelled when an acknowledgement sends the queue
-        # first, or a later queue would go on an earlier one's timer, not waiting its turn.
-        self._flush_due: asyncio.Handle | None = None
+        self._flushing = False  # a flush is scheduled
         self._unsent = bytearray(frame(setting))  # framed, not yet taken by the pipe
         self._received = bytearray()
         self._waiting_to_write = False
@@ -161,9 +159,12 @@ class LoopWriter:
             return future
         self._seq += 1
         self._pending[self._seq] = future
-        if self._flush_due is None:  # this iteration's sessions in one frame, or with the next
-            self._flush_due = (self.loop.call_later(SEND_ANYWAY_S, self._flush) if self._unacked
-                               else self.loop.call_soon(self._flush))
+        if not self._flushing:  # this iteration's sessions in one frame, or with the next
+            self._flushing = True
+            if self._unacked:
+                self.loop.call_later(SEND_ANYWAY_S, self._flush)
+            else:
+                self.loop.call_soon(self._flush)
         if not self._watching and self.timeout_s is not None:
             self._watching = True
             self.loop.call_later(self._watch_every_s, self._watch)
@@ -171,9 +172,7 @@ class LoopWriter:
         return future
 
     def _flush(self) -> None:
-        if self._flush_due is not None:
-            self._flush_due.cancel()
-            self._flush_due = None
+        self._flushing = False
         if self._queued:
             self.frames_sent += 1
             self._sent_at.append((self._seq, self.loop.time()))
