@@ -161,6 +161,11 @@ class LoopWriter:
         self._pending[self._seq] = future
         if not self._flushing:  # this iteration's sessions in one frame, or with the next
             self._flushing = True
+            # While a frame is in flight they wait for its acknowledgement (which sends
+            # them) or SEND_ANYWAY_S. The timer of a queue an acknowledgement sent is left
+            # to fire: what has queued by then goes at once, to wait in the pipe beside the
+            # frame in flight (the child reads both together). Cancelled, the tail grew
+            # and the rate did not (infra/tracing.md).
             if self._unacked:
                 self.loop.call_later(SEND_ANYWAY_S, self._flush)
             else:
