@@ -266,12 +266,6 @@ def paired_rounds(servers: dict[str, str], bodies: Callable[[int], bytes], key: 
     return results
 
 
-# A freshly started server's first seconds under load: a traced one commits through its
-# writer thread until its writer child has started (a new interpreter, slow on a busy
-# machine), and a first round measured then was its pair's outlier.
-FRESH_WARMUP_S = 2.0
-
-
 def rounds_on_fresh_servers(start: dict[str, Callable[[], AbstractContextManager[str]]],
                             bodies: Callable[[int], bytes], key: str, *, pairs: int,
                             rounds: int, seconds: float, concurrency: int,
@@ -283,16 +277,13 @@ def rounds_on_fresh_servers(start: dict[str, Callable[[], AbstractContextManager
     A process's speed differs by a few percent from one start to the next (where its memory
     and hash tables fall): with one set for a whole run, that luck was the run's result.
     The servers start in turn, in alternating order: in one comparison of three traced
-    servers, the one started later won by 0.04 to 0.09, whichever it was. Each set is
-    loaded for `FRESH_WARMUP_S` before its rounds.
+    servers, the one started later won by 0.04 to 0.09, whichever it was.
     """
     results: dict[str, list[LoadResult]] = {name: [] for name in start}
     for pair in range(pairs):
         starting = list(start.items()) if pair % 2 == 0 else list(reversed(start.items()))
         with ExitStack() as stack:
             urls = {name: stack.enter_context(begin()) for name, begin in starting}
-            for url in urls.values():  # past what a fresh server does once (`FRESH_WARMUP_S`)
-                load(url, bodies, key, seconds=FRESH_WARMUP_S, concurrency=concurrency)
             for name, measured in paired_rounds(urls, bodies, key, rounds=rounds,
                                                 seconds=seconds, concurrency=concurrency,
                                                 client=client).items():
