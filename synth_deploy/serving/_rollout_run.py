@@ -14,7 +14,6 @@ import asyncio
 import inspect
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -385,31 +384,10 @@ def _completed(raw: Any, run_id: str, session: SessionTrace, *, wall_s: float,
     data["metrics"] = _filled_metrics(metrics, session)
     correlate(data, cid, inference_url)
     response = _RESPONSE_VALIDATOR.validate_python(data)
-    _check_finite_rewards(response)
     # Added once validated: the kit's own figures need no checking (nor copying), and the
     # validated details are a dict of the response's own.
     response.metrics.details["ledger"] = ledger_of(session, wall_s=wall_s).to_dict()
     return response
-
-
-_REWARD_FIELDS = ("episode_rewards", "reward_mean", "episode_returns", "mean_return",
-                  "outcome_reward", "outcome_score", "event_rewards", "events_score")
-
-
-def _check_finite_rewards(response: RolloutResponse) -> None:
-    """A malformed result (`ValidationError`, each field named) when a reward in its
-    metrics is NaN or infinite: its JSON would say null, which a trainer reads as no
-    reward, or 0 (the tracer refuses such a reward where it is recorded)."""
-    errors = []
-    for name in _REWARD_FIELDS:
-        value = getattr(response.metrics, name)
-        for place, number in (enumerate(value) if isinstance(value, list)
-                              else [(None, value)]):
-            if number is not None and not math.isfinite(number):
-                where = ("metrics", name) if place is None else ("metrics", name, place)
-                errors.append({"type": "finite_number", "loc": where, "input": number})
-    if errors:
-        raise ValidationError.from_exception_data("RolloutResponse", errors)
 
 
 def _filled_metrics(metrics: dict[str, Any], session: SessionTrace) -> dict[str, Any]:

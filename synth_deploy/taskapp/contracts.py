@@ -161,7 +161,10 @@ class RolloutMetrics(WireModel):
 
     Give either ``episode_rewards``/``reward_mean`` (0.4.x) or ``episode_returns``/``mean_return``
     (older docs): the other pair is filled in, so either kind of trainer reads the rewards.
+    A reward is a finite number: JSON would carry NaN or an infinity to a trainer as null.
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     episode_rewards: list[float] = Field(default_factory=list)
     reward_mean: float = 0.0
