@@ -18,11 +18,12 @@ def encode_json(content: Any) -> bytes:
     tens of MB, and `json.dumps` holds the event loop several times as long for it. The
     bytes are Starlette's for what JSON holds; NaN and the infinities go as null, as
     pydantic writes them (Starlette refuses them, a 500); content msgspec has no rule for
-    (a dict keyed by booleans) is rendered by `json.dumps`."""
+    (a dict keyed by booleans) is rendered by `json.dumps` as Starlette renders it."""
     try:
         return _ENCODE(content)
     except (TypeError, ValueError):
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(content, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode()
 
 
 class MsgspecJSONResponse(JSONResponse):
