@@ -427,8 +427,8 @@ def rescore(
     """Score stored sessions again with the app's current scorer: each result a new reward
     version beside the recorded one (never over it); says what changed."""
     with handling_errors(json_output):
+        from synth_deploy.runs import rescore_app
         from synth_deploy.taskapp.registry import load_app
-        from synth_deploy.taskapp.scoring import rescore_app
         from synth_deploy.tracing import (
             SessionFilter,
             open_trace_store,

@@ -22,6 +22,7 @@ from synth_deploy.runs._measured import (
 )
 from synth_deploy.runs._rehearsal import RehearsalOptions, RehearsalProgress, rehearse
 from synth_deploy.runs._rehearsal_report import RehearsalCheck, RehearsalReport
+from synth_deploy.runs._rescore import rescore_app
 from synth_deploy.runs._rollouts import (
     PolicyTarget,
     RolloutOutcome,
@@ -88,6 +89,7 @@ __all__ = [
     "probe_capacity",
     "record_capacity",
     "rehearse",
+    "rescore_app",
     "rollout_ledger",
     "rollout_request",
     "run_ledger",
