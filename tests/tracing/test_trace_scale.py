@@ -22,6 +22,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 from processes import free_port, wait_until_up
 from rollouts import SERVER_SCRIPT, fire, rollout_body
@@ -405,6 +406,35 @@ def test_the_writer_commits_a_crowd_in_halves_answering_each_once_committed(tmp_
     assert [seq for acks in answers for seq in acks] == list(range(waiting))
     with open_trace_store(path) as store:
         assert store.count_sessions() == waiting
+
+
+def frame_with_bodies(more_coming: bool, sessions: list) -> bytes:
+    """A frame of sessions as the server sends them: the length with its high bit set, a
+    length and a pickle of (more_coming, [(seq, id, byte count, facts), ...]), then each
+    session's bytes (msgpack of ``[session, packed turns]``) in order."""
+    bodies = [msgspec.msgpack.encode([session, None]) for session in sessions]
+    meta = pickle.dumps((more_coming, [(seq, session.session_id, len(body), None)
+                                       for seq, (session, body) in enumerate(
+                                           zip(sessions, bodies, strict=True))]))
+    payload = struct.pack("<I", len(meta)) + meta + b"".join(bodies)
+    return struct.pack("<I", (1 << 31) | len(payload)) + payload
+
+
+def test_the_writer_reads_sessions_whose_bytes_follow_the_frames_pickle(tmp_path):
+    # Bodies of several sizes (one past the pipe's 64 KiB default) between plain frames:
+    # each session is cut from the bytes at its own count, and stored as it was sent.
+    path = tmp_path / "t.db"
+    sessions = [make_session(0), make_session(1), make_session(2)]
+    sessions[1].metadata["notes"] = "x" * 200_000
+
+    def send(child):
+        child.stdin.write(frame_with_bodies(False, sessions[:2]))
+        child.stdin.write(frame((False, [item(2, sessions[2])])))
+
+    assert [seq for acks in writer_answers(path, send) for seq in acks] == [0, 1, 2]
+    with open_trace_store(path) as store:
+        for session in sessions:
+            assert_same(store.get_session(session.session_id).to_dict(), session.to_dict())
 
 
 @pytest.mark.parametrize("more_coming", [False, True])

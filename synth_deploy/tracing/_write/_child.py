@@ -20,9 +20,14 @@ the store's ``write_timeout_s`` fails (one timer watches them all, `LoopWriter._
     event loop ◄──frames of [(seq, error or None), ...]── child stdout
 
 A frame is a 4-byte little-endian length and a pickle; in it each session is encoded alone
-(`encode_session`: msgpack). A session msgpack cannot hold (an object of the app's own
-class, which the child could not rebuild, nor the pickle hold when its module cannot be
-imported) is not sent: `submit` says so, and the store's writer thread commits it.
+(`encode_session`: msgpack). The server's frames of sessions carry those bytes beside the
+pickle, not in it (`session_frames`): the length has its high bit set, and the pickle, after
+a length of its own, names each session's byte count in place of the session, whose bytes
+follow the pickle in order. So the loop copies no session's bytes before the pipe does (a
+pickle of them would, twice more), and the loop is what a busy server is short of. A
+session msgpack cannot hold (an object of the app's own class, which the child could not
+rebuild, nor the pickle hold when its module cannot be imported) is not sent: `submit` says
+so, and the store's writer thread commits it.
 ``more_coming`` says other sessions were still being recorded (rollouts still running) when
 the frame went: the server is busy, and the child journals them (`_journal`). The child
 has its own session (the terminal's Ctrl-C does not cut a commit short) and exits once its
@@ -42,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import itertools
 import os
 import pickle
 import select
@@ -71,6 +77,15 @@ from synth_deploy.tracing._write._flat import restore
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
+# The high bit of a frame's length: its sessions' bytes follow its pickle (`session_frame`).
+_BODIES = 1 << 31
+# A frame of sessions holds this many of their bytes at most: its length must fit 31 bits.
+_FRAME_BODIES_MAX = 1 << 30
+# What the server asks of the pipe to the child (Linux's F_SETPIPE_SZ; its default for an
+# unprivileged process is the most it may ask): a busy server's frame goes in one write.
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = 1031
+_IOV_MAX = 1024  # buffers one writev takes (POSIX's minimum is 16; Linux's is 1,024)
 # What a waiting crowd is committed in: halves, of MIN_SLICE sessions at least. Every
 # waiting client's rollout tends to arrive at once; committed whole, the server idles while
 # the child commits and the child idles while the server answers, by turns. In halves, the
@@ -95,6 +110,32 @@ def frame(payload: Any) -> bytes:
     return _HEAD.pack(len(data)) + data
 
 
+def session_frames(more_coming: bool, queued: list[tuple[int, str, bytes, Any]]
+                   ) -> list[bytes]:
+    """The buffers of the frames that send ``queued`` ((seq, session id, session encoded,
+    facts as a tuple or None) each), in order: each frame a head, its pickle of
+    ``(more_coming, [(seq, id, byte count, facts), ...])``, then the sessions' bytes as
+    they are (the pipe's write copies them, nothing before it)."""
+    buffers: list[bytes] = []
+    start = 0
+    while start < len(queued):
+        end, size = start, 0
+        while end < len(queued) and (end == start or size + len(queued[end][2])
+                                     <= _FRAME_BODIES_MAX):
+            size += len(queued[end][2])
+            end += 1
+        part = queued[start:end]
+        meta = pickle.dumps((more_coming, [(seq, session_id, len(body), facts)
+                                           for seq, session_id, body, facts in part]),
+                            pickle.HIGHEST_PROTOCOL)
+        buffers.append(_HEAD.pack(_BODIES | (_HEAD.size + len(meta) + size))
+                       + _HEAD.pack(len(meta)))
+        buffers.append(meta)
+        buffers += [body for _, _, body, _ in part]
+        start = end
+    return buffers
+
+
 class LoopWriter:
     """One writer child for the local trace file ``setting`` names, driven by one event loop.
 
@@ -116,6 +157,12 @@ class LoopWriter:
                                   f": {exc}", hint="writes go through the writer thread") from exc
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._in_fd, self._out_fd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        try:
+            import fcntl
+
+            fcntl.fcntl(self._in_fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        except (ImportError, OSError):  # not Linux, or not allowed: the default pipe serves
+            pass
         os.set_blocking(self._in_fd, False)
         os.set_blocking(self._out_fd, False)
         self._pending: dict[int, asyncio.Future[None]] = {}  # by seq: in the order sent
@@ -128,7 +175,9 @@ class LoopWriter:
         self._queued: list[tuple[int, str, bytes, RolloutFacts | None]] = []
         self._unacked = 0  # sessions sent and not acknowledged: while any, the queue waits
         self._flushing = False  # a flush is scheduled
-        self._unsent = bytearray(frame(setting))  # framed, not yet taken by the pipe
+        # Framed, not yet taken by the pipe: the buffers in order, the first maybe in part.
+        self._unsent: collections.deque[bytes | memoryview] = collections.deque(
+            [frame(setting)])
         self._received = bytearray()
         self._waiting_to_write = False
         self.alive = True
@@ -186,11 +235,11 @@ class LoopWriter:
             self._unsent += self._framed(more_coming=sessions_recording() > 0)
         self._write_some()
 
-    def _framed(self, more_coming: bool) -> bytes:
+    def _framed(self, more_coming: bool) -> list[bytes]:
         sessions = [(seq, session_id, body, None if facts is None else tuple(facts))
                     for seq, session_id, body, facts in self._queued]
         self._queued = []
-        return frame((more_coming, sessions))
+        return session_frames(more_coming, sessions)
 
     @property
     def _watch_every_s(self) -> float:
@@ -218,14 +267,24 @@ class LoopWriter:
             self.loop.call_later(self._watch_every_s, self._watch)
 
     def _write_some(self) -> None:
-        try:
-            sent = os.write(self._in_fd, self._unsent) if self._unsent else 0
-        except BlockingIOError:
-            sent = 0
-        except OSError:  # the child is gone: its end of stdout tells the rest
-            self._unsent.clear()
-            sent = 0
-        del self._unsent[:sent]
+        unsent = self._unsent
+        while unsent:
+            buffers = list(itertools.islice(unsent, _IOV_MAX))
+            try:
+                sent = os.writev(self._in_fd, buffers)
+            except BlockingIOError:
+                break
+            except OSError:  # the child is gone: its end of stdout tells the rest
+                unsent.clear()
+                break
+            for buffer in buffers:  # what the pipe took goes; a buffer taken in part, in part
+                if sent < len(buffer):
+                    unsent[0] = memoryview(buffer)[sent:]
+                    break
+                sent -= len(buffer)
+                unsent.popleft()
+            if unsent and len(buffers) < _IOV_MAX:
+                break  # the pipe is full: the loop says when it has room
         if self._unsent and not self._waiting_to_write:
             self.loop.add_writer(self._in_fd, self._write_some)
             self._waiting_to_write = True
@@ -320,8 +379,8 @@ class LoopWriter:
         assert self._proc.stdin is not None
         try:
             os.set_blocking(self._in_fd, True)
-            if self._unsent:
-                self._proc.stdin.write(bytes(self._unsent))
+            for buffer in self._unsent:
+                self._proc.stdin.write(buffer)
             self._unsent.clear()
             self._proc.stdin.close()
         except OSError:
@@ -547,7 +606,7 @@ class _FrameReader:
     def _complete(self) -> bool:
         if len(self.buffer) < _HEAD.size:
             return False
-        return len(self.buffer) >= _HEAD.size + _HEAD.unpack_from(self.buffer)[0]
+        return len(self.buffer) >= _HEAD.size + (_HEAD.unpack_from(self.buffer)[0] & ~_BODIES)
 
     def _next(self) -> Any:
         while not self._complete():
@@ -559,8 +618,19 @@ class _FrameReader:
                 return None
             self.buffer += chunk
         (size,) = _HEAD.unpack_from(self.buffer)
-        payload = pickle.loads(self.buffer[_HEAD.size:_HEAD.size + size])
-        del self.buffer[:_HEAD.size + size]
+        end = _HEAD.size + (size & ~_BODIES)
+        if not size & _BODIES:
+            payload = pickle.loads(self.buffer[_HEAD.size:end])
+        else:  # sessions whose bytes follow the pickle (`session_frames`)
+            (meta_size,) = _HEAD.unpack_from(self.buffer, _HEAD.size)
+            at = 2 * _HEAD.size + meta_size
+            more_coming, items = pickle.loads(self.buffer[2 * _HEAD.size:at])
+            sessions = []
+            for seq, session_id, length, facts in items:
+                sessions.append((seq, session_id, bytes(self.buffer[at:at + length]), facts))
+                at += length
+            payload = (more_coming, sessions)
+        del self.buffer[:end]
         return payload
 
 
