@@ -135,7 +135,8 @@ class TraceStore:
                 await sent  # bounded by the child's own watch
                 return
         # No child, one still starting, or a session it is not sent (an object of the app's
-        # own class, which it could not rebuild): the writer thread commits it.
+        # own class, which it could not rebuild; a gigabyte encoded): the writer thread
+        # commits it.
         self._check_writable()
         if rollout is not None:
             describe_session(session, rollout)

@@ -77,9 +77,10 @@ from synth_deploy.tracing._write._flat import restore
 
 _HEAD = struct.Struct("<I")
 _READ_CHUNK = 1 << 16
-# The high bit of a frame's length: its sessions' bytes follow its pickle (`session_frame`).
+# The high bit of a frame's length: its sessions' bytes follow its pickle (`session_frames`).
 _BODIES = 1 << 31
 # A frame of sessions holds this many of their bytes at most: its length must fit 31 bits.
+# A session past it is not sent (SQLite holds no value that long: its rows are built apart).
 _FRAME_BODIES_MAX = 1 << 30
 # What the server asks of the pipe to the child (Linux's F_SETPIPE_SZ; its default for an
 # unprivileged process is the most it may ask): a busy server's frame goes in one write.
@@ -120,8 +121,7 @@ def session_frames(more_coming: bool, queued: list[tuple[int, str, bytes, Any]]
     start = 0
     while start < len(queued):
         end, size = start, 0
-        while end < len(queued) and (end == start or size + len(queued[end][2])
-                                     <= _FRAME_BODIES_MAX):
+        while end < len(queued) and size + len(queued[end][2]) <= _FRAME_BODIES_MAX:
             size += len(queued[end][2])
             end += 1
         part = queued[start:end]
@@ -197,10 +197,11 @@ class LoopWriter:
         """Send ``session`` (and the facts of its rollout, which the child describes it
         by) with the others of this loop iteration; the future is settled once the child
         has committed it, or fails past ``timeout_s``. None, and nothing sent, when
-        msgpack has no type for what the session holds."""
+        msgpack has no type for what the session holds or it encodes past
+        `_FRAME_BODIES_MAX`."""
         # Encoded alone, so that a journaling child can store it as it comes.
         body = encode_session(session)
-        if body is None:
+        if body is None or len(body) > _FRAME_BODIES_MAX:
             return None
         future = self.loop.create_future()
         if not self.alive:
