@@ -1,7 +1,6 @@
 """`Scorer`: how a task app scores an episode from what was stored, so a changed reward can
 be applied to rollouts already run (`synth-deploy traces rescore APP`,
-`synth_deploy.runs.rescore_app`)
-instead of running every episode again.
+`synth_deploy.runs.rescore_app`) instead of running every episode again.
 
     @task_app.scorer(stateless=True)
     def score(session):                    # a stored `synth_deploy.tracing.SessionTrace`
