@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from processes import free_port, run_cli
+from processes import refused_port, run_cli
 from sessions import judged_session
 
 from synth_deploy.env import Env
@@ -233,12 +233,11 @@ def test_the_cli_exports_to_the_receiver(rollout_db, mlflow_receiver, tmp_path):
 
 
 def test_a_receiver_that_is_down_fails_the_export_and_keeps_nothing(rollout_db, tmp_path):
-    down = f"http://127.0.0.1:{free_port()}"
     state = tmp_path / "sent.sqlite"
-    setting = otlp_setting(down, timeout_s=1.0)
-    with open_trace_store(str(rollout_db), read_only=True) as store, \
+    with refused_port() as port, open_trace_store(str(rollout_db), read_only=True) as store, \
             pytest.raises(OtlpExportError) as failed:
-        export_otlp(store, setting, OtlpExportOptions(state=state))
+        down = f"http://127.0.0.1:{port}"
+        export_otlp(store, otlp_setting(down, timeout_s=1.0), OtlpExportOptions(state=state))
 
     assert down + "/v1/traces" in failed.value.message
     assert "again to resume" in failed.value.hint

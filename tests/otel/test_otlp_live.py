@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from processes import clean_env, free_port, wait_until_up
+from processes import clean_env, free_port, refused_port, wait_until_up
 
 from synth_deploy.env import Env
 from synth_deploy.otel import LiveExporter, OtlpSetting, trace_id_of
@@ -103,14 +103,16 @@ def test_smoke_runs_send_their_rollouts_too_and_stop_after_the_last(mlflow_recei
 @pytest.mark.slow
 @pytest.mark.parametrize("receiver", ["refusing", "silent"])
 def test_a_receiver_that_is_down_never_fails_a_rollout(receiver, silent_receiver, mock_policy):
-    endpoint = silent_receiver if receiver == "silent" else f"http://127.0.0.1:{free_port()}"
-    env = otel_env(endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="2")
-    runner = LocalRunner(ServeSettings(app="math", env=env, keys=server_keys(env, "ephemeral")))
-    with runner:
-        outcomes = asyncio.run(run_rollouts(
-            runner.url, runner.settings.keys.primary, list(range(8)),
-            PolicyTarget(mock_policy.url + "/v1", "mock"), RunOptions(concurrency=4)))
-    stats = runner.live_export.stats()
+    with refused_port() as port:
+        endpoint = silent_receiver if receiver == "silent" else f"http://127.0.0.1:{port}"
+        env = otel_env(endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="2")
+        runner = LocalRunner(ServeSettings(app="math", env=env,
+                                           keys=server_keys(env, "ephemeral")))
+        with runner:
+            outcomes = asyncio.run(run_rollouts(
+                runner.url, runner.settings.keys.primary, list(range(8)),
+                PolicyTarget(mock_policy.url + "/v1", "mock"), RunOptions(concurrency=4)))
+        stats = runner.live_export.stats()
 
     assert [o.ok for o in outcomes] == [True] * 8, [o.error for o in outcomes]
     assert stats.sent_sessions == 0

@@ -32,7 +32,7 @@ from synth_deploy.tracing import (
 
 pytest.importorskip("libsql")
 
-from processes import free_port  # noqa: E402
+from processes import refused_port  # noqa: E402
 from rollouts import fire, rollout_body  # noqa: E402
 from sessions import assert_same, make_session  # noqa: E402
 from standins.libsql_hrana import start_hrana_process  # noqa: E402
@@ -102,10 +102,10 @@ def test_wrong_token_is_a_clear_error_without_the_token(hrana):
 
 
 def test_unreachable_server_fails_fast_and_clearly():
-    url = f"http://127.0.0.1:{free_port()}"
-    started = time.monotonic()
-    with pytest.raises(TraceDbUnreachableError, match="cannot reach") as info:
-        open_trace_store(parse_trace_db(url, env=Env()))
+    with refused_port() as port:
+        started = time.monotonic()
+        with pytest.raises(TraceDbUnreachableError, match="cannot reach") as info:
+            open_trace_store(parse_trace_db(f"http://127.0.0.1:{port}", env=Env()))
     assert time.monotonic() - started < 10
     assert info.value.exit_code == 3
 

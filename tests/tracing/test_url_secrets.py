@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from processes import free_port
+from processes import free_port, refused_port
 from typer.testing import CliRunner
 
 from synth_deploy.cli import app
@@ -29,8 +29,9 @@ def traces(*args: str):
 ])
 @pytest.mark.parametrize("json_output", [False, True])
 def test_traces_ls_never_prints_the_urls_password(url, says, json_output):
-    url = url.format(port=free_port())
-    result = traces("ls", "--trace-db", url, *(["--json"] if json_output else []))
+    with refused_port() as port:
+        result = traces("ls", "--trace-db", url.format(port=port),
+                        *(["--json"] if json_output else []))
     assert result.exit_code in (2, 3), result.output
     assert PASSWORD not in result.output and "user:" not in result.output
     assert says in result.output and "127.0.0.1" in result.output
