@@ -16,6 +16,7 @@ from standins.openenv_client import HTTPEnvClient, Rejected, ServerError, WSEnvC
 from toy_apps import CountEnv, env_config, toy_config
 
 from synth_deploy.serving import RolloutLimits, create_app
+from synth_deploy.taskapp import Outcome, Reward
 from synth_deploy.tracing import open_trace_store
 
 
@@ -246,6 +247,75 @@ def test_a_step_worth_nan_is_answered_as_json_with_null_in_its_place(serve, api_
     assert "NaN" not in over_http.text, over_http.text
     for answer in (over_ws, over_http.json()):
         assert answer["reward"] is None and answer["observation"]["score"] is None, answer
+
+
+class UnscoredProgressEnv(CountEnv):
+    """CountEnv whose ``progress`` reward is infinite at its second step."""
+
+    def step(self, action):
+        played = super().step(action)
+        if self.total == 2:
+            played.rewards = [Reward("progress", float("inf"))]
+        return played
+
+
+class NanOutcomeEnv(CountEnv):
+    """CountEnv whose steps score, but whose episode's outcome divides by zero."""
+
+    def outcome(self, steps):
+        return Outcome(reward=float("nan"))
+
+
+def play_to_the_end(server, api_key) -> list[dict]:
+    with WSEnvClient(server.url + "/openenv", headers={"X-API-Key": api_key}) as env:
+        played = [env.reset(seed=0)]  # a target of 3: three steps of 1
+        while not played[-1]["done"]:
+            played.append(env.step({"n": 1}))
+    return played
+
+
+def test_steps_worth_nan_are_answered_and_their_episode_kept_with_null_rewards(
+        serve, api_key, store, caplog):
+    server = serve(create_app(env_config(UnscoredEnv), api_keys=[api_key], trace_store=store))
+    with caplog.at_level("WARNING", logger="synth_deploy.taskapp"):
+        played = play_to_the_end(server, api_key)
+        wait_for(lambda: store.count_sessions(app="count") == 1)
+    assert [answer["reward"] for answer in played[1:]] == [None, None, None]
+    [listed] = store.list_sessions(app="count")
+    assert listed.status == "ok"
+    events = [e for step in store.get_session(listed.session_id).timesteps for e in step.events]
+    assert [e.reward for e in events] == [None, None, None]
+    assert [e.metadata["rewards_not_finite"] for e in events] == [{"reward": "nan"}] * 3
+    warned = [r.getMessage() for r in caplog.records if "not a finite number" in r.getMessage()]
+    assert len(warned) == 1 and "3 step(s)" in warned[0] and "first: step 1" in warned[0]
+
+
+def test_an_infinite_event_reward_is_left_out_and_named(serve, api_key, store):
+    server = serve(create_app(env_config(UnscoredProgressEnv), api_keys=[api_key],
+                              trace_store=store))
+    play_to_the_end(server, api_key)
+    wait_for(lambda: store.count_sessions(app="count") == 1)
+    episode = store.get_session(store.list_sessions(app="count")[0].session_id)
+    assert [r.turn_number for r in episode.event_rewards] == [1, 3]
+    events = [e for step in episode.timesteps for e in step.events]
+    assert events[1].metadata["rewards_not_finite"] == {"progress": "inf"}
+    assert events[2].reward == 1.0 and "rewards_not_finite" not in events[2].metadata
+
+
+def test_an_outcome_worth_nan_keeps_the_episode_as_a_failure_and_the_step_answered(
+        serve, api_key, store):
+    server = serve(create_app(env_config(NanOutcomeEnv), api_keys=[api_key],
+                              trace_store=store))
+    played = play_to_the_end(server, api_key)
+    assert played[-1]["done"] is True and played[-1]["reward"] == 1.0
+    wait_for(lambda: store.count_sessions(app="count") == 1)
+    [listed] = store.list_sessions(app="count")
+    assert listed.status == "error"
+    episode = store.get_session(listed.session_id)
+    assert episode.metadata["error"]["code"] == "reward_not_finite"
+    assert "the outcome reward must be a finite number, got nan" in \
+        episode.metadata["error"]["message"]
+    assert episode.metadata["metrics"]["outcome_reward"] is None and not episode.outcome_rewards
 
 
 def test_openenv_http_clients_play_episodes_by_cookie(serve, api_key, store):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -298,10 +299,12 @@ class EnvSessions:
     @staticmethod
     def _traced(episode: _Episode) -> tuple[SessionTracer, list[RolloutStep]]:
         """The episode's steps recorded in a tracer (at the times they came), and as the
-        steps an environment's ``outcome`` reads."""
+        steps an environment's ``outcome`` reads. A reward that is not a finite number (a
+        scorer that divided by zero) is recorded as its client read it, null, and the
+        event's metadata says what it was (``rewards_not_finite``)."""
         tracer, steps = SessionTracer(metadata={}), []
         tracer.session.created_at = episode.created_at
-        timesteps = []
+        timesteps, unfit_steps = [], []
         for number, at, action, result, metadata in episode.turns:
             timestep = tracer.start_timestep(f"step-{number}", turn_number=number,
                                              metadata=metadata)
@@ -309,19 +312,33 @@ class EnvSessions:
             timesteps.append(timestep)
             tracer.record_message("user", {"action": dict(action)}).timestamp = at
             info = dict(result.info)
+            reward = float(result.reward)
+            unfit = {name: repr(value) for name, value in
+                     [("reward", reward), *((r.kind, r.value) for r in result.rewards)]
+                     if not math.isfinite(value)}
+            reward = reward if "reward" not in unfit else None
+            if unfit:
+                unfit_steps.append(number)
             event = tracer.record_environment_event(
-                reward=float(result.reward), terminated=result.done and not result.truncated,
+                reward=reward, terminated=result.done and not result.truncated,
                 truncated=result.truncated, state_after=result.state,
-                metadata={**info, "action": dict(action)})
+                metadata={**info, "action": dict(action),
+                          **({"rewards_not_finite": unfit} if unfit else {})})
             event.event_time = at
             for r in result.rewards:
-                tracer.record_event_reward(r.value, reward_type=r.kind, source="environment",
-                                           turn_number=number, event_id=event.id,
-                                           annotation=r.annotation).created_at = at
-            steps.append(RolloutStep(obs=result.observation, reward=float(result.reward),
-                                     done=result.done, truncated=result.truncated, info=info))
+                if math.isfinite(r.value):
+                    tracer.record_event_reward(r.value, reward_type=r.kind,
+                                               source="environment", turn_number=number,
+                                               event_id=event.id,
+                                               annotation=r.annotation).created_at = at
+            steps.append(RolloutStep(obs=result.observation, reward=reward, done=result.done,
+                                     truncated=result.truncated, info=info))
         for timestep, following in itertools.pairwise(timesteps):  # until the next came
             timestep.completed_at = following.timestamp
+        if unfit_steps:  # once an episode: an environment that divides by zero does it often
+            logger.warning("episode %s: %d step(s) gave a reward that is not a finite number "
+                           "(first: step %d); recorded as null, as its client read it",
+                           episode.episode_id, len(unfit_steps), unfit_steps[0])
         return tracer, steps
 
     async def _end_episode(self, session: EnvSession, reason: str) -> None:
@@ -336,15 +353,21 @@ class EnvSessions:
         if self.trace_store is None and self.on_session is None:
             return
         tracer, steps = self._traced(episode)
+        bad_outcome = None
         if unfinished is None:
             if callable(getattr(session.env, "outcome", None)):
                 outcome = await environment.call(session.env.outcome, steps)
             else:
                 outcome = Outcome(reward=sum(s.reward or 0.0 for s in steps))
-            tracer.record_outcome_reward(float(outcome.reward),
-                                         achievements_count=outcome.achievements,
-                                         total_steps=len(steps),
-                                         metadata=dict(outcome.metadata))
+            try:
+                tracer.record_outcome_reward(float(outcome.reward),
+                                             achievements_count=outcome.achievements,
+                                             total_steps=len(steps),
+                                             metadata=dict(outcome.metadata))
+            except ValueError as exc:  # not finite: the episode is kept, as a failure
+                bad_outcome = str(exc)
+                logger.warning("episode %s: %s; stored with status error", episode.episode_id,
+                               bad_outcome)
         trace = tracer.finish()
         rewards = [s.reward or 0.0 for s in steps]
         trace.metadata = {
@@ -353,13 +376,15 @@ class EnvSessions:
             "seed": episode.seed, "model": None, "env_name": self.spec.name,
             "transport": f"openenv-{session.transport}", "openenv_session": session.id,
             **trace.metadata, "duration_s": round(time.perf_counter() - episode.started, 6),
-            "status": "ok" if unfinished is None else "error",
+            "status": "ok" if unfinished is None and bad_outcome is None else "error",
             "metrics": {"outcome_reward": trace.outcome_rewards[-1].total_reward
-                        if trace.outcome_rewards else sum(rewards),
+                        if trace.outcome_rewards else None if bad_outcome else sum(rewards),
                         "num_steps": len(steps), "episode_rewards": rewards}}
         if unfinished is not None:
             trace.metadata["error"] = {"code": "episode_unfinished",
                                        "message": f"the episode ended before done: {unfinished}"}
+        elif bad_outcome is not None:
+            trace.metadata["error"] = {"code": "reward_not_finite", "message": bad_outcome}
         if self.on_session is not None:
             try:
                 self.on_session(trace)
