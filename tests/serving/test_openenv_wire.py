@@ -313,7 +313,7 @@ def test_an_outcome_worth_nan_keeps_the_episode_as_a_failure_and_the_step_answer
     assert listed.status == "error"
     episode = store.get_session(listed.session_id)
     assert episode.metadata["error"]["code"] == "reward_not_finite"
-    assert "the outcome reward must be a finite number, got nan" in \
+    assert "outcome reward must be a finite number, got nan" in \
         episode.metadata["error"]["message"]
     assert episode.metadata["metrics"]["outcome_reward"] is None and not episode.outcome_rewards
 

@@ -359,15 +359,16 @@ class EnvSessions:
                 outcome = await environment.call(session.env.outcome, steps)
             else:
                 outcome = Outcome(reward=sum(s.reward or 0.0 for s in steps))
-            try:
-                tracer.record_outcome_reward(float(outcome.reward),
-                                             achievements_count=outcome.achievements,
-                                             total_steps=len(steps),
-                                             metadata=dict(outcome.metadata))
-            except ValueError as exc:  # not finite: the episode is kept, as a failure
-                bad_outcome = str(exc)
+            total = float(outcome.reward)  # not a number at all: the app's own error
+            if not math.isfinite(total):  # the episode is kept, as a failure
+                bad_outcome = (f"the environment's outcome reward must be a finite number, "
+                               f"got {total!r} (a division by zero in its outcome?)")
                 logger.warning("episode %s: %s; stored with status error", episode.episode_id,
                                bad_outcome)
+            else:
+                tracer.record_outcome_reward(total, achievements_count=outcome.achievements,
+                                             total_steps=len(steps),
+                                             metadata=dict(outcome.metadata))
         trace = tracer.finish()
         rewards = [s.reward or 0.0 for s in steps]
         trace.metadata = {
